@@ -1,0 +1,129 @@
+"""The one error vocabulary: C3 §3.2 codes plus the four ARCHITECTURE §6 additions.
+
+`CATALOGUE` is the single exhaustive table code → (HTTP status, retrySafe, retryAfterMillis?).
+Adding a code without a row fails at import time.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class Code(enum.StrEnum):
+    LOCK_CONTENDED = "LOCK_CONTENDED"
+    CONTENTION_EXCEEDED = "CONTENTION_EXCEEDED"
+    NOT_LEADER = "NOT_LEADER"
+    LOCK_LOST = "LOCK_LOST"
+    SESSION_UNKNOWN = "SESSION_UNKNOWN"
+    SESSION_EXPIRED = "SESSION_EXPIRED"
+    INVALID_TOKEN = "INVALID_TOKEN"  # noqa: S105 - an error code, not a secret
+    FENCED_OUT = "FENCED_OUT"
+    PAYOUT_NOT_CLAIMABLE = "PAYOUT_NOT_CLAIMABLE"
+    DUPLICATE_SUBMISSION = "DUPLICATE_SUBMISSION"
+    INSUFFICIENT_FUNDS = "INSUFFICIENT_FUNDS"
+    IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
+    RAIL_UNAVAILABLE = "RAIL_UNAVAILABLE"
+    RAIL_AMBIGUOUS = "RAIL_AMBIGUOUS"
+    VALIDATION_FAILED = "VALIDATION_FAILED"
+    # ARCHITECTURE §6 additions (docs/contracts/CHANGELOG.md)
+    NOT_FOUND = "NOT_FOUND"
+    OVERLOADED = "OVERLOADED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    INTERNAL = "INTERNAL"
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    status: int
+    retry_safe: bool
+    retry_after: bool  # the envelope carries retryAfterMillis
+    default_retry_after_ms: int | None = None
+
+
+CATALOGUE: dict[Code, CodeSpec] = {
+    Code.LOCK_CONTENDED: CodeSpec(409, True, True, 100),
+    Code.CONTENTION_EXCEEDED: CodeSpec(429, True, True, 1_000),
+    Code.NOT_LEADER: CodeSpec(503, True, True, 1_000),
+    Code.LOCK_LOST: CodeSpec(409, False, False),
+    Code.SESSION_UNKNOWN: CodeSpec(404, False, False),
+    Code.SESSION_EXPIRED: CodeSpec(410, False, False),
+    Code.INVALID_TOKEN: CodeSpec(400, False, False),
+    Code.FENCED_OUT: CodeSpec(409, False, False),
+    Code.PAYOUT_NOT_CLAIMABLE: CodeSpec(409, False, False),
+    Code.DUPLICATE_SUBMISSION: CodeSpec(409, False, False),
+    Code.INSUFFICIENT_FUNDS: CodeSpec(422, False, False),
+    Code.IDEMPOTENCY_CONFLICT: CodeSpec(422, False, False),
+    Code.RAIL_UNAVAILABLE: CodeSpec(503, True, True, 1_000),
+    Code.RAIL_AMBIGUOUS: CodeSpec(409, False, False),
+    Code.VALIDATION_FAILED: CodeSpec(400, False, False),
+    Code.NOT_FOUND: CodeSpec(404, False, False),
+    Code.OVERLOADED: CodeSpec(503, True, True, 500),
+    Code.DEADLINE_EXCEEDED: CodeSpec(504, True, False),
+    Code.INTERNAL: CodeSpec(500, False, False),
+}
+
+if set(CATALOGUE) != set(Code):  # pragma: no cover - a new code without a row must not ship
+    raise RuntimeError(f"error catalogue incomplete: {set(Code) - set(CATALOGUE)}")
+
+# Protocol-level rejections keep their HTTP status and say VALIDATION_FAILED (CHANGELOG row 6).
+PROTOCOL_STATUSES = frozenset({405, 406, 411, 413, 415})
+
+
+class ApiError(Exception):
+    """A typed failure: one C3 code, a human message, optional per-code details."""
+
+    def __init__(
+        self,
+        code: Code,
+        message: str | None = None,
+        *,
+        details: dict[str, Any] | None = None,
+        retry_after_ms: int | None = None,
+        http_status: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.code = Code(code)
+        self.message = message or self.code.value.replace("_", " ").lower()
+        self.details = details
+        spec = CATALOGUE[self.code]
+        if spec.retry_after:
+            self.retry_after_ms = int(
+                retry_after_ms if retry_after_ms is not None else spec.default_retry_after_ms
+            )
+        else:
+            self.retry_after_ms = None
+        if http_status is not None and http_status not in PROTOCOL_STATUSES:
+            raise ValueError(f"status override {http_status} is not a protocol status")
+        self.status = http_status or spec.status
+        self.headers = headers or {}
+        super().__init__(f"{self.code}: {self.message}")
+
+    @property
+    def retry_safe(self) -> bool:
+        return CATALOGUE[self.code].retry_safe
+
+    def envelope(self, trace_id: str) -> dict[str, Any]:
+        """The C3 envelope: code, message, retrySafe, retryAfterMillis?, details?, traceId."""
+        body: dict[str, Any] = {
+            "code": self.code.value,
+            "message": self.message,
+            "retrySafe": self.retry_safe,
+        }
+        if self.retry_after_ms is not None:
+            body["retryAfterMillis"] = self.retry_after_ms
+        if self.details:
+            body["details"] = self.details
+        body["traceId"] = trace_id
+        return body
+
+
+def validation_error(message: str, fields: list[dict[str, str]] | None = None) -> ApiError:
+    """VALIDATION_FAILED with details.fields[] of {field, message}."""
+    return ApiError(Code.VALIDATION_FAILED, message, details={"fields": fields} if fields else None)
+
+
+def not_found(what: str, ident: str | None = None) -> ApiError:
+    details = {"resource": what, "id": ident} if ident is not None else {"resource": what}
+    return ApiError(Code.NOT_FOUND, f"{what} not found", details=details)

@@ -1,0 +1,127 @@
+"""The one place a failure becomes an HTTP answer: the C3 envelope, never HTML or a stack."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+from django.http import Http404, HttpResponse
+from rest_framework import exceptions as drf
+
+from dlock.errors import ApiError, Code, validation_error
+from dlock.logs import log_event
+from dlock.rendering import JSON_CONTENT_TYPE
+from dlock.tracing import current_trace_id
+
+logger = logging.getLogger("dlock.handlers")
+
+
+def error_response(error: ApiError) -> HttpResponse:
+    body = json.dumps(error.envelope(current_trace_id()), separators=(",", ":"))
+    response = HttpResponse(body, status=error.status, content_type=JSON_CONTENT_TYPE)
+    for name, value in error.headers.items():
+        response[name] = value
+    if error.retry_after_ms is not None:
+        response["Retry-After"] = str(max(1, -(-error.retry_after_ms // 1000)))
+    response.dlock_envelope = True
+    return response
+
+
+def _drf_fields(detail, prefix: str = "") -> list[dict[str, str]]:
+    fields: list[dict[str, str]] = []
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key == "non_field_errors":
+                name = prefix or "body"
+            fields.extend(_drf_fields(value, name))
+    elif isinstance(detail, list):
+        for item in detail:
+            fields.extend(_drf_fields(item, prefix))
+    else:
+        fields.append({"field": prefix or "body", "message": str(detail)})
+    return fields
+
+
+def _database_error(exc: DatabaseError) -> ApiError:
+    """Map driver failures: deadline → 504, no pool slot → 503 OVERLOADED, unreachable → 503."""
+    cause = exc.__cause__ or exc
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate in ("57014", "55P03"):  # query_canceled (statement_timeout), lock_not_available
+        return ApiError(Code.DEADLINE_EXCEEDED, "database work exceeded the request deadline")
+    if type(cause).__name__ == "PoolTimeout":
+        return ApiError(Code.OVERLOADED, "no database slot within the queue deadline")
+    if sqlstate == "25006":  # read_only_sql_transaction: we are talking to a standby
+        return ApiError(Code.NOT_LEADER, "database is a read-only standby")
+    return ApiError(Code.NOT_LEADER, "database unreachable")
+
+
+def to_api_error(exc: BaseException) -> ApiError:
+    """Translate any exception into the catalogue; unknown ones become INTERNAL."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, drf.ValidationError):
+        return validation_error("request failed validation", _drf_fields(exc.detail))
+    if isinstance(exc, drf.MethodNotAllowed):
+        return ApiError(Code.VALIDATION_FAILED, str(exc.detail), http_status=405)
+    if isinstance(exc, drf.UnsupportedMediaType):
+        return ApiError(
+            Code.VALIDATION_FAILED,
+            "Content-Type must be application/json",
+            http_status=415,
+        )
+    if isinstance(exc, drf.NotAcceptable):
+        return ApiError(Code.VALIDATION_FAILED, str(exc.detail), http_status=406)
+    if isinstance(exc, drf.ParseError):
+        return ApiError(Code.VALIDATION_FAILED, f"malformed request body: {exc.detail}")
+    if isinstance(exc, Http404 | drf.NotFound):
+        return ApiError(Code.NOT_FOUND, "no such resource or route")
+    if isinstance(exc, RequestDataTooBig):
+        return ApiError(Code.VALIDATION_FAILED, "request body too large", http_status=413)
+    if isinstance(exc, drf.APIException) and exc.status_code < 500:
+        return ApiError(Code.VALIDATION_FAILED, str(exc.detail))
+    if isinstance(exc, SuspiciousOperation | PermissionDenied):
+        return ApiError(Code.VALIDATION_FAILED, "request rejected")
+    if isinstance(exc, OperationalError | InterfaceError):
+        return _database_error(exc)
+    if isinstance(exc, DatabaseError) and getattr(exc.__cause__, "sqlstate", None) in (
+        "57014",
+        "55P03",
+        "25006",
+    ):
+        return _database_error(exc)
+    return ApiError(Code.INTERNAL, "internal error; see the service log for this traceId")
+
+
+def render_exception(exc: BaseException) -> HttpResponse:
+    error = to_api_error(exc)
+    if error.code is Code.INTERNAL:
+        logger.error(
+            "unhandled exception",
+            exc_info=(type(exc), exc, exc.__traceback__),
+            extra={"event": "unhandled_exception"},
+        )
+    elif error.code in (Code.NOT_LEADER, Code.OVERLOADED, Code.DEADLINE_EXCEEDED):
+        log_event(
+            "dependency_failure",
+            level=logging.WARNING,
+            code=error.code.value,
+            error=type(exc).__name__,
+        )
+    return error_response(error)
+
+
+def drf_exception_handler(exc, context):
+    """DRF EXCEPTION_HANDLER: render the envelope and make sure nothing half-written commits."""
+    response = render_exception(exc)
+    for alias in _open_atomic_aliases():
+        transaction.set_rollback(True, using=alias)
+    return response
+
+
+def _open_atomic_aliases() -> list[str]:
+    from django.db import connections
+
+    return [conn.alias for conn in connections.all(initialized_only=True) if conn.in_atomic_block]

@@ -1,0 +1,35 @@
+"""JSON out, always with `charset=utf-8`; an unsatisfiable Accept still gets JSON, never 406."""
+
+from __future__ import annotations
+
+import json
+
+from django.http import HttpResponse
+from rest_framework import renderers
+from rest_framework.negotiation import DefaultContentNegotiation
+
+JSON_CONTENT_TYPE = "application/json; charset=utf-8"
+
+
+class JSONRenderer(renderers.JSONRenderer):
+    charset = "utf-8"
+
+
+class BrowsableAPIRenderer(renderers.BrowsableAPIRenderer):
+    """Browsable API for humans on GET endpoints; errors are rendered by dlock.handlers as JSON."""
+
+
+class LenientNegotiation(DefaultContentNegotiation):
+    def select_renderer(self, request, renderers, format_suffix=None):
+        try:
+            return super().select_renderer(request, renderers, format_suffix)
+        except Exception:  # NotAcceptable: a JSON API answers JSON rather than 406
+            renderer = renderers[0]
+            return renderer, renderer.media_type
+
+
+def json_response(data: object, status: int = 200) -> HttpResponse:
+    """A plain-Django JSON answer with the contract's content type (for non-DRF views)."""
+    return HttpResponse(
+        json.dumps(data, separators=(",", ":")), status=status, content_type=JSON_CONTENT_TYPE
+    )

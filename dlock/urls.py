@@ -1,0 +1,48 @@
+"""Routes every role serves, and the handlers that keep Django's HTML error pages away."""
+
+from __future__ import annotations
+
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_safe
+from django_prometheus import exports
+
+from dlock import health
+from dlock.errors import ApiError, Code
+from dlock.handlers import error_response
+
+
+def common_patterns() -> list:
+    return [
+        path("health/live", health.live, name="health-live"),
+        path("health/ready", health.ready, name="health-ready"),
+        path(
+            "metrics",
+            csrf_exempt(require_safe(exports.ExportToDjangoView)),
+            name="prometheus-django-metrics",
+        ),
+    ]
+
+
+def not_found_view(request, exception=None):
+    return error_response(ApiError(Code.NOT_FOUND, "no such resource or route"))
+
+
+def bad_request_view(request, exception=None):
+    return error_response(ApiError(Code.VALIDATION_FAILED, "bad request"))
+
+
+def forbidden_view(request, exception=None):
+    return error_response(ApiError(Code.VALIDATION_FAILED, "request rejected"))
+
+
+def server_error_view(request):
+    return error_response(ApiError(Code.INTERNAL, "internal error; see the service log"))
+
+
+handler400 = "dlock.urls.bad_request_view"
+handler403 = "dlock.urls.forbidden_view"
+handler404 = "dlock.urls.not_found_view"
+handler500 = "dlock.urls.server_error_view"
+
+urlpatterns = common_patterns()

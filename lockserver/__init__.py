@@ -1,0 +1,1 @@
+"""lockserver app."""

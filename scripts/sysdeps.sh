@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Make sure the system packages dlock needs exist: PostgreSQL server binaries and etcd.
+# As root, installs what is missing with apt-get; otherwise says exactly what to install.
+set -euo pipefail
+missing=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+if [ "${WITH_REDIS:-0}" = 1 ]; then command -v redis-server >/dev/null 2>&1 || missing+=(redis-server); fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[dlock] installing system packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian starts packaged services on install where it can; dlock runs its own private ones.
+  for svc in etcd postgresql redis-server; do
+    (service "$svc" stop >/dev/null 2>&1 || true)
+  done
+else
+  echo "[dlock] missing system packages: ${missing[*]}" >&2
+  echo "[dlock] install them with: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi

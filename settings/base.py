@@ -1,0 +1,170 @@
+"""Settings every role shares; overlays (settings/<role>.py) choose apps, URLs, databases."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from dlock.roles import SERVICE_NAMES
+from settings.env import env_bool, env_database, env_float, env_int, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+if DEBUG:
+    SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "dlock-development-only-not-secret")
+else:
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY", "")
+    if len(SECRET_KEY) < 32 or SECRET_KEY.startswith("dlock-development"):
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY must be set to a random value of at least 32 characters "
+            "(or set DJANGO_DEBUG=true for development)"
+        )
+
+ALLOWED_HOSTS = [
+    h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
+]
+if "*" in ALLOWED_HOSTS and not DEBUG:
+    ALLOWED_HOSTS = ["*"]  # explicit operator choice, e.g. behind a k8s Service
+
+ROLE = "unset"  # each overlay sets it
+SERVICE_NAME = "dlock"
+
+BASE_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "rest_framework",
+    "django_prometheus",
+    "dlock",
+]
+
+MIDDLEWARE = [
+    "dlock.middleware.TraceMiddleware",
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "dlock.middleware.RequestGuardMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "dlock.middleware.EnvelopeMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+WSGI_APPLICATION = "settings.wsgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+USE_I18N = False
+STATIC_URL = "/static/"
+APPEND_SLASH = False
+
+# Request limits: the JSON parser enforces the same byte bound for DRF views.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DLOCK_MAX_BODY_BYTES", 64 * 1024, minimum=1024)
+DLOCK_MAX_JSON_DEPTH = 32
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
+
+# Security headers (no TLS here: it terminates in front of the pods).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "no-referrer"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_RENDERER_CLASSES": ["dlock.rendering.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["dlock.parsers.StrictJSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "dlock.rendering.LenientNegotiation",
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "dlock.handlers.drf_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "STRICT_JSON": True,
+    "COERCE_DECIMAL_TO_STRING": False,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "dlock",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# Lock semantics (C3 §3.3 / §3.8).
+LOCK_BACKEND = env_str("LOCK_BACKEND", "pg")
+if LOCK_BACKEND not in ("pg", "etcd"):
+    raise ImproperlyConfigured(f"LOCK_BACKEND must be pg or etcd, got {LOCK_BACKEND!r}")
+LOCK_SESSION_TTL_MS = env_int("LOCK_SESSION_TTL_MS", 10_000, minimum=1_000, maximum=60_000)
+LOCK_DEFAULT_TTL_MS = env_int("LOCK_DEFAULT_TTL_MS", 10_000, minimum=1_000, maximum=60_000)
+LOCK_MAX_TTL_MS = env_int("LOCK_MAX_TTL_MS", 60_000, minimum=1_000, maximum=60_000)
+LOCK_CLIENT_SAFETY_MARGIN = env_float("LOCK_CLIENT_SAFETY_MARGIN", 0.30)
+ETCD_URL = env_str("ETCD_URL", "http://127.0.0.1:2379")
+
+# Database capacity and deadlines (failure-behavior.md "Capacity and deadlines").
+DB_POOL_MAX = env_int("DB_POOL_MAX", 8, minimum=1)
+DB_QUEUE_DEADLINE_MS = env_int("DB_QUEUE_DEADLINE_MS", 2_000, minimum=10)
+DB_STATEMENT_TIMEOUT_MS = env_int("DB_STATEMENT_TIMEOUT_MS", 2_500, minimum=10)
+
+
+def database(url_env: str) -> dict:
+    """One pooled PostgreSQL alias with the request deadline applied server-side."""
+    config = env_database(url_env)
+    config["CONN_MAX_AGE"] = 0
+    config["CONN_HEALTH_CHECKS"] = False
+    options = config["OPTIONS"]
+    options["options"] = (
+        f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS} -c lock_timeout={DB_STATEMENT_TIMEOUT_MS}"
+        " -c idle_in_transaction_session_timeout=30000"
+    )
+    options["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_MAX,
+        "timeout": DB_QUEUE_DEADLINE_MS / 1000,
+        "max_idle": 60,
+    }
+    return config
+
+
+DATABASE_ROUTERS = ["dlock.dbrouter.AppDatabaseRouter"]
+# app_label -> alias; anything absent goes to "default". Only the ops role needs entries.
+APP_DATABASES: dict[str, str] = {}
+
+LOG_LEVEL = env_str("DLOCK_LOG_LEVEL", "INFO")
+
+
+def logging_config(service: str) -> dict:
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "dlock.logs.JsonFormatter", "service": service}},
+        "handlers": {"stdout": {"class": "logging.StreamHandler", "formatter": "json"}},
+        "root": {"handlers": ["stdout"], "level": LOG_LEVEL},
+        "loggers": {
+            "django.request": {"level": "ERROR"},
+            "django.server": {"level": "WARNING"},
+            "httpx": {"level": "WARNING"},
+            "urllib3": {"level": "WARNING"},
+        },
+    }
+
+
+def service_name(role: str) -> str:
+    return SERVICE_NAMES[role]

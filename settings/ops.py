@@ -1,0 +1,36 @@
+"""Every app and every database: management commands and the test suite."""
+
+from settings.base import *  # noqa: F403
+from settings.base import BASE_APPS, MIDDLEWARE, database, logging_config
+
+ROLE = "ops"
+SERVICE_NAME = "ops"
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    *BASE_APPS,
+    "lockserver",
+    "payments",
+    "railproxy",
+    "railstub",
+    "executor",
+]
+MIDDLEWARE = [
+    *MIDDLEWARE[:4],
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    *MIDDLEWARE[4:],
+]
+ROOT_URLCONF = "settings.ops_urls"
+DATABASES = {
+    "default": database("PAY_DATABASE_URL"),
+    "lockdb": database("LOCK_DATABASE_URL"),
+    "raildb": database("RAIL_DATABASE_URL"),
+}
+APP_DATABASES = {"lockserver": "lockdb", "railstub": "raildb"}
+LOGGING = logging_config(SERVICE_NAME)

@@ -1,0 +1,103 @@
+"""Fixtures shared by the whole suite: the live stack (real processes on loopback)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from dlock.devstack import (
+    DB_URL_ENV,
+    URL_ENV,
+    EtcdServer,
+    RoleProcess,
+    free_port,
+    manage,
+    migrate_all,
+)
+from tests import pgplugin
+
+ROLES = ("lockserver", "payments", "railproxy", "railstub")
+
+
+@dataclass
+class LiveStack:
+    """Four roles under gunicorn against their own freshly migrated databases."""
+
+    env: dict[str, str]
+    logdir: Path
+    procs: dict[str, RoleProcess] = field(default_factory=dict)
+
+    def url(self, role: str) -> str:
+        return self.procs[role].url
+
+    def restart(self, role: str) -> None:
+        self.procs[role].stop()
+        self.procs[role].start()
+
+    def manage(self, *args: str, check: bool = True, capture: bool = True):
+        return manage(args, self.env, check=check, capture=capture)
+
+
+def create_live_databases(prefix: str) -> dict[str, str]:
+    return {var: _create_db(f"{prefix}_{name}") for name, var in DB_URL_ENV.items()}
+
+
+def _create_db(name: str) -> str:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(pgplugin.server_url("postgres"), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return pgplugin.server_url(name)
+
+
+def start_stack(prefix: str, extra_env: dict[str, str] | None = None) -> LiveStack:
+    env = {
+        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+        "DJANGO_DEBUG": "false",
+        "LOCK_BACKEND": "pg",
+        **create_live_databases(prefix),
+        **(extra_env or {}),
+    }
+    ports = {role: free_port() for role in ROLES}
+    for role, port in ports.items():
+        env[URL_ENV[role]] = f"http://127.0.0.1:{port}"
+    migrate_all(env)
+    logdir = Path(tempfile.mkdtemp(prefix=f"dlock-{prefix}-logs-"))
+    stack = LiveStack(env=env, logdir=logdir)
+    for role, port in ports.items():
+        stack.procs[role] = RoleProcess(role, port, env, logdir / f"{role}.log").start(wait=False)
+    for proc in stack.procs.values():
+        proc.wait_ready()
+    return stack
+
+
+def stop_stack(stack: LiveStack) -> None:
+    for proc in stack.procs.values():
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def live_stack():
+    stack = start_stack("live")
+    yield stack
+    stop_stack(stack)
+
+
+@pytest.fixture(scope="session")
+def etcd_server():
+    if not (shutil.which("etcd") or Path("/usr/bin/etcd").exists()):
+        pytest.fail("etcd is not installed (apt-get install etcd-server); .ci/run installs it")
+    datadir = Path(tempfile.mkdtemp(prefix="dlock-etcd-")) / "data"
+    server = EtcdServer(datadir, free_port(), free_port())
+    server.start()
+    yield server
+    server.stop()

@@ -1,0 +1,83 @@
+"""Real PostgreSQL for the whole suite, chosen before Django reads its settings.
+
+Order: DLOCK_TEST_DATABASE_URL (a server URL) if set; else testcontainers when a Docker engine
+answers; else a throwaway cluster started with initdb/pg_ctl in a temp dir (fsync off).
+Never SQLite, never a mock.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from dlock.devstack import PgCluster, free_port
+
+_cluster: PgCluster | None = None
+_container = None
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return True
+    except Exception:  # no engine, no socket, no permission: fall back to initdb
+        return False
+
+
+def _with_db(server_url: str, dbname: str) -> str:
+    parts = urlsplit(server_url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{dbname}", parts.query, ""))
+
+
+def _choose_server() -> str:
+    global _cluster, _container
+    given = os.environ.get("DLOCK_TEST_DATABASE_URL")
+    if given:
+        return given
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        _container = PostgresContainer("postgres:15", driver=None).start()
+        atexit.register(_container.stop)
+        return _container.get_connection_url().replace("postgresql://", "postgres://")
+    parent = Path(tempfile.mkdtemp(prefix="dlock-test-pg-"))
+    parent.chmod(0o755)  # as root the cluster runs as `postgres`, which must reach its datadir
+    datadir = parent / "data"
+    _cluster = PgCluster(datadir, free_port(), fast=True)
+    return f"postgres://postgres@127.0.0.1:{_cluster.port}/postgres"
+
+
+SERVER_URL = _choose_server()
+os.environ["DLOCK_TEST_SERVER_URL"] = SERVER_URL
+os.environ["LOCK_DATABASE_URL"] = _with_db(SERVER_URL, "dlock_lockdb")
+os.environ["PAY_DATABASE_URL"] = _with_db(SERVER_URL, "dlock_paydb")
+os.environ["RAIL_DATABASE_URL"] = _with_db(SERVER_URL, "dlock_raildb")
+os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(48))
+os.environ["DJANGO_DEBUG"] = "false"
+os.environ.setdefault("ROLE", "ops")
+
+
+def server_url(dbname: str) -> str:
+    return _with_db(SERVER_URL, dbname)
+
+
+def cluster() -> PgCluster | None:
+    """The throwaway cluster when the suite started one (tests that stop/start PostgreSQL)."""
+    return _cluster
+
+
+def pytest_configure(config):
+    if _cluster is not None and not _cluster.running():
+        _cluster.start()
+
+
+def pytest_unconfigure(config):
+    if _cluster is not None:
+        _cluster.stop("immediate")

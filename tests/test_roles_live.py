@@ -1,0 +1,93 @@
+"""Each role as a real gunicorn process: JSON 404s, readiness, metrics, and the ROLE guard."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from dlock.devstack import PROJECT, RoleProcess, free_port
+from tests.conftest import ROLES
+
+pytestmark = pytest.mark.live
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_unknown_path_on_every_role_is_a_json_404_with_trace_id(live_stack, role):
+    response = requests.get(f"{live_stack.url(role)}/definitely/not/here", timeout=5)
+    assert response.status_code == 404
+    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+    body = response.json()
+    assert body["code"] == "NOT_FOUND" and len(body["traceId"]) == 32
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_role_is_live_and_ready(live_stack, role):
+    assert requests.get(f"{live_stack.url(role)}/health/live", timeout=5).status_code == 200
+    assert requests.get(f"{live_stack.url(role)}/health/ready", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_wrong_method_and_bad_json_are_envelopes_on_every_role(live_stack, role):
+    response = requests.delete(f"{live_stack.url(role)}/health/live", timeout=5)
+    assert response.status_code == 405
+    assert response.json()["code"] == "VALIDATION_FAILED"
+
+
+@pytest.mark.parametrize("role", ["payments", "railproxy"])
+def test_fenced_out_series_exist_at_zero_from_start_up(live_stack, role):
+    text = requests.get(f"{live_stack.url(role)}/metrics", timeout=5).text
+    for resource in ("account", "ledger", "rail"):
+        assert f'lock_fenced_out_total{{resource="{resource}"}} 0.0' in text
+
+
+def test_readiness_fails_closed_when_the_database_is_unreachable(tmp_path):
+    dead = f"postgres://postgres@127.0.0.1:{free_port()}/paydb"
+    env = {"PAY_DATABASE_URL": dead, "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"]}
+    proc = RoleProcess("payments", free_port(), env, tmp_path / "payments.log")
+    proc.start(wait=False)
+    try:
+        from dlock.devstack import wait_until
+
+        wait_until(lambda: _answers(proc.url), timeout=30, what="payments listening")
+        live = requests.get(f"{proc.url}/health/live", timeout=5)
+        ready = requests.get(f"{proc.url}/health/ready", timeout=10)
+        assert live.status_code == 200
+        assert ready.status_code == 503
+        body = ready.json()
+        assert body["code"] == "NOT_LEADER" and body["retrySafe"] is True
+        assert body["details"]["checks"] == {"paydb": "DOWN"}
+    finally:
+        proc.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        requests.get(f"{url}/health/live", timeout=1)
+        return True
+    except requests.RequestException:
+        return False
+
+
+@pytest.mark.parametrize("role", ["", "bogus"])
+def test_missing_or_unknown_role_stops_start_up_with_one_clear_line(role):
+    env = {**os.environ, "ROLE": role}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=PROJECT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "lockserver, payments, railproxy, railstub, executor, ops" in lines[0]
+
+
+def test_production_start_up_refuses_a_missing_secret():
+    env = {**os.environ, "ROLE": "railstub", "DJANGO_DEBUG": "false", "DJANGO_SECRET_KEY": ""}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=PROJECT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "DJANGO_SECRET_KEY" in result.stderr
