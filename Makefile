@@ -43,7 +43,7 @@ demo: up
 	$(BIN)/python -m dlock.demo
 
 bench: venv sysdeps
-	$(BIN)/python -m dlock.bench
+	$(BIN)/python -m bench
 
 experiment: up
 	set -a; . .run/stack.env; set +a; ROLE=ops $(BIN)/python manage.py fencing_experiment
