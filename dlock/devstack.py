@@ -151,6 +151,7 @@ class PgCluster:
                 ],
                 self.user,
             ),
+            cwd="/",
             check=True,
             stdout=subprocess.DEVNULL,
         )
@@ -158,6 +159,7 @@ class PgCluster:
     def running(self) -> bool:
         result = subprocess.run(
             _as_user([str(pg_bindir() / "pg_ctl"), "-D", str(self.datadir), "status"], self.user),
+            cwd="/",
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -193,6 +195,7 @@ class PgCluster:
                 ],
                 self.user,
             ),
+            cwd="/",
             check=True,
             stdout=subprocess.DEVNULL,
         )
@@ -205,6 +208,7 @@ class PgCluster:
                 [str(pg_bindir() / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"],
                 self.user,
             ),
+            cwd="/",
             check=False,
             stdout=subprocess.DEVNULL,
         )
