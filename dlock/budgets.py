@@ -1,0 +1,64 @@
+"""C3 §3.8 as one table: per-hop connect/read timeouts and retry counts.
+
+Budgets shrink inward: no hop may wait longer than its caller, or the caller times out first and
+manufactures an ambiguity the inner hop was about to resolve. Every HTTP call dlock makes names
+one row of `BUDGETS`; nothing else in the code base spells a timeout for these hops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The proxy's read timeout towards the rail (C3 §3.8 "rail-proxy → rail-stub": 1 s / 8 s).
+RAIL_READ_TIMEOUT_S = 8.0
+# Retry backoff for retry-safe lock-server codes (FR-28): jittered exponential 50 ms → 1 s.
+BACKOFF_INITIAL_S = 0.05
+BACKOFF_MAX_S = 1.0
+# Client-side local deadline: TTL × (1 − safety margin) (ARCHITECTURE §8).
+CLIENT_SAFETY_MARGIN = 0.30
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One hop: connect and read timeouts (seconds) and how many retries it may make."""
+
+    connect_s: float
+    read_s: float
+    retries: int
+    why: str
+
+    @property
+    def timeout(self) -> tuple[float, float]:
+        """The (connect, read) pair `requests` takes."""
+        return (self.connect_s, self.read_s)
+
+
+BUDGETS: dict[str, Budget] = {
+    "lock.acquire": Budget(0.5, 2.0, 5, "jittered 50 ms→1 s, retry-safe codes only (FR-28)"),
+    "lock.heartbeat": Budget(0.3, 1.0, 2, "2 retries within a third of the session TTL"),
+    "lock.renew": Budget(0.5, 2.0, 1, "one retry, retry-safe codes or connect failure only"),
+    "lock.release": Budget(0.5, 2.0, 0, "never retried: the lease reaps it"),
+    # Not rows of C3 §3.8; they follow the renew/release rows (recorded in CHANGELOG).
+    "lock.session": Budget(0.5, 2.0, 1, "open/close a session: like renew / release"),
+    "lock.revoke": Budget(0.5, 2.0, 0, "operator action, printed, re-run by a human"),
+    "payments.write": Budget(0.5, 3.0, 1, "0 on any 409; 1 retry only on 503 or connect failure"),
+    "rail.submit": Budget(1.0, RAIL_READ_TIMEOUT_S + 2.0, 0, "0. Ever."),
+    "rail.forward": Budget(1.0, RAIL_READ_TIMEOUT_S, 0, "proxy → rail, never retried (FR-20)"),
+    "advisory.read": Budget(0.3, 1.0, 2, "a failed read never blocks a correctness decision"),
+    "reconciler.db": Budget(1.0, 30.0, 3, "detective, off the payout path"),
+}
+
+
+def budget(hop: str) -> Budget:
+    """The budget of `hop`; an unknown hop is a programming error, not a default."""
+    return BUDGETS[hop]
+
+
+def heartbeat_window_s(session_ttl_ms: int) -> float:
+    """All heartbeat attempts (1 + retries) must fit in one third of the session TTL."""
+    return session_ttl_ms / 1000.0 / 3.0
+
+
+def local_deadline_s(ttl_ms: int, margin: float = CLIENT_SAFETY_MARGIN) -> float:
+    """How long after the request was sent the client may still believe it holds the lock."""
+    return ttl_ms / 1000.0 * (1.0 - margin)
