@@ -1,1 +1,266 @@
-"""Django models of this app."""
+"""paydb: accounts, payouts, their transition history, the double-entry ledger, idempotency.
+
+The database carries every invariant it can express (CHECK / UNIQUE); the conditional,
+fenced writes live in `payments/fenced_sql.py`, never in `save()`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class PayoutState(models.TextChoices):
+    PENDING = "PENDING"
+    CLAIMED = "CLAIMED"
+    SUBMITTING = "SUBMITTING"
+    RAIL_ACKED = "RAIL_ACKED"
+    POSTED = "POSTED"
+    FAILED = "FAILED"
+    ABANDONED = "ABANDONED"
+    RAIL_AMBIGUOUS = "RAIL_AMBIGUOUS"
+
+
+# Payouts whose amount is committed but not yet debited (ARCHITECTURE §4 "available balance").
+RESERVING_STATES = (
+    PayoutState.CLAIMED,
+    PayoutState.SUBMITTING,
+    PayoutState.RAIL_ACKED,
+    PayoutState.RAIL_AMBIGUOUS,
+)
+TERMINAL_STATES = (PayoutState.POSTED, PayoutState.FAILED, PayoutState.ABANDONED)
+
+
+class AccountKind(models.TextChoices):
+    CUSTOMER = "CUSTOMER"
+    SETTLEMENT = "SETTLEMENT"
+    FUNDING = "FUNDING"
+
+
+class Direction(models.TextChoices):
+    DEBIT = "DEBIT"
+    CREDIT = "CREDIT"
+
+
+def _in(field: str, choices: type[models.TextChoices]) -> Q:
+    return Q(**{f"{field}__in": [c.value for c in choices]})
+
+
+class Account(models.Model):
+    """A balance row and its fence: the highest fencing token that has written it."""
+
+    account_id = models.CharField(primary_key=True, max_length=64)
+    currency = models.CharField(max_length=3)
+    kind = models.CharField(max_length=10, choices=AccountKind.choices, default="CUSTOMER")
+    balance_minor = models.BigIntegerField(default=0, db_default=0)
+    fence = models.BigIntegerField(default=0, db_default=0)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "account"
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(kind="CUSTOMER") | Q(balance_minor__gte=0),
+                name="account_customer_balance_non_negative",
+            ),
+            models.CheckConstraint(condition=_in("kind", AccountKind), name="account_kind_valid"),
+            models.CheckConstraint(condition=Q(fence__gte=0), name="account_fence_non_negative"),
+            models.CheckConstraint(
+                condition=Q(currency__regex=r"^[A-Z]{3}$"), name="account_currency_iso4217"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.account_id
+
+
+class Payout(models.Model):
+    payout_id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    account = models.ForeignKey(
+        Account, on_delete=models.PROTECT, db_column="account_id", related_name="payouts"
+    )
+    amount_minor = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    beneficiary_ref = models.CharField(max_length=128)
+    state = models.CharField(max_length=16, choices=PayoutState.choices, default="PENDING")
+    attempt_count = models.IntegerField(default=0, db_default=0)
+    claim_token = models.BigIntegerField(null=True, blank=True)
+    claim_owner_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - NULL = never set
+    idempotency_key = models.CharField(max_length=128, unique=True)
+    rail_reference = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - NULL = never set
+    rail_submission_id = models.UUIDField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "payout"
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_minor__gt=0), name="payout_amount_positive"),
+            models.CheckConstraint(condition=_in("state", PayoutState), name="payout_state_valid"),
+            models.CheckConstraint(
+                condition=Q(attempt_count__gte=0), name="payout_attempt_count_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(claim_token__isnull=True) | Q(claim_token__gt=0),
+                name="payout_claim_token_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(currency__regex=r"^[A-Z]{3}$"), name="payout_currency_iso4217"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["created_at", "payout_id"], name="payout_page_idx"),
+            models.Index(fields=["state", "created_at", "payout_id"], name="payout_state_page_idx"),
+            models.Index(
+                fields=["account", "state", "created_at", "payout_id"],
+                name="payout_account_state_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.payout_id} ({self.state})"
+
+
+class PayoutEvent(models.Model):
+    """Append-only transition history; one row per state change, written in its transaction."""
+
+    id = models.BigAutoField(primary_key=True)
+    payout = models.ForeignKey(
+        Payout, on_delete=models.PROTECT, db_column="payout_id", related_name="events"
+    )
+    from_state = models.CharField(max_length=16, null=True, blank=True)  # noqa: DJ001 - NULL = never set
+    to_state = models.CharField(max_length=16)
+    token = models.BigIntegerField(null=True, blank=True)
+    owner_id = models.CharField(max_length=64)
+    note = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL = never set
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "payout_event"
+        ordering = ["at", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=_in("to_state", PayoutState), name="payout_event_to_state_valid"
+            ),
+        ]
+        indexes = [models.Index(fields=["payout", "at"], name="payout_event_payout_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '∅'} → {self.to_state}"
+
+
+class LedgerEntry(models.Model):
+    """One leg of a double-entry posting; balance = Σ CREDIT − Σ DEBIT of an account's rows."""
+
+    entry_id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    payout = models.ForeignKey(
+        Payout,
+        on_delete=models.PROTECT,
+        db_column="payout_id",
+        null=True,
+        blank=True,
+        related_name="entries",
+    )
+    account = models.ForeignKey(
+        Account, on_delete=models.PROTECT, db_column="account_id", related_name="entries"
+    )
+    direction = models.CharField(max_length=6, choices=Direction.choices)
+    amount_minor = models.BigIntegerField()
+    fence = models.BigIntegerField(default=0)
+    posted_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "ledger_entry"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(amount_minor__gt=0), name="ledger_entry_amount_positive"
+            ),
+            models.CheckConstraint(
+                condition=_in("direction", Direction), name="ledger_entry_direction_valid"
+            ),
+            models.UniqueConstraint(
+                fields=["payout", "direction"],
+                condition=Q(payout__isnull=False),
+                name="ledger_entry_one_leg_per_direction",
+            ),
+        ]
+        indexes = [models.Index(fields=["account", "posted_at"], name="ledger_entry_account_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.direction} {self.amount_minor} {self.account_id}"
+
+
+class IdempotencyRecord(models.Model):
+    """The stored answer to (operation, X-Idempotency-Key, token); written with the effect."""
+
+    id = models.BigAutoField(primary_key=True)
+    operation = models.CharField(max_length=16)
+    idempotency_key = models.CharField(max_length=128)
+    token = models.BigIntegerField()
+    request_hash = models.CharField(max_length=64)
+    payout_id = models.UUIDField(null=True, blank=True)
+    status = models.SmallIntegerField()
+    body = models.JSONField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "idempotency_record"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["operation", "idempotency_key", "token"], name="idempotency_identity"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation} {self.idempotency_key} @{self.token}"
+
+
+class ReconClassification(models.TextChoices):
+    NOT_BOOKED = "NOT_BOOKED"
+    BOOKED_ONCE = "BOOKED_ONCE"
+    BOOKED_MULTIPLE = "BOOKED_MULTIPLE"
+    NO_SUBMISSION = "NO_SUBMISSION"
+
+
+class PayoutReconciliation(models.Model):
+    """Reconciler findings per payout (written by `manage.py reconcile`, read by the admin)."""
+
+    payout = models.OneToOneField(
+        Payout,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        db_column="payout_id",
+        related_name="reconciliation",
+    )
+    classification = models.CharField(max_length=16, choices=ReconClassification.choices)
+    rail_transfer_count = models.IntegerField(default=0)
+    rail_references = models.JSONField(default=list)
+    checked_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "payout_reconciliation"
+        constraints = [
+            models.CheckConstraint(
+                condition=_in("classification", ReconClassification),
+                name="payout_reconciliation_classification_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(rail_transfer_count__gte=0),
+                name="payout_reconciliation_count_non_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.payout_id}: {self.classification}"
+
+
+class QuarantinedPayout(Payout):
+    """Admin view of RAIL_AMBIGUOUS payouts (proxy: no table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "quarantined payout"
+        verbose_name_plural = "quarantine (RAIL_AMBIGUOUS)"

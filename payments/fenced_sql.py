@@ -1,0 +1,479 @@
+"""The fenced layer: every conditional write on paydb's account/payout/ledger rows.
+
+Raw SQL because each decision is "did this one conditional UPDATE move a row?" — the ORM
+cannot express `SET fence = :t WHERE fence < :t RETURNING …` as one statement, nor a
+transition plus its history row as one round trip. The row count (or RETURNING row) decides;
+the caller raises. Every function takes a Django cursor on `connections[alias_for("payments")]`
+and must run inside the caller's `transaction.atomic(using=alias_for("payments"))`.
+
+Exported for other apps (docs/briefs/INTERFACES.md): `transition_payout`, `raise_account_fence`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from dlock.errors import ApiError, Code
+from dlock.logs import log_event
+from dlock.metrics import FENCED_RESOURCES, lock_fenced_out
+
+# RAIL_AMBIGUOUS and the terminal states accept no automated (token-bearing) transition.
+QUARANTINED_OR_TERMINAL = frozenset({"RAIL_AMBIGUOUS", "POSTED", "FAILED", "ABANDONED"})
+
+# ---------------------------------------------------------------------------------------------
+# SQL
+
+PAYOUT_LOCK_SQL = "SELECT state FROM payout WHERE payout_id = %(payout_id)s FOR UPDATE"
+
+# Runs with the payout row locked (PAYOUT_LOCK_SQL), so `from_state` is the state we moved from.
+TRANSITION_PAYOUT_SQL = """
+WITH moved AS (
+    UPDATE payout
+       SET state = %(to_state)s, updated_at = clock_timestamp()
+     WHERE payout_id = %(payout_id)s AND state = %(from_state)s
+ RETURNING payout_id
+), ev AS (
+    INSERT INTO payout_event (payout_id, from_state, to_state, token, owner_id, note, at)
+    SELECT moved.payout_id, %(from_state)s, %(to_state)s, %(token)s, %(owner_id)s, %(note)s,
+           clock_timestamp()
+      FROM moved
+)
+SELECT 1 FROM moved
+"""
+
+RAISE_ACCOUNT_FENCE_SQL = """
+UPDATE account SET fence = GREATEST(fence, %(floor)s), updated_at = clock_timestamp()
+ WHERE account_id = %(account_id)s
+RETURNING fence
+"""
+
+# P2: first write of a grant; strictly newer than anything that touched the account.
+CLAIM_FENCE_SQL = """
+UPDATE account a
+   SET fence = %(token)s, updated_at = clock_timestamp()
+  FROM payout p
+ WHERE p.payout_id = %(payout_id)s AND a.account_id = p.account_id AND a.fence < %(token)s
+RETURNING a.account_id, a.fence, a.balance_minor
+"""
+
+# P3: the same grant continues its critical section (CHANGELOG row 5): fence <= token.
+POST_FENCE_SQL = """
+UPDATE account a
+   SET fence = %(token)s, updated_at = clock_timestamp()
+  FROM payout p
+ WHERE p.payout_id = %(payout_id)s AND a.account_id = p.account_id AND a.fence <= %(token)s
+RETURNING a.account_id, a.fence, a.balance_minor
+"""
+
+# Zero rows from a fence UPDATE: which payout/account, and what fence beat us.
+FENCE_DIAGNOSIS_SQL = """
+SELECT p.account_id, a.fence
+  FROM payout p JOIN account a ON a.account_id = p.account_id
+ WHERE p.payout_id = %(payout_id)s
+"""
+
+# Runs after the account row is locked by the fence UPDATE, so every other claim/post on this
+# account is serialised behind us and the reservation sum is current (ARCHITECTURE §4).
+CLAIM_CHECK_SQL = """
+SELECT p.state, p.amount_minor,
+       COALESCE((SELECT SUM(r.amount_minor) FROM payout r
+                  WHERE r.account_id = p.account_id
+                    AND r.state IN ('CLAIMED', 'SUBMITTING', 'RAIL_ACKED', 'RAIL_AMBIGUOUS')
+                    AND r.payout_id <> p.payout_id), 0) AS reserved
+  FROM payout p
+ WHERE p.payout_id = %(payout_id)s
+   FOR UPDATE OF p
+"""
+
+CLAIM_TRANSITION_SQL = """
+WITH old AS (
+    SELECT state FROM payout WHERE payout_id = %(payout_id)s
+), moved AS (
+    UPDATE payout
+       SET state = 'CLAIMED', claim_token = %(token)s, claim_owner_id = %(owner_id)s,
+           attempt_count = attempt_count + 1, updated_at = clock_timestamp()
+     WHERE payout_id = %(payout_id)s AND state = %(expected_state)s
+ RETURNING payout_id, attempt_count, idempotency_key
+), ev AS (
+    INSERT INTO payout_event (payout_id, from_state, to_state, token, owner_id, note, at)
+    SELECT moved.payout_id, old.state, 'CLAIMED', %(token)s, %(owner_id)s, NULL,
+           clock_timestamp()
+      FROM moved, old
+)
+SELECT attempt_count, idempotency_key FROM moved
+"""
+
+FAIL_FOR_FUNDS_SQL = """
+WITH old AS (
+    SELECT state FROM payout WHERE payout_id = %(payout_id)s
+), moved AS (
+    UPDATE payout
+       SET state = 'FAILED', claim_token = %(token)s, claim_owner_id = %(owner_id)s,
+           attempt_count = attempt_count + 1, updated_at = clock_timestamp()
+     WHERE payout_id = %(payout_id)s AND state = %(expected_state)s
+ RETURNING payout_id, attempt_count
+), ev AS (
+    INSERT INTO payout_event (payout_id, from_state, to_state, token, owner_id, note, at)
+    SELECT moved.payout_id, old.state, 'FAILED', %(token)s, %(owner_id)s, %(note)s,
+           clock_timestamp()
+      FROM moved, old
+)
+SELECT attempt_count FROM moved
+"""
+
+POST_TRANSITION_SQL = """
+WITH old AS (
+    SELECT state FROM payout WHERE payout_id = %(payout_id)s
+), moved AS (
+    UPDATE payout
+       SET state = 'POSTED', rail_reference = %(rail_reference)s,
+           rail_submission_id = %(submission_id)s, updated_at = clock_timestamp()
+     WHERE payout_id = %(payout_id)s AND state = ANY(%(from_states)s::varchar[])
+ RETURNING payout_id, account_id, amount_minor, currency
+), ev AS (
+    INSERT INTO payout_event (payout_id, from_state, to_state, token, owner_id, note, at)
+    SELECT moved.payout_id, old.state, 'POSTED', %(token)s, %(owner_id)s, %(note)s,
+           clock_timestamp()
+      FROM moved, old
+)
+SELECT account_id, amount_minor, currency FROM moved
+"""
+
+PAYOUT_STATE_SQL = "SELECT state FROM payout WHERE payout_id = %(payout_id)s"
+
+ENSURE_ACCOUNT_SQL = """
+INSERT INTO account (account_id, currency, kind, balance_minor, fence, updated_at)
+VALUES (%(account_id)s, %(currency)s, %(kind)s, 0, 0, clock_timestamp())
+ON CONFLICT (account_id) DO NOTHING
+"""
+
+# Double entry in one statement: DEBIT the debited account, CREDIT the credited one, both
+# balances moved by the same amount. The CUSTOMER CHECK (balance >= 0) is the last guard.
+POST_LEDGER_SQL = """
+WITH debited AS (
+    UPDATE account SET balance_minor = balance_minor - %(amount)s,
+                       updated_at = clock_timestamp()
+     WHERE account_id = %(debit_account)s
+ RETURNING account_id, balance_minor
+), credited AS (
+    UPDATE account SET balance_minor = balance_minor + %(amount)s,
+                       updated_at = clock_timestamp()
+     WHERE account_id = %(credit_account)s
+ RETURNING account_id, balance_minor
+), legs AS (
+    INSERT INTO ledger_entry (entry_id, payout_id, account_id, direction, amount_minor, fence,
+                              posted_at)
+    VALUES (gen_random_uuid(), %(payout_id)s, %(debit_account)s, 'DEBIT', %(amount)s,
+            %(fence)s, clock_timestamp()),
+           (gen_random_uuid(), %(payout_id)s, %(credit_account)s, 'CREDIT', %(amount)s,
+            %(fence)s, clock_timestamp())
+ RETURNING entry_id, direction, amount_minor, fence
+)
+SELECT legs.entry_id, legs.direction, legs.amount_minor, legs.fence,
+       (SELECT balance_minor FROM debited), (SELECT balance_minor FROM credited)
+  FROM legs
+ ORDER BY legs.direction DESC
+"""
+
+IDEMPOTENCY_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(identity)s, 0))"
+
+IDEMPOTENCY_LOOKUP_SQL = """
+SELECT request_hash, status, body FROM idempotency_record
+ WHERE operation = %(operation)s AND idempotency_key = %(key)s AND token = %(token)s
+"""
+
+IDEMPOTENCY_STORE_SQL = """
+INSERT INTO idempotency_record (operation, idempotency_key, token, request_hash, payout_id,
+                                status, body, created_at)
+VALUES (%(operation)s, %(key)s, %(token)s, %(request_hash)s, %(payout_id)s, %(status)s,
+        %(body)s::jsonb, clock_timestamp())
+"""
+
+ACCOUNT_FOR_UPDATE_SQL = """
+SELECT account_id, fence, balance_minor FROM account WHERE account_id = %(account_id)s FOR UPDATE
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Exported to other apps
+
+
+def transition_payout(
+    cursor,
+    *,
+    payout_id,
+    from_states: tuple[str, ...],
+    to_state: str,
+    token: int | None,
+    owner_id: str,
+    note: str | None = None,
+) -> bool:
+    """Move the payout iff its state is one of `from_states`; append its payout_event row.
+
+    Returns False (and writes nothing) if no row moved: wrong state or unknown payout.
+    """
+    if token is not None and set(from_states) & QUARANTINED_OR_TERMINAL:
+        raise ValueError("no token-bearing transition leaves RAIL_AMBIGUOUS or a terminal state")
+    cursor.execute(PAYOUT_LOCK_SQL, {"payout_id": str(payout_id)})
+    row = cursor.fetchone()
+    if row is None or row[0] not in from_states:
+        return False
+    cursor.execute(
+        TRANSITION_PAYOUT_SQL,
+        {
+            "payout_id": str(payout_id),
+            "from_state": row[0],
+            "to_state": to_state,
+            "token": token,
+            "owner_id": owner_id,
+            "note": note,
+        },
+    )
+    return cursor.fetchone() is not None
+
+
+def raise_account_fence(cursor, *, account_id: str, floor: int) -> int:
+    """fence = GREATEST(fence, floor); returns the stored fence (operator revoke push, L8).
+
+    NOT_FOUND if the account does not exist (nothing to fence; no row is created).
+    """
+    cursor.execute(RAISE_ACCOUNT_FENCE_SQL, {"account_id": account_id, "floor": floor})
+    row = cursor.fetchone()
+    if row is None:
+        raise ApiError(
+            Code.NOT_FOUND, "account not found", details={"resource": "account", "id": account_id}
+        )
+    return int(row[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The fenced-out signal: built, logged and counted in this one place.
+
+
+def fenced_out(
+    *, resource: str, resource_id: str, presented: int, highest: int, owner_id: str
+) -> ApiError:
+    """The 409 FENCED_OUT error; emits `fenced_out` and lock_fenced_out_total exactly once."""
+    if resource not in FENCED_RESOURCES:
+        raise ValueError(f"unknown fenced resource {resource!r}")
+    log_event(
+        "fenced_out",
+        level=logging.WARNING,
+        resource=resource,
+        resourceId=resource_id,
+        presentedToken=presented,
+        highestToken=highest,
+        ownerId=owner_id,
+    )
+    lock_fenced_out.labels(resource=resource).inc()
+    return ApiError(
+        Code.FENCED_OUT,
+        "a newer fencing token has written this resource; abort the critical section",
+        details={
+            "presentedToken": presented,
+            "highestToken": highest,
+            "resourceType": resource,
+            "resourceId": resource_id,
+            "ownerId": owner_id,
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# P2 / P3 building blocks
+
+
+@dataclass(frozen=True)
+class FencedAccount:
+    account_id: str
+    fence: int
+    balance_minor: int
+
+
+def _fence_account(cursor, sql: str, *, payout_id, token: int, owner_id: str) -> FencedAccount:
+    params = {"payout_id": str(payout_id), "token": token}
+    cursor.execute(sql, params)
+    row = cursor.fetchone()
+    if row is not None:
+        return FencedAccount(row[0], int(row[1]), int(row[2]))
+    cursor.execute(FENCE_DIAGNOSIS_SQL, params)
+    found = cursor.fetchone()
+    if found is None:
+        raise ApiError(
+            Code.NOT_FOUND, "payout not found", details={"resource": "payout", "id": str(payout_id)}
+        )
+    raise fenced_out(
+        resource="account",
+        resource_id=found[0],
+        presented=token,
+        highest=int(found[1]),
+        owner_id=owner_id,
+    )
+
+
+def fence_account_for_claim(cursor, *, payout_id, token: int, owner_id: str) -> FencedAccount:
+    """Strict `fence < token` on the payout's account; FENCED_OUT / NOT_FOUND otherwise."""
+    return _fence_account(
+        cursor, CLAIM_FENCE_SQL, payout_id=payout_id, token=token, owner_id=owner_id
+    )
+
+
+def fence_account_for_post(cursor, *, payout_id, token: int, owner_id: str) -> FencedAccount:
+    """`fence <= token` on the payout's account (CHANGELOG row 5); FENCED_OUT otherwise."""
+    return _fence_account(
+        cursor, POST_FENCE_SQL, payout_id=payout_id, token=token, owner_id=owner_id
+    )
+
+
+def claim_check(cursor, *, payout_id) -> tuple[str, int, int]:
+    """(state, amount, reserved by the account's other in-flight payouts); row locked."""
+    cursor.execute(CLAIM_CHECK_SQL, {"payout_id": str(payout_id)})
+    state, amount, reserved = cursor.fetchone()
+    return state, int(amount), int(reserved)
+
+
+def claim_transition(
+    cursor, *, payout_id, expected_state: str, token: int, owner_id: str
+) -> tuple[int, str] | None:
+    """expected_state → CLAIMED with token/owner, attempt+1, event row; None if not moved."""
+    cursor.execute(
+        CLAIM_TRANSITION_SQL,
+        {
+            "payout_id": str(payout_id),
+            "expected_state": expected_state,
+            "token": token,
+            "owner_id": owner_id,
+        },
+    )
+    row = cursor.fetchone()
+    return (int(row[0]), row[1]) if row else None
+
+
+def fail_for_funds(
+    cursor, *, payout_id, expected_state: str, token: int, owner_id: str, note: str
+) -> int | None:
+    cursor.execute(
+        FAIL_FOR_FUNDS_SQL,
+        {
+            "payout_id": str(payout_id),
+            "expected_state": expected_state,
+            "token": token,
+            "owner_id": owner_id,
+            "note": note,
+        },
+    )
+    row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
+def post_transition(
+    cursor,
+    *,
+    payout_id,
+    from_states: tuple[str, ...],
+    token: int | None,
+    owner_id: str,
+    rail_reference: str | None,
+    submission_id,
+    note: str | None = None,
+) -> tuple[str, int, str] | None:
+    """from_states → POSTED with its event row; (account_id, amount, currency) or None."""
+    cursor.execute(
+        POST_TRANSITION_SQL,
+        {
+            "payout_id": str(payout_id),
+            "from_states": list(from_states),
+            "token": token,
+            "owner_id": owner_id,
+            "rail_reference": rail_reference,
+            "submission_id": str(submission_id) if submission_id else None,
+            "note": note,
+        },
+    )
+    row = cursor.fetchone()
+    return (row[0], int(row[1]), row[2]) if row else None
+
+
+def payout_state(cursor, *, payout_id) -> str | None:
+    cursor.execute(PAYOUT_STATE_SQL, {"payout_id": str(payout_id)})
+    row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def ensure_account(cursor, *, account_id: str, currency: str, kind: str) -> None:
+    cursor.execute(
+        ENSURE_ACCOUNT_SQL, {"account_id": account_id, "currency": currency, "kind": kind}
+    )
+
+
+@dataclass(frozen=True)
+class Posting:
+    entries: list[dict[str, Any]]
+    debit_balance: int
+    credit_balance: int
+
+
+def post_ledger(
+    cursor, *, payout_id, debit_account: str, credit_account: str, amount: int, fence: int
+) -> Posting:
+    """Two balanced legs plus both balance moves, in one statement."""
+    cursor.execute(
+        POST_LEDGER_SQL,
+        {
+            "payout_id": str(payout_id) if payout_id else None,
+            "debit_account": debit_account,
+            "credit_account": credit_account,
+            "amount": amount,
+            "fence": fence,
+        },
+    )
+    rows = cursor.fetchall()
+    entries = [
+        {"entryId": str(r[0]), "direction": r[1], "amountMinor": int(r[2]), "fence": int(r[3])}
+        for r in rows
+    ]
+    return Posting(entries, int(rows[0][4]), int(rows[0][5]))
+
+
+def lock_account(cursor, *, account_id: str) -> tuple[str, int, int] | None:
+    cursor.execute(ACCOUNT_FOR_UPDATE_SQL, {"account_id": account_id})
+    row = cursor.fetchone()
+    return (row[0], int(row[1]), int(row[2])) if row else None
+
+
+def idempotency_lock(cursor, *, operation: str, key: str, token: int) -> None:
+    """Serialise concurrent requests of one identity, so a duplicate in flight replays rather
+    than racing the fence (a concurrent same-token claim would otherwise read as FENCED_OUT)."""
+    cursor.execute(IDEMPOTENCY_LOCK_SQL, {"identity": f"{operation}\x1f{key}\x1f{token}"})
+
+
+def idempotency_lookup(cursor, *, operation: str, key: str, token: int):
+    cursor.execute(IDEMPOTENCY_LOOKUP_SQL, {"operation": operation, "key": key, "token": token})
+    return cursor.fetchone()
+
+
+def idempotency_store(
+    cursor,
+    *,
+    operation: str,
+    key: str,
+    token: int,
+    request_hash: str,
+    payout_id,
+    status: int,
+    body_json: str,
+) -> None:
+    cursor.execute(
+        IDEMPOTENCY_STORE_SQL,
+        {
+            "operation": operation,
+            "key": key,
+            "token": token,
+            "request_hash": request_hash,
+            "payout_id": str(payout_id),
+            "status": status,
+            "body": body_json,
+        },
+    )

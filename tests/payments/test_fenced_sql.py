@@ -1,0 +1,113 @@
+"""The exported fenced-SQL functions other apps call: transition_payout, raise_account_fence."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db import connections, transaction
+
+from dlock.dbrouter import alias_for
+from dlock.errors import ApiError, Code
+from payments import fenced_sql
+from payments.models import Account, Payout, PayoutEvent
+
+pytestmark = pytest.mark.django_db(databases=["default"])
+
+
+def _cursor():
+    return connections[alias_for("payments")].cursor()
+
+
+def _payout(state: str = "CLAIMED") -> Payout:
+    account = Account.objects.create(account_id=f"acct-{uuid.uuid4().hex[:12]}", currency="EUR")
+    pid = uuid.uuid4()
+    return Payout.objects.create(
+        payout_id=pid,
+        account=account,
+        amount_minor=100,
+        currency="EUR",
+        beneficiary_ref="ben",
+        state=state,
+        idempotency_key=f"payout-{pid}",
+    )
+
+
+def test_transition_moves_the_payout_and_appends_its_event():
+    payout = _payout("CLAIMED")
+    with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
+        moved = fenced_sql.transition_payout(
+            cur,
+            payout_id=payout.payout_id,
+            from_states=("CLAIMED",),
+            to_state="SUBMITTING",
+            token=7,
+            owner_id="w1",
+        )
+    assert moved is True
+    payout.refresh_from_db()
+    assert payout.state == "SUBMITTING"
+    event = PayoutEvent.objects.get(payout=payout)
+    assert (event.from_state, event.to_state, event.token, event.owner_id) == (
+        "CLAIMED",
+        "SUBMITTING",
+        7,
+        "w1",
+    )
+
+
+def test_transition_from_the_wrong_state_moves_nothing_and_writes_no_event():
+    payout = _payout("PENDING")
+    with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
+        moved = fenced_sql.transition_payout(
+            cur,
+            payout_id=payout.payout_id,
+            from_states=("CLAIMED", "SUBMITTING"),
+            to_state="RAIL_ACKED",
+            token=7,
+            owner_id="w1",
+        )
+    assert moved is False
+    payout.refresh_from_db()
+    assert payout.state == "PENDING"
+    assert not PayoutEvent.objects.filter(payout=payout).exists()
+
+
+def test_transition_of_an_unknown_payout_is_false():
+    with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
+        assert not fenced_sql.transition_payout(
+            cur,
+            payout_id=uuid.uuid4(),
+            from_states=("CLAIMED",),
+            to_state="SUBMITTING",
+            token=1,
+            owner_id="w1",
+        )
+
+
+def test_no_token_bearing_transition_leaves_quarantine():
+    payout = _payout("RAIL_AMBIGUOUS")
+    with pytest.raises(ValueError), _cursor() as cur:
+        fenced_sql.transition_payout(
+            cur,
+            payout_id=payout.payout_id,
+            from_states=("RAIL_AMBIGUOUS",),
+            to_state="POSTED",
+            token=9,
+            owner_id="w1",
+        )
+
+
+def test_raise_account_fence_never_lowers_it():
+    payout = _payout()
+    account_id = payout.account_id
+    with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
+        assert fenced_sql.raise_account_fence(cur, account_id=account_id, floor=50) == 50
+        assert fenced_sql.raise_account_fence(cur, account_id=account_id, floor=10) == 50
+    assert Account.objects.get(account_id=account_id).fence == 50
+
+
+def test_raise_account_fence_of_an_unknown_account_is_not_found():
+    with pytest.raises(ApiError) as caught, _cursor() as cur:
+        fenced_sql.raise_account_fence(cur, account_id="nobody", floor=5)
+    assert caught.value.code is Code.NOT_FOUND
