@@ -8,6 +8,7 @@ import logging
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 from django.http import Http404, HttpResponse
+from psycopg_pool import PoolTimeout, TooManyRequests
 from rest_framework import exceptions as drf
 
 from dlock.errors import ApiError, Code, validation_error
@@ -51,8 +52,11 @@ def _database_error(exc: DatabaseError) -> ApiError:
     sqlstate = getattr(cause, "sqlstate", None)
     if sqlstate in ("57014", "55P03"):  # query_canceled (statement_timeout), lock_not_available
         return ApiError(Code.DEADLINE_EXCEEDED, "database work exceeded the request deadline")
-    if type(cause).__name__ == "PoolTimeout":
+    # Django re-raises psycopg_pool's errors as django.db.OperationalError `from` the original.
+    if isinstance(cause, PoolTimeout):
         return ApiError(Code.OVERLOADED, "no database slot within the queue deadline")
+    if isinstance(cause, TooManyRequests):
+        return ApiError(Code.OVERLOADED, "too many requests already waiting for a database slot")
     if sqlstate == "25006":  # read_only_sql_transaction: we are talking to a standby
         return ApiError(Code.NOT_LEADER, "database is a read-only standby")
     return ApiError(Code.NOT_LEADER, "database unreachable")

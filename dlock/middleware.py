@@ -23,7 +23,24 @@ class TraceMiddleware:
             response = self.get_response(request)
         finally:
             reset_trace_id(token)
-        return response
+        return secure_headers(response)
+
+
+# A JSON answer is data, never a page: nothing may frame it, run it, cache it or sniff it.
+_JSON_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+    "Cache-Control": "no-store",
+}
+
+
+def secure_headers(response: HttpResponse) -> HttpResponse:
+    """Outermost, so envelopes built by any later layer get the headers too."""
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    if response.get("Content-Type", "").startswith("application/json"):
+        for name, value in _JSON_HEADERS.items():
+            response.headers.setdefault(name, value)
+    return response
 
 
 class RequestGuardMiddleware:

@@ -16,11 +16,26 @@ class JSONRenderer(renderers.JSONRenderer):
 
 
 class BrowsableAPIRenderer(renderers.BrowsableAPIRenderer):
-    """Browsable API for humans on GET endpoints; errors are rendered by dlock.handlers as JSON."""
+    """Browsable API for humans on GET endpoints; errors are rendered by dlock.handlers as JSON.
+
+    Read-only: no forms (a form would invite a write without the fencing headers), and it is
+    offered only to GET/HEAD requests (see LenientNegotiation).
+    """
+
+    def show_form_for_method(self, view, method, request, obj):
+        return False
+
+    def get_rendered_html_form(self, data, view, method, request):
+        return None
+
+
+SAFE_METHODS = ("GET", "HEAD")
 
 
 class LenientNegotiation(DefaultContentNegotiation):
     def select_renderer(self, request, renderers, format_suffix=None):
+        if request.method not in SAFE_METHODS:
+            renderers = [r for r in renderers if r.format != "api"] or renderers
         try:
             return super().select_renderer(request, renderers, format_suffix)
         except Exception:  # NotAcceptable: a JSON API answers JSON rather than 406

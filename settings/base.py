@@ -13,6 +13,12 @@ from settings.env import env_bool, env_database, env_float, env_int, env_str
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
+# The container image sets production; there DEBUG can never be switched on (start-up refuses).
+DLOCK_ENVIRONMENT = env_str("DLOCK_ENVIRONMENT", "development")
+if DLOCK_ENVIRONMENT not in ("development", "production"):
+    raise ImproperlyConfigured("DLOCK_ENVIRONMENT must be development or production")
+if DEBUG and DLOCK_ENVIRONMENT == "production":
+    raise ImproperlyConfigured("DJANGO_DEBUG=true is refused when DLOCK_ENVIRONMENT=production")
 if DEBUG:
     SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "dlock-development-only-not-secret")
 else:
@@ -36,6 +42,8 @@ BASE_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_prometheus",
     "dlock",
 ]
@@ -85,9 +93,22 @@ SECURE_REFERRER_POLICY = "no-referrer"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
+# Admin (payments role only): staff login, session + CSRF cookies. Behind TLS set
+# DLOCK_SECURE_COOKIES=true (k8s does) so they never travel in clear text.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DLOCK_SECURE_COOKIES", False)
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Strict"
+SESSION_COOKIE_AGE = 8 * 3600
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
 
 REST_FRAMEWORK = {
-    "DEFAULT_RENDERER_CLASSES": ["dlock.rendering.JSONRenderer"],
+    # JSON first (every caller that does not ask for HTML gets JSON); the browsable API only
+    # answers GET/HEAD from a browser, and errors are always the JSON envelope (dlock.handlers).
+    "DEFAULT_RENDERER_CLASSES": [
+        "dlock.rendering.JSONRenderer",
+        "dlock.rendering.BrowsableAPIRenderer",
+    ],
     "DEFAULT_PARSER_CLASSES": ["dlock.parsers.StrictJSONParser"],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "dlock.rendering.LenientNegotiation",
     "DEFAULT_AUTHENTICATION_CLASSES": [],
@@ -106,6 +127,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Every documented error is the C3 envelope (dlock.schema adds it to every operation).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "dlock.schema.envelope_errors_hook",
+    ],
 }
 
 # Lock semantics (C3 §3.3 / §3.8).
@@ -122,6 +149,8 @@ ETCD_URL = env_str("ETCD_URL", "http://127.0.0.1:2379")
 DB_POOL_MAX = env_int("DB_POOL_MAX", 8, minimum=1)
 DB_QUEUE_DEADLINE_MS = env_int("DB_QUEUE_DEADLINE_MS", 2_000, minimum=10)
 DB_STATEMENT_TIMEOUT_MS = env_int("DB_STATEMENT_TIMEOUT_MS", 2_500, minimum=10)
+# Waiters beyond this are refused at once (503 OVERLOADED), so a burst can't pile up threads.
+DB_POOL_MAX_WAITING = env_int("DB_POOL_MAX_WAITING", 2 * DB_POOL_MAX, minimum=0)
 
 
 def database(url_env: str) -> dict:
@@ -138,6 +167,7 @@ def database(url_env: str) -> dict:
         "min_size": 1,
         "max_size": DB_POOL_MAX,
         "timeout": DB_QUEUE_DEADLINE_MS / 1000,
+        "max_waiting": DB_POOL_MAX_WAITING,
         "max_idle": 60,
     }
     return config

@@ -1,22 +1,65 @@
-"""gunicorn settings for every server role (ROLE picks the app; PORT the listener)."""
+"""gunicorn settings for every server role (ROLE picks the app; PORT the listener).
+
+`ROLE=payments gunicorn -c settings/gunicorn.py settings.wsgi`. Every value can be overridden
+from the environment (GUNICORN_*); the defaults and why they are what they are:
+docs/operations.md, numbers in docs/benchmarks.md.
+"""
 
 import os
 
+from dlock.serving import drain_on_sigint
+
 _role = os.environ.get("ROLE", "")
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    return int(raw) if raw else default
+
+
 bind = f"{os.environ.get('BIND_HOST', '127.0.0.1')}:{os.environ.get('PORT', '8080')}"
-# One process per role: metrics stay in-process and the GIL caps a process at one core anyway;
-# threads serve concurrent requests and the lock-server's bounded waits (waitMillis).
-workers = int(os.environ.get("GUNICORN_WORKERS", "1"))
-worker_class = "gthread"
-threads = int(os.environ.get("GUNICORN_THREADS", "32" if _role == "lockserver" else "16"))
-# Above the longest legitimate request: rail read timeout 8 s plus the proxy's own work.
-timeout = int(os.environ.get("GUNICORN_TIMEOUT", "40"))
-graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "20"))
-keepalive = 5
-limit_request_line = 4094
+
+# One process per role, threads inside it (measured in docs/benchmarks.md): the GIL caps a process
+# at about one core of Python, Prometheus counters stay in one process (no multiprocess dir), and
+# the psycopg pool (DB_POOL_MAX) bounds database work per process. Scale out with replicas.
+workers = _int("GUNICORN_WORKERS", 1)
+worker_class = "dlock.serving.DrainingThreadWorker"
+# More threads than database slots on purpose: a thread waiting for a slot gives up after
+# DB_QUEUE_DEADLINE_MS with 503 OVERLOADED; beyond DB_POOL_MAX_WAITING waiters it is refused at
+# once. The lock server also parks threads in bounded acquire waits (waitMillis <= 30 s).
+threads = _int("GUNICORN_THREADS", 32 if _role == "lockserver" else 16)
+# Open connections per process (keep-alive included); above it the worker stops accepting.
+worker_connections = _int("GUNICORN_WORKER_CONNECTIONS", 256)
+backlog = _int("GUNICORN_BACKLOG", 128)
+
+# C3 §3.8 budgets shrink inward; the server must outlive every request its callers may still be
+# waiting for. The longest legitimate request per role:
+#   lockserver: acquire with waitMillis 30 s (+ database deadline)
+#   railproxy:  rail connect 1 s + rail read 8 s + two database exchanges (its caller waits 10 s)
+#   payments:   database queue deadline + statement deadline (~5 s); its caller waits 3 s
+#   railstub:   its configured latency (experiments keep it below the proxy's 8 s read timeout)
+_longest_request_s = {"lockserver": 33, "railproxy": 15, "payments": 6, "railstub": 10}.get(
+    _role, 15
+)
+# gthread workers heartbeat from the event loop, not per request: `timeout` only kills a worker
+# whose loop is stuck, never a slow request. Keep it above any request anyway.
+timeout = _int("GUNICORN_TIMEOUT", 60)
+# SIGTERM/SIGINT: listener closed at once, in-flight requests get this long, then exit.
+# Kubernetes terminationGracePeriodSeconds must exceed it (k8s/ sets it per role).
+graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT", _longest_request_s)
+# Executors reuse connections; the keep-alive must be shorter than any idle timeout in front
+# of us (kube-proxy/conntrack is minutes) so the server, not a middlebox, closes first.
+keepalive = _int("GUNICORN_KEEPALIVE", 5)
+
+# Request limits (the body limit is DLOCK_MAX_BODY_BYTES, enforced by dlock.middleware).
+limit_request_line = 4094  # the longest path is /v1/locks/<128-char key>/acquire + query
 limit_request_fields = 50
-limit_request_field_size = 4096
-accesslog = None
+limit_request_field_size = 4096  # header values are also validated by dlock.headers
+
+accesslog = None  # request logs come from the app (JSON, without bodies)
 errorlog = "-"
-loglevel = "warning"
+loglevel = os.environ.get("GUNICORN_LOGLEVEL", "warning")
 proc_name = f"dlock-{_role}"
+# Behind a Kubernetes Service there is no proxy whose headers we trust.
+forwarded_allow_ips = ""
+when_ready = drain_on_sigint
