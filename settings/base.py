@@ -198,3 +198,16 @@ def logging_config(service: str) -> dict:
 
 def service_name(role: str) -> str:
     return SERVICE_NAMES[role]
+
+# Lock server (issue 3; docs/lockserver.md). Both backends read these.
+# Tokens handed out by this deployment are always > LOCK_TOKEN_FLOOR (checked at start-up).
+LOCK_TOKEN_FLOOR = env_int("LOCK_TOKEN_FLOOR", 0, minimum=0)
+# Expired session records are kept this long so L2 can answer 410 (not 404) for them.
+LOCK_SESSION_RETENTION_MS = env_int("LOCK_SESSION_RETENTION_MS", 86_400_000, minimum=60_000)
+# Server-side acquire waits (waitMillis): at most this many waiters per key ...
+LOCK_MAX_WAITERS_PER_KEY = env_int("LOCK_MAX_WAITERS_PER_KEY", 8, minimum=1)
+# ... and at most LOCK_RETRY_BUDGET contended attempts per (session, key) per window.
+LOCK_RETRY_BUDGET = env_int("LOCK_RETRY_BUDGET", 20, minimum=1)
+LOCK_RETRY_WINDOW_MS = env_int("LOCK_RETRY_WINDOW_MS", 10_000, minimum=100)
+# Reaper period: expiry events, session retention, live gauges.
+LOCK_HOUSEKEEPING_MS = env_int("LOCK_HOUSEKEEPING_MS", 1_000, minimum=50)
