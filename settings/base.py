@@ -211,3 +211,9 @@ LOCK_RETRY_BUDGET = env_int("LOCK_RETRY_BUDGET", 20, minimum=1)
 LOCK_RETRY_WINDOW_MS = env_int("LOCK_RETRY_WINDOW_MS", 10_000, minimum=100)
 # Reaper period: expiry events, session retention, live gauges.
 LOCK_HOUSEKEEPING_MS = env_int("LOCK_HOUSEKEEPING_MS", 1_000, minimum=50)
+
+# Service URLs for clients of our own hops (executor, revoke_lock, experiment; issue 7).
+LOCK_SERVER_URL = env_str("LOCK_SERVER_URL", "http://127.0.0.1:8081")
+PAYMENTS_URL = env_str("PAYMENTS_URL", "http://127.0.0.1:8082")
+RAIL_PROXY_URL = env_str("RAIL_PROXY_URL", "http://127.0.0.1:8083")
+RAIL_STUB_URL = env_str("RAIL_STUB_URL", "http://127.0.0.1:8084")
