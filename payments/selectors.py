@@ -1,0 +1,208 @@
+"""Payment-resource reads (P1, P4, P5). Advisory: no decision may be taken from them."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+import uuid
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+from django.db.models import Q
+
+from dlock.dbrouter import alias_for
+from dlock.errors import not_found, validation_error
+from dlock.timefmt import rfc3339_ms
+from payments.models import Payout, PayoutState
+
+LIMIT_MIN, LIMIT_MAX, LIMIT_DEFAULT = 1, 500, 100
+_CURSOR_VERSION = 1
+
+
+def _alias() -> str:
+    return alias_for("payments")
+
+
+# ---------------------------------------------------------------------------------------------
+# P1: keyset pagination on (created_at, payout_id): a row inserted while a client pages sorts
+# after every row already returned (its created_at is later), so pages never skip or repeat.
+
+
+def encode_cursor(created_at: dt.datetime, payout_id: uuid.UUID, state: str, account: str) -> str:
+    raw = json.dumps(
+        [_CURSOR_VERSION, created_at.isoformat(), str(payout_id), state, account],
+        separators=(",", ":"),
+    )
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _bad_cursor(reason: str):
+    return validation_error(
+        f"cursor is not one this service issued ({reason})",
+        [{"field": "cursor", "message": "opaque nextCursor from a previous page"}],
+    )
+
+
+def decode_cursor(raw: str, *, state: str, account: str) -> tuple[dt.datetime, uuid.UUID]:
+    if len(raw) > 512:
+        raise _bad_cursor("too long")
+    try:
+        padded = raw + "=" * (-len(raw) % 4)
+        decoded = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")).decode())
+    except (ValueError, UnicodeError, binascii.Error):
+        raise _bad_cursor("undecodable") from None
+    if not (isinstance(decoded, list) and len(decoded) == 5 and decoded[0] == _CURSOR_VERSION):
+        raise _bad_cursor("wrong shape")
+    _, created_raw, payout_raw, cursor_state, cursor_account = decoded
+    if not all(isinstance(v, str) for v in (created_raw, payout_raw, cursor_state, cursor_account)):
+        raise _bad_cursor("wrong shape")
+    try:
+        created_at = dt.datetime.fromisoformat(created_raw)
+        payout_id = uuid.UUID(payout_raw)
+    except ValueError:
+        raise _bad_cursor("bad position") from None
+    if created_at.tzinfo is None:
+        raise _bad_cursor("bad position")
+    if (cursor_state, cursor_account) != (state, account):
+        raise _bad_cursor("issued for different filters")
+    return created_at, payout_id
+
+
+def list_payouts(
+    *, state: str | None, account_id: str | None, limit: int, cursor: str | None
+) -> dict[str, Any]:
+    """P1 page: items ordered by (createdAt, payoutId), and nextCursor when more may follow."""
+    qs = Payout.objects.using(_alias()).all()
+    if state:
+        qs = qs.filter(state=state)
+    if account_id:
+        qs = qs.filter(account_id=account_id)
+    if cursor:
+        after_at, after_id = decode_cursor(cursor, state=state or "", account=account_id or "")
+        qs = qs.filter(Q(created_at__gt=after_at) | Q(created_at=after_at, payout_id__gt=after_id))
+    rows = list(
+        qs.order_by("created_at", "payout_id").values(
+            "payout_id",
+            "account_id",
+            "amount_minor",
+            "currency",
+            "state",
+            "attempt_count",
+            "created_at",
+        )[: limit + 1]
+    )
+    page, more = rows[:limit], len(rows) > limit
+    body: dict[str, Any] = {
+        "items": [
+            {
+                "payoutId": str(r["payout_id"]),
+                "accountId": r["account_id"],
+                "amountMinor": r["amount_minor"],
+                "currency": r["currency"],
+                "state": r["state"],
+                "attemptCount": r["attempt_count"],
+                "createdAt": rfc3339_ms(r["created_at"]),
+            }
+            for r in page
+        ]
+    }
+    if more:
+        last = page[-1]
+        body["nextCursor"] = encode_cursor(
+            last["created_at"], last["payout_id"], state or "", account_id or ""
+        )
+    return body
+
+
+STATES = tuple(s.value for s in PayoutState)
+
+
+# ---------------------------------------------------------------------------------------------
+# P4
+
+SUBMISSIONS_SQL = """
+SELECT submission_id, presented_token, owner_id, outcome, rail_reference, submitted_at,
+       resolved_at
+  FROM rail_submission
+ WHERE payout_id = %(payout_id)s
+ ORDER BY submitted_at, submission_id
+"""
+
+
+def _submissions(payout_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The rail proxy's attempt rows (railproxy owns `rail_submission`, also in paydb)."""
+    try:
+        with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
+            cur.execute(SUBMISSIONS_SQL, {"payout_id": str(payout_id)})
+            rows = cur.fetchall()
+    except DatabaseError:
+        # Only until railproxy's migration lands: no table yet means no submissions yet.
+        return []
+    return [
+        {
+            "submissionId": str(r[0]),
+            "presentedToken": r[1],
+            "ownerId": r[2],
+            "outcome": r[3],
+            "railReference": r[4],
+            "submittedAt": rfc3339_ms(r[5]),
+            "resolvedAt": rfc3339_ms(r[6]),
+        }
+        for r in rows
+    ]
+
+
+def get_payout(*, payout_id: uuid.UUID) -> dict[str, Any]:
+    payout = Payout.objects.using(_alias()).filter(payout_id=payout_id).first()
+    if payout is None:
+        raise not_found("payout", str(payout_id))
+    return {
+        "payoutId": str(payout.payout_id),
+        "accountId": payout.account_id,
+        "amountMinor": payout.amount_minor,
+        "currency": payout.currency,
+        "beneficiaryRef": payout.beneficiary_ref,
+        "state": payout.state,
+        "attemptCount": payout.attempt_count,
+        "claimToken": payout.claim_token,
+        "claimOwnerId": payout.claim_owner_id,
+        "idempotencyKey": payout.idempotency_key,
+        "railReference": payout.rail_reference,
+        "createdAt": rfc3339_ms(payout.created_at),
+        "updatedAt": rfc3339_ms(payout.updated_at),
+        "submissions": _submissions(payout.payout_id),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# P5
+
+
+ACCOUNT_SQL = """
+SELECT a.account_id, a.currency, a.balance_minor, a.fence, a.updated_at,
+       COALESCE((SELECT SUM(CASE e.direction WHEN 'CREDIT' THEN e.amount_minor
+                                              ELSE -e.amount_minor END)
+                   FROM ledger_entry e WHERE e.account_id = a.account_id), 0)
+  FROM account a
+ WHERE a.account_id = %(account_id)s
+"""
+
+
+def get_account(*, account_id: str) -> dict[str, Any]:
+    """P5. One statement, so balance and the recomputed ledger sum come from one snapshot;
+    a divergence is data for the reconciler, still a 200."""
+    with connections[_alias()].cursor() as cur:
+        cur.execute(ACCOUNT_SQL, {"account_id": account_id})
+        row = cur.fetchone()
+    if row is None:
+        raise not_found("account", account_id)
+    return {
+        "accountId": row[0],
+        "currency": row[1],
+        "balanceMinor": int(row[2]),
+        "fence": int(row[3]),
+        "updatedAt": rfc3339_ms(row[4]),
+        "ledgerSumMinor": int(row[5]),
+    }

@@ -1,0 +1,433 @@
+"""Payment-resource writes. Each accepted command is one transaction on paydb.
+
+Services take keyword-only typed arguments, own `transaction.atomic`, raise `ApiError` and
+never build HTTP responses. The conditional SQL lives in `payments/fenced_sql.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections, transaction
+
+from dlock.dbrouter import alias_for
+from dlock.errors import ApiError, Code, validation_error
+from dlock.tracing import current_trace_id
+from payments import fenced_sql
+from payments.models import Account, AccountKind, Payout, PayoutEvent
+
+# Test-only fault injection: called after the last write of claim/post, inside the
+# transaction, with the operation name. Tests set it to a function that raises; production
+# never sets it. Whatever it raises rolls the whole command back.
+FAULT_HOOK: Callable[[str], None] | None = None
+
+CLAIMABLE_STATES = ("PENDING", "CLAIMED")
+
+
+def _alias() -> str:
+    return alias_for("payments")
+
+
+def _fault_point(operation: str) -> None:
+    if FAULT_HOOK is not None:
+        FAULT_HOOK(operation)
+
+
+def settlement_account_id(currency: str) -> str:
+    return f"settlement:{currency}"
+
+
+def funding_account_id(currency: str) -> str:
+    return f"funding:{currency}"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a fenced command answered: fresh, or replayed from its idempotency record."""
+
+    status: int
+    body: dict[str, Any]
+    replayed: bool = False
+
+
+def _request_hash(operation: str, payout_id: uuid.UUID, body: dict[str, Any]) -> str:
+    canonical = json.dumps(
+        {"operation": operation, "payoutId": str(payout_id), "body": body},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replay_or_conflict(cursor, *, operation: str, key: str, token: int, request_hash: str):
+    """Serialise on the identity, then answer from its stored record if there is one."""
+    fenced_sql.idempotency_lock(cursor, operation=operation, key=key, token=token)
+    stored = fenced_sql.idempotency_lookup(cursor, operation=operation, key=key, token=token)
+    if stored is None:
+        return None
+    stored_hash, status, body = stored
+    if stored_hash != request_hash:
+        raise ApiError(
+            Code.IDEMPOTENCY_CONFLICT,
+            "this X-Idempotency-Key and token were used with a different request",
+            details={"idempotencyKey": key, "operation": operation},
+        )
+    if isinstance(body, str):
+        body = json.loads(body)
+    return CommandResult(status=int(status), body=body, replayed=True)
+
+
+def _not_claimable(payout_id: uuid.UUID, state: str | None, allowed: tuple[str, ...]) -> ApiError:
+    return ApiError(
+        Code.PAYOUT_NOT_CLAIMABLE,
+        f"payout is {state}; this transition needs {' or '.join(allowed)}",
+        details={"payoutId": str(payout_id), "state": state, "expectedStates": list(allowed)},
+    )
+
+
+def _store(cursor, *, operation, key, token, request_hash, payout_id, status, body) -> None:
+    fenced_sql.idempotency_store(
+        cursor,
+        operation=operation,
+        key=key,
+        token=token,
+        request_hash=request_hash,
+        payout_id=payout_id,
+        status=status,
+        body_json=json.dumps(body, separators=(",", ":")),
+    )
+
+
+def claim_payout(
+    *,
+    payout_id: uuid.UUID,
+    token: int,
+    owner_id: str,
+    idempotency_key: str,
+    expected_state: str,
+) -> CommandResult:
+    """P2: fence the account strictly (`fence < token`), check funds, move to CLAIMED.
+
+    Steps, one transaction: idempotency lock+lookup → fenced account UPDATE (row lock) →
+    payout row lock + reservation sum → transition + payout_event → idempotency record.
+    Insufficient available balance commits the payout as FAILED and answers 422.
+    """
+    if expected_state not in CLAIMABLE_STATES:
+        raise validation_error(
+            "expectedState must be PENDING or CLAIMED",
+            [{"field": "expectedState", "message": "PENDING or CLAIMED"}],
+        )
+    operation = "claim"
+    request_hash = _request_hash(operation, payout_id, {"expectedState": expected_state})
+    failure: ApiError | None = None
+    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
+        replay = _replay_or_conflict(
+            cur, operation=operation, key=idempotency_key, token=token, request_hash=request_hash
+        )
+        if replay is not None:
+            return replay
+        account = fenced_sql.fence_account_for_claim(
+            cur, payout_id=payout_id, token=token, owner_id=owner_id
+        )
+        state, amount, reserved = fenced_sql.claim_check(cur, payout_id=payout_id)
+        if state != expected_state:
+            raise _not_claimable(payout_id, state, (expected_state,))
+        available = account.balance_minor - reserved
+        if amount > available:
+            fenced_sql.fail_for_funds(
+                cur,
+                payout_id=payout_id,
+                expected_state=expected_state,
+                token=token,
+                owner_id=owner_id,
+                note=f"insufficient funds: amount {amount} > available {available}",
+            )
+            failure = ApiError(
+                Code.INSUFFICIENT_FUNDS,
+                "available balance does not cover the payout; payout FAILED",
+                details={
+                    "payoutId": str(payout_id),
+                    "accountId": account.account_id,
+                    "amountMinor": amount,
+                    "availableMinor": available,
+                },
+            )
+            status, body = failure.status, failure.envelope(current_trace_id())
+        else:
+            moved = fenced_sql.claim_transition(
+                cur,
+                payout_id=payout_id,
+                expected_state=expected_state,
+                token=token,
+                owner_id=owner_id,
+            )
+            if moved is None:  # pragma: no cover - the row is locked by claim_check
+                raise _not_claimable(payout_id, state, (expected_state,))
+            attempt_count, stable_key = moved
+            status = 200
+            body = {
+                "payoutId": str(payout_id),
+                "state": "CLAIMED",
+                "claimToken": token,
+                "accountFence": account.fence,
+                "attemptCount": attempt_count,
+                "idempotencyKey": stable_key,
+            }
+        _store(
+            cur,
+            operation=operation,
+            key=idempotency_key,
+            token=token,
+            request_hash=request_hash,
+            payout_id=payout_id,
+            status=status,
+            body=body,
+        )
+        _fault_point(operation)
+    if failure is not None:
+        raise failure  # committed: the payout is FAILED and the answer is recorded
+    return CommandResult(status=status, body=body)
+
+
+def post_payout(
+    *,
+    payout_id: uuid.UUID,
+    token: int,
+    owner_id: str,
+    idempotency_key: str,
+    rail_reference: str,
+    submission_id: uuid.UUID,
+) -> CommandResult:
+    """P3: fence the account (`fence <= token`, CHANGELOG row 5), RAIL_ACKED → POSTED, and post
+    two balanced legs (DEBIT the account, CREDIT `settlement:<currency>`), one transaction."""
+    operation = "post"
+    request_hash = _request_hash(
+        operation,
+        payout_id,
+        {"railReference": rail_reference, "submissionId": str(submission_id)},
+    )
+    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
+        replay = _replay_or_conflict(
+            cur, operation=operation, key=idempotency_key, token=token, request_hash=request_hash
+        )
+        if replay is not None:
+            return replay
+        fenced_sql.fence_account_for_post(cur, payout_id=payout_id, token=token, owner_id=owner_id)
+        moved = fenced_sql.post_transition(
+            cur,
+            payout_id=payout_id,
+            from_states=("RAIL_ACKED",),
+            token=token,
+            owner_id=owner_id,
+            rail_reference=rail_reference,
+            submission_id=submission_id,
+        )
+        if moved is None:
+            state = fenced_sql.payout_state(cur, payout_id=payout_id)
+            raise _not_claimable(payout_id, state, ("RAIL_ACKED",))
+        account_id, amount, currency = moved
+        posting = _post_to_settlement(
+            cur,
+            payout_id=payout_id,
+            account_id=account_id,
+            amount=amount,
+            currency=currency,
+            fence=token,
+        )
+        body = {
+            "payoutId": str(payout_id),
+            "state": "POSTED",
+            "entries": posting.entries,
+            "balanceMinor": posting.debit_balance,
+        }
+        _store(
+            cur,
+            operation=operation,
+            key=idempotency_key,
+            token=token,
+            request_hash=request_hash,
+            payout_id=payout_id,
+            status=200,
+            body=body,
+        )
+        _fault_point(operation)
+    return CommandResult(status=200, body=body)
+
+
+def _post_to_settlement(cur, *, payout_id, account_id, amount, currency, fence):
+    settlement = settlement_account_id(currency)
+    fenced_sql.ensure_account(
+        cur, account_id=settlement, currency=currency, kind=AccountKind.SETTLEMENT
+    )
+    return fenced_sql.post_ledger(
+        cur,
+        payout_id=payout_id,
+        debit_account=account_id,
+        credit_account=settlement,
+        amount=amount,
+        fence=fence,
+    )
+
+
+RESOLUTIONS = ("POSTED", "FAILED")
+
+
+def resolve_quarantined(
+    *,
+    payout_id: uuid.UUID,
+    resolution: str,
+    operator: str,
+    note: str,
+    rail_reference: str | None = None,
+) -> None:
+    """Operator resolution of a RAIL_AMBIGUOUS payout (after reading the rail's statement).
+
+    POSTED writes the same two ledger legs as P3, at the account's current fence (an operator
+    holds no token and never moves the fence); FAILED releases the reservation. Either way the
+    payout_event row names the operator and carries the note. Only RAIL_AMBIGUOUS moves.
+    """
+    note = (note or "").strip()
+    if not note:
+        raise validation_error("a note is required", [{"field": "note", "message": "required"}])
+    if resolution not in RESOLUTIONS:
+        raise validation_error(
+            "resolution must be POSTED or FAILED",
+            [{"field": "resolution", "message": "POSTED or FAILED"}],
+        )
+    owner = f"operator:{operator}"[:64]
+    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
+        payout = Payout.objects.using(_alias()).filter(payout_id=payout_id).first()
+        if payout is None:
+            raise ApiError(
+                Code.NOT_FOUND,
+                "payout not found",
+                details={"resource": "payout", "id": str(payout_id)},
+            )
+        # Same lock order as claim/post: the account row first, then the payout row.
+        locked = fenced_sql.lock_account(cur, account_id=payout.account_id)
+        if resolution == "FAILED":
+            moved = fenced_sql.transition_payout(
+                cur,
+                payout_id=payout_id,
+                from_states=("RAIL_AMBIGUOUS",),
+                to_state="FAILED",
+                token=None,
+                owner_id=owner,
+                note=note,
+            )
+            if not moved:
+                state = fenced_sql.payout_state(cur, payout_id=payout_id)
+                raise _not_claimable(payout_id, state, ("RAIL_AMBIGUOUS",))
+            return
+        posted = fenced_sql.post_transition(
+            cur,
+            payout_id=payout_id,
+            from_states=("RAIL_AMBIGUOUS",),
+            token=None,
+            owner_id=owner,
+            rail_reference=rail_reference,
+            submission_id=None,
+            note=note,
+        )
+        if posted is None:
+            state = fenced_sql.payout_state(cur, payout_id=payout_id)
+            raise _not_claimable(payout_id, state, ("RAIL_AMBIGUOUS",))
+        account_id, amount, currency = posted
+        _post_to_settlement(
+            cur,
+            payout_id=payout_id,
+            account_id=account_id,
+            amount=amount,
+            currency=currency,
+            fence=locked[1],
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeding (manage.py seed_payouts, tests, benchmarks)
+
+
+def create_account(
+    *, account_id: str, currency: str = "EUR", opening_balance_minor: int = 0
+) -> Account:
+    """A CUSTOMER account; a positive opening balance is a ledger pair from `funding:<cur>`."""
+    if opening_balance_minor < 0:
+        raise validation_error(
+            "opening balance must be >= 0",
+            [{"field": "openingBalanceMinor", "message": ">= 0"}],
+        )
+    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
+        account = Account.objects.using(_alias()).create(
+            account_id=account_id, currency=currency, kind=AccountKind.CUSTOMER
+        )
+        if opening_balance_minor > 0:
+            funding = funding_account_id(currency)
+            fenced_sql.ensure_account(
+                cur, account_id=funding, currency=currency, kind=AccountKind.FUNDING
+            )
+            fenced_sql.post_ledger(
+                cur,
+                payout_id=None,
+                debit_account=funding,
+                credit_account=account_id,
+                amount=opening_balance_minor,
+                fence=0,
+            )
+    account.refresh_from_db(using=_alias())
+    return account
+
+
+def create_payout(
+    *,
+    account_id: str,
+    amount_minor: int,
+    beneficiary_ref: str | None = None,
+    payout_id: uuid.UUID | None = None,
+    owner_id: str = "seed",
+) -> Payout:
+    """A PENDING payout with its stable idempotency key and its first payout_event row."""
+    payout_id = payout_id or uuid.uuid4()
+    with transaction.atomic(using=_alias()):
+        account = Account.objects.using(_alias()).get(account_id=account_id)
+        payout = Payout.objects.using(_alias()).create(
+            payout_id=payout_id,
+            account=account,
+            amount_minor=amount_minor,
+            currency=account.currency,
+            beneficiary_ref=beneficiary_ref or f"ben-{payout_id.hex[:12]}",
+            state="PENDING",
+            idempotency_key=f"payout-{payout_id}",
+        )
+        PayoutEvent.objects.using(_alias()).create(
+            payout=payout, from_state=None, to_state="PENDING", token=None, owner_id=owner_id
+        )
+    return payout
+
+
+def seed(
+    *,
+    accounts: int,
+    payouts_per_account: int,
+    balance_minor: int,
+    amount_minor: int,
+    currency: str = "EUR",
+) -> dict[str, list[str]]:
+    """Accounts with opening balances and PENDING payouts; returns their ids."""
+    account_ids: list[str] = []
+    payout_ids: list[str] = []
+    for _ in range(accounts):
+        account = create_account(
+            account_id=f"acct-{uuid.uuid4().hex[:16]}",
+            currency=currency,
+            opening_balance_minor=balance_minor,
+        )
+        account_ids.append(account.account_id)
+        for _ in range(payouts_per_account):
+            payout = create_payout(account_id=account.account_id, amount_minor=amount_minor)
+            payout_ids.append(str(payout.payout_id))
+    return {"accounts": account_ids, "payouts": payout_ids}

@@ -1,0 +1,155 @@
+"""P1–P5 (C3 §3.4). Each view parses headers/path/body, calls one service or selector, answers.
+
+Headers go through `dlock.headers` first: a malformed token is INVALID_TOKEN before any DB work.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from dlock.errors import validation_error
+from dlock.headers import fencing_token, idempotency_key, owner_id
+from dlock.serializers import StrictCharField, StrictSerializer, parse_uuid
+from payments import selectors, services
+
+ACCOUNT_ID_MAX = 64
+_LIST_PARAMS = frozenset({"state", "accountId", "limit", "cursor"})
+
+
+class ClaimInput(StrictSerializer):
+    expectedState = StrictCharField()  # noqa: N815 - wire name
+
+    def validate_expectedState(self, value: str) -> str:  # noqa: N802
+        if value not in services.CLAIMABLE_STATES:
+            raise serializers.ValidationError("must be PENDING or CLAIMED")
+        return value
+
+
+class PostInput(StrictSerializer):
+    railReference = StrictCharField(max_length=128)  # noqa: N815
+    submissionId = StrictCharField(max_length=36)  # noqa: N815
+    railOutcome = StrictCharField(required=False, default="ACKED")  # noqa: N815
+
+    def validate_railOutcome(self, value: str) -> str:  # noqa: N802
+        if value != "ACKED":
+            raise serializers.ValidationError("must be ACKED")
+        return value
+
+
+def _answer(result: services.CommandResult) -> Response:
+    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
+    return Response(result.body, status=result.status, headers=headers)
+
+
+def _protected_headers(request: Request) -> tuple[int, str, str]:
+    """X-Fencing-Token, X-Owner-Id, X-Idempotency-Key, in that order, before any DB access."""
+    return fencing_token(request), owner_id(request), idempotency_key(request)
+
+
+class PayoutClaimView(APIView):
+    """P2 POST /v1/payouts/{payoutId}/claim."""
+
+    def post(self, request: Request, payout_id: str) -> Response:
+        token, owner, key = _protected_headers(request)
+        pid = parse_uuid(payout_id, field="payoutId")
+        data = ClaimInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = services.claim_payout(
+            payout_id=pid,
+            token=token,
+            owner_id=owner,
+            idempotency_key=key,
+            expected_state=data.validated_data["expectedState"],
+        )
+        return _answer(result)
+
+
+class PayoutPostView(APIView):
+    """P3 POST /v1/payouts/{payoutId}/post."""
+
+    def post(self, request: Request, payout_id: str) -> Response:
+        token, owner, key = _protected_headers(request)
+        pid = parse_uuid(payout_id, field="payoutId")
+        data = PostInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        submission_id = parse_uuid(data.validated_data["submissionId"], field="submissionId")
+        result = services.post_payout(
+            payout_id=pid,
+            token=token,
+            owner_id=owner,
+            idempotency_key=key,
+            rail_reference=data.validated_data["railReference"],
+            submission_id=submission_id,
+        )
+        return _answer(result)
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return selectors.LIMIT_DEFAULT
+    lo, hi = selectors.LIMIT_MIN, selectors.LIMIT_MAX
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 4) or not lo <= int(raw) <= hi:
+        raise validation_error(
+            f"limit must be an integer {lo}…{hi}",
+            [{"field": "limit", "message": f"integer {lo}…{hi}"}],
+        )
+    return int(raw)
+
+
+class PayoutListView(APIView):
+    """P1 GET /v1/payouts?state=&accountId=&limit=&cursor=."""
+
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        unknown = sorted(set(params) - _LIST_PARAMS)
+        if unknown:
+            raise validation_error(
+                "unknown query parameter", [{"field": n, "message": "unknown"} for n in unknown]
+            )
+        for name in params:
+            if len(params.getlist(name)) > 1:
+                raise validation_error(
+                    f"{name} given more than once", [{"field": name, "message": "once"}]
+                )
+        state = params.get("state") or None
+        if state is not None and state not in selectors.STATES:
+            raise validation_error(
+                "state must be one of the eight payout states",
+                [{"field": "state", "message": "|".join(selectors.STATES)}],
+            )
+        account = params.get("accountId") or None
+        if account is not None and len(account) > ACCOUNT_ID_MAX:
+            raise validation_error(
+                "accountId is too long",
+                [{"field": "accountId", "message": f"at most {ACCOUNT_ID_MAX}"}],
+            )
+        body = selectors.list_payouts(
+            state=state,
+            account_id=account,
+            limit=_limit(params.get("limit")),
+            cursor=params.get("cursor") or None,
+        )
+        return Response(body)
+
+
+class PayoutDetailView(APIView):
+    """P4 GET /v1/payouts/{payoutId} (advisory)."""
+
+    def get(self, request: Request, payout_id: str) -> Response:
+        pid = parse_uuid(payout_id, field="payoutId")
+        return Response(selectors.get_payout(payout_id=pid))
+
+
+class AccountDetailView(APIView):
+    """P5 GET /v1/accounts/{accountId}."""
+
+    def get(self, request: Request, account_id: str) -> Response:
+        if len(account_id) > ACCOUNT_ID_MAX:
+            raise validation_error(
+                "accountId is too long",
+                [{"field": "accountId", "message": f"at most {ACCOUNT_ID_MAX}"}],
+            )
+        return Response(selectors.get_account(account_id=account_id))
