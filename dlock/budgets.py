@@ -7,10 +7,13 @@ one row of `BUDGETS`; nothing else in the code base spells a timeout for these h
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-# The proxy's read timeout towards the rail (C3 §3.8 "rail-proxy → rail-stub": 1 s / 8 s).
-RAIL_READ_TIMEOUT_S = 8.0
+# The proxy's read timeout towards the rail (C3 §3.8 "rail-proxy → rail-stub": 1 s / 8 s); the
+# same variable the proxy reads (settings.RAIL_READ_TIMEOUT_MS), so the executor always waits
+# 2 s longer than the proxy does.
+RAIL_READ_TIMEOUT_S = int(os.environ.get("RAIL_READ_TIMEOUT_MS") or 8_000) / 1000.0
 # Retry backoff for retry-safe lock-server codes (FR-28): jittered exponential 50 ms → 1 s.
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_MAX_S = 1.0

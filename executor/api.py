@@ -1,0 +1,184 @@
+"""The executor's hops to the payment resource (P1–P4) and the rail proxy, each within its budget.
+
+Retry rules (C3 §3.8): claim/post retry once, and only on a 503 or a connect failure (nothing
+reached the server); any 409 is final. Rail submit is never retried. Reads are advisory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from dlock.budgets import BACKOFF_INITIAL_S, BUDGETS
+from dlock.client import DlockError, ServiceUnreachable, call
+
+PAYOUT_STATES = (
+    "PENDING",
+    "CLAIMED",
+    "SUBMITTING",
+    "RAIL_ACKED",
+    "POSTED",
+    "FAILED",
+    "ABANDONED",
+    "RAIL_AMBIGUOUS",
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One P1 row: enough to pick a lock key and a first step; never proof of state."""
+
+    payout_id: str
+    account_id: str
+    amount_minor: int
+    currency: str
+    state: str
+    created_at: datetime | None
+
+    @classmethod
+    def from_item(cls, item: dict[str, Any]) -> Candidate:
+        created = item.get("createdAt")
+        return cls(
+            payout_id=str(item["payoutId"]),
+            account_id=str(item["accountId"]),
+            amount_minor=int(item["amountMinor"]),
+            currency=str(item["currency"]),
+            state=str(item["state"]),
+            created_at=datetime.fromisoformat(created.replace("Z", "+00:00")) if created else None,
+        )
+
+
+def idempotency_key(payout_id: str) -> str:
+    """The payout's stable key (INTERFACES: `payout-<payout_id>`), never regenerated."""
+    return f"payout-{payout_id}"
+
+
+def _retriable_write_failure(exc: DlockError) -> bool:
+    if isinstance(exc, ServiceUnreachable):
+        return not exc.sent
+    return exc.status == 503
+
+
+class Api:
+    """HTTP client for the payment resource and the rail proxy, as one owner."""
+
+    def __init__(
+        self, *, payments_url: str, rail_proxy_url: str, owner_id: str, sleep=time.sleep
+    ) -> None:
+        self.payments_url = payments_url.rstrip("/")
+        self.rail_proxy_url = rail_proxy_url.rstrip("/")
+        self.owner_id = owner_id
+        self.sleep = sleep
+
+    # -- advisory reads ------------------------------------------------------------------
+
+    def _read(self, url: str, params: dict[str, Any] | None = None) -> Any:
+        hop = BUDGETS["advisory.read"]
+        attempt = 0
+        while True:
+            try:
+                return call("GET", url, hop=hop, owner_id=self.owner_id, params=params).body
+            except DlockError as exc:
+                if attempt >= hop.retries or not (
+                    isinstance(exc, ServiceUnreachable) or exc.retry_safe
+                ):
+                    raise
+                attempt += 1
+                self.sleep(BACKOFF_INITIAL_S * 2**attempt)
+
+    def list_payouts(
+        self, state: str, *, limit: int = 100, max_items: int = 500
+    ) -> list[Candidate]:
+        """P1, following nextCursor up to `max_items` rows."""
+        items: list[Candidate] = []
+        cursor: str | None = None
+        while len(items) < max_items:
+            params: dict[str, Any] = {"state": state, "limit": limit}
+            if cursor:
+                params["cursor"] = cursor
+            page = self._read(f"{self.payments_url}/v1/payouts", params)
+            items.extend(Candidate.from_item(item) for item in page.get("items", []))
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        return items
+
+    def get_payout(self, payout_id: str) -> dict[str, Any]:
+        """P4: the payout and its submissions summary. Advisory."""
+        return self._read(f"{self.payments_url}/v1/payouts/{payout_id}")
+
+    def get_account(self, account_id: str) -> dict[str, Any]:
+        """P5. Advisory."""
+        return self._read(f"{self.payments_url}/v1/accounts/{account_id}")
+
+    # -- protected writes ----------------------------------------------------------------
+
+    def _write(self, url: str, body: dict[str, Any], *, token: int, key: str, hop: str) -> Any:
+        budget = BUDGETS[hop]
+        headers = {"X-Fencing-Token": str(token), "X-Idempotency-Key": key}
+        attempt = 0
+        while True:
+            try:
+                return call(
+                    "POST",
+                    url,
+                    hop=budget,
+                    owner_id=self.owner_id,
+                    json_body=body,
+                    headers=headers,
+                ).body
+            except DlockError as exc:
+                if attempt >= budget.retries or not _retriable_write_failure(exc):
+                    raise
+                attempt += 1
+                self.sleep(BACKOFF_INITIAL_S)
+
+    def claim(self, payout_id: str, *, token: int, expected_state: str) -> dict[str, Any]:
+        """P2: PENDING/CLAIMED → CLAIMED under `token` (account fence strictly below it)."""
+        return self._write(
+            f"{self.payments_url}/v1/payouts/{payout_id}/claim",
+            {"expectedState": expected_state},
+            token=token,
+            key=idempotency_key(payout_id),
+            hop="payments.write",
+        )
+
+    def post(
+        self, payout_id: str, *, token: int, rail_reference: str, submission_id: str
+    ) -> dict[str, Any]:
+        """P3: RAIL_ACKED → POSTED with the two ledger legs (account fence ≤ token)."""
+        return self._write(
+            f"{self.payments_url}/v1/payouts/{payout_id}/post",
+            {
+                "railReference": rail_reference,
+                "submissionId": submission_id,
+                "railOutcome": "ACKED",
+            },
+            token=token,
+            key=idempotency_key(payout_id),
+            hop="payments.write",
+        )
+
+    def submit(self, payout: dict[str, Any], *, token: int) -> dict[str, Any]:
+        """Rail proxy submission: presented once, never retried, whatever happens."""
+        payout_id = str(payout["payoutId"])
+        body = {
+            "payoutId": payout_id,
+            "accountId": payout["accountId"],
+            "amountMinor": int(payout["amountMinor"]),
+            "currency": payout["currency"],
+            "beneficiaryRef": payout.get("beneficiaryRef") or "",
+        }
+        return call(
+            "POST",
+            f"{self.rail_proxy_url}/v1/rail/submissions",
+            hop=BUDGETS["rail.submit"],
+            owner_id=self.owner_id,
+            json_body=body,
+            headers={
+                "X-Fencing-Token": str(token),
+                "X-Idempotency-Key": payout.get("idempotencyKey") or idempotency_key(payout_id),
+            },
+        ).body

@@ -1,0 +1,48 @@
+"""`manage.py reconcile [--json] [--metrics-file PATH] [--no-write]` (ROLE=ops: paydb + raildb).
+
+Detective control, never repairs: classifies SUBMITTING / RAIL_AMBIGUOUS payouts by the rail's
+statement, writes `payout_reconciliation`, checks the ledger and rail invariants, prints a report
+(or JSON), writes the counts as a Prometheus textfile, and exits 1 when an invariant is broken.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from executor.reconciler import metrics_text, reconcile, render_text
+
+
+def _default_metrics_file() -> Path:
+    return Path(settings.BASE_DIR) / ".run" / "metrics" / "reconcile.prom"
+
+
+class Command(BaseCommand):
+    help = "Reconcile paydb against the rail statement; exit 1 when an invariant is broken."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
+        parser.add_argument(
+            "--metrics-file", default=None, help="Prometheus textfile (default .run/metrics/)"
+        )
+        parser.add_argument(
+            "--no-write", action="store_true", help="do not write payout_reconciliation rows"
+        )
+
+    def handle(self, *args, **options):
+        report = reconcile(write=not options["no_write"])
+        if options["json"]:
+            self.stdout.write(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+        else:
+            self.stdout.write(render_text(report))
+        path = Path(options["metrics_file"]) if options["metrics_file"] else _default_metrics_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(metrics_text(report))
+        tmp.replace(path)  # atomic for a textfile collector
+        if not report.ok:
+            sys.exit(1)

@@ -1,0 +1,55 @@
+"""`manage.py run_executor --owner-id ID [--max-payouts N] [--until-idle] [--metrics-port P]`.
+
+The payout worker (ROLE=executor: no database, HTTP only). Steps are in `executor.worker`.
+SIGTERM/SIGINT stop taking payouts; the current section finishes or is safely abandoned, the
+grant is released, the session closed, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from dlock.headers import validate_owner_id
+from executor.pause import PausePlan
+from executor.worker import Executor
+
+
+class Command(BaseCommand):
+    help = "Drain PENDING payouts: lock → claim → submit → post → release, one grant per payout."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--owner-id", required=True, help="worker identity (≤64 chars)")
+        parser.add_argument("--max-payouts", type=int, default=None)
+        parser.add_argument("--until-idle", action="store_true", help="exit when nothing is left")
+        parser.add_argument("--metrics-port", type=int, default=None)
+        parser.add_argument("--metrics-addr", default="0.0.0.0")  # noqa: S104 - scraped in-pod
+        parser.add_argument("--lock-ttl-ms", type=int, default=settings.LOCK_DEFAULT_TTL_MS)
+        parser.add_argument("--session-ttl-ms", type=int, default=settings.LOCK_SESSION_TTL_MS)
+
+    def handle(self, *args, **options):
+        try:
+            owner_id = validate_owner_id(options["owner_id"])
+            pause = PausePlan.from_env()
+        except Exception as exc:
+            raise CommandError(str(exc)) from exc
+        if options["max_payouts"] is not None and options["max_payouts"] < 1:
+            raise CommandError("--max-payouts must be at least 1")
+        if options["metrics_port"]:
+            from prometheus_client import start_http_server
+
+            start_http_server(options["metrics_port"], addr=options["metrics_addr"])
+        executor = Executor(
+            owner_id=owner_id,
+            lock_url=settings.LOCK_SERVER_URL,
+            payments_url=settings.PAYMENTS_URL,
+            rail_proxy_url=settings.RAIL_PROXY_URL,
+            lock_ttl_ms=options["lock_ttl_ms"],
+            session_ttl_ms=options["session_ttl_ms"],
+            pause=pause,
+        )
+        signal.signal(signal.SIGTERM, executor.request_stop)
+        signal.signal(signal.SIGINT, executor.request_stop)
+        executor.run(max_payouts=options["max_payouts"], until_idle=options["until_idle"])

@@ -1,0 +1,303 @@
+"""The reconciler: detective control over paydb and the rail's statement. It never repairs.
+
+Reads (paydb in one REPEATABLE READ snapshot, then raildb — every transfer's intent row commits
+before the proxy forwards it, so reading paydb first can never make a booked transfer look like
+an orphan):
+
+  * classify every SUBMITTING / RAIL_AMBIGUOUS payout by how many transfers the rail booked for
+    its clientRef (the payout id, railproxy/models.py): NOT_BOOKED 0, BOOKED_ONCE 1,
+    BOOKED_MULTIPLE >1, NO_SUBMISSION when the proxy holds no forwarded submission for it;
+  * invariants: each account's balance = Σ CREDIT − Σ DEBIT of its ledger; Σ debits = Σ credits;
+    every POSTED payout has exactly one ACKED submission and exactly one booked transfer; no
+    booked transfer lacks a submission.
+
+Writes only its findings (`payout_reconciliation`, one row per classified payout).
+Raw SQL because it reads two apps' tables across two databases in one snapshot each.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import OperationalError, connections, transaction
+
+from dlock.budgets import BUDGETS
+from dlock.dbrouter import alias_for
+from dlock.timefmt import rfc3339_ms
+
+FORWARDED_OUTCOMES = ("PENDING", "ACKED", "TIMEOUT", "DECLINED")
+
+ACCOUNTS_SQL = """
+SELECT a.account_id, a.balance_minor,
+       COALESCE(SUM(CASE WHEN e.direction = 'CREDIT' THEN e.amount_minor ELSE 0 END), 0)
+     - COALESCE(SUM(CASE WHEN e.direction = 'DEBIT' THEN e.amount_minor ELSE 0 END), 0)
+  FROM account a LEFT JOIN ledger_entry e ON e.account_id = a.account_id
+ GROUP BY a.account_id, a.balance_minor
+"""
+TOTALS_SQL = """
+SELECT COALESCE(SUM(amount_minor) FILTER (WHERE direction = 'DEBIT'), 0),
+       COALESCE(SUM(amount_minor) FILTER (WHERE direction = 'CREDIT'), 0)
+  FROM ledger_entry
+"""
+PAYOUTS_SQL = """
+SELECT payout_id::text, state FROM payout
+ WHERE state IN ('SUBMITTING', 'RAIL_AMBIGUOUS', 'POSTED')
+"""
+SUBMISSIONS_SQL = """
+SELECT payout_id::text, client_ref, outcome, rail_reference FROM rail_submission
+ WHERE outcome = ANY(%(outcomes)s)
+"""
+TRANSFERS_SQL = "SELECT client_ref, rail_reference FROM rail_transfer"
+UPSERT_SQL = """
+INSERT INTO payout_reconciliation
+       (payout_id, classification, rail_transfer_count, rail_references, checked_at)
+VALUES (%(payout_id)s, %(classification)s, %(count)s, %(refs)s::jsonb, clock_timestamp())
+ON CONFLICT (payout_id) DO UPDATE
+   SET classification = EXCLUDED.classification,
+       rail_transfer_count = EXCLUDED.rail_transfer_count,
+       rail_references = EXCLUDED.rail_references,
+       checked_at = EXCLUDED.checked_at
+"""
+TIMEOUT_SQL = "SET LOCAL statement_timeout = %s"
+SNAPSHOT_SQL = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+@dataclass
+class Report:
+    """What the reconciler found. `ok` is False when any invariant broke."""
+
+    checked_at: str
+    classifications: dict[str, dict[str, Any]] = field(default_factory=dict)
+    violations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    INVARIANTS = (
+        "balance_equals_ledger",
+        "debits_equal_credits",
+        "posted_has_one_acked_submission",
+        "posted_has_one_booked_transfer",
+        "transfer_has_submission",
+    )
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.values())
+
+    def by_classification(self) -> dict[str, int]:
+        tally = Counter(c["classification"] for c in self.classifications.values())
+        return {name: tally.get(name, 0) for name in CLASSIFICATIONS}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "checkedAt": self.checked_at,
+            "counts": self.counts,
+            "classifications": self.by_classification(),
+            "payouts": self.classifications,
+            "violations": {name: self.violations.get(name, []) for name in self.INVARIANTS},
+        }
+
+
+CLASSIFICATIONS = ("NOT_BOOKED", "BOOKED_ONCE", "BOOKED_MULTIPLE", "NO_SUBMISSION")
+
+
+def _classify(submissions: list[tuple[str, str, str | None]], transfers: dict[str, list[str]]):
+    if not submissions:
+        return "NO_SUBMISSION", []
+    refs = sorted(
+        {ref for client_ref, _, _ in submissions for ref in transfers.get(client_ref, [])}
+    )
+    if not refs:
+        return "NOT_BOOKED", refs
+    return ("BOOKED_ONCE" if len(refs) == 1 else "BOOKED_MULTIPLE"), refs
+
+
+def _with_retries(fn):
+    """C3 §3.8 "reconciler → both databases": 3 retries on a connection failure."""
+    hop = BUDGETS["reconciler.db"]
+    for attempt in range(hop.retries + 1):
+        try:
+            return fn()
+        except OperationalError:
+            if attempt >= hop.retries:
+                raise
+            time.sleep(hop.connect_s)
+    raise AssertionError("unreachable")
+
+
+def _read_paydb() -> dict[str, Any]:
+    alias = alias_for("payments")
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(SNAPSHOT_SQL)
+        cursor.execute(TIMEOUT_SQL, [int(BUDGETS["reconciler.db"].read_s * 1000)])
+        cursor.execute(ACCOUNTS_SQL)
+        accounts = cursor.fetchall()
+        cursor.execute(TOTALS_SQL)
+        debits, credits = cursor.fetchone()
+        cursor.execute(PAYOUTS_SQL)
+        payouts = cursor.fetchall()
+        cursor.execute(SUBMISSIONS_SQL, {"outcomes": list(FORWARDED_OUTCOMES)})
+        submissions = cursor.fetchall()
+    return {
+        "accounts": accounts,
+        "debits": int(debits),
+        "credits": int(credits),
+        "payouts": payouts,
+        "submissions": submissions,
+    }
+
+
+def _read_raildb() -> list[tuple[str, str]]:
+    alias = alias_for("railstub")
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(TIMEOUT_SQL, [int(BUDGETS["reconciler.db"].read_s * 1000)])
+        cursor.execute(TRANSFERS_SQL)
+        return cursor.fetchall()
+
+
+def reconcile(*, write: bool = True) -> Report:
+    """Read both books, classify, check invariants; write findings (only) when `write`."""
+    pay = _with_retries(_read_paydb)
+    rail = _with_retries(_read_raildb)
+    report = Report(checked_at=rfc3339_ms(_now()))
+
+    transfers: dict[str, list[str]] = defaultdict(list)
+    for client_ref, rail_reference in rail:
+        transfers[client_ref].append(rail_reference)
+    subs_by_payout: dict[str, list[tuple[str, str, str | None]]] = defaultdict(list)
+    for payout_id, client_ref, outcome, rail_reference in pay["submissions"]:
+        subs_by_payout[payout_id].append((client_ref, outcome, rail_reference))
+    known_refs = {client_ref for _, client_ref, _, _ in pay["submissions"]}
+
+    violations: dict[str, list[dict[str, Any]]] = {name: [] for name in Report.INVARIANTS}
+    for account_id, balance, ledger_sum in pay["accounts"]:
+        if int(balance) != int(ledger_sum):
+            violations["balance_equals_ledger"].append(
+                {
+                    "accountId": account_id,
+                    "balanceMinor": int(balance),
+                    "ledgerSumMinor": int(ledger_sum),
+                }
+            )
+    if pay["debits"] != pay["credits"]:
+        violations["debits_equal_credits"].append(
+            {"debitsMinor": pay["debits"], "creditsMinor": pay["credits"]}
+        )
+
+    states = Counter()
+    for payout_id, state in pay["payouts"]:
+        states[state] += 1
+        submissions = subs_by_payout.get(payout_id, [])
+        classification, refs = _classify(submissions, transfers)
+        if state == "POSTED":
+            acked = [s for s in submissions if s[1] == "ACKED"]
+            if len(acked) != 1:
+                violations["posted_has_one_acked_submission"].append(
+                    {"payoutId": payout_id, "ackedSubmissions": len(acked)}
+                )
+            if len(refs) != 1:
+                violations["posted_has_one_booked_transfer"].append(
+                    {"payoutId": payout_id, "bookedTransfers": len(refs), "railReferences": refs}
+                )
+                report.classifications[payout_id] = {
+                    "state": state,
+                    "classification": classification,
+                    "railReferences": refs,
+                }
+            continue
+        report.classifications[payout_id] = {
+            "state": state,
+            "classification": classification,
+            "railReferences": refs,
+        }
+    for client_ref, refs in transfers.items():
+        if client_ref not in known_refs:
+            violations["transfer_has_submission"].extend(
+                {"clientRef": client_ref, "railReference": ref} for ref in refs
+            )
+    report.violations = violations
+    report.counts = {
+        "accounts": len(pay["accounts"]),
+        "postedPayouts": states.get("POSTED", 0),
+        "submittingPayouts": states.get("SUBMITTING", 0),
+        "ambiguousPayouts": states.get("RAIL_AMBIGUOUS", 0),
+        "railTransfers": len(rail),
+        "violations": sum(len(v) for v in violations.values()),
+    }
+    if write and report.classifications:
+        _write_findings(report)
+    return report
+
+
+def _write_findings(report: Report) -> None:
+    alias = alias_for("payments")
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        for payout_id, finding in report.classifications.items():
+            cursor.execute(
+                UPSERT_SQL,
+                {
+                    "payout_id": payout_id,
+                    "classification": finding["classification"],
+                    "count": len(finding["railReferences"]),
+                    "refs": json.dumps(finding["railReferences"]),
+                },
+            )
+
+
+def _now():
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def metrics_text(report: Report) -> str:
+    """The counts in Prometheus text format (for a node-exporter textfile collector)."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    registry = CollectorRegistry()
+    classified = Gauge(
+        "reconcile_payouts",
+        "SUBMITTING/RAIL_AMBIGUOUS (and anomalous POSTED) payouts by rail classification.",
+        ["classification"],
+        registry=registry,
+    )
+    for name, count in report.by_classification().items():
+        classified.labels(classification=name).set(count)
+    broken = Gauge(
+        "reconcile_violations", "Invariant violations found.", ["invariant"], registry=registry
+    )
+    for name in Report.INVARIANTS:
+        broken.labels(invariant=name).set(len(report.violations.get(name, [])))
+    Gauge("reconcile_ok", "1 when every invariant held.", registry=registry).set(int(report.ok))
+    Gauge(
+        "reconcile_last_run_timestamp_seconds", "When the reconciler last ran.", registry=registry
+    ).set(time.time())
+    return generate_latest(registry).decode()
+
+
+def render_text(report: Report) -> str:
+    """The human report."""
+    lines = [f"reconciliation at {report.checked_at}: {'OK' if report.ok else 'INVARIANT BROKEN'}"]
+    lines.append(
+        "  counts: " + ", ".join(f"{name}={value}" for name, value in report.counts.items())
+    )
+    lines.append(
+        "  classification: "
+        + ", ".join(f"{name}={count}" for name, count in report.by_classification().items())
+    )
+    for payout_id, finding in sorted(report.classifications.items()):
+        refs = ",".join(finding["railReferences"]) or "-"
+        lines.append(
+            f"    {payout_id} {finding['state']:<14} {finding['classification']:<15} {refs}"
+        )
+    for name in Report.INVARIANTS:
+        found = report.violations.get(name, [])
+        lines.append(f"  {'FAIL' if found else 'ok  '} {name} ({len(found)})")
+        lines.extend(f"      {json.dumps(item, sort_keys=True)}" for item in found[:20])
+        if len(found) > 20:
+            lines.append(f"      … {len(found) - 20} more")
+    return "\n".join(lines)
