@@ -1,0 +1,1 @@
+"""The fencing experiment: the real system and a naive lease-only baseline, one fault schedule."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ExperimentConfig(AppConfig):
+    name = "experiment"
+    verbose_name = "fencing experiment"

@@ -1,0 +1,497 @@
+"""Run one arm (or both) of the fencing experiment against a stack and report.
+
+Steps per arm: seed the workload → set the rail to its base config → start K workers → replay the
+fault schedule for `duration` seconds (sampling states and /metrics as it goes) → heal every
+fault → drain until no payout is in flight (or the drain deadline) → stop the workers → run the
+reconciler (fenced arm) → read the ground truth (`experiment.measure.collect`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from experiment import naive
+from experiment.measure import (
+    FENCED_NON_TERMINAL,
+    NAIVE_NON_TERMINAL,
+    CounterScraper,
+    collect,
+    state_counts,
+)
+from experiment.schedule import (
+    KILL,
+    PAUSE,
+    PG_RESTART,
+    RAIL_WINDOWS,
+    RESTART,
+    FaultEvent,
+    build_schedule,
+    rail_config_at,
+)
+from experiment.stack import MissingPiece, StackHandle
+from experiment.workers import WorkerPool, spawn_executor, spawn_naive
+
+ARMS = ("fenced", "naive")
+EXECUTOR_PHASES = {
+    "locked": "before_claim",
+    "claimed": "before_submit",
+    "submitted": "before_post",
+    "posted": "",
+}
+
+
+@dataclass
+class ExperimentConfig:
+    seed: int = 7
+    executors: int = 4
+    payouts: int = 240
+    accounts: int = 0  # 0 = as many as executors (contention: workers share accounts)
+    duration: float = 40.0
+    lease_ms: int = 2000
+    base_latency_ms: int = 150
+    amount_minor: int = 1_000
+    drain_timeout: float = 60.0
+    arm: str = "both"
+    out: Path = Path(".run/experiment")
+    pg_restart: bool = True
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def n_accounts(self) -> int:
+        return self.accounts or max(2, self.executors)
+
+    @property
+    def per_account(self) -> int:
+        return max(1, self.payouts // self.n_accounts)
+
+    def arms(self) -> list[str]:
+        return list(ARMS) if self.arm == "both" else [self.arm]
+
+
+Progress = Callable[[str, float, dict[str, int], dict[str, float], str], None]
+
+
+def _quiet(*_args) -> None:
+    return None
+
+
+class RailConfigurator:
+    """Applies the wanted rail config in the background (a manage.py call takes ~1 s); the last
+    wanted config always wins."""
+
+    def __init__(self, stack: StackHandle) -> None:
+        self.stack = stack
+        self.wanted: dict | None = None
+        self.applied: dict | None = None
+        self.errors: list[str] = []
+        self.cond = threading.Condition()
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def want(self, config: dict) -> None:
+        with self.cond:
+            if config != self.wanted:
+                self.wanted = dict(config)
+                self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.closed and self.wanted == self.applied:
+                    self.cond.wait()
+                if self.closed and self.wanted == self.applied:
+                    return
+                config = dict(self.wanted or {})
+            self.apply_now(config)
+            with self.cond:
+                self.applied = config
+                self.cond.notify_all()
+
+    def apply_now(self, config: dict) -> None:
+        args = [
+            "railstub_config",
+            "--latency-ms",
+            str(int(config["latency_ms"])),
+            "--failure-rate",
+            str(config["failure_rate"]),
+            "--duplicate-ack-rate",
+            str(config["duplicate_ack_rate"]),
+            "--decline-rate",
+            "0",
+        ]
+        result = self.stack.manage(*args)
+        if result.returncode != 0:
+            self.errors.append((result.stderr or result.stdout)[-500:])
+
+    def settle(self, timeout: float = 30) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.wanted == self.applied, timeout)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.thread.join(30)
+
+
+def seed_fenced(stack: StackHandle, config: ExperimentConfig) -> dict[str, list[str]]:
+    result = stack.manage(
+        "seed_payouts",
+        "--accounts",
+        str(config.n_accounts),
+        "--payouts-per-account",
+        str(config.per_account),
+        "--balance-minor",
+        str(config.per_account * config.amount_minor * 2),
+        "--amount-minor",
+        str(config.amount_minor),
+        "--json",
+    )
+    if result.returncode != 0:
+        raise MissingPiece(f"manage.py seed_payouts failed (issue 5):\n{result.stderr[-1500:]}")
+    for line in reversed(result.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            data = json.loads(line)
+            return {"accounts": data["accounts"], "payouts": [str(p) for p in data["payouts"]]}
+    raise MissingPiece(f"seed_payouts --json printed no JSON object:\n{result.stdout[-500:]}")
+
+
+def check_commands(stack: StackHandle, arm: str) -> None:
+    """Fail loudly, naming the missing piece, before any fault is injected."""
+    from django.core.management import get_commands  # noqa: PLC0415 - only when Django is set up
+
+    try:
+        commands = get_commands()
+    except Exception:  # noqa: BLE001 - outside Django: ask manage.py itself
+        result = stack.manage("help", "--commands")
+        commands = dict.fromkeys(result.stdout.split())
+    needed = {"railstub_config": "issue 6 (rail stub)"}
+    if arm == "fenced":
+        needed |= {
+            "seed_payouts": "issue 5 (payments)",
+            "run_executor": "issue 7 (executor)",
+            "reconcile": "issue 7 (reconciler)",
+        }
+    missing = [f"manage.py {name} — {who}" for name, who in needed.items() if name not in commands]
+    if missing:
+        raise MissingPiece(
+            "the experiment needs pieces that are not built yet:\n  " + "\n  ".join(missing)
+        )
+
+
+def run_arm(
+    arm: str,
+    stack: StackHandle,
+    config: ExperimentConfig,
+    schedule: list[FaultEvent],
+    *,
+    progress: Progress = _quiet,
+) -> dict:
+    out = Path(config.out)
+    logdir = out / "logs" / arm
+    logdir.mkdir(parents=True, exist_ok=True)
+    pause_dir = out / "pause" / arm
+    pay_url = stack.env["PAY_DATABASE_URL"]
+    rail_db = stack.env["RAIL_DATABASE_URL"]
+    run_id = f"{config.run_id}-{arm}"
+
+    rail = RailConfigurator(stack)
+    rail.want(rail_config_at([], 0, base_latency_ms=config.base_latency_ms))
+    rail.settle()
+    if rail.errors:
+        raise MissingPiece(f"manage.py railstub_config failed (issue 6):\n{rail.errors[-1]}")
+
+    if arm == "fenced":
+        seeded = seed_fenced(stack, config)
+        spawn = spawn_executor(
+            stack.env,
+            logdir,
+            {
+                # The executor's lease: short, so pauses and a slow rail outlive it.
+                "LOCK_DEFAULT_TTL_MS": str(config.lease_ms),
+                "LOCK_SESSION_TTL_MS": str(max(config.lease_ms, 1000)),
+            },
+        )
+        non_terminal = FENCED_NON_TERMINAL
+    else:
+        seeded = naive.seed(
+            pay_url,
+            run_id=run_id,
+            accounts=config.n_accounts,
+            payouts_per_account=config.per_account,
+            balance_minor=config.per_account * config.amount_minor * 2,
+            amount_minor=config.amount_minor,
+        )
+        spawn = spawn_naive(
+            pay_url=pay_url,
+            rail_url=stack.url("railstub"),
+            run_id=run_id,
+            lease_ms=config.lease_ms,
+            pause_dir=pause_dir,
+            logdir=logdir,
+        )
+        non_terminal = NAIVE_NON_TERMINAL
+    payout_ids = seeded["payouts"]
+
+    fenced_out = CounterScraper("lock_fenced_out_total", "resource")
+    executed = CounterScraper("payout_execute_total", "outcome")
+    if arm == "fenced":
+        for role in ("payments", "railproxy"):
+            fenced_out.scrape(role, stack.url(role), baseline=True)
+
+    t0 = time.monotonic()
+
+    def clock() -> float:
+        return time.monotonic() - t0
+
+    if arm == "fenced":
+        # The executor's own pause hook (executor/pause.py): there is no phase after the post.
+        pool = WorkerPool(
+            arm,
+            config.executors,
+            spawn,
+            pause_dir,
+            clock,
+            hook="respawn",
+            phase_map=EXECUTOR_PHASES,
+            hook_grace=10.0,
+        )
+    else:
+        pool = WorkerPool(arm, config.executors, spawn, pause_dir, clock, hook="file")
+    windows: list[dict] = []
+    threads: list[threading.Thread] = []
+    errors: list[str] = []
+
+    def background(event: FaultEvent, action: Callable[[], None]) -> None:
+        record = {"kind": event.kind, "target": event.target, "start": clock(), "end": None}
+        windows.append(record)
+
+        def run() -> None:
+            try:
+                action()
+            except Exception as exc:  # noqa: BLE001 - a failed fault is reported, not fatal
+                errors.append(f"{event.kind} {event.target}: {exc}")
+            finally:
+                record["end"] = clock()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        threads.append(thread)
+
+    series: list[dict] = []
+    last_sample = -1.0
+    last_scrape = -1.0
+    counts: dict[str, int] = {}
+
+    def sample(now: float, label: str) -> None:
+        nonlocal last_sample, last_scrape, counts
+        if now - last_scrape >= 1.0:
+            last_scrape = now
+            if arm == "fenced":
+                for role in ("payments", "railproxy"):
+                    fenced_out.scrape(role, stack.url(role))
+            for worker in pool.workers.values():
+                if worker.metrics_port and worker.process.poll() is None:
+                    executed.scrape(worker.owner_id, f"http://127.0.0.1:{worker.metrics_port}")
+        if now - last_sample >= 0.5:
+            last_sample = now
+            try:
+                counts = state_counts(pay_url, arm=arm, payout_ids=payout_ids, run_id=run_id)
+            except Exception:  # noqa: BLE001 - PostgreSQL may be restarting right now
+                return
+            series.append({"t": round(now, 2), **counts})
+            progress(arm, now, counts, dict(fenced_out.total), label)
+
+    pool.start()
+    pending = list(schedule)
+    label = "warming up"
+    try:
+        while clock() < config.duration:
+            now = clock()
+            while pending and pending[0].at <= now:
+                event = pending.pop(0)
+                label = f"{event.kind} {event.target}".strip()
+                if event.kind == PAUSE:
+                    pool.pause(int(event.target), event.params["phase"], event.seconds)
+                elif event.kind == KILL:
+                    pool.kill(int(event.target))
+                    windows.append({"kind": KILL, "target": event.target, "start": now, "end": now})
+                elif event.kind == RESTART:
+                    background(event, lambda role=event.target: stack.restart_role(role))
+                elif event.kind == PG_RESTART:
+                    background(event, stack.restart_pg)
+            rail.want(rail_config_at(schedule, now, base_latency_ms=config.base_latency_ms))
+            pool.tick()
+            sample(now, label)
+            time.sleep(0.05)
+        # Heal: the rail behaves, everyone runs, every restarted piece is back.
+        label = "healing + draining"
+        rail.want(rail_config_at([], 0, base_latency_ms=0))
+        pool.resume_all()
+        for thread in threads:
+            thread.join(90)
+        stack.wait_ready(60)
+        drain_start = clock()
+        while clock() - drain_start < config.drain_timeout:
+            pool.tick()
+            pool.resume_all()
+            sample(clock(), label)
+            if counts and not any(counts.get(s, 0) for s in non_terminal):
+                break
+            time.sleep(0.1)
+        elapsed = clock()
+    finally:
+        pool.stop_all()
+        rail.close()
+    sample(elapsed + 1.0, "done")
+
+    for w in windows:
+        if w["end"] is None:
+            w["end"] = elapsed
+    for record in pool.pauses:
+        windows.append(
+            {
+                "kind": PAUSE,
+                "target": record.worker,
+                "phase": record.phase,
+                "start": record.start,
+                "end": record.end if record.end is not None else elapsed,
+            }
+        )
+    for event in schedule:
+        if event.kind in RAIL_WINDOWS:
+            windows.append(
+                {
+                    "kind": event.kind,
+                    "target": json.dumps(event.params),
+                    "start": event.at,
+                    "end": event.at + event.seconds,
+                }
+            )
+
+    reconcile = None
+    if arm == "fenced":
+        result = stack.manage("reconcile", "--json")
+        reconcile = {"exit_code": result.returncode}
+        try:
+            reconcile["report"] = json.loads(result.stdout)
+        except ValueError:
+            reconcile["output"] = (result.stdout + result.stderr)[-2000:]
+
+    truth = collect(
+        arm=arm,
+        pay_url=pay_url,
+        rail_url_db=rail_db,
+        payout_ids=payout_ids,
+        account_ids=seeded["accounts"],
+        run_id=run_id,
+    )
+    posted = truth["by_state"].get("POSTED", 0)
+    in_flight = {s: counts.get(s, 0) for s in non_terminal if counts.get(s, 0)}
+    return {
+        "arm": arm,
+        "run_id": run_id,
+        "elapsed_s": round(elapsed, 2),
+        "throughput_posted_per_s": round(posted / elapsed, 2) if elapsed else 0.0,
+        "still_in_flight": in_flight,
+        **truth,
+        "fenced_out_total": dict(fenced_out.total) if arm == "fenced" else None,
+        "fenced_out_sum": sum(fenced_out.total.values()) if arm == "fenced" else None,
+        "executor_outcomes": dict(executed.total),
+        "reconciler": reconcile,
+        "faults": {
+            "pauses": [asdict(p) for p in pool.pauses],
+            "kills": [owner for _t, owner in pool.kills],
+            "worker_exits": pool.exits[:50],
+            "errors": errors + rail.errors,
+        },
+        "windows": windows,
+        "series": series,
+        "accounts": seeded["accounts"],
+    }
+
+
+def verdict(results: dict[str, dict]) -> tuple[int, list[str]]:
+    """0 = the claim held and the experiment was strong enough; 1 = the fenced arm paid twice or
+    broke an invariant; 3 = inconclusive (no stale writer caught, or the naive arm survived)."""
+    lines: list[str] = []
+    code = 0
+    fenced = results.get("fenced")
+    if fenced:
+        if fenced["duplicates_caused"] or fenced["invariant_violation_count"]:
+            code = 1
+            lines.append(
+                f"FAIL: fenced arm caused {fenced['duplicates_caused']} duplicate payments and"
+                f" broke {fenced['invariant_violation_count']} invariants"
+            )
+        recon = fenced.get("reconciler") or {}
+        if recon.get("exit_code") not in (0, None):
+            code = 1
+            lines.append(f"FAIL: the reconciler exited {recon.get('exit_code')}")
+        if not fenced.get("fenced_out_sum"):
+            code = code or 3
+            lines.append("INCONCLUSIVE: no stale writer was fenced out (faults too weak)")
+        else:
+            lines.append(
+                f"ok: {int(fenced['fenced_out_sum'])} stale writes fenced out, "
+                f"{fenced['duplicates_caused']} duplicates caused"
+            )
+    naive_arm = results.get("naive")
+    if naive_arm:
+        if not naive_arm["duplicates_caused"]:
+            code = code or 3
+            lines.append("INCONCLUSIVE: the naive arm paid nothing twice (faults too weak)")
+        else:
+            lines.append(
+                f"ok: the naive arm paid {naive_arm['duplicates_caused']} payouts more than once"
+            )
+    return code, lines
+
+
+def run(
+    stack: StackHandle,
+    config: ExperimentConfig,
+    *,
+    progress: Progress = _quiet,
+    check: bool = True,
+) -> tuple[int, dict]:
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stack.check_ready()
+    schedule = build_schedule(
+        seed=config.seed,
+        duration=config.duration,
+        workers=config.executors,
+        lease_ms=config.lease_ms,
+        pg_restart=config.pg_restart and stack.pg_cluster is not None,
+    )
+    if check:
+        for arm in config.arms():
+            check_commands(stack, arm)
+    results: dict[str, dict] = {}
+    for arm in config.arms():
+        results[arm] = run_arm(arm, stack, config, schedule, progress=progress)
+    code, lines = verdict(results)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    report = {
+        "config": settings,
+        "schedule": [e.as_dict() for e in schedule],
+        "arms": results,
+        "verdict": {"exit_code": code, "lines": lines},
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    try:
+        from experiment.chart import draw
+
+        draw(report, out / "report.png")
+    except Exception as exc:  # noqa: BLE001 - a missing chart never hides the verdict
+        print(f"[experiment] chart not drawn: {exc}", file=sys.stderr)
+    return code, report

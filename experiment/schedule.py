@@ -1,0 +1,121 @@
+"""The seeded fault schedule: one list of timed events, replayed identically on both arms.
+
+Everything is derived from `random.Random(seed)`, the duration, the number of workers and the
+lease TTL, so `--seed S` replays a failing run exactly (up to the scheduler's own jitter).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+
+from experiment.naive import PHASES
+
+# Kinds of fault, as they appear in the report and on the chart.
+PAUSE = "pause"  # SIGSTOP a worker for longer than the lease, then SIGCONT
+KILL = "kill"  # kill -9 a worker mid critical section and start a replacement
+RESTART = "restart"  # restart a service role (railproxy, payments, lockserver)
+PG_RESTART = "pg_restart"  # restart the PostgreSQL server
+RAIL_LATENCY = "rail_latency"  # rail slower than the lease TTL
+RAIL_FAILURES = "rail_failures"  # 5xx, drop before booking, drop after booking
+DUPLICATE_ACK = "duplicate_ack"  # the rail books a repeated clientRef twice on its own
+
+RAIL_WINDOWS = (RAIL_LATENCY, RAIL_FAILURES, DUPLICATE_ACK)
+RESTART_ROLES = ("railproxy", "payments", "lockserver")
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    at: float  # seconds after the arm started
+    kind: str
+    target: str = ""  # worker index, role name or ""
+    seconds: float = 0.0  # how long the fault lasts (pause, window); 0 = instantaneous
+    params: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_schedule(
+    *, seed: int, duration: float, workers: int, lease_ms: int, pg_restart: bool = True
+) -> list[FaultEvent]:
+    """Every fault kind at least once; pauses cycle through every phase of the critical section."""
+    rng = random.Random(seed)
+    lease_s = lease_ms / 1000
+    events: list[FaultEvent] = []
+    start, end = 0.08 * duration, 0.85 * duration
+
+    def when(lo: float = start, hi: float = end) -> float:
+        return round(rng.uniform(lo, hi), 2)
+
+    # Pauses: one per ~2.5 s of schedule, at least one per phase, victims drawn at random.
+    n_pauses = max(len(PHASES), int((end - start) / 2.5))
+    times = sorted(when() for _ in range(n_pauses))
+    for i, at in enumerate(times):
+        events.append(
+            FaultEvent(
+                at=at,
+                kind=PAUSE,
+                target=str(rng.randrange(workers)),
+                seconds=round(lease_s * rng.uniform(1.6, 2.6), 2),
+                params={"phase": PHASES[i % len(PHASES)]},
+            )
+        )
+    # kill -9 mid section, twice.
+    for _ in range(2):
+        events.append(FaultEvent(at=when(), kind=KILL, target=str(rng.randrange(workers))))
+    # Service restarts, spread over the middle of the run.
+    slots = sorted(when(0.15 * duration, 0.8 * duration) for _ in RESTART_ROLES)
+    roles = list(RESTART_ROLES)
+    rng.shuffle(roles)
+    events += [
+        FaultEvent(at=at, kind=RESTART, target=role) for at, role in zip(slots, roles, strict=True)
+    ]
+    if pg_restart:
+        events.append(FaultEvent(at=when(0.4 * duration, 0.7 * duration), kind=PG_RESTART))
+    # Rail windows: latency above the lease TTL (below the proxy's 8 s read timeout), failures,
+    # duplicate acks. Windows may overlap; the rail's config is the merge of the active ones.
+    window = max(2.0, 0.18 * duration)
+    latency_ms = min(7000, int(lease_ms * 1.6))
+    for _ in range(2):
+        events.append(
+            FaultEvent(
+                at=when(start, end - window),
+                kind=RAIL_LATENCY,
+                seconds=round(window, 2),
+                params={"latency_ms": latency_ms},
+            )
+        )
+    events.append(
+        FaultEvent(
+            at=when(start, end - window),
+            kind=RAIL_FAILURES,
+            seconds=round(window, 2),
+            params={"failure_rate": 0.3},
+        )
+    )
+    events.append(
+        FaultEvent(
+            at=when(start, end - window),
+            kind=DUPLICATE_ACK,
+            seconds=round(window, 2),
+            params={"duplicate_ack_rate": 0.3},
+        )
+    )
+    return sorted(events, key=lambda e: (e.at, e.kind, e.target))
+
+
+def rail_config_at(
+    events: list[FaultEvent], t: float, *, base_latency_ms: int
+) -> dict[str, float | int]:
+    """The rail stub's config the schedule wants at time t (merge of active windows)."""
+    config: dict[str, float | int] = {
+        "latency_ms": base_latency_ms,
+        "failure_rate": 0.0,
+        "duplicate_ack_rate": 0.0,
+    }
+    for event in events:
+        if event.kind in RAIL_WINDOWS and event.at <= t < event.at + event.seconds:
+            for key, value in event.params.items():
+                config[key] = max(config[key], value)
+    return config

@@ -1,0 +1,130 @@
+"""The stack the experiment drives: URLs, database URLs, and how to restart each piece.
+
+Two sources: `.run/stack.env` (what `make up` started; roles restarted through `.run/pids`), or
+a stack a test started in-process (`tests.conftest.start_stack`), which hands its own restart
+callables in. The experiment never assumes which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from dlock.devstack import (
+    PROJECT,
+    PYTHON,
+    URL_ENV,
+    PgCluster,
+    RoleProcess,
+    StackError,
+    _pid_alive,
+    _read_env,
+    ready,
+    wait_until,
+)
+
+ROLES = ("lockserver", "payments", "railproxy", "railstub")
+
+
+class MissingPiece(RuntimeError):
+    """A part of the system the experiment needs is not there (not built, not running)."""
+
+
+@dataclass
+class StackHandle:
+    env: dict[str, str]
+    restart_role: Callable[[str], None]
+    pg_cluster: PgCluster | None = None
+    run_dir: Path = field(default_factory=lambda: PROJECT / ".run")
+
+    def url(self, role: str) -> str:
+        return self.env[URL_ENV[role]].rstrip("/")
+
+    def restart_pg(self) -> None:
+        if self.pg_cluster is None:
+            raise MissingPiece("this stack's PostgreSQL is not ours to restart")
+        self.pg_cluster.stop("fast")
+        time.sleep(0.5)
+        self.pg_cluster.start()
+
+    def manage(
+        self, *args: str, role: str = "ops", timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PYTHON, str(PROJECT / "manage.py"), *args],
+            cwd=PROJECT,
+            env={**os.environ, **self.env, "ROLE": role},
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def check_ready(self) -> None:
+        down = [role for role in ROLES if not ready(self.url(role))]
+        if down:
+            raise MissingPiece(
+                "not ready: " + ", ".join(f"{r} ({self.url(r)})" for r in down) + " — run `make up`"
+            )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        for role in ROLES:
+            wait_until(lambda r=role: ready(self.url(r)), timeout=timeout, what=f"{role} ready")
+
+
+def from_stack_env(run_dir: Path | None = None) -> StackHandle:
+    """The stack `make up` started (`.run/stack.env`, pids under `.run/pids`)."""
+    run_dir = Path(run_dir or os.environ.get("DLOCK_RUN_DIR", PROJECT / ".run"))
+    env = _read_env(run_dir / "stack.env")
+    if not env:
+        raise MissingPiece(f"no {run_dir / 'stack.env'}: run `make up` first")
+
+    def restart(role: str) -> None:
+        pidfile = run_dir / "pids" / f"{role}.pid"
+        if pidfile.exists():
+            pid = int(pidfile.read_text() or 0)
+            if pid and _pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)
+                deadline = time.monotonic() + 20
+                while _pid_alive(pid) and time.monotonic() < deadline:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+                    time.sleep(0.1)
+                if _pid_alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+        port = int(env[URL_ENV[role]].rsplit(":", 1)[1])
+        wait_until(lambda: not _port_busy(port), timeout=15, what=f"port {port} to free")
+        proc = RoleProcess(role, port, env, run_dir / "logs" / f"{role}.log").start(wait=True)
+        pidfile.write_text(str(proc.process.pid))
+
+    cluster = None
+    if env.get("DLOCK_PG_DATADIR"):
+        cluster = PgCluster(Path(env["DLOCK_PG_DATADIR"]), int(env["DLOCK_PG_PORT"]))
+    return StackHandle(env=env, restart_role=restart, pg_cluster=cluster, run_dir=run_dir)
+
+
+def _port_busy(port: int) -> bool:
+    from dlock.devstack import port_open
+
+    return port_open(port)
+
+
+def scrape(url: str, timeout: float = 1.0) -> str | None:
+    try:
+        resp = requests.get(f"{url}/metrics", timeout=timeout)
+    except requests.RequestException:
+        return None
+    return resp.text if resp.status_code == 200 else None
+
+
+__all__ = ["MissingPiece", "StackError", "StackHandle", "from_stack_env", "scrape"]

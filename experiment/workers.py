@@ -1,0 +1,243 @@
+"""Worker processes the schedule pauses, kills and restarts (real executors or naive workers)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlock.devstack import PROJECT, PYTHON, free_port
+
+
+def proc_state(pid: int) -> str:
+    """The kernel's one-letter state ('T' = stopped), '' when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+@dataclass
+class Worker:
+    index: int
+    generation: int
+    owner_id: str
+    process: subprocess.Popen
+    metrics_port: int | None = None
+    pause_requested_at: float | None = None
+    pause_seconds: float = 0.0
+    pause_phase: str = ""
+    stopped_at: float | None = None
+    resume_at: float | None = None
+
+
+@dataclass
+class PauseRecord:
+    worker: str
+    phase: str  # the phase the worker stopped in ("any" when stopped from outside)
+    start: float
+    end: float | None = None
+
+
+@dataclass
+class WorkerPool:
+    """K workers; `spawn(owner_id, metrics_port)` starts one. Pauses use the phase hook when the
+    worker has one (`hooked`), else a SIGSTOP from outside at the scheduled time."""
+
+    arm: str
+    size: int
+    spawn: Callable[..., subprocess.Popen]
+    pause_dir: Path
+    clock: Callable[[], float]
+    # How a phase pause reaches the worker: "file" (the naive worker's runtime hook), "respawn"
+    # (replace the victim by a fresh executor armed with DLOCK_EXECUTOR_PAUSE_AT=<phase>:stop,
+    # which stops itself at that phase of its first payout), or "outside" (SIGSTOP right now).
+    hook: str = "file"
+    phase_map: dict[str, str] = field(default_factory=dict)  # our phase -> the worker's phase
+    hook_grace: float = 3.0  # how long a phase pause may wait for the worker to reach the phase
+    retiring: list[subprocess.Popen] = field(default_factory=list)
+    workers: dict[int, Worker] = field(default_factory=dict)
+    pauses: list[PauseRecord] = field(default_factory=list)
+    kills: list[tuple[float, str]] = field(default_factory=list)
+    exits: list[tuple[str, int]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.pause_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.size):
+            self._spawn(i, 0)
+
+    def _spawn(self, index: int, generation: int, extra_env: dict | None = None) -> Worker:
+        owner = f"{self.arm}-w{index}" + (f"-r{generation}" if generation else "")
+        port = free_port()
+        worker = Worker(index, generation, owner, self.spawn(owner, port, extra_env), port)
+        self.workers[index] = worker
+        return worker
+
+    def metrics_ports(self) -> list[int]:
+        return [w.metrics_port for w in self.workers.values() if w.metrics_port]
+
+    # -- faults ---------------------------------------------------------------------------
+    def pause(self, index: int, phase: str, seconds: float) -> None:
+        worker = self.workers[index % self.size]
+        if worker.stopped_at is not None or worker.pause_requested_at is not None:
+            return  # already paused: the schedule's next victim draw will differ
+        target = self.phase_map.get(phase, phase) if self.phase_map else phase
+        if self.hook == "respawn" and target:
+            # The old process finishes (or abandons) its section on SIGTERM and exits.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGTERM)
+            self.retiring.append(worker.process)
+            env = {"DLOCK_EXECUTOR_PAUSE_AT": f"{target}:stop"}
+            worker = self._spawn(worker.index, worker.generation + 1, env)
+        worker.pause_requested_at = self.clock()
+        worker.pause_seconds = seconds
+        worker.pause_phase = phase
+        if self.hook == "file":
+            (self.pause_dir / f"{worker.owner_id}.pause").write_text(phase)
+        elif self.hook == "outside" or not target:
+            self._stop_now(worker, "any")
+
+    def _stop_now(self, worker: Worker, phase: str) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.process.pid, signal.SIGSTOP)
+        self._stopped(worker, phase)
+
+    def _stopped(self, worker: Worker, phase: str) -> None:
+        worker.stopped_at = self.clock()
+        worker.resume_at = worker.stopped_at + worker.pause_seconds
+        self.pauses.append(PauseRecord(worker.owner_id, phase, worker.stopped_at))
+
+    def kill(self, index: int) -> None:
+        worker = self.workers[index % self.size]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.process.pid, signal.SIGKILL)
+        worker.process.wait()
+        self._clear_pause(worker)
+        self.kills.append((self.clock(), worker.owner_id))
+        self._spawn(worker.index, worker.generation + 1)
+
+    def _clear_pause(self, worker: Worker) -> None:
+        (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
+        if worker.stopped_at is not None and self.pauses:
+            for record in reversed(self.pauses):
+                if record.worker == worker.owner_id and record.end is None:
+                    record.end = self.clock()
+        worker.pause_requested_at = worker.stopped_at = worker.resume_at = None
+
+    def tick(self) -> None:
+        """Notice self-stopped workers, fall back to an outside SIGSTOP, resume due ones,
+        and replace workers that exited on their own (crash or until-idle)."""
+        now = self.clock()
+        for worker in list(self.workers.values()):
+            if worker.stopped_at is None and worker.pause_requested_at is not None:
+                marker = self.pause_dir / f"{worker.owner_id}.paused"
+                if proc_state(worker.process.pid) == "T":
+                    phase = marker.read_text().strip() if marker.exists() else worker.pause_phase
+                    marker.unlink(missing_ok=True)
+                    self._stopped(worker, phase)
+                elif now - worker.pause_requested_at > self.hook_grace:
+                    (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
+                    self._stop_now(worker, "any")
+            if worker.resume_at is not None and now >= worker.resume_at:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.process.pid, signal.SIGCONT)
+                for record in reversed(self.pauses):
+                    if record.worker == worker.owner_id and record.end is None:
+                        record.end = now
+                        break
+                worker.pause_requested_at = worker.stopped_at = worker.resume_at = None
+            if worker.process.poll() is not None:
+                self.exits.append((worker.owner_id, worker.process.returncode))
+                self._clear_pause(worker)
+                self._spawn(worker.index, worker.generation + 1)
+
+    def resume_all(self) -> None:
+        for worker in self.workers.values():
+            (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGCONT)
+            if worker.stopped_at is not None:
+                self._clear_pause(worker)
+            worker.pause_requested_at = None
+
+    def stop_all(self, timeout: float = 25) -> None:
+        self.resume_all()
+        for proc in self.retiring:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(1)
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for worker in self.workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for worker in self.workers.values():
+            try:
+                worker.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(worker.process.pid, signal.SIGKILL)
+                worker.process.wait()
+            self.exits.append((worker.owner_id, worker.process.returncode))
+
+
+def spawn_executor(env: dict[str, str], logdir: Path, extra_env: dict[str, str] | None = None):
+    """The real executor (issue 7): `ROLE=executor manage.py run_executor --owner-id ID`."""
+
+    def spawn(owner: str, port: int | None, armed: dict | None = None) -> subprocess.Popen:
+        argv = [PYTHON, str(PROJECT / "manage.py"), "run_executor", "--owner-id", owner]
+        if port:
+            argv += ["--metrics-port", str(port)]
+        log = open(logdir / f"{owner}.log", "ab")  # noqa: SIM115 - handed to the child
+        return subprocess.Popen(
+            argv,
+            cwd=PROJECT,
+            env={**os.environ, **env, **(extra_env or {}), **(armed or {}), "ROLE": "executor"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    return spawn
+
+
+def spawn_naive(
+    *, pay_url: str, rail_url: str, run_id: str, lease_ms: int, pause_dir: Path, logdir: Path
+):
+    def spawn(owner: str, _port: int | None, _armed: dict | None = None) -> subprocess.Popen:
+        argv = [
+            PYTHON,
+            "-m",
+            "experiment.naive",
+            "--pay-url",
+            pay_url,
+            "--rail-url",
+            rail_url,
+            "--run-id",
+            run_id,
+            "--owner-id",
+            owner,
+            "--lease-ms",
+            str(lease_ms),
+            "--pause-dir",
+            str(pause_dir),
+        ]
+        log = open(logdir / f"{owner}.log", "ab")  # noqa: SIM115 - handed to the child
+        return subprocess.Popen(
+            argv,
+            cwd=PROJECT,
+            env={**os.environ},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    return spawn
