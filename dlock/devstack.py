@@ -286,6 +286,12 @@ class EtcdServer:
                 f"dlock=http://127.0.0.1:{self.peer_port}",
                 "--log-level",
                 "warn",
+                # a single member elects itself; the short election timeout lowers etcd's
+                # minimum lease TTL from 2 s to 1 s, so ttlMillis=1000 sessions are honoured
+                "--heartbeat-interval",
+                "50",
+                "--election-timeout",
+                "500",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

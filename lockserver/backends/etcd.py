@@ -1,0 +1,832 @@
+"""The lock backend on etcd v3 (lock.backend=etcd): same wire behaviour as pg (FR-09).
+
+Layout under settings.ETCD_PREFIX (default `dlock/`); lock keys match [a-zA-Z0-9:._-]+, so
+`/` separates safely:
+
+  sess/{sid}          the session is alive: attached to the session's lease (TTL = ttlMillis)
+  smeta/{sid}         session metadata (ownerId, ttl, lease): attached to a long *retention*
+                      lease, so an expired session answers 410 and an unknown one 404
+  lock/{key}          the grant: attached to a lease of its own (TTL = the grant's ttlMillis);
+                      token = offset + create_revision (the ModRevision of the creating put)
+  held/{sid}/{key}    index of a session's grants (same lease, same txn as the grant)
+  seen/{key}          the key was granted at least once (L7 answers 404 otherwise)
+  wait/{key}/{id}     a blocked acquire (waiterCount, waiter cap); on a short lease of its own
+  budget/{sid}/{key}  contended attempts of one caller on one key, on a window-long lease
+  revocation/{id}     L8 audit record (operator, reason, revoked token, new floor)
+  meta/token_offset   the token offset, persisted so token = offset + revision > LOCK_TOKEN_FLOOR
+
+A grant is live iff `lock/{key}` exists AND its session's `sess/{sid}` exists: a grant outlives
+neither its own TTL (its lease) nor its session (checked in every compare), exactly like pg's
+`grant.expires_at > now AND session.expires_at > now`. A grant whose session died is taken over
+by the next acquire (delete guarded by ModRevision, then the normal create).
+
+Tokens are create revisions, so renew can re-attach the grant to a fresh lease (new TTL)
+without changing the token; every grant stores the offset in force when it was made, so raising
+the offset later never changes an issued token.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+from django.conf import settings
+
+from dlock.errors import ApiError, Code, not_found
+from dlock.logs import log_event
+from lockserver.backends.base import (
+    GrantRecord,
+    HeartbeatRecord,
+    LockInfoRecord,
+    RevocationRecord,
+    SessionRecord,
+)
+from lockserver.etcd_client import (
+    EtcdClient,
+    EtcdError,
+    EtcdUnavailable,
+    KeyValue,
+    compare,
+    delete,
+    get,
+    put,
+)
+
+logger = logging.getLogger("dlock.lockserver.etcd")
+
+F = TypeVar("F", bound=Callable[..., Any])
+INT64_MAX = 2**63 - 1
+# etcd's lessor revokes expired leases every 500 ms; this bounds how long an acquire waits for
+# the store to act on an expiry that has already happened (only then, never to extend a wait)
+EXPIRY_GRACE_S = 0.75
+
+
+class TokenFloorError(RuntimeError):
+    """The backend cannot guarantee that its next token exceeds LOCK_TOKEN_FLOOR."""
+
+
+def _setting(name: str, default: Any) -> Any:
+    return getattr(settings, name, default)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _ms(value: dt.datetime) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def _from_ms(value: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(value / 1000, dt.UTC)
+
+
+def _dump(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _not_leader(exc: Exception) -> ApiError:
+    return ApiError(
+        Code.NOT_LEADER,
+        "the lock store is unreachable or has no leader; nothing was changed",
+        retry_after_ms=_setting("LOCK_NOT_LEADER_RETRY_MS", 1_000),
+    )
+
+
+def store_call(method: F) -> F:
+    """Every etcd failure that is about availability becomes 503 NOT_LEADER, never a 500."""
+
+    @wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except EtcdUnavailable as exc:
+            raise _not_leader(exc) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def ttl_seconds(ttl_ms: int) -> int:
+    """etcd leases count whole seconds: the granted TTL is ttlMillis rounded down (≥ 1 s)."""
+    return max(1, ttl_ms // 1000)
+
+
+class EtcdLockBackend:
+    name = "etcd"
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        prefix: str | None = None,
+        token_floor: int | None = None,
+        ensure_floor: bool = True,
+    ) -> None:
+        self.url = url or settings.ETCD_URL
+        self.prefix = prefix if prefix is not None else _setting("ETCD_PREFIX", "dlock/")
+        self.client = EtcdClient(
+            self.url,
+            connect_timeout=_setting("ETCD_CONNECT_TIMEOUT_MS", 500) / 1000,
+            read_timeout=_setting("ETCD_REQUEST_TIMEOUT_MS", 2_000) / 1000,
+        )
+        self.token_floor = (
+            token_floor if token_floor is not None else _setting("LOCK_TOKEN_FLOOR", 0)
+        )
+        self.retention_s = _setting("LOCK_SESSION_RETENTION_S", 3_600)
+        self.waiter_cap = _setting("LOCK_WAITER_CAP", 64)
+        self.retry_budget = _setting("LOCK_RETRY_BUDGET", 0)
+        self.retry_window_ms = _setting("LOCK_RETRY_WINDOW_MS", 10_000)
+        self._offset: int | None = None
+        self._owners: dict[uuid.UUID, str] = {}
+        self._offset_guard = threading.Lock()
+        self._retention_lease: tuple[int, float] | None = None  # (lease id, created monotonic)
+        self._retention_guard = threading.Lock()
+        if ensure_floor:
+            self.ensure_token_floor()
+
+    # ------------------------------------------------------------------ keys
+
+    def _k(self, *parts: str) -> str:
+        return self.prefix + "/".join(parts)
+
+    def _lock_key(self, key: str) -> str:
+        return self._k("lock", key)
+
+    def _sess_key(self, sid: uuid.UUID | str) -> str:
+        return self._k("sess", str(sid))
+
+    def _meta_key(self, sid: uuid.UUID | str) -> str:
+        return self._k("smeta", str(sid))
+
+    def _held_key(self, sid: uuid.UUID | str, key: str) -> str:
+        return self._k("held", str(sid), key)
+
+    def _held_prefix(self, sid: uuid.UUID | str) -> str:
+        return self._k("held", str(sid)) + "/"
+
+    def _wait_prefix(self, key: str) -> str:
+        return self._k("wait", key) + "/"
+
+    # ------------------------------------------------------------------ token offset / floor
+
+    @property
+    def _offset_key(self) -> str:
+        return self._k("meta", "token_offset")
+
+    def ensure_token_floor(self) -> int:
+        """Persist (or raise) the token offset so that every next token exceeds the floor.
+
+        token = offset + create_revision and every later create_revision exceeds the current
+        store revision R, so offset + R >= floor suffices. Raising the offset is always safe
+        (grants keep the offset they were issued with); the only unsafe case is an int64
+        overflow, which raises TokenFloorError. Returns the offset in force.
+        """
+        floor = int(self.token_floor or 0)
+        if floor < 0 or floor >= INT64_MAX // 2:
+            raise TokenFloorError(f"LOCK_TOKEN_FLOOR={floor} is outside 0..{INT64_MAX // 2}")
+        while True:
+            read = self.client.read(get(self._offset_key))
+            revision = read.revision
+            current = read.responses[0].first() if read.responses[0] else None
+            if current is None:
+                offset = max(0, floor - revision)
+                guard = compare(self._offset_key, "CREATE", "EQUAL", 0)
+            else:
+                try:
+                    stored = int(current.value)
+                except ValueError:
+                    raise TokenFloorError(
+                        f"{self._offset_key} holds {current.value!r}, not an integer"
+                    ) from None
+                if stored + revision >= floor:
+                    self._offset = stored
+                    return stored
+                offset = floor - revision
+                guard = compare(self._offset_key, "MOD", "EQUAL", current.mod_revision)
+            result = self.client.txn([guard], [put(self._offset_key, str(offset))])
+            if result.succeeded:
+                log_event(
+                    "token_offset_set",
+                    backend="etcd",
+                    offset=offset,
+                    floor=floor,
+                    revision=revision,
+                    previous=None if current is None else int(current.value),
+                )
+                self._offset = offset
+                return offset
+            # another lock-server replica wrote it first: read again
+
+    def _current_offset(self) -> int:
+        if self._offset is None:
+            with self._offset_guard:
+                if self._offset is None:
+                    self.ensure_token_floor()
+        assert self._offset is not None
+        return self._offset
+
+    def next_token_lower_bound(self) -> int:
+        """Every token issued from now on is greater than this (operators: the switch floor)."""
+        revision = self.client.read(get(self._offset_key)).revision
+        return self._current_offset() + revision
+
+    # ------------------------------------------------------------------ sessions
+
+    def _retention(self) -> int:
+        """The current metadata lease: rotated every retention/2, lives retention × 1.5."""
+        with self._retention_guard:
+            now = time.monotonic()
+            if self._retention_lease is None or now - self._retention_lease[1] > (
+                self.retention_s / 2
+            ):
+                lease, _ = self.client.lease_grant(math.ceil(self.retention_s * 1.5))
+                self._retention_lease = (lease, now)
+            return self._retention_lease[0]
+
+    def _drop_retention(self, lease: int) -> None:
+        with self._retention_guard:
+            if self._retention_lease and self._retention_lease[0] == lease:
+                self._retention_lease = None
+
+    def _session_gone(self, meta: KeyValue | None) -> ApiError:
+        if meta is None:
+            return ApiError(Code.SESSION_UNKNOWN, "no such session")
+        return ApiError(Code.SESSION_EXPIRED, "the session expired; its locks were released")
+
+    @store_call
+    def open_session(self, *, owner_id: str, ttl_ms: int) -> SessionRecord:
+        seconds = ttl_seconds(ttl_ms)
+        lease, granted = self.client.lease_grant(seconds)
+        if granted > seconds:
+            logger.warning("etcd raised a %ss lease to its minimum %ss", seconds, granted)
+        session_id = uuid.uuid4()
+        record = {"ownerId": owner_id, "ttlMs": seconds * 1000, "lease": lease}
+        for _attempt in range(2):
+            retention = self._retention()
+            try:
+                self.client.txn(
+                    [],
+                    [
+                        put(self._sess_key(session_id), _dump(record), lease),
+                        put(self._meta_key(session_id), _dump(record), retention),
+                    ],
+                )
+                break
+            except EtcdError as exc:
+                if isinstance(exc, EtcdUnavailable) or "lease not found" not in str(exc):
+                    raise
+                self._drop_retention(retention)  # our retention lease vanished: make a new one
+        else:  # pragma: no cover - two vanished retention leases in a row
+            raise EtcdUnavailable("could not attach session metadata")
+        log_event("session_opened", backend="etcd", sessionId=str(session_id), ownerId=owner_id)
+        return SessionRecord(
+            session_id=session_id,
+            owner_id=owner_id,
+            ttl_ms=seconds * 1000,
+            expires_at=_now() + dt.timedelta(seconds=seconds),
+        )
+
+    def _read_meta(self, session_id: uuid.UUID) -> KeyValue | None:
+        return self.client.range(self._meta_key(session_id)).first()
+
+    @store_call
+    def heartbeat(self, *, session_id: uuid.UUID, owner_id: str) -> HeartbeatRecord:
+        read = self.client.read(
+            get(self._meta_key(session_id)),
+            get(self._held_prefix(session_id), prefix=True, count_only=True),
+        )
+        meta = read.responses[0].first()
+        if meta is None:
+            raise self._session_gone(None)
+        record = meta.json()
+        if self.client.lease_keepalive(record["lease"]) <= 0:
+            self._note_session_expired(session_id, record)
+            raise self._session_gone(meta)
+        retention = self._retention()
+        if meta.lease != retention:
+            # keep the metadata at least `retention` past the last heartbeat (410 vs 404)
+            self.client.txn(
+                [compare(self._meta_key(session_id), "MOD", "EQUAL", meta.mod_revision)],
+                [put(self._meta_key(session_id), meta.value, retention)],
+            )
+        now = _now()
+        return HeartbeatRecord(
+            session_id=session_id,
+            expires_at=now + dt.timedelta(milliseconds=record["ttlMs"]),
+            server_time=now,
+            held_lock_count=read.responses[1].count,
+        )
+
+    def _note_session_expired(self, session_id: uuid.UUID, record: dict[str, Any]) -> None:
+        log_event(
+            "session_expired",
+            backend="etcd",
+            sessionId=str(session_id),
+            ownerId=record.get("ownerId"),
+        )
+
+    @store_call
+    def close_session(self, *, session_id: uuid.UUID, owner_id: str) -> None:
+        read = self.client.read(
+            get(self._meta_key(session_id)),
+            get(self._sess_key(session_id)),
+            get(self._held_prefix(session_id), prefix=True),
+        )
+        meta = read.responses[0].first()
+        if meta is None:
+            raise self._session_gone(None)
+        # Revoking a grant's lease deletes the grant and its index entry in one step.
+        for held in read.responses[2].kvs:
+            key = held.key[len(self._held_prefix(session_id)) :]
+            if held.lease and self.client.lease_revoke(held.lease):
+                log_event(
+                    "lock_released",
+                    backend="etcd",
+                    key=key,
+                    sessionId=str(session_id),
+                    reason="session_closed",
+                )
+        self.client.lease_revoke(meta.json()["lease"])
+        self.client.txn([], [delete(self._meta_key(session_id))])
+        log_event("session_closed", backend="etcd", sessionId=str(session_id))
+
+    # ------------------------------------------------------------------ grants
+
+    def _grant_record(self, key: str, kv: KeyValue) -> GrantRecord:
+        value = kv.json()
+        return GrantRecord(
+            key=key,
+            owner_id=value["ownerId"],
+            session_id=uuid.UUID(value["sessionId"]),
+            fencing_token=value["offset"] + kv.create_revision,
+            acquired_at=_from_ms(value["acquiredAt"]),
+            expires_at=_from_ms(value["expiresAt"]),
+        )
+
+    def _session_owner(self, session_id: uuid.UUID) -> str:
+        """A session's ownerId never changes, so it is cached per process (bounded)."""
+        owner = self._owners.get(session_id)
+        if owner is None:
+            meta = self._read_meta(session_id)
+            if meta is None:
+                raise self._session_gone(None)
+            owner = meta.json()["ownerId"]
+            if len(self._owners) > 10_000:
+                self._owners.clear()
+            self._owners[session_id] = owner
+        return owner
+
+    def _token(self, kv: KeyValue) -> int:
+        return kv.json()["offset"] + kv.create_revision
+
+    def _contended(self, holder: KeyValue) -> ApiError:
+        value = holder.json()
+        remaining = max(0, value["expiresAt"] - _ms(_now()))
+        return ApiError(
+            Code.LOCK_CONTENDED,
+            "the lock is held by another owner",
+            details={
+                "holderOwnerId": value["ownerId"],
+                "expiresAt": _rfc(_from_ms(value["expiresAt"])),
+            },
+            retry_after_ms=max(1, min(remaining, _setting("LOCK_CONTENDED_RETRY_MAX_MS", 1_000))),
+        )
+
+    def _try_grant(
+        self, *, key: str, session_id: uuid.UUID, ttl_ms: int
+    ) -> tuple[GrantRecord | None, KeyValue | None, int]:
+        """One attempt: (grant, None, rev) on success, else (None, live holder, rev).
+
+        Raises the session codes when our session is gone. A holder whose session died is
+        removed (guarded by its ModRevision) and the attempt repeats.
+        """
+        seconds = ttl_seconds(ttl_ms)
+        lease, _ = self.client.lease_grant(seconds)
+        try:
+            for _attempt in range(8):
+                now = _now()
+                offset = self._current_offset()
+                value = {
+                    "ownerId": None,
+                    "sessionId": str(session_id),
+                    "offset": offset,
+                    "ttlMs": seconds * 1000,
+                    "acquiredAt": _ms(now),
+                    "expiresAt": _ms(now) + seconds * 1000,
+                }
+                value["ownerId"] = self._session_owner(session_id)
+                lock_key = self._lock_key(key)
+                result = self.client.txn(
+                    [
+                        compare(lock_key, "CREATE", "EQUAL", 0),
+                        compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
+                    ],
+                    [
+                        put(lock_key, _dump(value), lease),
+                        put(self._held_key(session_id, key), key, lease),
+                        put(self._k("seen", key), "1"),
+                    ],
+                    [get(lock_key), get(self._sess_key(session_id))],
+                )
+                if result.succeeded:
+                    lease = 0  # now owned by the grant
+                    return (
+                        GrantRecord(
+                            key=key,
+                            owner_id=value["ownerId"],
+                            session_id=session_id,
+                            fencing_token=offset + result.revision,
+                            acquired_at=now,
+                            expires_at=_from_ms(value["expiresAt"]),
+                        ),
+                        None,
+                        result.revision,
+                    )
+                holder = result.responses[0].first()
+                if result.responses[1].first() is None:
+                    raise self._session_gone(self._read_meta(session_id))
+                if holder is None:
+                    continue  # released between the compare and the failure read: try again
+                holder_sid = holder.json()["sessionId"]
+                alive = self.client.read(get(self._sess_key(holder_sid)))
+                if alive.responses[0].first() is not None:
+                    return None, holder, max(result.revision, alive.revision)
+                # the holder's session expired: its grant is released (lazily, here)
+                taken = self.client.txn(
+                    [
+                        compare(lock_key, "MOD", "EQUAL", holder.mod_revision),
+                        compare(self._sess_key(holder_sid), "CREATE", "EQUAL", 0),
+                    ],
+                    [delete(lock_key), delete(self._held_key(holder_sid, key))],
+                )
+                if taken.succeeded:
+                    log_event(
+                        "lock_expired",
+                        backend="etcd",
+                        key=key,
+                        fencingToken=self._token(holder),
+                        ownerId=holder.json()["ownerId"],
+                        reason="session_expired",
+                    )
+            raise EtcdUnavailable("acquire did not settle after repeated races")
+        finally:
+            if lease:
+                self._revoke_quietly(lease)
+
+    def _revoke_quietly(self, lease: int) -> None:
+        try:
+            self.client.lease_revoke(lease)
+        except EtcdError:
+            logger.info("could not revoke unused lease %s (it expires on its own)", lease)
+
+    def _charge_budget(self, *, key: str, session_id: uuid.UUID) -> None:
+        """Per-caller retry budget: more than N contended attempts in the window → 429."""
+        if not self.retry_budget:
+            return
+        budget_key = self._k("budget", str(session_id), key)
+        window_s = max(1, math.ceil(self.retry_window_ms / 1000))
+        for _attempt in range(4):
+            current = self.client.range(budget_key).first()
+            if current is None:
+                lease, _ = self.client.lease_grant(window_s)
+                result = self.client.txn(
+                    [compare(budget_key, "CREATE", "EQUAL", 0)], [put(budget_key, "1", lease)]
+                )
+                if result.succeeded:
+                    return
+                self._revoke_quietly(lease)
+                continue
+            used = int(current.value)
+            if used >= self.retry_budget:
+                raise ApiError(
+                    Code.CONTENTION_EXCEEDED,
+                    "retry budget for this key is exhausted",
+                    retry_after_ms=self.retry_window_ms,
+                )
+            result = self.client.txn(
+                [compare(budget_key, "MOD", "EQUAL", current.mod_revision)],
+                [put(budget_key, str(used + 1), current.lease)],
+            )
+            if result.succeeded:
+                return
+
+    @store_call
+    def acquire(
+        self, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
+    ) -> GrantRecord:
+        deadline = time.monotonic() + wait_ms / 1000
+        waiter: int | None = None  # the waiter lease while we are registered
+        graced = False
+        try:
+            while True:
+                grant, holder, revision = self._try_grant(
+                    key=key, session_id=session_id, ttl_ms=ttl_ms
+                )
+                if grant is not None:
+                    log_event(
+                        "lock_acquired",
+                        backend="etcd",
+                        key=key,
+                        sessionId=str(session_id),
+                        ownerId=grant.owner_id,
+                        fencingToken=grant.fencing_token,
+                    )
+                    return grant
+                assert holder is not None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 and not graced and self._lapsed(holder):
+                    # etcd deletes an expired lease's keys on its next sweep (every 500 ms):
+                    # give the store that long to act on its own expiry decision
+                    graced = True
+                    remaining = EXPIRY_GRACE_S
+                elif remaining <= 0:
+                    self._charge_budget(key=key, session_id=session_id)
+                    raise self._contended(holder)
+                if waiter is None and not graced:
+                    waiter = self._register_waiter(key=key, wait_ms=wait_ms)
+                # a release deletes lock/{key}; a holder's expiry deletes sess/{holder}
+                self.client.wait_for_change(
+                    [self._lock_key(key), self._sess_key(holder.json()["sessionId"])],
+                    after_revision=revision,
+                    timeout_s=remaining,
+                )
+        finally:
+            if waiter is not None:
+                self._revoke_quietly(waiter)
+
+    @staticmethod
+    def _lapsed(holder: KeyValue) -> bool:
+        """The holder's grant TTL has run out by our clock (etcd may not have swept it yet)."""
+        return holder.json()["expiresAt"] <= _ms(_now())
+
+    def _register_waiter(self, *, key: str, wait_ms: int) -> int:
+        """A waiter key on its own short lease; beyond the cap → 429 CONTENTION_EXCEEDED.
+
+        The cap is decided by rank (create revision) among the current waiters, so two
+        concurrent registrations cannot both slip under it.
+        """
+        lease, _ = self.client.lease_grant(math.ceil(wait_ms / 1000) + 2)
+        own = self._wait_prefix(key) + uuid.uuid4().hex
+        try:
+            written = self.client.txn([], [put(own, "1", lease)])
+            waiters = self.client.range(self._wait_prefix(key), prefix=True).kvs
+            earlier = sum(1 for kv in waiters if kv.create_revision < written.revision)
+        except BaseException:
+            self._revoke_quietly(lease)
+            raise
+        if earlier >= self.waiter_cap:
+            self._revoke_quietly(lease)
+            raise ApiError(
+                Code.CONTENTION_EXCEEDED,
+                "too many callers are already waiting for this lock",
+                retry_after_ms=_setting("LOCK_WAITER_CAP_RETRY_MS", 1_000),
+            )
+        return lease
+
+    def _stored(self, key: str) -> tuple[KeyValue | None, bool]:
+        """The grant kv of `key` (or None) and whether its session is alive."""
+        kv = self.client.range(self._lock_key(key)).first()
+        if kv is None:
+            return None, False
+        alive = self.client.range(self._sess_key(kv.json()["sessionId"])).first()
+        return kv, alive is not None
+
+    def _lock_lost(self, kv: KeyValue | None, live: bool) -> ApiError:
+        stored = self._token(kv) if kv is not None and live else None
+        return ApiError(
+            Code.LOCK_LOST,
+            "the grant this call names has expired or was revoked",
+            details={"storedToken": stored},
+        )
+
+    @store_call
+    def renew(
+        self, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None
+    ) -> GrantRecord:
+        read = self.client.read(
+            get(self._lock_key(key)),
+            get(self._sess_key(session_id)),
+            get(self._meta_key(session_id)),
+        )
+        kv = read.responses[0].first()
+        sess = read.responses[1].first()
+        if sess is None:
+            raise self._session_gone(read.responses[2].first())
+        live = kv is not None
+        if kv is not None and kv.json()["sessionId"] != str(session_id):
+            live = self.client.range(self._sess_key(kv.json()["sessionId"])).first() is not None
+        if kv is None or not live or self._token(kv) != token:
+            raise self._lock_lost(kv, live)
+        value = kv.json()
+        if value["sessionId"] != str(session_id):
+            raise self._lock_lost(kv, live)
+        seconds = ttl_seconds(ttl_ms) if ttl_ms else value["ttlMs"] // 1000
+        lease, _ = self.client.lease_grant(seconds)
+        now = _now()
+        value.update(ttlMs=seconds * 1000, expiresAt=_ms(now) + seconds * 1000)
+        # re-attaching to a new lease is a put: ModRevision moves, create_revision (the token)
+        # does not; the compare on ModRevision rejects a concurrent release or takeover
+        result = self.client.txn(
+            [
+                compare(self._lock_key(key), "MOD", "EQUAL", kv.mod_revision),
+                compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
+            ],
+            [
+                put(self._lock_key(key), _dump(value), lease),
+                put(self._held_key(session_id, key), key, lease),
+            ],
+        )
+        if not result.succeeded:
+            self._revoke_quietly(lease)
+            kv, live = self._stored(key)
+            if self.client.range(self._sess_key(session_id)).first() is None:
+                raise self._session_gone(self._read_meta(session_id))
+            raise self._lock_lost(kv, live)
+        self._revoke_quietly(kv.lease)
+        return GrantRecord(
+            key=key,
+            owner_id=value["ownerId"],
+            session_id=session_id,
+            fencing_token=token,
+            acquired_at=_from_ms(value["acquiredAt"]),
+            expires_at=_from_ms(value["expiresAt"]),
+        )
+
+    @store_call
+    def release(self, *, key: str, session_id: uuid.UUID, token: int) -> None:
+        lock_key = self._lock_key(key)
+        offset = self._current_offset()
+        # Fast path: the caller's session holds it and the grant has today's offset.
+        # Compare-and-delete on (key, token): create_revision == token - offset.
+        result = self.client.txn(
+            [
+                compare(lock_key, "CREATE", "EQUAL", token - offset),
+                compare(self._held_key(session_id, key), "CREATE", "EQUAL", token - offset),
+            ],
+            [delete(lock_key), delete(self._held_key(session_id, key))],
+            [get(lock_key)],
+        )
+        if not result.succeeded:
+            kv = result.responses[0].first()
+            if kv is None or self._token(kv) != token:
+                kv, live = self._stored(key)
+                raise self._lock_lost(kv, live)
+            # the right token, named from another session or issued under an older offset
+            holder_sid = kv.json()["sessionId"]
+            if self.client.range(self._sess_key(holder_sid)).first() is None:
+                raise self._lock_lost(kv, False)
+            slow = self.client.txn(
+                [compare(lock_key, "MOD", "EQUAL", kv.mod_revision)],
+                [delete(lock_key), delete(self._held_key(holder_sid, key))],
+            )
+            if not slow.succeeded:
+                kv, live = self._stored(key)
+                raise self._lock_lost(kv, live)
+        # the grant's lease is now empty and expires on its own (≤ 60 s); no extra round trip
+        log_event(
+            "lock_released",
+            backend="etcd",
+            key=key,
+            sessionId=str(session_id),
+            fencingToken=token,
+        )
+
+    @store_call
+    def inspect(self, *, key: str) -> LockInfoRecord:
+        read = self.client.read(
+            get(self._lock_key(key)),
+            get(self._k("seen", key)),
+            get(self._wait_prefix(key), prefix=True, count_only=True),
+        )
+        kv = read.responses[0].first()
+        waiters = read.responses[2].count
+        if kv is not None:
+            alive = self.client.range(self._sess_key(kv.json()["sessionId"])).first()
+            if alive is not None:
+                grant = self._grant_record(key, kv)
+                return LockInfoRecord(
+                    key=key,
+                    held=True,
+                    owner_id=grant.owner_id,
+                    fencing_token=grant.fencing_token,
+                    acquired_at=grant.acquired_at,
+                    expires_at=grant.expires_at,
+                    waiter_count=waiters,
+                )
+        elif read.responses[1].first() is None:
+            raise not_found("lock", key)
+        return LockInfoRecord(
+            key=key,
+            held=False,
+            owner_id=None,
+            fencing_token=None,
+            acquired_at=None,
+            expires_at=None,
+            waiter_count=waiters,
+        )
+
+    @store_call
+    def revoke(
+        self, *, key: str, operator: str, reason: str, expected_token: int | None
+    ) -> RevocationRecord:
+        lock_key = self._lock_key(key)
+        for _attempt in range(8):
+            kv, live = self._stored(key)
+            if kv is None or not live:
+                raise ApiError(
+                    Code.NOT_FOUND,
+                    "lock is not held",
+                    details={"resource": "lock", "id": key},
+                )
+            value = kv.json()
+            revoked = self._token(kv)
+            if expected_token is not None and expected_token != revoked:
+                raise ApiError(
+                    Code.FENCED_OUT,
+                    "expectedToken is not the current holder's token",
+                    details={"presentedToken": expected_token, "highestToken": revoked},
+                )
+            revocation_id = uuid.uuid4()
+            offset = self._current_offset()
+            audit = {
+                "revocationId": str(revocation_id),
+                "key": key,
+                "operator": operator,
+                "reason": reason,
+                "revokedToken": revoked,
+                "revokedOwnerId": value["ownerId"],
+                "offset": offset,
+                "at": _ms(_now()),
+            }
+            # The delete and the audit record are one write at revision R; every later grant
+            # has create_revision > R, so its token exceeds offset + R = newTokenFloor.
+            result = self.client.txn(
+                [compare(lock_key, "MOD", "EQUAL", kv.mod_revision)],
+                [
+                    delete(lock_key),
+                    delete(self._held_key(value["sessionId"], key)),
+                    put(self._k("revocation", str(revocation_id)), _dump(audit)),
+                ],
+            )
+            if not result.succeeded:
+                continue
+            floor = offset + result.revision
+            log_event(
+                "lock_revoked",
+                backend="etcd",
+                key=key,
+                operator=operator,
+                reason=reason,
+                revokedToken=revoked,
+                newTokenFloor=floor,
+                revocationId=str(revocation_id),
+                ownerId=value["ownerId"],
+            )
+            return RevocationRecord(
+                key=key,
+                revoked_token=revoked,
+                new_token_floor=floor,
+                revocation_id=revocation_id,
+                revoked_owner_id=value["ownerId"],
+            )
+        raise EtcdUnavailable("revoke did not settle after repeated races")
+
+    def revocations(self) -> list[dict[str, Any]]:
+        """Every audit record (tests and operators); newTokenFloor = offset + its revision."""
+        rows = []
+        for kv in self.client.range(self._k("revocation") + "/", prefix=True).kvs:
+            row = kv.json()
+            row["newTokenFloor"] = row["offset"] + kv.mod_revision
+            rows.append(row)
+        return rows
+
+    # ------------------------------------------------------------------ health
+
+    def check_ready(self) -> None:
+        if not self.client.has_leader():
+            raise EtcdUnavailable("the etcd member has no leader")
+
+    def counts(self) -> tuple[int, int]:
+        """(live sessions, grant keys) for the gauges."""
+        read = self.client.read(
+            get(self._k("sess") + "/", prefix=True, count_only=True),
+            get(self._k("lock") + "/", prefix=True, count_only=True),
+        )
+        return read.responses[0].count, read.responses[1].count
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _rfc(value: dt.datetime) -> str:
+    from dlock.timefmt import rfc3339_ms
+
+    return rfc3339_ms(value) or ""

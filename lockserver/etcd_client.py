@@ -1,0 +1,305 @@
+"""A thin etcd v3 client over the JSON gRPC gateway (`/v3/...`), built on `requests`.
+
+Why not etcd3gw (pinned, and fine for plain CRUD): the lock backend needs (1) a short connect and
+read timeout on every call so an unreachable or leaderless member answers NOT_LEADER within
+about a second instead of hanging (etcd3gw has one global timeout and none at all on watches),
+(2) a watch over several keys that ends at a caller's deadline and is closed cleanly (etcd3gw
+watches run on a private thread pool with no deadline and are stopped by closing a raw socket
+fd), and (3) the gRPC status of a failed call kept (`code`, e.g. 14 UNAVAILABLE, "no leader"),
+which etcd3gw folds into a few exception classes. Transactions are raw JSON either way.
+
+Int64 fields arrive as JSON strings; keys and values travel base64-encoded.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+
+# gRPC status codes that mean "this member cannot serve now": DEADLINE_EXCEEDED, UNAVAILABLE.
+_UNAVAILABLE_GRPC = {4, 14}
+_UNAVAILABLE_TEXT = ("no leader", "timed out", "leader changed", "not capable", "stopped")
+
+
+class EtcdError(Exception):
+    """etcd answered with an error that is not about availability (a bug or a bad request)."""
+
+    def __init__(self, message: str, grpc_code: int | None = None) -> None:
+        super().__init__(message)
+        self.grpc_code = grpc_code
+
+
+class EtcdUnavailable(EtcdError):
+    """Unreachable, timed out, or the member has no leader: nothing can be decided here now."""
+
+
+def _b64(raw: str | bytes) -> str:
+    data = raw.encode() if isinstance(raw, str) else raw
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def prefix_end(prefix: str) -> str:
+    """The range_end that selects every key starting with `prefix` (last byte + 1)."""
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1
+    return raw.decode()
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.value)
+
+
+def _kv(raw: dict[str, Any]) -> KeyValue:
+    return KeyValue(
+        key=_unb64(raw.get("key")).decode(),
+        value=_unb64(raw.get("value")),
+        create_revision=int(raw.get("create_revision", 0)),
+        mod_revision=int(raw.get("mod_revision", 0)),
+        version=int(raw.get("version", 0)),
+        lease=int(raw.get("lease", 0)),
+    )
+
+
+@dataclass(frozen=True)
+class RangeResult:
+    kvs: list[KeyValue]
+    count: int
+
+    def first(self) -> KeyValue | None:
+        return self.kvs[0] if self.kvs else None
+
+
+def _range_result(raw: dict[str, Any]) -> RangeResult:
+    return RangeResult(
+        kvs=[_kv(item) for item in raw.get("kvs", [])], count=int(raw.get("count", 0))
+    )
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    succeeded: bool
+    revision: int  # the store's revision after the txn (the txn's own revision if it wrote)
+    responses: list[RangeResult | None]  # one per op: a RangeResult for ranges, else None
+
+
+# --------------------------------------------------------------------------- txn builders
+
+
+def compare(key: str, target: str, op: str, value: int | str | bytes) -> dict[str, Any]:
+    """target: CREATE | MOD | VERSION | LEASE | VALUE; op: EQUAL | GREATER | LESS | NOT_EQUAL."""
+    field = {
+        "CREATE": "create_revision",
+        "MOD": "mod_revision",
+        "VERSION": "version",
+        "LEASE": "lease",
+        "VALUE": "value",
+    }[target]
+    encoded = _b64(value) if target == "VALUE" else str(value)
+    return {"target": target, "key": _b64(key), "result": op, field: encoded}
+
+
+def put(key: str, value: str | bytes, lease: int = 0) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    if lease:
+        body["lease"] = str(lease)
+    return {"request_put": body}
+
+
+def delete(key: str) -> dict[str, Any]:
+    return {"request_delete_range": {"key": _b64(key)}}
+
+
+def get(key: str, *, prefix: bool = False, count_only: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": _b64(key)}
+    if prefix:
+        body["range_end"] = _b64(prefix_end(key))
+    if count_only:
+        body["count_only"] = True
+    return {"request_range": body}
+
+
+# --------------------------------------------------------------------------- client
+
+
+class EtcdClient:
+    """Thread-safe: one pooled `requests.Session` shared by the lock-server's threads."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float = 0.5,
+        read_timeout: float = 2.0,
+        pool_size: int = 64,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = (connect_timeout, read_timeout)
+        self.session = requests.Session()
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- transport
+
+    def _post(self, path: str, body: dict[str, Any], timeout=None) -> dict[str, Any]:
+        try:
+            resp = self.session.post(
+                f"{self.url}/v3/{path}", json=body, timeout=timeout or self.timeout
+            )
+        except requests.RequestException as exc:
+            raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
+        try:
+            data = resp.json()
+        except ValueError:
+            data = {}
+        if resp.status_code == 200 and "error" not in data:
+            return data
+        message = str(data.get("message") or data.get("error") or resp.text[:200])
+        code = data.get("code")
+        if (
+            resp.status_code in (502, 503, 504)
+            or code in _UNAVAILABLE_GRPC
+            or any(text in message for text in _UNAVAILABLE_TEXT)
+        ):
+            raise EtcdUnavailable(f"etcd unavailable: {message}", code)
+        raise EtcdError(f"etcd error: {message}", code)
+
+    # -- KV
+
+    def range(self, key: str, *, prefix: bool = False, count_only: bool = False) -> RangeResult:
+        return _range_result(
+            self._post("kv/range", get(key, prefix=prefix, count_only=count_only)["request_range"])
+        )
+
+    def txn(
+        self,
+        compares: list[dict[str, Any]],
+        success: list[dict[str, Any]],
+        failure: list[dict[str, Any]] | None = None,
+    ) -> TxnResult:
+        data = self._post(
+            "kv/txn", {"compare": compares, "success": success, "failure": failure or []}
+        )
+        responses: list[RangeResult | None] = []
+        for item in data.get("responses", []):
+            if "response_range" in item:
+                responses.append(_range_result(item["response_range"]))
+            else:
+                responses.append(None)
+        return TxnResult(
+            succeeded=bool(data.get("succeeded", False)),
+            revision=int(data["header"]["revision"]),
+            responses=responses,
+        )
+
+    def read(self, *ops: dict[str, Any]) -> TxnResult:
+        """Several ranges at one revision (a txn with no compares always takes `success`)."""
+        return self.txn([], list(ops))
+
+    # -- leases
+
+    def lease_grant(self, ttl_s: int) -> tuple[int, int]:
+        """A new lease; returns (id, granted TTL in seconds: etcd may raise it to its minimum)."""
+        data = self._post("lease/grant", {"TTL": str(ttl_s)})
+        return int(data["ID"]), int(data.get("TTL", ttl_s))
+
+    def lease_keepalive(self, lease_id: int) -> int:
+        """Refresh once; the lease's TTL in seconds, 0 when it has expired or never existed."""
+        data = self._post("lease/keepalive", {"ID": str(lease_id)})
+        return int(data.get("result", {}).get("TTL", 0))
+
+    def lease_revoke(self, lease_id: int) -> bool:
+        """Revoke (deleting every attached key at once); False when it was already gone."""
+        try:
+            self._post("lease/revoke", {"ID": str(lease_id)})
+        except EtcdUnavailable:
+            raise
+        except EtcdError as exc:
+            if "not found" in str(exc):
+                return False
+            raise
+        return True
+
+    # -- cluster
+
+    def status(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._post(
+            "maintenance/status",
+            {},
+            timeout=(self.timeout[0], timeout) if timeout else None,
+        )
+
+    def has_leader(self) -> bool:
+        return str(self.status().get("leader", "0")) not in ("0", "")
+
+    # -- watch
+
+    def wait_for_change(self, keys: list[str], *, after_revision: int, timeout_s: float) -> bool:
+        """Block until any of `keys` changes after `after_revision`, or `timeout_s` passes.
+
+        One gateway stream with one watcher per key, starting at after_revision + 1 so a change
+        between the caller's read and this call is not missed. True on a change, False on
+        timeout. The connection is closed on return, which cancels the watchers server-side.
+        """
+        deadline = time.monotonic() + timeout_s
+        lines = [
+            json.dumps(
+                {"create_request": {"key": _b64(key), "start_revision": str(after_revision + 1)}}
+            )
+            for key in keys
+        ]
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            resp = requests.post(
+                f"{self.url}/v3/watch",
+                data="\n".join(lines) + "\n",
+                stream=True,
+                timeout=(self.timeout[0], remaining),
+            )
+        except requests.RequestException as exc:
+            raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
+        try:
+            if resp.status_code != 200:
+                raise EtcdUnavailable(f"watch refused with HTTP {resp.status_code}")
+            for line in resp.iter_lines():
+                if not line:
+                    continue
+                result = json.loads(line).get("result", {})
+                if result.get("events"):
+                    return True
+                if result.get("canceled") or result.get("compact_revision"):
+                    return True  # the caller re-reads; a compacted watch is a change
+                if time.monotonic() >= deadline:
+                    return False
+            # the server closed the stream: treat as "look again" unless the deadline passed
+            return time.monotonic() < deadline
+        except requests.RequestException:
+            if time.monotonic() >= deadline - 0.05:
+                return False  # the read timeout is our deadline
+            raise EtcdUnavailable("watch stream broke") from None
+        finally:
+            resp.close()
