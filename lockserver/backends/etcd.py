@@ -11,7 +11,6 @@ Layout under settings.ETCD_PREFIX (default `dlock/`); lock keys match [a-zA-Z0-9
   held/{sid}/{key}    index of a session's grants (same lease, same txn as the grant)
   seen/{key}          the key was granted at least once (L7 answers 404 otherwise)
   wait/{key}/{id}     a blocked acquire (waiterCount, waiter cap); on a short lease of its own
-  budget/{sid}/{key}  contended attempts of one caller on one key, on a window-long lease
   revocation/{id}     L8 audit record (operator, reason, revoked token, new floor)
   meta/token_offset   the token offset, persisted so token = offset + revision > LOCK_TOKEN_FLOOR
 
@@ -129,6 +128,7 @@ class EtcdLockBackend:
         prefix: str | None = None,
         token_floor: int | None = None,
         ensure_floor: bool = True,
+        adopt_pg_sequence: bool | None = None,
     ) -> None:
         self.url = url or settings.ETCD_URL
         self.prefix = prefix if prefix is not None else _setting("ETCD_PREFIX", "dlock/")
@@ -140,17 +140,25 @@ class EtcdLockBackend:
         self.token_floor = (
             token_floor if token_floor is not None else _setting("LOCK_TOKEN_FLOOR", 0)
         )
-        self.retention_s = _setting("LOCK_SESSION_RETENTION_S", 3_600)
+        self.retention_s = max(60, _setting("LOCK_SESSION_RETENTION_MS", 3_600_000) // 1000)
         self.waiter_cap = _setting("LOCK_WAITER_CAP", 64)
-        self.retry_budget = _setting("LOCK_RETRY_BUDGET", 0)
-        self.retry_window_ms = _setting("LOCK_RETRY_WINDOW_MS", 10_000)
         self._offset: int | None = None
         self._owners: dict[uuid.UUID, str] = {}
         self._offset_guard = threading.Lock()
         self._retention_lease: tuple[int, float] | None = None  # (lease id, created monotonic)
         self._retention_guard = threading.Lock()
+        self.adopt_pg_sequence = (
+            adopt_pg_sequence
+            if adopt_pg_sequence is not None
+            else _setting("LOCK_TOKEN_FLOOR_FROM_PG", True)
+        )
         if ensure_floor:
-            self.ensure_token_floor()
+            try:
+                self.ensure_token_floor()
+            except EtcdUnavailable:
+                # not a refusal: no token is issued before the floor is ensured (every grant
+                # needs _current_offset()), and requests answer 503 NOT_LEADER until then
+                logger.warning("etcd unreachable at start-up; token floor checked on first use")
 
     # ------------------------------------------------------------------ keys
 
@@ -189,7 +197,7 @@ class EtcdLockBackend:
         (grants keep the offset they were issued with); the only unsafe case is an int64
         overflow, which raises TokenFloorError. Returns the offset in force.
         """
-        floor = int(self.token_floor or 0)
+        floor = max(int(self.token_floor or 0), self._pg_sequence_floor())
         if floor < 0 or floor >= INT64_MAX // 2:
             raise TokenFloorError(f"LOCK_TOKEN_FLOOR={floor} is outside 0..{INT64_MAX // 2}")
         while True:
@@ -224,6 +232,30 @@ class EtcdLockBackend:
                 self._offset = offset
                 return offset
             # another lock-server replica wrote it first: read again
+
+    def _pg_sequence_floor(self) -> int:
+        """The PostgreSQL backend's last token, when lockdb is configured and reachable.
+
+        A lock-server switched from pg to etcd keeps its LOCK_DATABASE_URL, so the highest token
+        pg ever issued is an automatic floor (read-only; 0 when there is no such sequence).
+        """
+        if not self.adopt_pg_sequence:
+            return 0
+        try:
+            from django.db import connections
+
+            from dlock.dbrouter import alias_for
+
+            with connections[alias_for("lockserver")].cursor() as cursor:
+                cursor.execute("SELECT to_regclass('fencing_token_seq') IS NOT NULL")
+                if not cursor.fetchone()[0]:
+                    return 0
+                cursor.execute("SELECT last_value, is_called FROM fencing_token_seq")
+                last_value, is_called = cursor.fetchone()
+                return int(last_value if is_called else last_value - 1)
+        except Exception as exc:  # unreachable lockdb: the configured floor still applies
+            logger.warning("could not read fencing_token_seq from lockdb: %s", exc)
+            return 0
 
     def _current_offset(self) -> int:
         if self._offset is None:
@@ -487,37 +519,6 @@ class EtcdLockBackend:
         except EtcdError:
             logger.info("could not revoke unused lease %s (it expires on its own)", lease)
 
-    def _charge_budget(self, *, key: str, session_id: uuid.UUID) -> None:
-        """Per-caller retry budget: more than N contended attempts in the window → 429."""
-        if not self.retry_budget:
-            return
-        budget_key = self._k("budget", str(session_id), key)
-        window_s = max(1, math.ceil(self.retry_window_ms / 1000))
-        for _attempt in range(4):
-            current = self.client.range(budget_key).first()
-            if current is None:
-                lease, _ = self.client.lease_grant(window_s)
-                result = self.client.txn(
-                    [compare(budget_key, "CREATE", "EQUAL", 0)], [put(budget_key, "1", lease)]
-                )
-                if result.succeeded:
-                    return
-                self._revoke_quietly(lease)
-                continue
-            used = int(current.value)
-            if used >= self.retry_budget:
-                raise ApiError(
-                    Code.CONTENTION_EXCEEDED,
-                    "retry budget for this key is exhausted",
-                    retry_after_ms=self.retry_window_ms,
-                )
-            result = self.client.txn(
-                [compare(budget_key, "MOD", "EQUAL", current.mod_revision)],
-                [put(budget_key, str(used + 1), current.lease)],
-            )
-            if result.succeeded:
-                return
-
     @store_call
     def acquire(
         self, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
@@ -548,7 +549,6 @@ class EtcdLockBackend:
                     graced = True
                     remaining = EXPIRY_GRACE_S
                 elif remaining <= 0:
-                    self._charge_budget(key=key, session_id=session_id)
                     raise self._contended(holder)
                 if waiter is None and not graced:
                     waiter = self._register_waiter(key=key, wait_ms=wait_ms)
@@ -830,3 +830,23 @@ def _rfc(value: dt.datetime) -> str:
     from dlock.timefmt import rfc3339_ms
 
     return rfc3339_ms(value) or ""
+
+
+def start_up() -> None:
+    """Once per lock-server process with LOCK_BACKEND=etcd (called from lockserver/apps.py).
+
+    Builds the backend (which persists or raises the token offset) and registers the etcd
+    readiness check. A floor that cannot be made safe stops the process with one line.
+    """
+    import sys
+
+    from dlock.health import register_readiness_check
+    from lockserver.backends import get_backend
+
+    try:
+        backend = get_backend()
+    except TokenFloorError as exc:
+        sys.stderr.write(f"dlock lock-server: refusing to start: {exc}\n")
+        sys.stderr.flush()
+        raise SystemExit(3) from None
+    register_readiness_check("etcd", backend.check_ready)
