@@ -162,6 +162,8 @@ def database(url_env: str) -> dict:
     options["options"] = (
         f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS} -c lock_timeout={DB_STATEMENT_TIMEOUT_MS}"
         " -c idle_in_transaction_session_timeout=30000"
+        # A killed worker's query is cancelled within 2 s instead of running on detached.
+        " -c client_connection_check_interval=2000"
     )
     options["pool"] = {
         "min_size": 1,
@@ -199,6 +201,7 @@ def logging_config(service: str) -> dict:
 def service_name(role: str) -> str:
     return SERVICE_NAMES[role]
 
+
 # Lock server (issue 3; docs/lockserver.md). Both backends read these.
 # Tokens handed out by this deployment are always > LOCK_TOKEN_FLOOR (checked at start-up).
 LOCK_TOKEN_FLOOR = env_int("LOCK_TOKEN_FLOOR", 0, minimum=0)
@@ -217,3 +220,11 @@ LOCK_SERVER_URL = env_str("LOCK_SERVER_URL", "http://127.0.0.1:8081")
 PAYMENTS_URL = env_str("PAYMENTS_URL", "http://127.0.0.1:8082")
 RAIL_PROXY_URL = env_str("RAIL_PROXY_URL", "http://127.0.0.1:8083")
 RAIL_STUB_URL = env_str("RAIL_STUB_URL", "http://127.0.0.1:8084")
+
+# Rail proxy → rail stub (C3 §3.8 "rail-proxy → rail-stub": 1 s / 8 s, never retried). The sweep
+# turns intents unresolved for longer than connect + read + margin into RAIL_AMBIGUOUS.
+RAIL_CONNECT_TIMEOUT_MS = env_int("RAIL_CONNECT_TIMEOUT_MS", 1_000, minimum=1, maximum=60_000)
+RAIL_READ_TIMEOUT_MS = env_int("RAIL_READ_TIMEOUT_MS", 8_000, minimum=1, maximum=60_000)
+RAIL_SWEEP_INTERVAL_MS = env_int("RAIL_SWEEP_INTERVAL_MS", 5_000, minimum=100)
+RAIL_SWEEP_MARGIN_MS = env_int("RAIL_SWEEP_MARGIN_MS", 2_000, minimum=0)
+RAIL_SWEEP_ENABLED = env_bool("RAIL_SWEEP_ENABLED", True)

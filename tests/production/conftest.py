@@ -1,0 +1,106 @@
+"""Fixtures for the production-shape tests: a probe role under the real gunicorn config."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+import requests
+
+from dlock.devstack import PROJECT, PYTHON, free_port, wait_until
+from tests.conftest import _create_db
+from tests.production.probe_urls import SCHEMA
+
+
+@dataclass
+class Probe:
+    """gunicorn with settings/gunicorn.py serving the probe URLconf against its own database."""
+
+    port: int
+    db_url: str
+    logfile: Path
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
+        with psycopg.connect(self.db_url, autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def log(self) -> str:
+        return self.logfile.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def start_probe(tmp_path: Path, **env: str) -> Probe:
+    db_url = _create_db(f"probe_{uuid.uuid4().hex[:12]}")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    port = free_port()
+    logfile = tmp_path / f"probe-{port}.log"
+    full_env = {
+        **os.environ,
+        "ROLE": "railstub",  # the gunicorn config's per-role defaults; the URLconf is the probe's
+        "PORT": str(port),
+        "RAIL_DATABASE_URL": db_url,
+        "DJANGO_DEBUG": "false",
+        **env,
+    }
+    with open(logfile, "ab") as log:
+        process = subprocess.Popen(
+            [
+                PYTHON,
+                "-m",
+                "gunicorn",
+                "-c",
+                str(PROJECT / "settings" / "gunicorn.py"),
+                "tests.production.probe_wsgi",
+            ],
+            cwd=PROJECT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    probe = Probe(port, db_url, logfile, process)
+
+    def up() -> bool:
+        assert process.poll() is None, probe.log()[-3000:]
+        try:
+            return requests.get(f"{probe.url}/health/ready", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_until(up, timeout=60, what="probe role ready")
+    return probe
+
+
+@pytest.fixture
+def probe_factory(tmp_path):
+    started: list[Probe] = []
+
+    def factory(**env: str) -> Probe:
+        probe = start_probe(tmp_path, **env)
+        started.append(probe)
+        return probe
+
+    yield factory
+    for probe in started:
+        probe.stop()

@@ -1,0 +1,9 @@
+"""gunicorn entry for the probe role (the real roles use settings.wsgi)."""
+
+import os
+
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.production.probe_settings"
+
+from django.core.wsgi import get_wsgi_application  # noqa: E402
+
+application = get_wsgi_application()
