@@ -41,7 +41,10 @@ class PostInput(StrictSerializer):
 
 def _answer(result: services.CommandResult) -> Response:
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return Response(result.body, status=result.status, headers=headers)
+    response = Response(result.body, status=result.status, headers=headers)
+    # A replayed error answer is the stored C3 envelope, byte for byte.
+    response.dlock_envelope = result.status >= 400
+    return response
 
 
 def _protected_headers(request: Request) -> tuple[int, str, str]:
