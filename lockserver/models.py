@@ -37,6 +37,9 @@ class LockSession(models.Model):
             )
         ]
 
+    def __str__(self) -> str:
+        return f"session {self.session_id} of {self.owner_id}"
+
 
 class LockGrant(models.Model):
     """One row per key ever acquired: the L7 "seen" record AND the key's single grant.
@@ -51,7 +54,7 @@ class LockGrant(models.Model):
     lock_key = models.CharField(max_length=128, primary_key=True)
     first_seen_at = models.DateTimeField()
     session_id = models.UUIDField(null=True)
-    owner_id = models.CharField(max_length=64, null=True)
+    owner_id = models.CharField(max_length=64, null=True)  # noqa: DJ001 - NULL = free
     fencing_token = models.BigIntegerField(null=True, unique=True)
     ttl_ms = models.IntegerField(null=True)
     acquired_at = models.DateTimeField(null=True)
@@ -59,7 +62,7 @@ class LockGrant(models.Model):
     session_expires_at = models.DateTimeField(null=True)
     # The grant this one replaced after it lapsed (for the `lock_expired` event).
     previous_token = models.BigIntegerField(null=True)
-    previous_owner_id = models.CharField(max_length=64, null=True)
+    previous_owner_id = models.CharField(max_length=64, null=True)  # noqa: DJ001  # noqa: DJ001 - NULL = free
 
     class Meta:
         db_table = "lock_grant"
@@ -97,6 +100,9 @@ class LockGrant(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.lock_key} token={self.fencing_token}"
+
 
 class LockWaiter(models.Model):
     """A caller blocked in L4 with waitMillis: counted for waiterCount and the per-key cap."""
@@ -111,6 +117,9 @@ class LockWaiter(models.Model):
     class Meta:
         db_table = "lock_waiter"
         indexes = [models.Index(fields=["lock_key", "expires_at"], name="lock_waiter_key")]
+
+    def __str__(self) -> str:
+        return f"waiter on {self.lock_key}"
 
 
 class LockRevocation(models.Model):
@@ -135,3 +144,6 @@ class LockRevocation(models.Model):
                 name="lock_revocation_floor_above_token",
             )
         ]
+
+    def __str__(self) -> str:
+        return f"revocation of {self.lock_key} token={self.revoked_token}"

@@ -1,3 +1,19 @@
-"""HTTP routes of the lockserver app (included by its role URLconf and by the ops URLconf)."""
+"""HTTP routes of the lockserver app (C3 §3.3 L1–L8; included by its role URLconf and ops)."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from lockserver import views
+
+urlpatterns = [
+    path("v1/sessions", views.SessionsView.as_view(), name="lock-sessions"),
+    path(
+        "v1/sessions/<str:session_id>/heartbeat",
+        views.HeartbeatView.as_view(),
+        name="lock-session-heartbeat",
+    ),
+    path("v1/sessions/<str:session_id>", views.SessionView.as_view(), name="lock-session"),
+    path("v1/locks/<str:key>/acquire", views.AcquireView.as_view(), name="lock-acquire"),
+    path("v1/locks/<str:key>/renew", views.RenewView.as_view(), name="lock-renew"),
+    path("v1/locks/<str:key>/revoke", views.RevokeView.as_view(), name="lock-revoke"),
+    path("v1/locks/<str:key>", views.LockView.as_view(), name="lock"),
+]

@@ -6,6 +6,13 @@ CONTENTION_EXCEEDED, LOCK_LOST, FENCED_OUT, NOT_FOUND, NOT_LEADER). Inputs are a
 validated by the view (key charset/length, ttl ranges, uuid, owner id, token > 0).
 Expiry is decided by the store's clock (PostgreSQL clock_timestamp(), etcd lease TTL), never
 the lock-server's. Wire behaviour (codes, bodies) must be identical across backends (FR-09).
+
+Shared semantics (docs/lockserver.md): `lockserver.services` records lock_acquire_total and
+emits lock_acquired / lock_released / lock_revoked for every backend; a backend emits only
+lock_expired and session_expired and sets the live sessions/grants gauges. A second acquire by
+the session that already holds the live grant returns that grant unchanged (same token, same
+expiresAt). The per-caller retry budget is `lockserver.budget.RetryBudget`. Tokens are always
+> settings.LOCK_TOKEN_FLOOR (applied before the process reports ready).
 """
 
 from __future__ import annotations

@@ -1,0 +1,404 @@
+"""The PostgreSQL lock backend (lock.backend=pg): lockdb tables, tokens from fencing_token_seq.
+
+Statements live in `lockserver.fenced_sql`; this module owns the transactions, the waiting and
+the mapping of "no row" answers to C3 codes. Hot paths are single autocommit statements:
+acquire (granted), renew, release. Every expiry is decided by the database clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db import DatabaseError, connections, transaction
+from psycopg_pool import PoolTimeout
+
+from dlock.dbrouter import alias_for
+from dlock.errors import ApiError, Code, not_found, validation_error
+from dlock.logs import log_event
+from dlock.metrics import lock_live_grants, lock_live_sessions
+from dlock.timefmt import rfc3339_ms
+from lockserver import fenced_sql as sql
+from lockserver.backends.base import (
+    GrantRecord,
+    HeartbeatRecord,
+    LockInfoRecord,
+    RevocationRecord,
+    SessionRecord,
+)
+from lockserver.budget import RetryBudget
+from lockserver.pg_listener import KeyListener
+
+logger = logging.getLogger("dlock.lockserver")
+
+# retryAfterMillis on 409 LOCK_CONTENDED / 429: the holder's remaining lease, within these bounds.
+RETRY_AFTER_MIN_MS = 50
+RETRY_AFTER_MAX_MS = 1_000
+
+
+def _retry_after(ms_until_free: int | None) -> int:
+    if ms_until_free is None:
+        return RETRY_AFTER_MIN_MS
+    return max(RETRY_AFTER_MIN_MS, min(RETRY_AFTER_MAX_MS, ms_until_free))
+
+
+def _owner_mismatch(field: str = "X-Owner-Id") -> ApiError:
+    return validation_error(
+        f"{field} does not own this session",
+        [{"field": field, "message": "does not match the session's ownerId"}],
+    )
+
+
+def _session_unknown(session_id: uuid.UUID) -> ApiError:
+    return ApiError(Code.SESSION_UNKNOWN, "no such session", details={"sessionId": str(session_id)})
+
+
+def _session_expired(session_id: uuid.UUID) -> ApiError:
+    return ApiError(
+        Code.SESSION_EXPIRED,
+        "session expired; its locks were released",
+        details={"sessionId": str(session_id)},
+    )
+
+
+def _lock_lost(key: str, stored_token: int | None) -> ApiError:
+    return ApiError(
+        Code.LOCK_LOST,
+        "the grant named by this token has expired, was released or was revoked",
+        details={"key": key, "storedToken": stored_token},
+    )
+
+
+class PgLockBackend:
+    name = "pg"
+
+    def __init__(self, *, alias: str | None = None, start_listener: bool = True) -> None:
+        self.alias = alias or alias_for("lockserver")
+        self.budget = RetryBudget(
+            budget=settings.LOCK_RETRY_BUDGET, window_ms=settings.LOCK_RETRY_WINDOW_MS
+        )
+        self._floor_applied = False
+        self._floor_guard = threading.Lock()
+        params = dict(connections[self.alias].get_connection_params())
+        for name in ("cursor_factory", "context", "prepare_threshold"):
+            params.pop(name, None)
+        self.listener = KeyListener(
+            params,
+            channel=sql.NOTIFY_CHANNEL,
+            housekeeping=self._housekeep,
+            housekeeping_interval_s=settings.LOCK_HOUSEKEEPING_MS / 1000,
+        )
+        if start_listener:
+            self.listener.start()
+
+    # ------------------------------------------------------------------ plumbing
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator:
+        try:
+            with connections[self.alias].cursor() as cursor:
+                yield cursor
+        except DatabaseError as exc:
+            raise self._store_error(exc) from exc
+
+    @contextlib.contextmanager
+    def _atomic(self) -> Iterator:
+        try:
+            with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
+                yield cursor
+        except DatabaseError as exc:
+            raise self._store_error(exc) from exc
+
+    def _store_error(self, exc: DatabaseError) -> Exception:
+        """No pool slot while the listener cannot reach the database is 'database down'."""
+        if isinstance(exc.__cause__, PoolTimeout) and not self.listener.db_up:
+            return ApiError(Code.NOT_LEADER, "lock database unreachable")
+        return exc
+
+    def _ensure_token_floor(self) -> None:
+        if self._floor_applied:
+            return
+        with self._floor_guard:
+            if self._floor_applied:
+                return
+            floor = settings.LOCK_TOKEN_FLOOR
+            with self._atomic() as cursor:
+                last = sql.apply_token_floor(cursor, floor=floor)
+            log_event("token_floor_checked", backend=self.name, floor=floor, lastToken=last)
+            self._floor_applied = True
+
+    def _release_connection(self) -> None:
+        """Give the pooled connection back before blocking: a waiter holds no DB slot."""
+        connections[self.alias].close()
+
+    # ------------------------------------------------------------------ sessions
+
+    def open_session(self, *, owner_id: str, ttl_ms: int) -> SessionRecord:
+        session_id = uuid.uuid4()
+        with self._cursor() as cursor:
+            expires_at = sql.open_session(
+                cursor, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms
+            )
+        return SessionRecord(session_id, owner_id, ttl_ms, expires_at)
+
+    def heartbeat(self, *, session_id: uuid.UUID, owner_id: str) -> HeartbeatRecord:
+        with self._atomic() as cursor:
+            result = sql.heartbeat(cursor, session_id=session_id, owner_id=owner_id)
+            if result is None:
+                session = sql.get_session(cursor, session_id=session_id)
+        if result is None:
+            if session is None:
+                raise _session_unknown(session_id)
+            if session.owner_id != owner_id:
+                raise _owner_mismatch()
+            raise _session_expired(session_id)
+        expires_at, server_time, held = result
+        return HeartbeatRecord(session_id, expires_at, server_time, held)
+
+    def close_session(self, *, session_id: uuid.UUID, owner_id: str) -> None:
+        with self._atomic() as cursor:
+            # Row lock first: an acquire holding the session FOR SHARE commits before we free.
+            session = sql.get_session(cursor, session_id=session_id, for_update=True)
+            if session is None:
+                raise _session_unknown(session_id)
+            if session.owner_id != owner_id:
+                raise _owner_mismatch()
+            freed = sql.delete_session(cursor, session_id=session_id)
+        for key, token, owner in freed:
+            log_event(
+                "lock_released",
+                backend=self.name,
+                key=key,
+                fencingToken=token,
+                ownerId=owner,
+                sessionId=str(session_id),
+                cause="session_closed",
+            )
+
+    # ------------------------------------------------------------------ grants
+
+    def acquire(
+        self, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
+    ) -> GrantRecord:
+        self._ensure_token_floor()
+        self.budget.check(session_id=session_id, key=key)
+        deadline = time.monotonic() + wait_ms / 1000
+        # Subscribe before the first attempt so a release between attempt and wait is not lost.
+        event = self.listener.subscribe(key) if wait_ms > 0 else None
+        waiter_id: uuid.UUID | None = None
+        try:
+            while True:
+                with self._cursor() as cursor:
+                    acquired = sql.try_acquire(
+                        cursor, key=key, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms
+                    )
+                    if acquired is None:
+                        session = sql.get_session(cursor, session_id=session_id)
+                        state = sql.key_state(cursor, key=key)
+                if acquired is not None:
+                    return self._granted(acquired, session_id)
+                if session is None:
+                    raise _session_unknown(session_id)
+                if owner_id is not None and session.owner_id != owner_id:
+                    raise _owner_mismatch()
+                if not session.live:
+                    raise _session_expired(session_id)
+                if state.live and state.session_id == session_id:
+                    # Re-acquire by the holding session: the same grant, unchanged (idempotent).
+                    return GrantRecord(
+                        key,
+                        state.owner_id,
+                        session_id,
+                        state.fencing_token,
+                        state.acquired_at,
+                        state.expires_at,
+                    )
+                if not state.live:
+                    continue  # freed between our two statements: try again at once
+                remaining = deadline - time.monotonic()
+                if event is None or remaining <= 0:
+                    self.budget.spend(session_id=session_id, key=key)
+                    raise ApiError(
+                        Code.LOCK_CONTENDED,
+                        "lock is held by another owner",
+                        details={
+                            "key": key,
+                            "holderOwnerId": state.owner_id,
+                            "expiresAt": rfc3339_ms(state.expires_at),
+                        },
+                        retry_after_ms=_retry_after(state.ms_until_free),
+                    )
+                if waiter_id is None:
+                    waiter_id = uuid.uuid4()
+                    with self._cursor() as cursor:
+                        admitted = sql.add_waiter(
+                            cursor,
+                            waiter_id=waiter_id,
+                            key=key,
+                            session_id=session_id,
+                            owner_id=session.owner_id,
+                            wait_ms=int(remaining * 1000) + 1,
+                            cap=settings.LOCK_MAX_WAITERS_PER_KEY,
+                        )
+                    if not admitted:
+                        waiter_id = None
+                        raise ApiError(
+                            Code.CONTENTION_EXCEEDED,
+                            f"more than {settings.LOCK_MAX_WAITERS_PER_KEY} callers are "
+                            "already waiting for this key",
+                            details={"key": key, "waiterCap": settings.LOCK_MAX_WAITERS_PER_KEY},
+                            retry_after_ms=_retry_after(state.ms_until_free),
+                        )
+                self._release_connection()
+                # Woken by NOTIFY on release/revoke/close/reap, or when the holder's lease
+                # lapses by the database's own reckoning (no notification for that).
+                lapse = (state.ms_until_free or 0) / 1000 + 0.002
+                event.wait(max(0.0, min(remaining, lapse)))
+                event.clear()
+        finally:
+            if event is not None:
+                self.listener.unsubscribe(key, event)
+            if waiter_id is not None:
+                with contextlib.suppress(Exception), self._cursor() as cursor:
+                    sql.remove_waiter(cursor, waiter_id=waiter_id)
+
+    def _granted(self, acquired: sql.Acquired, session_id: uuid.UUID) -> GrantRecord:
+        grant = acquired.grant
+        if acquired.replaced_token is not None:
+            log_event(
+                "lock_expired",
+                backend=self.name,
+                key=grant.key,
+                fencingToken=acquired.replaced_token,
+                ownerId=acquired.replaced_owner_id,
+                takenOverBy=grant.fencing_token,
+            )
+        return GrantRecord(
+            grant.key,
+            grant.owner_id,
+            session_id,
+            grant.fencing_token,
+            grant.acquired_at,
+            grant.expires_at,
+        )
+
+    def renew(
+        self, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None
+    ) -> GrantRecord:
+        with self._cursor() as cursor:
+            grant = sql.renew(cursor, key=key, session_id=session_id, token=token, ttl_ms=ttl_ms)
+            if grant is None:
+                session = sql.get_session(cursor, session_id=session_id)
+                state = sql.key_state(cursor, key=key)
+        if grant is not None:
+            return GrantRecord(
+                key, grant.owner_id, session_id, token, grant.acquired_at, grant.expires_at
+            )
+        if session is None:
+            raise _session_unknown(session_id)
+        if not session.live:
+            raise _session_expired(session_id)
+        raise _lock_lost(key, state.fencing_token)
+
+    def release(self, *, key: str, session_id: uuid.UUID, token: int) -> None:
+        with self._cursor() as cursor:
+            released = sql.release(cursor, key=key, token=token)
+            if released is None:
+                state = sql.key_state(cursor, key=key)
+        if released is None:
+            log_event(
+                "lock_release_lost",
+                backend=self.name,
+                key=key,
+                presentedToken=token,
+                storedToken=state.fencing_token,
+                sessionId=str(session_id),
+            )
+            raise _lock_lost(key, state.fencing_token)
+
+    def inspect(self, *, key: str) -> LockInfoRecord:
+        with self._cursor() as cursor:
+            state = sql.key_state(cursor, key=key)
+        if state.in_recovery:
+            raise ApiError(Code.NOT_LEADER, "lock database is a standby (in recovery)")
+        if not state.seen:
+            raise not_found("lock", key)
+        return LockInfoRecord(
+            key,
+            state.live,
+            state.owner_id,
+            state.fencing_token,
+            state.acquired_at,
+            state.expires_at,
+            state.waiter_count,
+        )
+
+    def revoke(
+        self, *, key: str, operator: str, reason: str, expected_token: int | None
+    ) -> RevocationRecord:
+        self._ensure_token_floor()
+        revocation_id = uuid.uuid4()
+        with self._atomic() as cursor:
+            token, owner, session_id, live = sql.lock_key_row(cursor, key=key)
+            if not live:
+                raise ApiError(
+                    Code.NOT_FOUND, "lock is not held", details={"resource": "lock", "id": key}
+                )
+            if expected_token is not None and expected_token != token:
+                raise ApiError(
+                    Code.FENCED_OUT,
+                    "expectedToken is not the current grant's token",
+                    details={"key": key, "presentedToken": expected_token, "highestToken": token},
+                )
+            floor = sql.revoke(
+                cursor,
+                key=key,
+                token=token,
+                owner_id=owner,
+                session_id=session_id,
+                operator=operator,
+                reason=reason,
+                revocation_id=revocation_id,
+            )
+        return RevocationRecord(key, token, floor, revocation_id, owner)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def check_ready(self) -> None:
+        self._ensure_token_floor()
+        with self._cursor() as cursor:
+            if sql.in_recovery(cursor):
+                raise ApiError(Code.NOT_LEADER, "lock database is a standby (in recovery)")
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _housekeep(self, conn) -> None:
+        """Reaper (listener thread, own connection): expiry events, retention, gauges."""
+        with conn.cursor() as cursor:
+            for key, token, owner, session_id in sql.reap_lapsed_grants(cursor):
+                log_event(
+                    "lock_expired",
+                    backend=self.name,
+                    key=key,
+                    fencingToken=token,
+                    ownerId=owner,
+                    sessionId=str(session_id),
+                )
+            for session_id, owner, expired_at in sql.reap_expired_sessions(cursor):
+                log_event(
+                    "session_expired",
+                    backend=self.name,
+                    sessionId=str(session_id),
+                    ownerId=owner,
+                    expiredAt=rfc3339_ms(expired_at),
+                )
+            sql.purge(cursor, retention_ms=settings.LOCK_SESSION_RETENTION_MS)
+            sessions, grants = sql.live_counts(cursor)
+        lock_live_sessions.labels(backend=self.name).set(sessions)
+        lock_live_grants.labels(backend=self.name).set(grants)

@@ -1,0 +1,502 @@
+"""Raw SQL of the PostgreSQL lock backend, one named function per statement.
+
+Why not the ORM: every decision here is a single conditional statement whose predicate reads the
+database clock (`clock_timestamp()`) and whose RETURNING row (or its absence) decides who won;
+the ORM can express neither `nextval()` under the key's row lock nor ON CONFLICT … WHERE.
+
+Grant liveness is row-local (`fencing_token`, `expires_at`, `session_expires_at` of one
+`lock_grant` row), so PostgreSQL's re-check of a row after waiting for its lock (READ COMMITTED)
+sees exactly the facts that decide, never a stale snapshot of another table.
+
+`cursor` is a Django cursor on `connections[alias_for("lockserver")]`, or a psycopg cursor.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+NOTIFY_CHANNEL = "dlock_lock_free"
+
+_LIVE = (
+    "g.fencing_token IS NOT NULL AND g.expires_at > clock_timestamp()"
+    " AND g.session_expires_at > clock_timestamp()"
+)
+_FREE_HOLDER = (
+    "session_id = NULL, owner_id = NULL, fencing_token = NULL, ttl_ms = NULL,"
+    " acquired_at = NULL, expires_at = NULL, session_expires_at = NULL"
+)
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    session_id: uuid.UUID
+    owner_id: str
+    ttl_ms: int
+    expires_at: dt.datetime
+    live: bool
+
+
+@dataclass(frozen=True)
+class GrantRow:
+    key: str
+    owner_id: str
+    session_id: uuid.UUID
+    fencing_token: int
+    acquired_at: dt.datetime
+    expires_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """What L4/L5/L6 failures report: the key's current holder, if any, by the DB clock."""
+
+    seen: bool
+    live: bool
+    session_id: uuid.UUID | None
+    owner_id: str | None
+    fencing_token: int | None
+    acquired_at: dt.datetime | None
+    expires_at: dt.datetime | None
+    ms_until_free: int | None  # holder's grant or session lapses in this many ms (DB clock)
+    waiter_count: int
+    in_recovery: bool
+
+
+# --------------------------------------------------------------------------- sessions
+
+OPEN_SESSION_SQL = """
+INSERT INTO lock_session (session_id, owner_id, ttl_ms, created_at, expires_at,
+                          last_heartbeat_at, expiry_logged)
+VALUES (%(session_id)s, %(owner_id)s, %(ttl_ms)s, clock_timestamp(),
+        clock_timestamp() + %(ttl_ms)s * interval '1 millisecond', clock_timestamp(), false)
+RETURNING expires_at
+"""
+
+
+def open_session(cursor, *, session_id: uuid.UUID, owner_id: str, ttl_ms: int) -> dt.datetime:
+    cursor.execute(
+        OPEN_SESSION_SQL, {"session_id": session_id, "owner_id": owner_id, "ttl_ms": ttl_ms}
+    )
+    return cursor.fetchone()[0]
+
+
+GET_SESSION_SQL = """
+SELECT session_id, owner_id, ttl_ms, expires_at, expires_at > clock_timestamp()
+FROM lock_session WHERE session_id = %(session_id)s
+"""
+
+
+def get_session(cursor, *, session_id: uuid.UUID, for_update: bool = False) -> SessionRow | None:
+    cursor.execute(
+        GET_SESSION_SQL + (" FOR UPDATE" if for_update else ""), {"session_id": session_id}
+    )
+    row = cursor.fetchone()
+    return SessionRow(*row) if row else None
+
+
+HEARTBEAT_SESSION_SQL = """
+UPDATE lock_session
+SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond',
+    last_heartbeat_at = clock_timestamp()
+WHERE session_id = %(session_id)s AND owner_id = %(owner_id)s
+  AND expires_at > clock_timestamp()
+RETURNING expires_at, clock_timestamp()
+"""
+
+# A separate statement (fresh snapshot) so a grant committed by an acquire that held the
+# session row FOR SHARE while this heartbeat waited is refreshed too.
+HEARTBEAT_GRANTS_SQL = f"""
+UPDATE lock_grant AS g SET session_expires_at = %(expires_at)s
+WHERE g.session_id = %(session_id)s AND {_LIVE}
+"""
+
+
+def heartbeat(
+    cursor, *, session_id: uuid.UUID, owner_id: str
+) -> tuple[dt.datetime, dt.datetime, int] | None:
+    """Extend a live session and its live grants' session expiry; None if not live/owned.
+
+    Call inside one transaction. Returns (expires_at, server_time, held_lock_count).
+    """
+    cursor.execute(HEARTBEAT_SESSION_SQL, {"session_id": session_id, "owner_id": owner_id})
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    expires_at, server_time = row
+    cursor.execute(HEARTBEAT_GRANTS_SQL, {"session_id": session_id, "expires_at": expires_at})
+    return expires_at, server_time, cursor.rowcount
+
+
+DELETE_SESSION_SQL = "DELETE FROM lock_session WHERE session_id = %(session_id)s"
+
+RELEASE_SESSION_GRANTS_SQL = f"""
+WITH cur AS (
+    SELECT lock_key, fencing_token, owner_id FROM lock_grant
+    WHERE session_id = %(session_id)s AND fencing_token IS NOT NULL
+    FOR UPDATE
+), upd AS (
+    UPDATE lock_grant AS g SET {_FREE_HOLDER}
+    FROM cur WHERE g.lock_key = cur.lock_key
+    RETURNING cur.lock_key, cur.fencing_token, cur.owner_id
+)
+SELECT lock_key, fencing_token, owner_id, pg_notify('{NOTIFY_CHANNEL}', lock_key) FROM upd
+"""
+
+
+def delete_session(cursor, *, session_id: uuid.UUID) -> list[tuple[str, int, str]]:
+    """Delete the session row and free every grant attached to it (waiters are notified on
+    commit). Call inside one transaction, after locking the session row. Returns the freed
+    (key, token, owner) triples."""
+    cursor.execute(DELETE_SESSION_SQL, {"session_id": session_id})
+    cursor.execute(RELEASE_SESSION_GRANTS_SQL, {"session_id": session_id})
+    return [(key, token, owner) for key, token, owner, _ in cursor.fetchall()]
+
+
+# --------------------------------------------------------------------------- grants
+
+# One autocommit statement. The INSERT arm draws its token before the row exists, which is safe
+# because a key's row is never deleted: only the very first grant of a key takes that arm. Every
+# later grant takes the DO UPDATE arm, whose nextval() runs after the row lock is held and the
+# WHERE re-checked on the newest row version - so a token drawn by a caller that then lost the
+# race is never granted, and a revoke's floor (drawn under the same row lock) is below it.
+ACQUIRE_SQL = """
+WITH sess AS (
+    SELECT session_id, owner_id, expires_at FROM lock_session
+    WHERE session_id = %(session_id)s AND expires_at > clock_timestamp()
+      AND (%(owner_id)s::text IS NULL OR owner_id = %(owner_id)s::text)
+    FOR SHARE
+)
+INSERT INTO lock_grant AS g (lock_key, first_seen_at, session_id, owner_id, fencing_token,
+                             ttl_ms, acquired_at, expires_at, session_expires_at)
+SELECT %(key)s, clock_timestamp(), sess.session_id, sess.owner_id,
+       nextval('fencing_token_seq'), %(ttl_ms)s, clock_timestamp(),
+       clock_timestamp() + %(ttl_ms)s * interval '1 millisecond', sess.expires_at
+FROM sess
+ON CONFLICT (lock_key) DO UPDATE SET
+    session_id = EXCLUDED.session_id,
+    owner_id = EXCLUDED.owner_id,
+    previous_token = g.fencing_token,
+    previous_owner_id = g.owner_id,
+    fencing_token = nextval('fencing_token_seq'),
+    ttl_ms = EXCLUDED.ttl_ms,
+    acquired_at = clock_timestamp(),
+    expires_at = clock_timestamp() + EXCLUDED.ttl_ms * interval '1 millisecond',
+    session_expires_at = EXCLUDED.session_expires_at
+WHERE g.fencing_token IS NULL
+   OR g.expires_at <= clock_timestamp()
+   OR g.session_expires_at <= clock_timestamp()
+RETURNING g.owner_id, g.fencing_token, g.acquired_at, g.expires_at,
+          g.previous_token, g.previous_owner_id
+"""
+
+
+@dataclass(frozen=True)
+class Acquired:
+    grant: GrantRow
+    replaced_token: int | None  # a lapsed grant this one took over (lock_expired)
+    replaced_owner_id: str | None
+
+
+def try_acquire(
+    cursor, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int
+) -> Acquired | None:
+    """Grant `key` with a new token if it is free, lapsed, or its holder's session lapsed and
+    the caller's session is live (and owned by owner_id when given); else None."""
+    cursor.execute(
+        ACQUIRE_SQL, {"key": key, "session_id": session_id, "owner_id": owner_id, "ttl_ms": ttl_ms}
+    )
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    owner, token, acquired_at, expires_at, previous_token, previous_owner = row
+    grant = GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+    return Acquired(grant, previous_token, previous_owner)
+
+
+KEY_STATE_SQL = f"""
+SELECT g.lock_key IS NOT NULL,
+       COALESCE({_LIVE}, false),
+       g.session_id, g.owner_id, g.fencing_token, g.acquired_at, g.expires_at,
+       CEIL(EXTRACT(EPOCH FROM (LEAST(g.expires_at, g.session_expires_at)
+                                - clock_timestamp())) * 1000)::bigint,
+       (SELECT count(*) FROM lock_waiter w
+        WHERE w.lock_key = %(key)s AND w.expires_at > clock_timestamp()),
+       pg_is_in_recovery()
+FROM (SELECT 1) AS one LEFT JOIN lock_grant AS g ON g.lock_key = %(key)s
+"""
+
+
+def key_state(cursor, *, key: str) -> KeyState:
+    """Advisory read of one key (L7, and the details of L4/L5/L6 failures)."""
+    cursor.execute(KEY_STATE_SQL, {"key": key})
+    seen, live, session_id, owner, token, acquired_at, expires_at, ms, waiters, rec = (
+        cursor.fetchone()
+    )
+    if not live:
+        session_id = owner = token = acquired_at = expires_at = ms = None
+    return KeyState(
+        seen,
+        live,
+        session_id,
+        owner,
+        token,
+        acquired_at,
+        expires_at,
+        None if ms is None else max(0, int(ms)),
+        int(waiters),
+        bool(rec),
+    )
+
+
+RENEW_SQL = f"""
+UPDATE lock_grant AS g SET
+    ttl_ms = COALESCE(%(ttl_ms)s, g.ttl_ms),
+    expires_at = clock_timestamp() + COALESCE(%(ttl_ms)s, g.ttl_ms) * interval '1 millisecond',
+    session_expires_at = s.expires_at
+FROM lock_session AS s
+WHERE g.lock_key = %(key)s AND g.fencing_token = %(token)s AND g.session_id = %(session_id)s
+  AND {_LIVE}
+  AND s.session_id = g.session_id AND s.expires_at > clock_timestamp()
+RETURNING g.owner_id, g.acquired_at, g.expires_at
+"""
+
+
+def renew(
+    cursor, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None
+) -> GrantRow | None:
+    """Extend the live grant (key, token) held by session_id; the token never changes."""
+    cursor.execute(
+        RENEW_SQL, {"key": key, "token": token, "session_id": session_id, "ttl_ms": ttl_ms}
+    )
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    owner, acquired_at, expires_at = row
+    return GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+
+
+# Compare-and-delete on (lock_key, fencing_token) and nothing else (C3 L6).
+RELEASE_SQL = f"""
+WITH cur AS (
+    SELECT g.lock_key, g.owner_id, g.session_id FROM lock_grant AS g
+    WHERE g.lock_key = %(key)s AND g.fencing_token = %(token)s AND {_LIVE}
+    FOR UPDATE
+), upd AS (
+    UPDATE lock_grant AS g SET {_FREE_HOLDER}
+    FROM cur WHERE g.lock_key = cur.lock_key
+    RETURNING cur.lock_key, cur.owner_id, cur.session_id
+)
+SELECT owner_id, session_id, pg_notify('{NOTIFY_CHANNEL}', lock_key) FROM upd
+"""
+
+
+def release(cursor, *, key: str, token: int) -> tuple[str, uuid.UUID] | None:
+    """Free the live grant (key, token); waiters are notified on commit. (owner, session)."""
+    cursor.execute(RELEASE_SQL, {"key": key, "token": token})
+    row = cursor.fetchone()
+    return (row[0], row[1]) if row else None
+
+
+LOCK_KEY_SQL = f"""
+SELECT g.fencing_token, g.owner_id, g.session_id, COALESCE({_LIVE}, false)
+FROM lock_grant AS g WHERE g.lock_key = %(key)s FOR UPDATE
+"""
+
+REVOKE_SQL = f"""
+WITH upd AS (
+    UPDATE lock_grant SET {_FREE_HOLDER}
+    WHERE lock_key = %(key)s AND fencing_token = %(token)s
+    RETURNING lock_key
+), rev AS (
+    INSERT INTO lock_revocation (revocation_id, lock_key, operator, reason, revoked_token,
+                                 revoked_owner_id, revoked_session_id, new_token_floor,
+                                 revoked_at)
+    SELECT %(revocation_id)s, upd.lock_key, %(operator)s, %(reason)s, %(token)s,
+           %(owner_id)s, %(session_id)s, nextval('fencing_token_seq'), clock_timestamp()
+    FROM upd
+    RETURNING lock_key, new_token_floor
+)
+SELECT new_token_floor, pg_notify('{NOTIFY_CHANNEL}', lock_key) FROM rev
+"""
+
+
+def lock_key_row(cursor, *, key: str) -> tuple[int | None, str | None, uuid.UUID | None, bool]:
+    """Lock the key's row; (token, owner, session, live) or (None, None, None, False)."""
+    cursor.execute(LOCK_KEY_SQL, {"key": key})
+    row = cursor.fetchone()
+    return (row[0], row[1], row[2], row[3]) if row else (None, None, None, False)
+
+
+def revoke(
+    cursor,
+    *,
+    key: str,
+    token: int,
+    owner_id: str,
+    session_id: uuid.UUID,
+    operator: str,
+    reason: str,
+    revocation_id: uuid.UUID,
+) -> int:
+    """Free the grant (key, token), advance the sequence (the floor) and write the audit row.
+
+    Call inside one transaction after lock_key_row(): the floor is drawn under the key's row
+    lock after the revoked token, so revoked_token < floor < every token drawn afterwards.
+    """
+    cursor.execute(
+        REVOKE_SQL,
+        {
+            "key": key,
+            "token": token,
+            "owner_id": owner_id,
+            "session_id": session_id,
+            "operator": operator,
+            "reason": reason,
+            "revocation_id": revocation_id,
+        },
+    )
+    return cursor.fetchone()[0]
+
+
+# --------------------------------------------------------------------------- waiters
+
+# Soft cap: two waiters racing for the last slot may both get in (the count is a snapshot).
+ADD_WAITER_SQL = """
+INSERT INTO lock_waiter (waiter_id, lock_key, session_id, owner_id, since, expires_at)
+SELECT %(waiter_id)s, %(key)s, %(session_id)s, %(owner_id)s, clock_timestamp(),
+       clock_timestamp() + %(wait_ms)s * interval '1 millisecond'
+WHERE (SELECT count(*) FROM lock_waiter
+       WHERE lock_key = %(key)s AND expires_at > clock_timestamp()) < %(cap)s
+RETURNING waiter_id
+"""
+
+
+def add_waiter(
+    cursor,
+    *,
+    waiter_id: uuid.UUID,
+    key: str,
+    session_id: uuid.UUID,
+    owner_id: str,
+    wait_ms: int,
+    cap: int,
+) -> bool:
+    cursor.execute(
+        ADD_WAITER_SQL,
+        {
+            "waiter_id": waiter_id,
+            "key": key,
+            "session_id": session_id,
+            "owner_id": owner_id or "",
+            "wait_ms": wait_ms,
+            "cap": cap,
+        },
+    )
+    return cursor.fetchone() is not None
+
+
+def remove_waiter(cursor, *, waiter_id: uuid.UUID) -> None:
+    cursor.execute("DELETE FROM lock_waiter WHERE waiter_id = %(w)s", {"w": waiter_id})
+
+
+# --------------------------------------------------------------------------- housekeeping
+
+REAP_GRANTS_SQL = f"""
+WITH dead AS (
+    SELECT lock_key, fencing_token, owner_id, session_id FROM lock_grant
+    WHERE fencing_token IS NOT NULL
+      AND (expires_at <= clock_timestamp() OR session_expires_at <= clock_timestamp())
+    ORDER BY expires_at LIMIT 500
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE lock_grant AS g SET {_FREE_HOLDER}
+    FROM dead WHERE g.lock_key = dead.lock_key
+      AND (g.expires_at <= clock_timestamp() OR g.session_expires_at <= clock_timestamp())
+    RETURNING dead.lock_key, dead.fencing_token, dead.owner_id, dead.session_id
+)
+SELECT lock_key, fencing_token, owner_id, session_id, pg_notify('{NOTIFY_CHANNEL}', lock_key)
+FROM upd
+"""
+
+
+def reap_lapsed_grants(cursor) -> list[tuple[str, int, str, uuid.UUID]]:
+    """Free grants whose lease or session lapsed; (key, token, owner, session) of each."""
+    cursor.execute(REAP_GRANTS_SQL)
+    return [tuple(row[:4]) for row in cursor.fetchall()]
+
+
+REAP_SESSIONS_SQL = """
+UPDATE lock_session SET expiry_logged = true
+WHERE session_id IN (
+    SELECT session_id FROM lock_session
+    WHERE NOT expiry_logged AND expires_at <= clock_timestamp()
+    LIMIT 500 FOR UPDATE SKIP LOCKED
+)
+RETURNING session_id, owner_id, expires_at
+"""
+
+
+def reap_expired_sessions(cursor) -> list[tuple[uuid.UUID, str, dt.datetime]]:
+    """Mark newly expired sessions (each is reported once): (session, owner, expired_at)."""
+    cursor.execute(REAP_SESSIONS_SQL)
+    return [tuple(row) for row in cursor.fetchall()]
+
+
+PURGE_SQL = """
+WITH s AS (
+    DELETE FROM lock_session
+    WHERE expires_at < clock_timestamp() - %(retention_ms)s * interval '1 millisecond'
+    RETURNING 1
+), w AS (
+    DELETE FROM lock_waiter WHERE expires_at < clock_timestamp() - interval '1 minute'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM w)
+"""
+
+
+def purge(cursor, *, retention_ms: int) -> tuple[int, int]:
+    """Forget sessions expired longer than the retention, and abandoned waiter rows."""
+    cursor.execute(PURGE_SQL, {"retention_ms": retention_ms})
+    return tuple(cursor.fetchone())
+
+
+LIVE_COUNTS_SQL = f"""
+SELECT (SELECT count(*) FROM lock_session WHERE expires_at > clock_timestamp()),
+       (SELECT count(*) FROM lock_grant AS g WHERE {_LIVE})
+"""
+
+
+def live_counts(cursor) -> tuple[int, int]:
+    cursor.execute(LIVE_COUNTS_SQL)
+    return tuple(cursor.fetchone())
+
+
+# --------------------------------------------------------------------------- token source
+
+# Serialises floor appliers (two lock-servers starting together): the second one reads the
+# sequence after the first one's setval, so it can never move the sequence backwards.
+FLOOR_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('fencing_token_seq floor'))"
+APPLY_FLOOR_SQL = """
+SELECT CASE WHEN (CASE WHEN is_called THEN last_value ELSE last_value - 1 END) < %(floor)s
+            THEN setval('fencing_token_seq', %(floor)s, true)
+            ELSE last_value END
+FROM fencing_token_seq
+"""
+
+
+def apply_token_floor(cursor, *, floor: int) -> int:
+    """Advance fencing_token_seq so the next token is > floor; never moves it backwards.
+
+    Call inside one transaction. Returns the sequence's last value afterwards.
+    """
+    cursor.execute(FLOOR_LOCK_SQL)
+    cursor.execute(APPLY_FLOOR_SQL, {"floor": floor})
+    return int(cursor.fetchone()[0])
+
+
+def in_recovery(cursor) -> bool:
+    cursor.execute("SELECT pg_is_in_recovery()")
+    return bool(cursor.fetchone()[0])

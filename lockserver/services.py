@@ -1,0 +1,115 @@
+"""Lock-server actions: one call into the configured backend, plus the backend-agnostic
+metrics and events (`lock_acquire_total{backend,outcome}`, `lock_acquired`, `lock_released`,
+`lock_revoked`). Backends emit only what they alone can see: `lock_expired`, `session_expired`
+and the live sessions/grants gauges.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from django.db import DatabaseError
+
+from dlock.errors import ApiError, Code
+from dlock.logs import log_event
+from dlock.metrics import lock_acquire
+from dlock.timefmt import rfc3339_ms
+from lockserver.backends import get_backend
+from lockserver.backends.base import (
+    GrantRecord,
+    HeartbeatRecord,
+    LockInfoRecord,
+    RevocationRecord,
+    SessionRecord,
+)
+
+_ACQUIRE_OUTCOME = {
+    Code.LOCK_CONTENDED: "contended",
+    Code.CONTENTION_EXCEEDED: "contention_exceeded",
+    Code.SESSION_UNKNOWN: "session_unknown",
+    Code.SESSION_EXPIRED: "session_expired",
+    Code.NOT_LEADER: "not_leader",
+}
+
+
+def open_session(*, owner_id: str, ttl_ms: int) -> SessionRecord:
+    return get_backend().open_session(owner_id=owner_id, ttl_ms=ttl_ms)
+
+
+def heartbeat(*, session_id: uuid.UUID, owner_id: str) -> HeartbeatRecord:
+    return get_backend().heartbeat(session_id=session_id, owner_id=owner_id)
+
+
+def close_session(*, session_id: uuid.UUID, owner_id: str) -> None:
+    get_backend().close_session(session_id=session_id, owner_id=owner_id)
+
+
+def acquire(
+    *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
+) -> GrantRecord:
+    backend = get_backend()
+    try:
+        grant = backend.acquire(
+            key=key, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms, wait_ms=wait_ms
+        )
+    except ApiError as exc:
+        outcome = _ACQUIRE_OUTCOME.get(exc.code)
+        if outcome is not None:
+            lock_acquire.labels(backend=backend.name, outcome=outcome).inc()
+        raise
+    except DatabaseError:
+        lock_acquire.labels(backend=backend.name, outcome="not_leader").inc()
+        raise
+    lock_acquire.labels(backend=backend.name, outcome="granted").inc()
+    log_event(
+        "lock_acquired",
+        backend=backend.name,
+        key=grant.key,
+        fencingToken=grant.fencing_token,
+        ownerId=grant.owner_id,
+        sessionId=str(grant.session_id),
+        expiresAt=rfc3339_ms(grant.expires_at),
+    )
+    return grant
+
+
+def renew(*, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None) -> GrantRecord:
+    return get_backend().renew(key=key, session_id=session_id, token=token, ttl_ms=ttl_ms)
+
+
+def release(*, key: str, session_id: uuid.UUID, token: int) -> None:
+    backend = get_backend()
+    backend.release(key=key, session_id=session_id, token=token)
+    log_event(
+        "lock_released",
+        backend=backend.name,
+        key=key,
+        fencingToken=token,
+        sessionId=str(session_id),
+        cause="release",
+    )
+
+
+def inspect(*, key: str) -> LockInfoRecord:
+    return get_backend().inspect(key=key)
+
+
+def revoke(*, key: str, operator: str, reason: str, expected_token: int | None) -> RevocationRecord:
+    backend = get_backend()
+    record = backend.revoke(
+        key=key, operator=operator, reason=reason, expected_token=expected_token
+    )
+    log_event(
+        "lock_revoked",
+        level=logging.WARNING,
+        backend=backend.name,
+        key=key,
+        revokedToken=record.revoked_token,
+        newTokenFloor=record.new_token_floor,
+        revocationId=str(record.revocation_id),
+        ownerId=record.revoked_owner_id,
+        operator=operator,
+        reason=reason,
+    )
+    return record

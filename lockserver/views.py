@@ -1,0 +1,254 @@
+"""C3 §3.3 L1–L8: parse (dlock seams + strict serializers), call one service, render."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from django.conf import settings
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from dlock.errors import validation_error
+from dlock.headers import fencing_token, owner_id, validate_owner_id
+from dlock.serializers import (
+    StrictCharField,
+    StrictInt64Field,
+    StrictIntegerField,
+    StrictSerializer,
+    parse_uuid,
+)
+from dlock.timefmt import rfc3339_ms
+from lockserver import services
+from lockserver.backends.base import GrantRecord
+
+KEY_MAX = 128
+_KEY = re.compile(r"[a-zA-Z0-9:._\-]+", re.ASCII)
+TTL_MIN_MS, TTL_MAX_MS = 1_000, 60_000
+WAIT_MAX_MS = 30_000
+
+
+def parse_key(raw: str) -> str:
+    if len(raw) > KEY_MAX or not _KEY.fullmatch(raw):
+        raise validation_error(
+            f"key must be 1…{KEY_MAX} characters of [a-zA-Z0-9:._-]",
+            [{"field": "key", "message": f"1…{KEY_MAX} of [a-zA-Z0-9:._-]"}],
+        )
+    return raw
+
+
+def _clamp_ttl(ttl_ms: int) -> int:
+    """Requests above LOCK_MAX_TTL_MS are granted that much (C3 L1: may be clamped down)."""
+    return min(ttl_ms, settings.LOCK_MAX_TTL_MS)
+
+
+def _parse(serializer_class, data) -> dict:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _optional_owner(request) -> str | None:
+    raw = request.headers.get("X-Owner-Id")
+    return None if raw is None or raw == "" else validate_owner_id(raw, field="X-Owner-Id")
+
+
+def grant_body(grant: GrantRecord) -> dict:
+    return {
+        "key": grant.key,
+        "ownerId": grant.owner_id,
+        "sessionId": str(grant.session_id),
+        "fencingToken": grant.fencing_token,
+        "acquiredAt": rfc3339_ms(grant.acquired_at),
+        "expiresAt": rfc3339_ms(grant.expires_at),
+    }
+
+
+class OpenSessionInput(StrictSerializer):
+    ownerId = StrictCharField(required=False, allow_blank=True, trim_whitespace=False)  # noqa: N815
+    ttlMillis = StrictIntegerField(  # noqa: N815
+        required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS
+    )
+
+
+class EmptyInput(StrictSerializer):
+    """Endpoints whose inputs are path and headers only: any body field is unknown."""
+
+
+class SessionsView(APIView):
+    """L1 POST /v1/sessions."""
+
+    def post(self, request):
+        data = _parse(OpenSessionInput, request.data)
+        body_owner = data.get("ownerId")
+        if body_owner:
+            owner = validate_owner_id(body_owner, field="ownerId")
+            header = _optional_owner(request)
+            if header is not None and header != owner:
+                raise validation_error(
+                    "ownerId and X-Owner-Id disagree",
+                    [{"field": "ownerId", "message": "differs from X-Owner-Id"}],
+                )
+        else:
+            owner = owner_id(request)
+        ttl = _clamp_ttl(data.get("ttlMillis", settings.LOCK_SESSION_TTL_MS))
+        session = services.open_session(owner_id=owner, ttl_ms=ttl)
+        return Response(
+            {
+                "sessionId": str(session.session_id),
+                "ownerId": session.owner_id,
+                "ttlMillis": session.ttl_ms,
+                "expiresAt": rfc3339_ms(session.expires_at),
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class HeartbeatView(APIView):
+    """L2 POST /v1/sessions/{sessionId}/heartbeat."""
+
+    def post(self, request, session_id: str):
+        sid = parse_uuid(session_id, field="sessionId")
+        owner = owner_id(request)
+        _parse(EmptyInput, request.data)
+        beat = services.heartbeat(session_id=sid, owner_id=owner)
+        return Response(
+            {
+                "sessionId": str(beat.session_id),
+                "expiresAt": rfc3339_ms(beat.expires_at),
+                "serverTime": rfc3339_ms(beat.server_time),
+                "heldLockCount": beat.held_lock_count,
+            }
+        )
+
+
+class SessionView(APIView):
+    """L3 DELETE /v1/sessions/{sessionId}."""
+
+    def delete(self, request, session_id: str):
+        sid = parse_uuid(session_id, field="sessionId")
+        owner = owner_id(request)
+        _parse(EmptyInput, request.data)
+        services.close_session(session_id=sid, owner_id=owner)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AcquireInput(StrictSerializer):
+    sessionId = StrictCharField()  # noqa: N815
+    ttlMillis = StrictIntegerField(  # noqa: N815
+        required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS
+    )
+    waitMillis = StrictIntegerField(required=False, min_value=0, max_value=WAIT_MAX_MS)  # noqa: N815
+
+
+class AcquireView(APIView):
+    """L4 POST /v1/locks/{key}/acquire."""
+
+    def post(self, request, key: str):
+        key = parse_key(key)
+        owner = _optional_owner(request)
+        data = _parse(AcquireInput, request.data)
+        sid = parse_uuid(data["sessionId"], field="sessionId")
+        grant = services.acquire(
+            key=key,
+            session_id=sid,
+            owner_id=owner,
+            ttl_ms=_clamp_ttl(data.get("ttlMillis", settings.LOCK_DEFAULT_TTL_MS)),
+            wait_ms=data.get("waitMillis", 0),
+        )
+        return Response(grant_body(grant))
+
+
+class RenewInput(StrictSerializer):
+    sessionId = StrictCharField()  # noqa: N815
+    ttlMillis = StrictIntegerField(  # noqa: N815
+        required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS
+    )
+
+
+class RenewView(APIView):
+    """L5 POST /v1/locks/{key}/renew."""
+
+    def post(self, request, key: str):
+        key = parse_key(key)
+        token = fencing_token(request)
+        _optional_owner(request)
+        data = _parse(RenewInput, request.data)
+        sid = parse_uuid(data["sessionId"], field="sessionId")
+        ttl = data.get("ttlMillis")
+        grant = services.renew(
+            key=key, session_id=sid, token=token, ttl_ms=None if ttl is None else _clamp_ttl(ttl)
+        )
+        return Response(grant_body(grant))
+
+
+class ReleaseInput(StrictSerializer):
+    sessionId = StrictCharField(required=False)  # noqa: N815
+
+
+class LockView(APIView):
+    """L7 GET /v1/locks/{key} (advisory) and L6 DELETE /v1/locks/{key}."""
+
+    def get(self, request, key: str):
+        key = parse_key(key)
+        info = services.inspect(key=key)
+        body: dict = {"key": info.key, "held": info.held}
+        if info.held:
+            body.update(
+                ownerId=info.owner_id,
+                fencingToken=info.fencing_token,
+                acquiredAt=rfc3339_ms(info.acquired_at),
+                expiresAt=rfc3339_ms(info.expires_at),
+            )
+        body["waiterCount"] = info.waiter_count
+        return Response(body)
+
+    def delete(self, request, key: str):
+        key = parse_key(key)
+        token = fencing_token(request)
+        _optional_owner(request)
+        data = _parse(ReleaseInput, request.data)
+        in_query = request.query_params.get("sessionId")
+        in_body = data.get("sessionId")
+        if in_query is not None and in_body is not None and in_query != in_body:
+            raise validation_error(
+                "sessionId in the query and the body disagree",
+                [{"field": "sessionId", "message": "query and body differ"}],
+            )
+        raw = in_query if in_query is not None else in_body
+        if raw is None:
+            raise validation_error(
+                "sessionId is required (query parameter or body)",
+                [{"field": "sessionId", "message": "required"}],
+            )
+        sid: uuid.UUID = parse_uuid(raw, field="sessionId")
+        services.release(key=key, session_id=sid, token=token)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RevokeInput(StrictSerializer):
+    operator = StrictCharField(max_length=128)
+    reason = StrictCharField(min_length=8, max_length=2_000)
+    expectedToken = StrictInt64Field(required=False, min_value=1)  # noqa: N815
+
+
+class RevokeView(APIView):
+    """L8 POST /v1/locks/{key}/revoke (operator action)."""
+
+    def post(self, request, key: str):
+        key = parse_key(key)
+        data = _parse(RevokeInput, request.data)
+        record = services.revoke(
+            key=key,
+            operator=data["operator"],
+            reason=data["reason"],
+            expected_token=data.get("expectedToken"),
+        )
+        return Response(
+            {
+                "revokedToken": record.revoked_token,
+                "newTokenFloor": record.new_token_floor,
+                "revocationId": str(record.revocation_id),
+            }
+        )

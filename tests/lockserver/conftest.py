@@ -1,0 +1,150 @@
+"""A real lock-server process per backend (gunicorn on a free port, its own fresh lockdb).
+
+`lock_server` is parametrized over ("pg", "etcd"); tests written against it (HTTP only) run
+unchanged on both backends. Expiry tests use 1–2 s TTLs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+import requests
+from psycopg import sql
+
+from dlock.devstack import RoleProcess, free_port, manage
+from tests import pgplugin
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+# Small limits so 429 paths are reachable quickly; every test uses fresh sessions and keys.
+TEST_LIMITS = {
+    "LOCK_MAX_WAITERS_PER_KEY": "3",
+    "LOCK_RETRY_BUDGET": "5",
+    "LOCK_RETRY_WINDOW_MS": "3000",
+    "LOCK_HOUSEKEEPING_MS": "200",
+}
+
+
+def create_database(name: str) -> str:
+    with psycopg.connect(pgplugin.server_url("postgres"), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return pgplugin.server_url(name)
+
+
+@dataclass
+class LockServer:
+    backend: str
+    env: dict[str, str]
+    proc: RoleProcess
+    http: requests.Session = field(default_factory=requests.Session)
+
+    @property
+    def url(self) -> str:
+        return self.proc.url
+
+    @property
+    def db_url(self) -> str:
+        return self.env["LOCK_DATABASE_URL"]
+
+    def restart(self, **extra_env: str) -> None:
+        self.proc.stop()
+        self.proc.env = {**self.env, **extra_env}
+        self.proc.start()
+
+    def log_text(self) -> str:
+        return self.proc.logfile.read_text(errors="replace")
+
+    # -- HTTP helpers (timeouts well above any waitMillis a test uses) -----------------------
+
+    def post(self, path: str, body=None, headers=None, timeout: float = 40):
+        return self.http.post(self.url + path, json=body, headers=headers or {}, timeout=timeout)
+
+    def get(self, path: str, headers=None, timeout: float = 10):
+        return self.http.get(self.url + path, headers=headers or {}, timeout=timeout)
+
+    def delete(self, path: str, headers=None, params=None, body=None, timeout: float = 10):
+        return self.http.delete(
+            self.url + path, headers=headers or {}, params=params, json=body, timeout=timeout
+        )
+
+    def session(self, owner: str | None = None, ttl_ms: int = 10_000) -> dict:
+        owner = owner or f"worker-{uuid.uuid4().hex[:8]}"
+        response = self.post("/v1/sessions", {"ownerId": owner, "ttlMillis": ttl_ms})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def acquire(self, key: str, session: dict, *, ttl_ms: int | None = None, wait_ms=None):
+        body: dict = {"sessionId": session["sessionId"]}
+        if ttl_ms is not None:
+            body["ttlMillis"] = ttl_ms
+        if wait_ms is not None:
+            body["waitMillis"] = wait_ms
+        return self.post(
+            f"/v1/locks/{key}/acquire", body, headers={"X-Owner-Id": session["ownerId"]}
+        )
+
+    def release(self, key: str, session: dict, token: int):
+        return self.delete(
+            f"/v1/locks/{key}",
+            headers={"X-Fencing-Token": str(token), "X-Owner-Id": session["ownerId"]},
+            params={"sessionId": session["sessionId"]},
+        )
+
+    def renew(self, key: str, session: dict, token: int, ttl_ms: int | None = None):
+        body: dict = {"sessionId": session["sessionId"]}
+        if ttl_ms is not None:
+            body["ttlMillis"] = ttl_ms
+        return self.post(
+            f"/v1/locks/{key}/renew",
+            body,
+            headers={"X-Fencing-Token": str(token), "X-Owner-Id": session["ownerId"]},
+        )
+
+    def revoke(self, key: str, **body):
+        body.setdefault("operator", "oncall-alice")
+        body.setdefault("reason", "stuck worker holding the account")
+        return self.post(f"/v1/locks/{key}/revoke", body)
+
+
+def start_lock_server(backend: str, extra_env: dict[str, str] | None = None) -> LockServer:
+    db_name = f"ls_{backend}_{uuid.uuid4().hex[:6]}_lockdb"
+    env = {
+        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+        "DJANGO_DEBUG": "false",
+        "LOCK_BACKEND": backend,
+        "LOCK_DATABASE_URL": create_database(db_name),
+        **TEST_LIMITS,
+        **(extra_env or {}),
+    }
+    manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
+    logdir = Path(tempfile.mkdtemp(prefix=f"dlock-lockserver-{backend}-"))
+    proc = RoleProcess("lockserver", free_port(), env, logdir / "lockserver.log").start()
+    return LockServer(backend=backend, env=env, proc=proc)
+
+
+@pytest.fixture(scope="session", params=["pg", "etcd"])
+def lock_server(request):
+    backend = request.param
+    extra: dict[str, str] = {}
+    if backend == "etcd":
+        if not (PROJECT / "lockserver" / "backends" / "etcd.py").exists():
+            pytest.skip("etcd backend not built yet")
+        extra["ETCD_URL"] = request.getfixturevalue("etcd_server").url
+    server = start_lock_server(backend, extra)
+    yield server
+    server.proc.stop()
+
+
+@pytest.fixture
+def key() -> str:
+    """A fresh lock key per test."""
+    return f"payout:acct-{uuid.uuid4().hex[:12]}"
