@@ -131,8 +131,10 @@ def _with_retries(fn):
 
 def _read_paydb() -> dict[str, Any]:
     alias = alias_for("payments")
+    nested = connections[alias].in_atomic_block  # e.g. under a test's transaction
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(SNAPSHOT_SQL)
+        if not nested:
+            cursor.execute(SNAPSHOT_SQL)
         cursor.execute(TIMEOUT_SQL, [int(BUDGETS["reconciler.db"].read_s * 1000)])
         cursor.execute(ACCOUNTS_SQL)
         accounts = cursor.fetchall()

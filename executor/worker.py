@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections import deque
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +53,8 @@ from executor.api import Api, Candidate
 from executor.pause import PausePlan
 
 RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
+# Outcomes after which the payout is exactly where it was: waiting on someone else.
+NO_PROGRESS = ("lock_contended", "lock_lost", "error", "abandoned")
 CLAIMABLE = ("PENDING", "CLAIMED")
 
 
@@ -89,6 +92,8 @@ class Executor:
         self.queue: deque[Candidate] = deque()
         self.outcomes: dict[str, int] = {}
         self.sections = 0
+        self.progressed = False  # since the loop last looked
+        self.round_progress = False  # since the last P1 refresh
 
     # -- loop ----------------------------------------------------------------------------
 
@@ -98,22 +103,35 @@ class Executor:
             log_event("executor_stopping", ownerId=self.owner_id)
         self.stop_requested.set()
 
-    def run(self, *, max_payouts: int | None = None, until_idle: bool = False) -> int:
-        """Loop until stopped, `max_payouts` sections ran, or (until_idle) nothing is left."""
+    def run(
+        self,
+        *,
+        max_payouts: int | None = None,
+        until_idle: bool = False,
+        idle_timeout_s: float = 30.0,
+    ) -> int:
+        """Loop until stopped, `max_payouts` sections ran, or (until_idle) nothing is left.
+
+        until_idle also gives up after `idle_timeout_s` without progress (e.g. a payout stuck
+        CLAIMED behind an unavailable rail), so a batch run always ends.
+        """
         log_event("executor_started", ownerId=self.owner_id, lockTtlMs=self.lock_ttl_ms)
-        idle_rounds = 0
+        last_progress = time.monotonic()
         try:
             while not self.stop_requested.is_set():
                 if max_payouts is not None and self.sections >= max_payouts:
                     break
                 worked = self.run_one_payout()
-                if worked:
-                    idle_rounds = 0
+                if self.progressed:
+                    last_progress = time.monotonic()
+                    self.progressed = False
+                if worked and self.queue:
                     continue
-                idle_rounds += 1
-                if until_idle and idle_rounds >= 2:
+                if until_idle and (not worked or time.monotonic() - last_progress > idle_timeout_s):
                     break
-                self.stop_requested.wait(self.idle_sleep_s)
+                if not worked or not self.round_progress:
+                    # Nothing to do, or a round of only contention: don't spin on the lock server.
+                    self.stop_requested.wait(self.idle_sleep_s)
         finally:
             self.close()
         log_event(
@@ -162,6 +180,7 @@ class Executor:
         payout_backlog_age.set(
             (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
         )
+        self.round_progress = False
         random.shuffle(pending)
         random.shuffle(recover)
         self.queue.extend(recover + pending)
@@ -316,6 +335,8 @@ class Executor:
         return self._count(outcome, fields)
 
     def _count(self, outcome: str, fields: dict[str, Any]) -> str:
+        if outcome not in NO_PROGRESS:
+            self.progressed = self.round_progress = True
         if outcome != "abandoned":
             payout_execute.labels(outcome=outcome).inc()
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1

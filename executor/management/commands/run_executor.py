@@ -24,6 +24,12 @@ class Command(BaseCommand):
         parser.add_argument("--owner-id", required=True, help="worker identity (≤64 chars)")
         parser.add_argument("--max-payouts", type=int, default=None)
         parser.add_argument("--until-idle", action="store_true", help="exit when nothing is left")
+        parser.add_argument(
+            "--idle-timeout-s",
+            type=float,
+            default=30.0,
+            help="with --until-idle: give up after this long without progress",
+        )
         parser.add_argument("--metrics-port", type=int, default=None)
         parser.add_argument("--metrics-addr", default="0.0.0.0")  # noqa: S104 - scraped in-pod
         parser.add_argument("--lock-ttl-ms", type=int, default=settings.LOCK_DEFAULT_TTL_MS)
@@ -52,4 +58,8 @@ class Command(BaseCommand):
         )
         signal.signal(signal.SIGTERM, executor.request_stop)
         signal.signal(signal.SIGINT, executor.request_stop)
-        executor.run(max_payouts=options["max_payouts"], until_idle=options["until_idle"])
+        executor.run(
+            max_payouts=options["max_payouts"],
+            until_idle=options["until_idle"],
+            idle_timeout_s=options["idle_timeout_s"],
+        )

@@ -1,0 +1,333 @@
+"""The executor as real processes against the four real services: drains, pauses, crashes, revokes.
+
+Every test seeds its own accounts and leaves no payout PENDING, CLAIMED or RAIL_ACKED behind, so
+the private stack stays drainable for the next test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+
+import pytest
+import requests
+
+from dlock.client import LockClient
+from dlock.devstack import free_port, manage, wait_until
+from tests.executor.conftest import (
+    account_ids,
+    fenced_out_count,
+    paydb,
+    payout_ids,
+    rail_requests,
+    rail_transfers,
+    seed,
+    start_executor,
+    states,
+)
+
+pytestmark = [pytest.mark.live, pytest.mark.slow]
+
+TERMINAL = {"POSTED", "FAILED", "RAIL_AMBIGUOUS"}
+
+
+def _owner(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:6]}"
+
+
+def _ledger_legs(stack, payout_id: str) -> list[tuple[str, int]]:
+    with paydb(stack) as conn:
+        return conn.execute(
+            "SELECT direction, amount_minor FROM ledger_entry WHERE payout_id = %s ORDER BY 1",
+            (payout_id,),
+        ).fetchall()
+
+
+def _account(stack, account_id: str) -> dict:
+    return requests.get(f"{stack.url('payments')}/v1/accounts/{account_id}", timeout=5).json()
+
+
+def _drain(stack, tmp_path, *owners: str) -> None:
+    procs = [start_executor(stack, owner, "--until-idle", log_dir=tmp_path) for owner in owners]
+    for proc in procs:
+        assert proc.wait(120) == 0, proc.log.read_text()[-3000:]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_two_executors_drain_fifty_payouts_and_nothing_is_presented_twice(
+    exec_stack, rail, tmp_path
+):
+    # A flaky rail: 10 % of calls book the transfer and then drop the connection (ambiguous).
+    rail("--failure-rate", "0.1", "--split-5xx", "0", "--split-drop-before", "0")
+    # 4.5 payouts' worth of balance per account: the fifth claim on each must fail for funds.
+    seeded = seed(exec_stack, accounts=10, per_account=5, balance=4_500, amount=1_000)
+    ids = payout_ids(seeded)
+    assert len(ids) == 50
+
+    _drain(exec_stack, tmp_path, _owner("exec-a"), _owner("exec-b"))
+
+    final = states(exec_stack, ids)
+    assert set(final.values()) <= TERMINAL, final
+    assert "POSTED" in final.values() and "FAILED" in final.values()
+    presented = rail_requests(exec_stack, ids)
+    booked = rail_transfers(exec_stack, ids)
+    assert max(presented.values()) == 1  # the rail was asked at most once per payout
+    assert max(booked.values()) == 1
+    for pid, state in final.items():
+        if state == "POSTED":
+            assert booked.get(pid) == 1
+            assert _ledger_legs(exec_stack, pid) == [("CREDIT", 1_000), ("DEBIT", 1_000)]
+        if state == "FAILED":
+            assert presented.get(pid, 0) == 0 and _ledger_legs(exec_stack, pid) == []
+    for account_id in account_ids(seeded):
+        account = _account(exec_stack, account_id)
+        assert account["balanceMinor"] == account["ledgerSumMinor"] >= 0
+    report = exec_stack.manage("reconcile", "--json", check=False)
+    assert report.returncode == 0, report.stdout[-3000:]
+    body = json.loads(report.stdout)
+    assert body["ok"] is True
+    ambiguous = [pid for pid, state in final.items() if state == "RAIL_AMBIGUOUS"]
+    for pid in ambiguous:  # drop-after-booking: the rail did pay, and the reconciler says so
+        assert body["payouts"][pid]["classification"] == "BOOKED_ONCE"
+
+
+def test_ambiguous_rail_outcome_quarantines_the_payout_and_is_never_resubmitted(
+    exec_stack, rail, tmp_path
+):
+    rail("--failure-rate", "1.0", "--split-5xx", "0", "--split-drop-after", "0")
+    seeded = seed(exec_stack, accounts=1, per_account=1, balance=5_000, amount=1_000)
+    (pid,) = payout_ids(seeded)
+    owner = _owner("exec-amb")
+    proc = start_executor(exec_stack, owner, "--until-idle", log_dir=tmp_path)
+    assert proc.wait(60) == 0
+    assert states(exec_stack, [pid]) == {pid: "RAIL_AMBIGUOUS"}
+    assert rail_requests(exec_stack, [pid]) == {pid: 1}
+    assert rail_transfers(exec_stack, [pid]) == {}
+    assert [e["payoutId"] for e in proc.events("rail_ambiguous")] == [pid]
+    outcomes = [e["outcome"] for e in proc.events("payout_executed")]
+    assert outcomes == ["ambiguous"]
+    body = json.loads(exec_stack.manage("reconcile", "--json").stdout)
+    assert body["payouts"][pid]["classification"] == "NOT_BOOKED"
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_paused_executor_is_fenced_out_after_another_takes_over_and_nothing_is_paid_twice(
+    exec_stack, rail, tmp_path
+):
+    seeded = seed(exec_stack, accounts=1, per_account=1, balance=5_000, amount=1_000)
+    (pid,) = payout_ids(seeded)
+    fenced_before = fenced_out_count(exec_stack, "railproxy", "rail")
+    stale = start_executor(
+        exec_stack,
+        _owner("exec-stale"),
+        "--max-payouts",
+        "1",
+        pause="before_submit:stop",
+        log_dir=tmp_path,
+    )
+    stale.wait_stopped()
+    assert states(exec_stack, [pid]) == {pid: "CLAIMED"}
+    stale_token = stale.events("executor_paused")[0]["token"]
+
+    # While it sleeps past its 2 s lease, another executor recovers the CLAIMED payout.
+    _drain(exec_stack, tmp_path, _owner("exec-fresh"))
+    assert states(exec_stack, [pid]) == {pid: "POSTED"}
+
+    os.kill(stale.pid, signal.SIGCONT)
+    assert stale.wait(60) == 0
+    fenced = stale.events("executor_fenced_out")
+    assert len(fenced) == 1 and fenced[0]["details"]["presentedToken"] == stale_token
+    assert fenced[0]["details"]["highestToken"] > stale_token
+    assert fenced_out_count(exec_stack, "railproxy", "rail") == fenced_before + 1
+    assert rail_requests(exec_stack, [pid]) == {pid: 1}
+    assert rail_transfers(exec_stack, [pid]) == {pid: 1}
+    assert _ledger_legs(exec_stack, pid) == [("CREDIT", 1_000), ("DEBIT", 1_000)]
+
+
+@pytest.mark.parametrize(
+    ("phase", "left_in"), [("before_submit", "CLAIMED"), ("before_post", "RAIL_ACKED")]
+)
+def test_kill_9_mid_section_is_recovered_by_the_next_holder(
+    exec_stack, rail, tmp_path, phase, left_in
+):
+    seeded = seed(exec_stack, accounts=1, per_account=1, balance=5_000, amount=1_000)
+    (pid,) = payout_ids(seeded)
+    (account_id,) = account_ids(seeded)
+    victim = start_executor(
+        exec_stack, _owner("exec-victim"), pause=f"{phase}:stop", log_dir=tmp_path
+    )
+    victim.wait_stopped()
+    assert states(exec_stack, [pid]) == {pid: left_in}
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+
+    _drain(exec_stack, tmp_path, _owner("exec-recover"))
+    assert states(exec_stack, [pid]) == {pid: "POSTED"}
+    assert rail_requests(exec_stack, [pid]) == {pid: 1}
+    assert rail_transfers(exec_stack, [pid]) == {pid: 1}
+    assert _ledger_legs(exec_stack, pid) == [("CREDIT", 1_000), ("DEBIT", 1_000)]
+    account = _account(exec_stack, account_id)
+    assert account["balanceMinor"] == account["ledgerSumMinor"] == 4_000
+
+
+def test_sigterm_mid_section_abandons_releases_and_exits_zero(exec_stack, rail, tmp_path):
+    seeded = seed(exec_stack, accounts=1, per_account=1, balance=5_000, amount=1_000)
+    (pid,) = payout_ids(seeded)
+    (account_id,) = account_ids(seeded)
+    port = free_port()
+    proc = start_executor(
+        exec_stack,
+        _owner("exec-term"),
+        "--metrics-port",
+        str(port),
+        "--metrics-addr",
+        "127.0.0.1",
+        pause="before_submit:60",
+        lock_ttl_ms=30_000,
+        session_ttl_ms=30_000,
+        log_dir=tmp_path,
+    )
+    wait_until(lambda: proc.events("executor_paused"), timeout=30, what="the pause")
+    metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert 'payout_execute_total{outcome="posted"} 0.0' in metrics
+    assert "payout_backlog_age_seconds" in metrics
+
+    proc.process.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert proc.events("executor_section_abandoned")
+    assert proc.events("executor_stopped")
+    locks = LockClient(exec_stack.url("lockserver"), "observer")
+    assert locks.info(f"payout:{account_id}")["held"] is False  # released, not left to expire
+    assert states(exec_stack, [pid]) == {pid: "CLAIMED"}
+
+    _drain(exec_stack, tmp_path, _owner("exec-after-term"))
+    assert states(exec_stack, [pid]) == {pid: "POSTED"}
+
+
+# --------------------------------------------------------------------------- revoke
+
+
+def _revoke(stack, key: str, *extra: str, env: dict | None = None):
+    return manage(
+        [
+            "revoke_lock",
+            key,
+            "--operator",
+            "alice",
+            "--reason",
+            "stuck executor under test",
+            "--json",
+            *extra,
+        ],
+        {**stack.env, **(env or {})},
+        check=False,
+        capture=True,
+    )
+
+
+def _paused_holder(stack, tmp_path, name: str):
+    seeded = seed(stack, accounts=1, per_account=1, balance=5_000, amount=1_000)
+    (pid,) = payout_ids(seeded)
+    (account_id,) = account_ids(seeded)
+    holder = start_executor(
+        stack,
+        _owner(name),
+        "--max-payouts",
+        "1",
+        pause="before_submit:stop",
+        lock_ttl_ms=30_000,
+        session_ttl_ms=30_000,
+        log_dir=tmp_path,
+    )
+    holder.wait_stopped()
+    return pid, account_id, holder, holder.events("executor_paused")[0]["token"]
+
+
+def test_revoke_pushes_the_floor_so_the_evicted_holder_is_fenced_out_at_once(
+    exec_stack, rail, tmp_path
+):
+    pid, account_id, holder, token = _paused_holder(exec_stack, tmp_path, "exec-revoked")
+    fenced_before = fenced_out_count(exec_stack, "railproxy", "rail")
+
+    result = _revoke(exec_stack, f"payout:{account_id}")
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    floor = body["newTokenFloor"]
+    assert body["revokedToken"] == token and floor > token
+    assert body["push"] == {
+        "accountId": account_id,
+        "accountFence": floor,
+        "railHighWater": floor,
+        "skipped": None,
+    }
+    assert _account(exec_stack, account_id)["fence"] == floor
+
+    os.kill(holder.pid, signal.SIGCONT)
+    assert holder.wait(60) == 0
+    assert len(holder.events("executor_fenced_out")) == 1
+    assert fenced_out_count(exec_stack, "railproxy", "rail") == fenced_before + 1
+    assert rail_requests(exec_stack, [pid]) == {}  # the evicted holder never reached the rail
+    assert states(exec_stack, [pid]) == {pid: "CLAIMED"}
+
+    _drain(exec_stack, tmp_path, _owner("exec-next"))  # the next grant is above the floor
+    assert states(exec_stack, [pid]) == {pid: "POSTED"}
+    assert rail_requests(exec_stack, [pid]) == {pid: 1}
+
+
+def test_revoke_without_the_push_leaves_the_fence_so_the_evicted_write_still_lands(
+    exec_stack, rail, tmp_path
+):
+    pid, account_id, holder, token = _paused_holder(exec_stack, tmp_path, "exec-unpushed")
+    fenced_before = fenced_out_count(exec_stack, "railproxy", "rail")
+
+    result = _revoke(exec_stack, f"payout:{account_id}", "--no-push")
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["push"]["skipped"] == "--no-push"
+    assert _account(exec_stack, account_id)["fence"] == token  # still the evicted claim's
+
+    # Without the push nothing at the resources knows yet: this is the gap the push closes.
+    os.kill(holder.pid, signal.SIGCONT)
+    assert holder.wait(60) == 0
+    assert holder.events("executor_fenced_out") == []
+    assert fenced_out_count(exec_stack, "railproxy", "rail") == fenced_before
+    assert states(exec_stack, [pid]) == {pid: "POSTED"}
+    assert rail_requests(exec_stack, [pid]) == {pid: 1}  # still paid exactly once
+
+
+def test_revoke_with_paydb_unreachable_revokes_and_says_the_push_failed(exec_stack):
+    key = f"payout:acct-{uuid.uuid4().hex[:10]}"
+    client = LockClient(exec_stack.url("lockserver"), "holder")
+    with client.session(5_000) as session:
+        grant = session.acquire(key, 10_000)
+        dead = f"postgres://postgres@127.0.0.1:{free_port()}/paydb"
+        result = _revoke(exec_stack, key, env={"PAY_DATABASE_URL": dead})
+        assert result.returncode == 2, result.stdout + result.stderr
+        body = json.loads(result.stdout)
+        assert body["revokedToken"] == grant.token
+        assert body["push"]["skipped"].startswith("paydb unreachable")
+        assert client.info(key)["held"] is False
+
+
+def test_revoke_of_a_key_nobody_holds_is_refused_with_exit_1(exec_stack):
+    result = _revoke(exec_stack, f"payout:acct-{uuid.uuid4().hex[:10]}")
+    assert result.returncode == 1
+    body = json.loads(result.stdout)
+    assert body["revoked"] is False and body["code"] == "NOT_FOUND"
+
+
+def test_revoke_with_a_stale_expected_token_is_refused(exec_stack):
+    key = f"payout:acct-{uuid.uuid4().hex[:10]}"
+    client = LockClient(exec_stack.url("lockserver"), "holder")
+    with client.session(5_000) as session, session.lock(key, 10_000) as grant:
+        result = _revoke(exec_stack, key, "--expected-token", str(grant.token - 1))
+        assert result.returncode == 1
+        assert json.loads(result.stdout)["code"] == "FENCED_OUT"
+        grant.ensure_valid()
+        assert client.info(key)["held"] is True
