@@ -3,3 +3,8 @@ from django.apps import AppConfig
 
 class RailproxyConfig(AppConfig):
     name = "railproxy"
+
+    def ready(self) -> None:
+        from railproxy import sweep
+
+        sweep.maybe_start()  # only in the railproxy server process

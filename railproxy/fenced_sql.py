@@ -1,0 +1,296 @@
+"""The rail proxy's fenced layer: the high-water mark and the submission records in paydb.
+
+Raw SQL because every decision here is "did this one conditional UPDATE move a row?" (or which
+row a lock-protected SELECT saw); the ORM cannot express `SET highest_token = :t WHERE
+highest_token < :t RETURNING …` as one statement. The caller raises the typed error.
+Every function takes a Django cursor on `connections[alias_for("railproxy")]` and runs inside
+the caller's `transaction.atomic(using=alias_for("railproxy"))`.
+
+Exported for other apps (docs/briefs/INTERFACES.md): `raise_high_water`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# SQL
+
+ENSURE_HIGH_WATER_SQL = """
+INSERT INTO rail_high_water (account_id, highest_token, retry_payout_id, updated_at)
+VALUES (%(account_id)s, 0, NULL, clock_timestamp())
+ON CONFLICT (account_id) DO NOTHING
+"""
+
+# Admission step 1 (C3 §3.5). Strict `>`; the equality arm only re-admits the payout whose
+# attempt under this very token ended NOT_SENT (nothing was presented, C3 §3.2 RAIL_UNAVAILABLE).
+ADVANCE_HIGH_WATER_SQL = """
+UPDATE rail_high_water
+   SET highest_token = %(token)s, retry_payout_id = NULL, updated_at = clock_timestamp()
+ WHERE account_id = %(account_id)s
+   AND (highest_token < %(token)s
+        OR (highest_token = %(token)s AND retry_payout_id = %(payout_id)s::uuid))
+RETURNING highest_token
+"""
+
+HIGH_WATER_SQL = "SELECT highest_token FROM rail_high_water WHERE account_id = %(account_id)s"
+
+RAISE_HIGH_WATER_SQL = """
+INSERT INTO rail_high_water (account_id, highest_token, retry_payout_id, updated_at)
+VALUES (%(account_id)s, %(floor)s, NULL, clock_timestamp())
+ON CONFLICT (account_id) DO UPDATE
+   SET highest_token = GREATEST(rail_high_water.highest_token, EXCLUDED.highest_token),
+       retry_payout_id = CASE WHEN EXCLUDED.highest_token > rail_high_water.highest_token
+                              THEN NULL ELSE rail_high_water.retry_payout_id END,
+       updated_at = clock_timestamp()
+RETURNING highest_token
+"""
+
+# After a NOT_SENT attempt: the same payout may come back with the same token, and only if no
+# newer token has touched the mark meanwhile.
+REOPEN_FOR_RETRY_SQL = """
+UPDATE rail_high_water SET retry_payout_id = %(payout_id)s::uuid, updated_at = clock_timestamp()
+ WHERE account_id = %(account_id)s AND highest_token = %(token)s
+"""
+
+# Admission step 2 (FR-18): FENCED and NOT_SENT rows never presented anything.
+LIVE_SUBMISSION_SQL = """
+SELECT submission_id, outcome, presented_token
+  FROM rail_submission
+ WHERE payout_id = %(payout_id)s AND outcome IN ('PENDING', 'ACKED', 'TIMEOUT', 'DECLINED')
+ LIMIT 1
+"""
+
+# The payout as the payments app stores it (INTERFACES.md); FOR UPDATE in admission step 3.
+PAYOUT_SQL = """
+SELECT account_id, amount_minor, currency, beneficiary_ref, state, claim_token,
+       claim_owner_id, idempotency_key
+  FROM payout WHERE payout_id = %(payout_id)s
+"""
+PAYOUT_FOR_UPDATE_SQL = PAYOUT_SQL + " FOR UPDATE"
+
+# Serialises requests of one idempotency identity, so an identical request in flight replays
+# instead of racing to step 1 and being fenced by its own twin.
+IDENTITY_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(identity)s, 7001))"
+
+REPLAY_LOOKUP_SQL = """
+SELECT submission_id, outcome, request_hash, response_status, response_body
+  FROM rail_submission
+ WHERE idempotency_key = %(key)s AND presented_token = %(token)s AND outcome <> 'NOT_SENT'
+ ORDER BY submitted_at DESC
+ LIMIT 1
+"""
+
+INSERT_SUBMISSION_SQL = """
+INSERT INTO rail_submission (
+    submission_id, payout_id, account_id, amount_minor, currency, presented_token,
+    highest_token, owner_id, idempotency_key, request_hash, client_ref, outcome, detail,
+    submitted_at, resolved_at, response_status, response_body)
+VALUES (
+    %(submission_id)s, %(payout_id)s, %(account_id)s, %(amount_minor)s, %(currency)s,
+    %(token)s, %(highest_token)s, %(owner_id)s, %(key)s, %(request_hash)s, %(client_ref)s,
+    %(outcome)s, %(detail)s, clock_timestamp(),
+    CASE WHEN %(outcome)s = 'PENDING' THEN NULL ELSE clock_timestamp() END,
+    %(response_status)s, %(response_body)s::jsonb)
+RETURNING submitted_at
+"""
+
+# Only an unresolved intent takes an outcome: the forwarder and the sweep race here, and the
+# first conditional UPDATE wins.
+RESOLVE_SUBMISSION_SQL = """
+UPDATE rail_submission
+   SET outcome = %(outcome)s, detail = %(detail)s, rail_reference = %(rail_reference)s,
+       resolved_at = clock_timestamp(), response_status = %(response_status)s,
+       response_body = %(response_body)s::jsonb
+ WHERE submission_id = %(submission_id)s AND outcome = 'PENDING'
+RETURNING submitted_at, resolved_at
+"""
+
+STORE_RESPONSE_BODY_SQL = """
+UPDATE rail_submission SET response_body = %(response_body)s::jsonb
+ WHERE submission_id = %(submission_id)s
+"""
+
+SUBMISSION_SQL = """
+SELECT outcome, rail_reference, response_status, response_body
+  FROM rail_submission WHERE submission_id = %(submission_id)s
+"""
+
+STALE_INTENTS_SQL = """
+SELECT submission_id, payout_id, account_id, presented_token, owner_id
+  FROM rail_submission
+ WHERE outcome = 'PENDING'
+   AND submitted_at < clock_timestamp() - make_interval(secs => %(age_s)s)
+ ORDER BY submitted_at
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+"""
+
+# ---------------------------------------------------------------------------------------------
+# Functions
+
+
+@dataclass(frozen=True)
+class PayoutRow:
+    account_id: str
+    amount_minor: int
+    currency: str
+    beneficiary_ref: str
+    state: str
+    claim_token: int | None
+    claim_owner_id: str | None
+    idempotency_key: str
+
+
+def _json(value):
+    """Django's psycopg backend hands jsonb back as text (JSONField decodes it itself)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def advance_high_water(cursor, *, account_id: str, token: int, payout_id) -> int | None:
+    """Admission step 1: None if a token ≥ ours already reached the rail (we are fenced)."""
+    cursor.execute(ENSURE_HIGH_WATER_SQL, {"account_id": account_id})
+    cursor.execute(
+        ADVANCE_HIGH_WATER_SQL,
+        {"account_id": account_id, "token": token, "payout_id": str(payout_id)},
+    )
+    row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def high_water(cursor, *, account_id: str) -> int:
+    cursor.execute(HIGH_WATER_SQL, {"account_id": account_id})
+    row = cursor.fetchone()
+    return row[0] if row else 0
+
+
+def raise_high_water(cursor, *, account_id: str, floor: int) -> int:
+    """highest_token = GREATEST(highest_token, floor), inserting the row if absent (revoke push).
+
+    A raised mark clears the same-token retry allowance: the floor came from a newer grant.
+    """
+    cursor.execute(RAISE_HIGH_WATER_SQL, {"account_id": account_id, "floor": floor})
+    return cursor.fetchone()[0]
+
+
+def allow_same_token_retry(cursor, *, account_id: str, token: int, payout_id) -> bool:
+    cursor.execute(
+        REOPEN_FOR_RETRY_SQL,
+        {"account_id": account_id, "token": token, "payout_id": str(payout_id)},
+    )
+    return cursor.rowcount == 1
+
+
+def live_submission(cursor, *, payout_id) -> tuple[Any, str, int] | None:
+    """Admission step 2: the payout's existing submission (id, outcome, token), if any."""
+    cursor.execute(LIVE_SUBMISSION_SQL, {"payout_id": str(payout_id)})
+    return cursor.fetchone()
+
+
+def payout(cursor, *, payout_id, for_update: bool = False) -> PayoutRow | None:
+    cursor.execute(
+        PAYOUT_FOR_UPDATE_SQL if for_update else PAYOUT_SQL, {"payout_id": str(payout_id)}
+    )
+    row = cursor.fetchone()
+    return PayoutRow(*row) if row else None
+
+
+def lock_identity(cursor, *, key: str, token: int) -> None:
+    cursor.execute(IDENTITY_LOCK_SQL, {"identity": f"rail:{key}:{token}"})
+
+
+def replay_lookup(cursor, *, key: str, token: int):
+    """(submission_id, outcome, request_hash, response_status, response_body) or None."""
+    cursor.execute(REPLAY_LOOKUP_SQL, {"key": key, "token": token})
+    row = cursor.fetchone()
+    return (*row[:4], _json(row[4])) if row else None
+
+
+def insert_submission(
+    cursor,
+    *,
+    submission_id,
+    payout_id,
+    account_id: str,
+    amount_minor: int,
+    currency: str,
+    token: int,
+    owner_id: str,
+    key: str,
+    request_hash: str,
+    client_ref: str,
+    outcome: str,
+    highest_token: int | None = None,
+    detail: str | None = None,
+    response_status: int | None = None,
+    response_body: dict | None = None,
+):
+    """Insert one submission row; returns its submitted_at (the database clock)."""
+    cursor.execute(
+        INSERT_SUBMISSION_SQL,
+        {
+            "submission_id": str(submission_id),
+            "payout_id": str(payout_id),
+            "account_id": account_id,
+            "amount_minor": amount_minor,
+            "currency": currency,
+            "token": token,
+            "highest_token": highest_token,
+            "owner_id": owner_id,
+            "key": key,
+            "request_hash": request_hash,
+            "client_ref": client_ref,
+            "outcome": outcome,
+            "detail": detail,
+            "response_status": response_status,
+            "response_body": json.dumps(response_body) if response_body is not None else None,
+        },
+    )
+    return cursor.fetchone()[0]
+
+
+def resolve_submission(
+    cursor,
+    *,
+    submission_id,
+    outcome: str,
+    detail: str | None,
+    rail_reference: str | None,
+    response_status: int,
+    response_body: dict,
+):
+    """PENDING → outcome; (submitted_at, resolved_at), or None if already resolved (swept)."""
+    cursor.execute(
+        RESOLVE_SUBMISSION_SQL,
+        {
+            "submission_id": str(submission_id),
+            "outcome": outcome,
+            "detail": detail,
+            "rail_reference": rail_reference,
+            "response_status": response_status,
+            "response_body": json.dumps(response_body),
+        },
+    )
+    return cursor.fetchone()
+
+
+def store_response_body(cursor, *, submission_id, response_body: dict) -> None:
+    cursor.execute(
+        STORE_RESPONSE_BODY_SQL,
+        {"submission_id": str(submission_id), "response_body": json.dumps(response_body)},
+    )
+
+
+def submission(cursor, *, submission_id):
+    """(outcome, rail_reference, response_status, response_body) of one row."""
+    cursor.execute(SUBMISSION_SQL, {"submission_id": str(submission_id)})
+    row = cursor.fetchone()
+    return (*row[:3], _json(row[3])) if row else None
+
+
+def stale_intents(cursor, *, older_than_s: float, limit: int = 100) -> list[tuple]:
+    """PENDING intents older than `older_than_s` (database clock), locked, skipping busy rows."""
+    cursor.execute(STALE_INTENTS_SQL, {"age_s": older_than_s, "limit": limit})
+    return cursor.fetchall()

@@ -1,0 +1,24 @@
+"""One sweep by hand: quarantine every rail intent left unresolved (ROLE=ops)."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand
+
+from railproxy.services import sweep_unresolved_intents
+
+
+class Command(BaseCommand):
+    help = (
+        "Turn every PENDING rail intent older than the rail timeouts (+ margin) into TIMEOUT and "
+        "its payout into RAIL_AMBIGUOUS. Never re-forwards anything."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--older-than-ms", type=int, default=None, help="override the age threshold"
+        )
+
+    def handle(self, *args, **options):
+        age = options["older_than_ms"]
+        swept = sweep_unresolved_intents(older_than_s=None if age is None else age / 1000)
+        self.stdout.write(f"swept {swept} unresolved intent(s) to RAIL_AMBIGUOUS")

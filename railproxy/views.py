@@ -1,0 +1,62 @@
+"""POST /v1/rail/submissions (C3 §3.5): parse headers and body, call the service, map."""
+
+from __future__ import annotations
+
+import re
+
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from dlock.headers import fencing_token, idempotency_key, owner_id
+from dlock.rendering import json_response
+from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer, parse_uuid
+from railproxy import services
+
+_CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
+
+
+class SubmissionIn(StrictSerializer):
+    payoutId = StrictCharField(trim_whitespace=False)  # noqa: N815
+    accountId = StrictCharField(min_length=1, max_length=64, trim_whitespace=False)  # noqa: N815
+    amountMinor = StrictInt64Field(min_value=1)  # noqa: N815
+    currency = StrictCharField(min_length=3, max_length=3, trim_whitespace=False)
+    beneficiaryRef = StrictCharField(min_length=1, max_length=128, trim_whitespace=False)  # noqa: N815
+
+    def validate_payoutId(self, value: str) -> str:  # noqa: N802
+        try:
+            parse_uuid(value, field="payoutId")
+        except Exception:
+            raise serializers.ValidationError("must be a UUID") from None
+        return value.lower()
+
+    def validate_currency(self, value: str) -> str:
+        if not _CURRENCY.fullmatch(value):
+            raise serializers.ValidationError("ISO-4217: three uppercase letters")
+        return value
+
+
+class SubmissionView(APIView):
+    def post(self, request: Request):
+        token = fencing_token(request)
+        owner = owner_id(request)
+        key = idempotency_key(request)
+        body = SubmissionIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        result = services.submit(
+            request=services.SubmissionRequest(
+                payout_id=parse_uuid(data["payoutId"], field="payoutId"),
+                account_id=data["accountId"],
+                amount_minor=data["amountMinor"],
+                currency=data["currency"],
+                beneficiary_ref=data["beneficiaryRef"],
+                token=token,
+                owner_id=owner,
+                idempotency_key=key,
+            )
+        )
+        response = json_response(result.body, 200)
+        if result.replayed:
+            response[services.REPLAYED_HEADER] = "true"
+        return response

@@ -1,0 +1,196 @@
+"""The hostile rail: read the live config, pick a fault, book transfers. Never deduplicates.
+
+Steps for one POST /submit (the view runs them in this order):
+1. `load_config()` — the single config row, read per request so rates change while running.
+2. sleep `latency_ms`.
+3. `choose_fault(config)` — declined / 5xx / drop before booking / drop after booking / ok.
+4. `book_transfer(...)` for ok and drop-after (plus a second booking on a duplicate ack).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import secrets
+import threading
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from dlock.dbrouter import alias_for
+from dlock.timefmt import utcnow
+from railstub.models import RailRequest, RailstubConfig, RailTransfer
+
+
+class Fault(enum.StrEnum):
+    OK = "ok"
+    DECLINED = "declined"
+    ERROR_5XX = "error_5xx"
+    DROP_BEFORE_BOOKING = "drop_before_booking"
+    DROP_AFTER_BOOKING = "drop_after_booking"
+
+
+@dataclass(frozen=True)
+class Decision:
+    fault: Fault
+    duplicate_ack: bool
+
+
+@dataclass(frozen=True)
+class Booking:
+    rail_reference: str
+    accepted_at: object
+    duplicate_reference: str | None
+
+
+_rng_lock = threading.Lock()
+_seeded: tuple[int, random.Random] | None = None
+
+
+def _alias() -> str:
+    return alias_for("railstub")
+
+
+def load_config() -> RailstubConfig:
+    config = RailstubConfig.objects.using(_alias()).filter(id=1).first()
+    return config if config is not None else RailstubConfig(id=1)
+
+
+def _draws(config: RailstubConfig, count: int) -> list[float]:
+    """`count` uniform draws; reproducible from the config seed (one stream per process)."""
+    global _seeded
+    with _rng_lock:
+        if config.seed is None:
+            return [random.random() for _ in range(count)]
+        if _seeded is None or _seeded[0] != config.seed:
+            _seeded = (config.seed, random.Random(config.seed))
+        return [_seeded[1].random() for _ in range(count)]
+
+
+def choose_fault(config: RailstubConfig) -> Decision:
+    decline, failure, which, duplicate = _draws(config, 4)
+    if decline < config.decline_rate:
+        return Decision(Fault.DECLINED, False)
+    if failure < config.failure_rate:
+        weights = [
+            (Fault.ERROR_5XX, config.split_5xx),
+            (Fault.DROP_BEFORE_BOOKING, config.split_drop_before),
+            (Fault.DROP_AFTER_BOOKING, config.split_drop_after),
+        ]
+        total = sum(weight for _, weight in weights)
+        if total > 0:
+            point = which * total
+            for fault, weight in weights:
+                if point < weight:
+                    return Decision(fault, duplicate < config.duplicate_ack_rate)
+                point -= weight
+    return Decision(Fault.OK, duplicate < config.duplicate_ack_rate)
+
+
+def new_reference() -> str:
+    return f"RR-{secrets.token_hex(10).upper()}"
+
+
+def book_transfer(
+    *, client_ref: str, amount_minor: int, currency: str, duplicate_ack: bool
+) -> Booking:
+    """Book one transfer (two on a duplicate ack); a repeated clientRef is simply paid again."""
+    alias = _alias()
+    with transaction.atomic(using=alias):
+        first = (
+            RailTransfer.objects.using(alias)
+            .filter(client_ref=client_ref)
+            .order_by("accepted_at", "rail_reference")
+            .values_list("rail_reference", flat=True)
+            .first()
+        )
+        transfer = RailTransfer.objects.using(alias).create(
+            rail_reference=new_reference(),
+            client_ref=client_ref,
+            amount_minor=amount_minor,
+            currency=currency,
+            accepted_at=utcnow(),
+            duplicate_of=first,
+        )
+        duplicate = None
+        if duplicate_ack:
+            duplicate = RailTransfer.objects.using(alias).create(
+                rail_reference=new_reference(),
+                client_ref=client_ref,
+                amount_minor=amount_minor,
+                currency=currency,
+                accepted_at=utcnow(),
+                duplicate_of=first or transfer.rail_reference,
+            )
+    return Booking(
+        transfer.rail_reference,
+        transfer.accepted_at,
+        duplicate.rail_reference if duplicate else None,
+    )
+
+
+def log_request(
+    *, client_ref: str, amount_minor: int, currency: str, fault: Fault, rail_reference: str | None
+) -> None:
+    RailRequest.objects.using(_alias()).create(
+        client_ref=client_ref,
+        amount_minor=amount_minor,
+        currency=currency,
+        received_at=utcnow(),
+        fault=fault.value,
+        rail_reference=rail_reference,
+    )
+
+
+def statement(*, client_ref: str | None = None) -> list[RailTransfer]:
+    rows = RailTransfer.objects.using(_alias()).all()
+    if client_ref is not None:
+        rows = rows.filter(client_ref=client_ref)
+    return list(rows.order_by("accepted_at", "rail_reference"))
+
+
+CONFIG_FIELDS = (
+    "latency_ms",
+    "failure_rate",
+    "duplicate_ack_rate",
+    "decline_rate",
+    "split_5xx",
+    "split_drop_before",
+    "split_drop_after",
+    "hold_ms",
+    "seed",
+)
+
+
+def update_config(**changes: object) -> RailstubConfig:
+    """Change any of CONFIG_FIELDS on the single row (created if absent); others stay."""
+    unknown = set(changes) - set(CONFIG_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown config fields: {sorted(unknown)}")
+    alias = _alias()
+    with transaction.atomic(using=alias):
+        config, _ = RailstubConfig.objects.using(alias).select_for_update().get_or_create(id=1)
+        for name, value in changes.items():
+            setattr(config, name, value)
+        config.save(using=alias)
+    return config
+
+
+def reset_config() -> RailstubConfig:
+    """All rates 0, no latency: a well-behaved rail."""
+    defaults = RailstubConfig(id=1)
+    return update_config(**{name: getattr(defaults, name) for name in CONFIG_FIELDS})
+
+
+def config_dict(config: RailstubConfig) -> dict:
+    return {
+        "latencyMs": config.latency_ms,
+        "failureRate": config.failure_rate,
+        "duplicateAckRate": config.duplicate_ack_rate,
+        "declineRate": config.decline_rate,
+        "split5xx": config.split_5xx,
+        "splitDropBefore": config.split_drop_before,
+        "splitDropAfter": config.split_drop_after,
+        "holdMs": config.hold_ms,
+        "seed": config.seed,
+    }

@@ -1,0 +1,104 @@
+"""POST /submit: the third party's URL shape (no /v1, no token, no idempotency header)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+
+from django.http import HttpResponse
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from dlock.logs import log_event
+from dlock.rendering import JSON_CONTENT_TYPE, json_response
+from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer
+from dlock.timefmt import rfc3339_ms
+from railstub import services
+from railstub.services import Fault
+
+_CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
+
+
+class SubmitIn(StrictSerializer):
+    clientRef = StrictCharField(min_length=1, max_length=128, trim_whitespace=False)  # noqa: N815
+    amountMinor = StrictInt64Field(min_value=1)  # noqa: N815
+    currency = StrictCharField(min_length=3, max_length=3, trim_whitespace=False)
+
+    def validate_currency(self, value: str) -> str:
+        if not _CURRENCY.fullmatch(value):
+            raise serializers.ValidationError("ISO-4217: three uppercase letters")
+        return value
+
+
+def _raw(body: dict, status: int) -> HttpResponse:
+    """A third party's own non-2xx body: passed through as is, not wrapped in our envelope."""
+    response = HttpResponse(json.dumps(body), status=status, content_type=JSON_CONTENT_TYPE)
+    response.dlock_envelope = True
+    return response
+
+
+def _drop_connection(request: Request) -> HttpResponse:
+    """Close the TCP connection without a response (gunicorn's raw socket); the caller sees EOF."""
+    sock = request._request.META.get("gunicorn.socket")
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already gone: the effect we wanted
+    else:  # no raw socket (runserver / test client): the closest thing is a bare 502
+        return _raw({"error": "connection dropped"}, 502)
+    # gunicorn's write to the shut socket fails with EPIPE, which it ignores; 444 ("closed
+    # without a response") keeps an intended drop out of the error log.
+    return _raw({"error": "connection dropped"}, 444)
+
+
+class SubmitView(APIView):
+    def post(self, request: Request) -> HttpResponse:
+        data = SubmitIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        client_ref = data.validated_data["clientRef"]
+        amount = data.validated_data["amountMinor"]
+        currency = data.validated_data["currency"]
+
+        config = services.load_config()
+        if config.latency_ms:
+            time.sleep(config.latency_ms / 1000)
+        decision = services.choose_fault(config)
+        booking = None
+        if decision.fault in (Fault.OK, Fault.DROP_AFTER_BOOKING):
+            booking = services.book_transfer(
+                client_ref=client_ref,
+                amount_minor=amount,
+                currency=currency,
+                duplicate_ack=decision.duplicate_ack,
+            )
+        services.log_request(
+            client_ref=client_ref,
+            amount_minor=amount,
+            currency=currency,
+            fault=decision.fault,
+            rail_reference=booking.rail_reference if booking else None,
+        )
+        log_event(
+            "rail_stub_request",
+            clientRef=client_ref,
+            fault=decision.fault.value,
+            railReference=booking.rail_reference if booking else None,
+            duplicateReference=booking.duplicate_reference if booking else None,
+        )
+
+        if decision.fault is Fault.DECLINED:
+            return _raw({"status": "DECLINED", "reason": "declined by the rail"}, 402)
+        if decision.fault is Fault.ERROR_5XX:
+            return _raw({"error": "rail internal error"}, 500)
+        if decision.fault is Fault.DROP_BEFORE_BOOKING:
+            time.sleep(config.hold_ms / 1000)
+            return _drop_connection(request)
+        if decision.fault is Fault.DROP_AFTER_BOOKING:
+            return _drop_connection(request)
+        return json_response(
+            {"railReference": booking.rail_reference, "acceptedAt": rfc3339_ms(booking.accepted_at)}
+        )
