@@ -188,7 +188,7 @@ IDEMPOTENCY_STORE_SQL = """
 INSERT INTO idempotency_record (operation, idempotency_key, token, request_hash, payout_id,
                                 status, body, created_at)
 VALUES (%(operation)s, %(key)s, %(token)s, %(request_hash)s, %(payout_id)s, %(status)s,
-        %(body)s::jsonb, clock_timestamp())
+        %(body)s, clock_timestamp())
 """
 
 ACCOUNT_FOR_UPDATE_SQL = """

@@ -203,7 +203,7 @@ class IdempotencyRecord(models.Model):
     request_hash = models.CharField(max_length=64)
     payout_id = models.UUIDField(null=True, blank=True)
     status = models.SmallIntegerField()
-    body = models.JSONField()
+    body = models.TextField()  # the JSON answer as sent, so a replay is byte-identical
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
