@@ -11,7 +11,10 @@ Shared semantics (docs/lockserver.md): `lockserver.services` records lock_acquir
 emits lock_acquired / lock_released / lock_revoked for every backend; a backend emits only
 lock_expired and session_expired and sets the live sessions/grants gauges. A second acquire by
 the session that already holds the live grant returns that grant unchanged (same token, same
-expiresAt). The per-caller retry budget is `lockserver.budget.RetryBudget`. Tokens are always
+expiresAt). An owner_id that differs from the session's ownerId (heartbeat, close_session,
+acquire when given) raises VALIDATION_FAILED naming X-Owner-Id and changes nothing; order of
+checks: unknown session 404, owner mismatch 400, expired session 410. Renew requires the grant
+to belong to session_id (else LOCK_LOST). The per-caller retry budget is `lockserver.budget.RetryBudget`. Tokens are always
 > settings.LOCK_TOKEN_FLOOR (applied before the process reports ready).
 """
 
