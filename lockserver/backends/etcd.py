@@ -41,6 +41,8 @@ from django.conf import settings
 
 from dlock.errors import ApiError, Code, not_found
 from dlock.logs import log_event
+from dlock.metrics import lock_live_grants, lock_live_sessions
+from dlock.timefmt import rfc3339_ms
 from lockserver.backends.base import (
     GrantRecord,
     HeartbeatRecord,
@@ -48,6 +50,14 @@ from lockserver.backends.base import (
     RevocationRecord,
     SessionRecord,
 )
+from lockserver.backends.pg import (  # one wording of every error, so bodies match (FR-09)
+    _lock_lost,
+    _owner_mismatch,
+    _retry_after,
+    _session_expired,
+    _session_unknown,
+)
+from lockserver.budget import RetryBudget
 from lockserver.etcd_client import (
     EtcdClient,
     EtcdError,
@@ -129,6 +139,7 @@ class EtcdLockBackend:
         token_floor: int | None = None,
         ensure_floor: bool = True,
         adopt_pg_sequence: bool | None = None,
+        housekeeping: bool = True,
     ) -> None:
         self.url = url or settings.ETCD_URL
         self.prefix = prefix if prefix is not None else _setting("ETCD_PREFIX", "dlock/")
@@ -141,7 +152,12 @@ class EtcdLockBackend:
             token_floor if token_floor is not None else _setting("LOCK_TOKEN_FLOOR", 0)
         )
         self.retention_s = max(60, _setting("LOCK_SESSION_RETENTION_MS", 3_600_000) // 1000)
-        self.waiter_cap = _setting("LOCK_WAITER_CAP", 64)
+        self.waiter_cap = _setting("LOCK_MAX_WAITERS_PER_KEY", 8)
+        self.budget = RetryBudget(
+            budget=_setting("LOCK_RETRY_BUDGET", 20),
+            window_ms=_setting("LOCK_RETRY_WINDOW_MS", 10_000),
+        )
+        self._stopping = threading.Event()
         self._offset: int | None = None
         self._owners: dict[uuid.UUID, str] = {}
         self._offset_guard = threading.Lock()
@@ -159,6 +175,13 @@ class EtcdLockBackend:
                 # not a refusal: no token is issued before the floor is ensured (every grant
                 # needs _current_offset()), and requests answer 503 NOT_LEADER until then
                 logger.warning("etcd unreachable at start-up; token floor checked on first use")
+        if housekeeping:
+            threading.Thread(
+                target=self._housekeep_forever,
+                args=(_setting("LOCK_HOUSEKEEPING_MS", 1_000) / 1000,),
+                name="dlock-etcd-housekeeping",
+                daemon=True,
+            ).start()
 
     # ------------------------------------------------------------------ keys
 
@@ -288,10 +311,8 @@ class EtcdLockBackend:
             if self._retention_lease and self._retention_lease[0] == lease:
                 self._retention_lease = None
 
-    def _session_gone(self, meta: KeyValue | None) -> ApiError:
-        if meta is None:
-            return ApiError(Code.SESSION_UNKNOWN, "no such session")
-        return ApiError(Code.SESSION_EXPIRED, "the session expired; its locks were released")
+    def _session_gone(self, session_id: uuid.UUID, meta: KeyValue | None) -> ApiError:
+        return _session_unknown(session_id) if meta is None else _session_expired(session_id)
 
     @store_call
     def open_session(self, *, owner_id: str, ttl_ms: int) -> SessionRecord:
@@ -318,7 +339,7 @@ class EtcdLockBackend:
                 self._drop_retention(retention)  # our retention lease vanished: make a new one
         else:  # pragma: no cover - two vanished retention leases in a row
             raise EtcdUnavailable("could not attach session metadata")
-        log_event("session_opened", backend="etcd", sessionId=str(session_id), ownerId=owner_id)
+        self._owners[session_id] = owner_id
         return SessionRecord(
             session_id=session_id,
             owner_id=owner_id,
@@ -337,11 +358,12 @@ class EtcdLockBackend:
         )
         meta = read.responses[0].first()
         if meta is None:
-            raise self._session_gone(None)
+            raise _session_unknown(session_id)
         record = meta.json()
+        if record["ownerId"] != owner_id:
+            raise _owner_mismatch()
         if self.client.lease_keepalive(record["lease"]) <= 0:
-            self._note_session_expired(session_id, record)
-            raise self._session_gone(meta)
+            raise _session_expired(session_id)
         retention = self._retention()
         if meta.lease != retention:
             # keep the metadata at least `retention` past the last heartbeat (410 vs 404)
@@ -357,38 +379,36 @@ class EtcdLockBackend:
             held_lock_count=read.responses[1].count,
         )
 
-    def _note_session_expired(self, session_id: uuid.UUID, record: dict[str, Any]) -> None:
-        log_event(
-            "session_expired",
-            backend="etcd",
-            sessionId=str(session_id),
-            ownerId=record.get("ownerId"),
-        )
-
     @store_call
     def close_session(self, *, session_id: uuid.UUID, owner_id: str) -> None:
         read = self.client.read(
-            get(self._meta_key(session_id)),
-            get(self._sess_key(session_id)),
-            get(self._held_prefix(session_id), prefix=True),
+            get(self._meta_key(session_id)), get(self._held_prefix(session_id), prefix=True)
         )
         meta = read.responses[0].first()
         if meta is None:
-            raise self._session_gone(None)
-        # Revoking a grant's lease deletes the grant and its index entry in one step.
-        for held in read.responses[2].kvs:
-            key = held.key[len(self._held_prefix(session_id)) :]
-            if held.lease and self.client.lease_revoke(held.lease):
+            raise _session_unknown(session_id)
+        record = meta.json()
+        if record["ownerId"] != owner_id:
+            raise _owner_mismatch()
+        # Session lease first: from here on no acquire can attach a new grant to it. Then
+        # revoking each grant's lease deletes the grant and its index entry in one step.
+        self.client.lease_revoke(record["lease"])
+        held = self.client.range(self._held_prefix(session_id), prefix=True).kvs
+        for entry in {kv.key: kv for kv in [*read.responses[1].kvs, *held]}.values():
+            key = entry.key[len(self._held_prefix(session_id)) :]
+            grant = self.client.range(self._lock_key(key)).first()
+            if entry.lease and self.client.lease_revoke(entry.lease) and grant is not None:
                 log_event(
                     "lock_released",
-                    backend="etcd",
+                    backend=self.name,
                     key=key,
+                    fencingToken=self._token(grant),
+                    ownerId=record["ownerId"],
                     sessionId=str(session_id),
-                    reason="session_closed",
+                    cause="session_closed",
                 )
-        self.client.lease_revoke(meta.json()["lease"])
         self.client.txn([], [delete(self._meta_key(session_id))])
-        log_event("session_closed", backend="etcd", sessionId=str(session_id))
+        self._owners.pop(session_id, None)
 
     # ------------------------------------------------------------------ grants
 
@@ -409,7 +429,7 @@ class EtcdLockBackend:
         if owner is None:
             meta = self._read_meta(session_id)
             if meta is None:
-                raise self._session_gone(None)
+                raise _session_unknown(session_id)
             owner = meta.json()["ownerId"]
             if len(self._owners) > 10_000:
                 self._owners.clear()
@@ -419,43 +439,49 @@ class EtcdLockBackend:
     def _token(self, kv: KeyValue) -> int:
         return kv.json()["offset"] + kv.create_revision
 
-    def _contended(self, holder: KeyValue) -> ApiError:
+    @staticmethod
+    def _ms_until_free(holder: KeyValue) -> int:
+        return max(0, holder.json()["expiresAt"] - _ms(_now()))
+
+    def _contended(self, key: str, holder: KeyValue) -> ApiError:
         value = holder.json()
-        remaining = max(0, value["expiresAt"] - _ms(_now()))
         return ApiError(
             Code.LOCK_CONTENDED,
-            "the lock is held by another owner",
+            "lock is held by another owner",
             details={
+                "key": key,
                 "holderOwnerId": value["ownerId"],
-                "expiresAt": _rfc(_from_ms(value["expiresAt"])),
+                "expiresAt": rfc3339_ms(_from_ms(value["expiresAt"])),
             },
-            retry_after_ms=max(1, min(remaining, _setting("LOCK_CONTENDED_RETRY_MAX_MS", 1_000))),
+            retry_after_ms=_retry_after(self._ms_until_free(holder)),
         )
 
     def _try_grant(
         self, *, key: str, session_id: uuid.UUID, ttl_ms: int
     ) -> tuple[GrantRecord | None, KeyValue | None, int]:
-        """One attempt: (grant, None, rev) on success, else (None, live holder, rev).
+        """One attempt: (grant, None, rev) when granted, else (None, live holder, rev).
 
         Raises the session codes when our session is gone. A holder whose session died is
-        removed (guarded by its ModRevision) and the attempt repeats.
+        removed (guarded by its ModRevision) and the attempt repeats. The holder's own session
+        asking again gets its grant back unchanged (as on pg: re-acquire is idempotent).
         """
         seconds = ttl_seconds(ttl_ms)
+        owner = self._session_owner(session_id)
         lease, _ = self.client.lease_grant(seconds)
         try:
             for _attempt in range(8):
                 now = _now()
                 offset = self._current_offset()
                 value = {
-                    "ownerId": None,
+                    "ownerId": owner,
                     "sessionId": str(session_id),
                     "offset": offset,
                     "ttlMs": seconds * 1000,
                     "acquiredAt": _ms(now),
                     "expiresAt": _ms(now) + seconds * 1000,
                 }
-                value["ownerId"] = self._session_owner(session_id)
                 lock_key = self._lock_key(key)
+                # create_revision == 0: nobody holds the key; our session's key exists: alive
                 result = self.client.txn(
                     [
                         compare(lock_key, "CREATE", "EQUAL", 0),
@@ -470,24 +496,23 @@ class EtcdLockBackend:
                 )
                 if result.succeeded:
                     lease = 0  # now owned by the grant
-                    return (
-                        GrantRecord(
-                            key=key,
-                            owner_id=value["ownerId"],
-                            session_id=session_id,
-                            fencing_token=offset + result.revision,
-                            acquired_at=now,
-                            expires_at=_from_ms(value["expiresAt"]),
-                        ),
-                        None,
-                        result.revision,
+                    grant = GrantRecord(
+                        key=key,
+                        owner_id=owner,
+                        session_id=session_id,
+                        fencing_token=offset + result.revision,
+                        acquired_at=now,
+                        expires_at=_from_ms(value["expiresAt"]),
                     )
+                    return grant, None, result.revision
                 holder = result.responses[0].first()
                 if result.responses[1].first() is None:
-                    raise self._session_gone(self._read_meta(session_id))
+                    raise self._session_gone(session_id, self._read_meta(session_id))
                 if holder is None:
                     continue  # released between the compare and the failure read: try again
                 holder_sid = holder.json()["sessionId"]
+                if holder_sid == str(session_id):
+                    return self._grant_record(key, holder), None, result.revision
                 alive = self.client.read(get(self._sess_key(holder_sid)))
                 if alive.responses[0].first() is not None:
                     return None, holder, max(result.revision, alive.revision)
@@ -502,11 +527,12 @@ class EtcdLockBackend:
                 if taken.succeeded:
                     log_event(
                         "lock_expired",
-                        backend="etcd",
+                        backend=self.name,
                         key=key,
                         fencingToken=self._token(holder),
                         ownerId=holder.json()["ownerId"],
-                        reason="session_expired",
+                        sessionId=holder_sid,
+                        cause="session_expired",
                     )
             raise EtcdUnavailable("acquire did not settle after repeated races")
         finally:
@@ -523,6 +549,11 @@ class EtcdLockBackend:
     def acquire(
         self, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
     ) -> GrantRecord:
+        self._current_offset()  # the token floor is ensured before any grant
+        self.budget.check(session_id=session_id, key=key)
+        owner = self._session_owner(session_id)
+        if owner_id is not None and owner != owner_id:
+            raise _owner_mismatch()
         deadline = time.monotonic() + wait_ms / 1000
         waiter: int | None = None  # the waiter lease while we are registered
         graced = False
@@ -532,14 +563,6 @@ class EtcdLockBackend:
                     key=key, session_id=session_id, ttl_ms=ttl_ms
                 )
                 if grant is not None:
-                    log_event(
-                        "lock_acquired",
-                        backend="etcd",
-                        key=key,
-                        sessionId=str(session_id),
-                        ownerId=grant.owner_id,
-                        fencingToken=grant.fencing_token,
-                    )
                     return grant
                 assert holder is not None
                 remaining = deadline - time.monotonic()
@@ -549,9 +572,10 @@ class EtcdLockBackend:
                     graced = True
                     remaining = EXPIRY_GRACE_S
                 elif remaining <= 0:
-                    raise self._contended(holder)
-                if waiter is None and not graced:
-                    waiter = self._register_waiter(key=key, wait_ms=wait_ms)
+                    self.budget.spend(session_id=session_id, key=key)
+                    raise self._contended(key, holder)
+                if waiter is None and wait_ms > 0:
+                    waiter = self._register_waiter(key=key, wait_ms=wait_ms, holder=holder)
                 # a release deletes lock/{key}; a holder's expiry deletes sess/{holder}
                 self.client.wait_for_change(
                     [self._lock_key(key), self._sess_key(holder.json()["sessionId"])],
@@ -567,7 +591,7 @@ class EtcdLockBackend:
         """The holder's grant TTL has run out by our clock (etcd may not have swept it yet)."""
         return holder.json()["expiresAt"] <= _ms(_now())
 
-    def _register_waiter(self, *, key: str, wait_ms: int) -> int:
+    def _register_waiter(self, *, key: str, wait_ms: int, holder: KeyValue) -> int:
         """A waiter key on its own short lease; beyond the cap → 429 CONTENTION_EXCEEDED.
 
         The cap is decided by rank (create revision) among the current waiters, so two
@@ -586,26 +610,23 @@ class EtcdLockBackend:
             self._revoke_quietly(lease)
             raise ApiError(
                 Code.CONTENTION_EXCEEDED,
-                "too many callers are already waiting for this lock",
-                retry_after_ms=_setting("LOCK_WAITER_CAP_RETRY_MS", 1_000),
+                f"more than {self.waiter_cap} callers are already waiting for this key",
+                details={"key": key, "waiterCap": self.waiter_cap},
+                retry_after_ms=_retry_after(self._ms_until_free(holder)),
             )
         return lease
 
-    def _stored(self, key: str) -> tuple[KeyValue | None, bool]:
-        """The grant kv of `key` (or None) and whether its session is alive."""
+    def _stored(self, key: str) -> KeyValue | None:
+        """The key's live grant (its session alive too), or None."""
         kv = self.client.range(self._lock_key(key)).first()
         if kv is None:
-            return None, False
+            return None
         alive = self.client.range(self._sess_key(kv.json()["sessionId"])).first()
-        return kv, alive is not None
+        return kv if alive is not None else None
 
-    def _lock_lost(self, kv: KeyValue | None, live: bool) -> ApiError:
-        stored = self._token(kv) if kv is not None and live else None
-        return ApiError(
-            Code.LOCK_LOST,
-            "the grant this call names has expired or was revoked",
-            details={"storedToken": stored},
-        )
+    def _lost(self, key: str) -> ApiError:
+        live = self._stored(key)
+        return _lock_lost(key, None if live is None else self._token(live))
 
     @store_call
     def renew(
@@ -617,17 +638,11 @@ class EtcdLockBackend:
             get(self._meta_key(session_id)),
         )
         kv = read.responses[0].first()
-        sess = read.responses[1].first()
-        if sess is None:
-            raise self._session_gone(read.responses[2].first())
-        live = kv is not None
-        if kv is not None and kv.json()["sessionId"] != str(session_id):
-            live = self.client.range(self._sess_key(kv.json()["sessionId"])).first() is not None
-        if kv is None or not live or self._token(kv) != token:
-            raise self._lock_lost(kv, live)
+        if read.responses[1].first() is None:
+            raise self._session_gone(session_id, read.responses[2].first())
+        if kv is None or self._token(kv) != token or kv.json()["sessionId"] != str(session_id):
+            raise self._lost(key)
         value = kv.json()
-        if value["sessionId"] != str(session_id):
-            raise self._lock_lost(kv, live)
         seconds = ttl_seconds(ttl_ms) if ttl_ms else value["ttlMs"] // 1000
         lease, _ = self.client.lease_grant(seconds)
         now = _now()
@@ -646,10 +661,9 @@ class EtcdLockBackend:
         )
         if not result.succeeded:
             self._revoke_quietly(lease)
-            kv, live = self._stored(key)
             if self.client.range(self._sess_key(session_id)).first() is None:
-                raise self._session_gone(self._read_meta(session_id))
-            raise self._lock_lost(kv, live)
+                raise self._session_gone(session_id, self._read_meta(session_id))
+            raise self._lost(key)
         self._revoke_quietly(kv.lease)
         return GrantRecord(
             key=key,
@@ -665,39 +679,34 @@ class EtcdLockBackend:
         lock_key = self._lock_key(key)
         offset = self._current_offset()
         # Fast path: the caller's session holds it and the grant has today's offset.
-        # Compare-and-delete on (key, token): create_revision == token - offset.
+        # Compare-and-delete on (key, token): create_revision == token - offset; the index
+        # entry, written in the grant's txn, has the same create_revision.
         result = self.client.txn(
             [
                 compare(lock_key, "CREATE", "EQUAL", token - offset),
                 compare(self._held_key(session_id, key), "CREATE", "EQUAL", token - offset),
+                compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
             ],
             [delete(lock_key), delete(self._held_key(session_id, key))],
             [get(lock_key)],
         )
-        if not result.succeeded:
-            kv = result.responses[0].first()
-            if kv is None or self._token(kv) != token:
-                kv, live = self._stored(key)
-                raise self._lock_lost(kv, live)
-            # the right token, named from another session or issued under an older offset
-            holder_sid = kv.json()["sessionId"]
-            if self.client.range(self._sess_key(holder_sid)).first() is None:
-                raise self._lock_lost(kv, False)
-            slow = self.client.txn(
-                [compare(lock_key, "MOD", "EQUAL", kv.mod_revision)],
-                [delete(lock_key), delete(self._held_key(holder_sid, key))],
-            )
-            if not slow.succeeded:
-                kv, live = self._stored(key)
-                raise self._lock_lost(kv, live)
-        # the grant's lease is now empty and expires on its own (≤ 60 s); no extra round trip
-        log_event(
-            "lock_released",
-            backend="etcd",
-            key=key,
-            sessionId=str(session_id),
-            fencingToken=token,
+        if result.succeeded:
+            return  # the grant's lease is now empty and expires on its own (≤ 60 s)
+        kv = result.responses[0].first()
+        if kv is None or self._token(kv) != token:
+            raise self._lost(key)
+        # the right token named from another session (the predicate is (key, token) only),
+        # issued under an older offset, or held by a session that has expired
+        holder_sid = kv.json()["sessionId"]
+        slow = self.client.txn(
+            [
+                compare(lock_key, "MOD", "EQUAL", kv.mod_revision),
+                compare(self._sess_key(holder_sid), "CREATE", "GREATER", 0),
+            ],
+            [delete(lock_key), delete(self._held_key(holder_sid, key))],
         )
+        if not slow.succeeded:
+            raise self._lost(key)
 
     @store_call
     def inspect(self, *, key: str) -> LockInfoRecord:
@@ -737,22 +746,21 @@ class EtcdLockBackend:
     def revoke(
         self, *, key: str, operator: str, reason: str, expected_token: int | None
     ) -> RevocationRecord:
+        self._current_offset()
         lock_key = self._lock_key(key)
         for _attempt in range(8):
-            kv, live = self._stored(key)
-            if kv is None or not live:
+            kv = self._stored(key)
+            if kv is None:
                 raise ApiError(
-                    Code.NOT_FOUND,
-                    "lock is not held",
-                    details={"resource": "lock", "id": key},
+                    Code.NOT_FOUND, "lock is not held", details={"resource": "lock", "id": key}
                 )
             value = kv.json()
             revoked = self._token(kv)
             if expected_token is not None and expected_token != revoked:
                 raise ApiError(
                     Code.FENCED_OUT,
-                    "expectedToken is not the current holder's token",
-                    details={"presentedToken": expected_token, "highestToken": revoked},
+                    "expectedToken is not the current grant's token",
+                    details={"key": key, "presentedToken": expected_token, "highestToken": revoked},
                 )
             revocation_id = uuid.uuid4()
             offset = self._current_offset()
@@ -763,8 +771,9 @@ class EtcdLockBackend:
                 "reason": reason,
                 "revokedToken": revoked,
                 "revokedOwnerId": value["ownerId"],
+                "revokedSessionId": value["sessionId"],
                 "offset": offset,
-                "at": _ms(_now()),
+                "revokedAt": _ms(_now()),
             }
             # The delete and the audit record are one write at revision R; every later grant
             # has create_revision > R, so its token exceeds offset + R = newTokenFloor.
@@ -776,27 +785,14 @@ class EtcdLockBackend:
                     put(self._k("revocation", str(revocation_id)), _dump(audit)),
                 ],
             )
-            if not result.succeeded:
-                continue
-            floor = offset + result.revision
-            log_event(
-                "lock_revoked",
-                backend="etcd",
-                key=key,
-                operator=operator,
-                reason=reason,
-                revokedToken=revoked,
-                newTokenFloor=floor,
-                revocationId=str(revocation_id),
-                ownerId=value["ownerId"],
-            )
-            return RevocationRecord(
-                key=key,
-                revoked_token=revoked,
-                new_token_floor=floor,
-                revocation_id=revocation_id,
-                revoked_owner_id=value["ownerId"],
-            )
+            if result.succeeded:
+                return RevocationRecord(
+                    key=key,
+                    revoked_token=revoked,
+                    new_token_floor=offset + result.revision,
+                    revocation_id=revocation_id,
+                    revoked_owner_id=value["ownerId"],
+                )
         raise EtcdUnavailable("revoke did not settle after repeated races")
 
     def revocations(self) -> list[dict[str, Any]]:
@@ -808,45 +804,52 @@ class EtcdLockBackend:
             rows.append(row)
         return rows
 
-    # ------------------------------------------------------------------ health
+    # ------------------------------------------------------------------ health / lifecycle
 
     def check_ready(self) -> None:
+        """Readiness: the member has a leader and the token floor is in force."""
         if not self.client.has_leader():
             raise EtcdUnavailable("the etcd member has no leader")
+        self._current_offset()
 
-    def counts(self) -> tuple[int, int]:
-        """(live sessions, grant keys) for the gauges."""
+    def live_counts(self) -> tuple[int, int]:
+        """(sessions, grant keys) for the gauges (a grant of a just-expired session may count
+        until the takeover or its own lease removes it)."""
         read = self.client.read(
             get(self._k("sess") + "/", prefix=True, count_only=True),
             get(self._k("lock") + "/", prefix=True, count_only=True),
         )
         return read.responses[0].count, read.responses[1].count
 
+    def _housekeep_forever(self, interval_s: float) -> None:
+        while not self._stopping.wait(interval_s):
+            try:
+                sessions, grants = self.live_counts()
+            except EtcdError:
+                continue
+            lock_live_sessions.labels(backend=self.name).set(sessions)
+            lock_live_grants.labels(backend=self.name).set(grants)
+
     def close(self) -> None:
+        self._stopping.set()
         self.client.close()
-
-
-def _rfc(value: dt.datetime) -> str:
-    from dlock.timefmt import rfc3339_ms
-
-    return rfc3339_ms(value) or ""
 
 
 def start_up() -> None:
     """Once per lock-server process with LOCK_BACKEND=etcd (called from lockserver/apps.py).
 
-    Builds the backend (which persists or raises the token offset) and registers the etcd
-    readiness check. A floor that cannot be made safe stops the process with one line.
+    Builds the backend, which persists or raises the token offset so every next token exceeds
+    LOCK_TOKEN_FLOOR (and pg's last token). A floor that cannot be made safe stops the process
+    with one line; an unreachable etcd does not (the floor is then ensured before the first
+    grant, and readiness stays DOWN until it is).
     """
     import sys
 
-    from dlock.health import register_readiness_check
     from lockserver.backends import get_backend
 
     try:
-        backend = get_backend()
+        get_backend()
     except TokenFloorError as exc:
         sys.stderr.write(f"dlock lock-server: refusing to start: {exc}\n")
         sys.stderr.flush()
         raise SystemExit(3) from None
-    register_readiness_check("etcd", backend.check_ready)

@@ -18,7 +18,10 @@ pytestmark = pytest.mark.etcd
 def backend(etcd_server):
     """A backend in a namespace of its own (a fresh key prefix) on the shared etcd."""
     instance = EtcdLockBackend(
-        url=etcd_server.url, prefix=f"t-{uuid.uuid4().hex[:12]}/", adopt_pg_sequence=False
+        url=etcd_server.url,
+        prefix=f"t-{uuid.uuid4().hex[:12]}/",
+        adopt_pg_sequence=False,
+        housekeeping=False,
     )
     yield instance
     instance.close()
@@ -86,7 +89,7 @@ def test_grant_lease_expires_while_the_holder_sleeps_and_the_holder_is_lost(back
         )
     )
     assert renew.code == Code.LOCK_LOST
-    assert renew.details == {"storedToken": newer.fencing_token}
+    assert renew.details["storedToken"] == newer.fencing_token
     release = code_of(
         lambda: backend.release(key=lock, session_id=holder.session_id, token=grant.fencing_token)
     )
@@ -112,7 +115,7 @@ def test_contended_acquire_names_the_holder_and_release_is_compare_and_delete(ba
     wrong = code_of(
         lambda: backend.release(key=lock, session_id=a.session_id, token=grant.fencing_token + 1)
     )
-    assert wrong.code == Code.LOCK_LOST and wrong.details == {"storedToken": grant.fencing_token}
+    assert wrong.code == Code.LOCK_LOST and wrong.details["storedToken"] == grant.fencing_token
     # the predicate is (key, token) only: another session naming the right token releases it
     backend.release(key=lock, session_id=b.session_id, token=grant.fencing_token)
     info = backend.inspect(key=lock)
@@ -120,7 +123,7 @@ def test_contended_acquire_names_the_holder_and_release_is_compare_and_delete(ba
     again = code_of(
         lambda: backend.release(key=lock, session_id=a.session_id, token=grant.fencing_token)
     )
-    assert again.code == Code.LOCK_LOST and again.details == {"storedToken": None}
+    assert again.code == Code.LOCK_LOST and again.details["storedToken"] is None
     assert backend.heartbeat(session_id=a.session_id, owner_id="a").held_lock_count == 0
 
 
@@ -209,7 +212,10 @@ def test_waiter_is_granted_after_release_within_its_wait(backend):
 
 def test_waiter_beyond_the_cap_gets_contention_exceeded(etcd_server):
     backend = EtcdLockBackend(
-        url=etcd_server.url, prefix=f"t-{uuid.uuid4().hex[:12]}/", adopt_pg_sequence=False
+        url=etcd_server.url,
+        prefix=f"t-{uuid.uuid4().hex[:12]}/",
+        adopt_pg_sequence=False,
+        housekeeping=False,
     )
     backend.waiter_cap = 1
     lock = key()

@@ -35,7 +35,9 @@ def own_etcd():
 
 
 def backend_on(server: EtcdServer, **kwargs) -> EtcdLockBackend:
-    return EtcdLockBackend(url=server.url, prefix="dlock/", adopt_pg_sequence=False, **kwargs)
+    return EtcdLockBackend(
+        url=server.url, prefix="dlock/", adopt_pg_sequence=False, housekeeping=False, **kwargs
+    )
 
 
 def grant_and_release(backend: EtcdLockBackend, count: int = 1) -> list[int]:
