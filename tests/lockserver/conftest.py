@@ -28,6 +28,7 @@ TEST_LIMITS = {
     "LOCK_RETRY_BUDGET": "5",
     "LOCK_RETRY_WINDOW_MS": "3000",
     "LOCK_HOUSEKEEPING_MS": "200",
+    "LOCK_MAX_TTL_MS": "30000",  # so clamping is observable
 }
 
 
@@ -144,7 +145,21 @@ def lock_server(request):
     server.proc.stop()
 
 
+def assert_error(response, status: int, code: str) -> dict:
+    """The C3 envelope with this status and code; returns the body."""
+    assert response.status_code == status, response.text
+    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+    body = response.json()
+    assert body["code"] == code, body
+    assert set(body) <= {"code", "message", "retrySafe", "retryAfterMillis", "details", "traceId"}
+    return body
+
+
+def new_key() -> str:
+    return f"payout:acct-{uuid.uuid4().hex[:12]}"
+
+
 @pytest.fixture
 def key() -> str:
     """A fresh lock key per test."""
-    return f"payout:acct-{uuid.uuid4().hex[:12]}"
+    return new_key()
