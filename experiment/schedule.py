@@ -57,25 +57,30 @@ def build_schedule(
                 at=at,
                 kind=PAUSE,
                 target=str(rng.randrange(workers)),
-                seconds=round(lease_s * rng.uniform(1.6, 2.6), 2),
+                seconds=round(lease_s * rng.uniform(2.0, 3.0), 2),
                 params={"phase": PHASES[i % len(PHASES)]},
             )
         )
     # kill -9 mid section, twice.
     for _ in range(2):
-        events.append(FaultEvent(at=when(), kind=KILL, target=str(rng.randrange(workers))))
+        events.append(
+            FaultEvent(at=when(0.1 * duration, end), kind=KILL, target=str(rng.randrange(workers)))
+        )
     # Service restarts, spread over the middle of the run.
-    slots = sorted(when(0.15 * duration, 0.8 * duration) for _ in RESTART_ROLES)
+    # Service restarts in the second half: the first half belongs to clean stale-writer races.
+    slots = sorted(when(0.45 * duration, 0.8 * duration) for _ in RESTART_ROLES)
     roles = list(RESTART_ROLES)
     rng.shuffle(roles)
     events += [
         FaultEvent(at=at, kind=RESTART, target=role) for at, role in zip(slots, roles, strict=True)
     ]
     if pg_restart:
-        events.append(FaultEvent(at=when(0.4 * duration, 0.7 * duration), kind=PG_RESTART))
-    # Rail windows: latency above the lease TTL (below the proxy's 8 s read timeout), failures,
-    # duplicate acks. Windows may overlap; the rail's config is the merge of the active ones.
+        events.append(FaultEvent(at=when(0.5 * duration, 0.75 * duration), kind=PG_RESTART))
+    # Rail windows, in the first half (while work flows): latency above the lease TTL (below the
+    # proxy's 8 s read timeout), failures, duplicate acks. Windows may overlap; the rail's config
+    # is the merge of the active ones.
     window = max(2.0, 0.18 * duration)
+    end = 0.45 * duration + window
     latency_ms = min(7000, int(lease_ms * 1.6))
     for _ in range(2):
         events.append(
@@ -99,7 +104,7 @@ def build_schedule(
             at=when(start, end - window),
             kind=DUPLICATE_ACK,
             seconds=round(window, 2),
-            params={"duplicate_ack_rate": 0.3},
+            params={"duplicate_ack_rate": 0.5},
         )
     )
     return sorted(events, key=lambda e: (e.at, e.kind, e.target))

@@ -83,10 +83,21 @@ class WorkerPool:
         return [w.metrics_port for w in self.workers.values() if w.metrics_port]
 
     # -- faults ---------------------------------------------------------------------------
+    def _busy(self, worker: Worker) -> bool:
+        return worker.stopped_at is not None or worker.pause_requested_at is not None
+
+    def _victim(self, index: int) -> Worker | None:
+        """The scheduled victim, or the next one that is not already paused."""
+        for step in range(self.size):
+            worker = self.workers[(index + step) % self.size]
+            if not self._busy(worker):
+                return worker
+        return None
+
     def pause(self, index: int, phase: str, seconds: float) -> None:
-        worker = self.workers[index % self.size]
-        if worker.stopped_at is not None or worker.pause_requested_at is not None:
-            return  # already paused: the schedule's next victim draw will differ
+        worker = self._victim(index)
+        if worker is None:
+            return  # every worker is paused already
         target = self.phase_map.get(phase, phase) if self.phase_map else phase
         if self.hook == "respawn" and target:
             # The old process finishes (or abandons) its section on SIGTERM and exits.
@@ -114,7 +125,7 @@ class WorkerPool:
         self.pauses.append(PauseRecord(worker.owner_id, phase, worker.stopped_at))
 
     def kill(self, index: int) -> None:
-        worker = self.workers[index % self.size]
+        worker = self._victim(index) or self.workers[index % self.size]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.process.pid, signal.SIGKILL)
         worker.process.wait()

@@ -16,11 +16,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from experiment.progress import LivePrinter
 from experiment.report import table
-from experiment.runner import ExperimentConfig, run
+from experiment.runner import CI_PRESET, ExperimentConfig, run
 from experiment.stack import MissingPiece, from_stack_env
-
-# A CI-sized run: both arms in well under two minutes on two cores.
-CI = {"executors": 3, "payouts": 60, "duration": 22.0, "lease_ms": 1500, "drain_timeout": 30.0}
 
 
 class Command(BaseCommand):
@@ -32,14 +29,16 @@ class Command(BaseCommand):
         parser.add_argument("--payouts", type=int, default=None)
         parser.add_argument("--duration", type=float, default=None, help="fault phase, seconds")
         parser.add_argument("--lease-ms", type=int, default=None)
-        parser.add_argument("--base-latency-ms", type=int, default=150)
+        parser.add_argument(
+            "--base-latency-ms", type=int, default=None, help="rail latency outside faults"
+        )
         parser.add_argument("--arm", choices=["fenced", "naive", "both"], default="both")
         parser.add_argument("--out", type=Path, default=None)
         parser.add_argument("--ci", action="store_true", help="small and fast (CI-sized)")
         parser.add_argument("--no-pg-restart", action="store_true")
 
     def handle(self, *args, **options):
-        preset = dict(CI) if options["ci"] else {}
+        preset = dict(CI_PRESET) if options["ci"] else {}
         config = ExperimentConfig(
             seed=options["seed"],
             arm=options["arm"],

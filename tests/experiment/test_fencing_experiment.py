@@ -1,0 +1,157 @@
+"""The fencing experiment, CI-sized: both arms on a private stack under one seeded schedule.
+
+The fenced arm (the real executors, lock server, payments and rail proxy) must produce stale
+writers and fence them out without paying anything twice; the naive arm (lease-only, no tokens)
+must pay some payout twice under the same faults — otherwise the faults proved nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from experiment.measure import CounterScraper
+from experiment.runner import CI_PRESET, ExperimentConfig, run, verdict
+from experiment.schedule import PAUSE, RAIL_LATENCY, build_schedule, rail_config_at
+from experiment.stack import private_stack
+
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def ci_run():
+    base = Path(tempfile.mkdtemp(prefix="dlock-experiment-"))
+    base.chmod(0o755)  # as root the private cluster runs as `postgres`
+    stack, stop = private_stack(base / "stack")
+    config = ExperimentConfig(seed=SEED, arm="both", out=base / "out", **CI_PRESET)
+    try:
+        code, report = run(stack, config)
+    finally:
+        stop()
+    yield code, report, config
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.live
+@pytest.mark.slow
+class TestCiSizedExperiment:
+    def test_fenced_arm_paid_nothing_twice_and_kept_every_invariant(self, ci_run):
+        _code, report, _config = ci_run
+        fenced = report["arms"]["fenced"]
+        assert fenced["duplicates_caused"] == 0, fenced["duplicate_payout_ids"]
+        assert fenced["paid_twice_by_us"] == 0
+        assert fenced["invariant_violation_count"] == 0, fenced["invariant_violations"]
+        assert set(fenced["presented_attempts_histogram"]) <= {"0", "1"}
+        assert fenced["reconciler"]["exit_code"] == 0, fenced["reconciler"]
+
+    def test_fenced_arm_produced_stale_writers_and_fenced_them_out(self, ci_run):
+        _code, report, _config = ci_run
+        fenced = report["arms"]["fenced"]
+        assert fenced["fenced_out_sum"] > 0, fenced["fenced_out_total"]
+        assert fenced["faults"]["pauses"], "no executor was ever paused"
+
+    def test_naive_arm_paid_some_payout_twice_under_the_same_schedule(self, ci_run):
+        _code, report, _config = ci_run
+        naive = report["arms"]["naive"]
+        assert naive["duplicates_caused"] > 0
+        assert naive["presented_attempts_total"] > naive["payouts"] - naive["by_state"].get(
+            "PENDING", 0
+        )
+
+    def test_every_fenced_payout_settled_and_posted_money_matches_the_ledger(self, ci_run):
+        _code, report, _config = ci_run
+        fenced = report["arms"]["fenced"]
+        assert not fenced["still_in_flight"], fenced["still_in_flight"]
+        posted = fenced["by_state"].get("POSTED", 0)
+        assert posted > 0
+        assert fenced["ledger_debits_minor"] == posted * ExperimentConfig().amount_minor
+        assert sum(fenced["by_state"].values()) == fenced["payouts"]
+
+    def test_the_verdict_is_success_and_the_report_and_chart_are_written(self, ci_run):
+        code, report, config = ci_run
+        assert code == 0, report["verdict"]
+        on_disk = json.loads((config.out / "report.json").read_text())
+        assert on_disk["verdict"]["exit_code"] == 0
+        assert on_disk["schedule"] == report["schedule"]
+        assert (config.out / "report.png").stat().st_size > 10_000
+
+
+def test_the_schedule_is_a_pure_function_of_the_seed():
+    first = build_schedule(seed=11, duration=30, workers=4, lease_ms=2000)
+    again = build_schedule(seed=11, duration=30, workers=4, lease_ms=2000)
+    other = build_schedule(seed=12, duration=30, workers=4, lease_ms=2000)
+    assert first == again
+    assert first != other
+
+
+def test_the_schedule_pauses_longer_than_the_lease_in_every_phase_and_has_every_fault():
+    events = build_schedule(seed=3, duration=30, workers=4, lease_ms=2000)
+    kinds = {e.kind for e in events}
+    assert kinds == {
+        "pause",
+        "kill",
+        "restart",
+        "pg_restart",
+        "rail_latency",
+        "rail_failures",
+        "duplicate_ack",
+    }
+    pauses = [e for e in events if e.kind == PAUSE]
+    assert {e.params["phase"] for e in pauses} == {"locked", "claimed", "submitted", "posted"}
+    assert all(e.seconds > 2.0 for e in pauses)
+    assert {e.target for e in events if e.kind == "restart"} == {
+        "railproxy",
+        "payments",
+        "lockserver",
+    }
+    assert all(e.params["latency_ms"] > 2000 for e in events if e.kind == RAIL_LATENCY)
+
+
+def test_the_rail_config_is_the_merge_of_the_active_windows():
+    events = build_schedule(seed=5, duration=30, workers=3, lease_ms=2000)
+    latency = next(e for e in events if e.kind == RAIL_LATENCY)
+    inside = rail_config_at(events, latency.at + 0.01, base_latency_ms=100)
+    after = rail_config_at(events, 1_000, base_latency_ms=100)
+    assert inside["latency_ms"] == latency.params["latency_ms"]
+    assert after == {"latency_ms": 100, "failure_rate": 0.0, "duplicate_ack_rate": 0.0}
+
+
+def test_a_counter_scraper_keeps_counting_across_a_restarted_process():
+    scraper = CounterScraper("lock_fenced_out_total", "resource")
+    line = 'lock_fenced_out_total{resource="rail"} %s\n'
+    scraper.observe("railproxy", line % "4.0", baseline=True)  # counted before this arm
+    scraper.observe("railproxy", line % "6.0")
+    scraper.observe("railproxy", line % "1.0")  # restarted, counted 1 since
+    scraper.observe("railproxy", None)  # down right now
+    scraper.observe("railproxy", line % "3.0")
+    assert scraper.total["rail"] == 2 + 1 + 2
+
+
+def test_the_verdict_is_inconclusive_when_nothing_was_fenced_or_nothing_paid_twice():
+    arm = {
+        "duplicates_caused": 0,
+        "invariant_violation_count": 0,
+        "reconciler": {"exit_code": 0},
+        "fenced_out_sum": 0,
+    }
+    assert verdict({"fenced": arm, "naive": {"duplicates_caused": 0}})[0] == 3
+    assert (
+        verdict({"fenced": {**arm, "fenced_out_sum": 2}, "naive": {"duplicates_caused": 1}})[0] == 0
+    )
+    assert verdict({"fenced": {**arm, "duplicates_caused": 1}})[0] == 1
+
+
+def test_the_command_refuses_a_single_executor():
+    with pytest.raises(CommandError, match="at least 2"):
+        call_command("fencing_experiment", "--executors", "1")
+
+
+def test_the_command_without_a_stack_says_to_run_make_up(monkeypatch, tmp_path):
+    monkeypatch.setenv("DLOCK_RUN_DIR", str(tmp_path))
+    with pytest.raises(CommandError, match="make up"):
+        call_command("fencing_experiment", "--ci", "--out", str(tmp_path / "out"))
