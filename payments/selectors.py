@@ -9,7 +9,7 @@ import json
 import uuid
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import connections
 from django.db.models import Q
 
 from dlock.dbrouter import alias_for
@@ -124,7 +124,7 @@ STATES = tuple(s.value for s in PayoutState)
 
 SUBMISSIONS_SQL = """
 SELECT submission_id, presented_token, owner_id, outcome, rail_reference, submitted_at,
-       resolved_at
+       resolved_at, detail
   FROM rail_submission
  WHERE payout_id = %(payout_id)s
  ORDER BY submitted_at, submission_id
@@ -133,13 +133,9 @@ SELECT submission_id, presented_token, owner_id, outcome, rail_reference, submit
 
 def _submissions(payout_id: uuid.UUID) -> list[dict[str, Any]]:
     """The rail proxy's attempt rows (railproxy owns `rail_submission`, also in paydb)."""
-    try:
-        with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
-            cur.execute(SUBMISSIONS_SQL, {"payout_id": str(payout_id)})
-            rows = cur.fetchall()
-    except DatabaseError:
-        # Only until railproxy's migration lands: no table yet means no submissions yet.
-        return []
+    with connections[_alias()].cursor() as cur:
+        cur.execute(SUBMISSIONS_SQL, {"payout_id": str(payout_id)})
+        rows = cur.fetchall()
     return [
         {
             "submissionId": str(r[0]),
@@ -149,6 +145,7 @@ def _submissions(payout_id: uuid.UUID) -> list[dict[str, Any]]:
             "railReference": r[4],
             "submittedAt": rfc3339_ms(r[5]),
             "resolvedAt": rfc3339_ms(r[6]),
+            "detail": r[7],
         }
         for r in rows
     ]

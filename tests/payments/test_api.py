@@ -604,6 +604,36 @@ def test_payout_read_returns_the_full_payout_and_its_submissions(client):
     assert body["submissions"] == []
 
 
+def test_payout_read_summarises_the_rail_proxy_submissions(client):
+    from railproxy.models import RailSubmission
+
+    p = f.payout(f.account(), 321)
+    fenced, acked = uuid.uuid4(), uuid.uuid4()
+    for sid, token, outcome, ref in ((fenced, 5, "FENCED", None), (acked, 9, "ACKED", "RR-5")):
+        RailSubmission.objects.create(
+            submission_id=sid,
+            payout_id=p.payout_id,
+            account_id=p.account_id,
+            amount_minor=321,
+            currency="EUR",
+            presented_token=token,
+            owner_id="w1",
+            idempotency_key=p.idempotency_key,
+            request_hash="0" * 64,
+            client_ref=str(p.payout_id),
+            outcome=outcome,
+            rail_reference=ref,
+        )
+    body = client.get(f"/v1/payouts/{p.payout_id}").json()
+    subs = body["submissions"]
+    assert {
+        (s["submissionId"], s["presentedToken"], s["outcome"], s["railReference"]) for s in subs
+    } == {
+        (str(fenced), 5, "FENCED", None),
+        (str(acked), 9, "ACKED", "RR-5"),
+    }
+
+
 def test_payout_read_of_unknown_and_malformed_ids(client):
     assert client.get(f"/v1/payouts/{uuid.uuid4()}").json()["code"] == "NOT_FOUND"
     bad = client.get("/v1/payouts/1234")
