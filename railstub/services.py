@@ -44,7 +44,7 @@ class Booking:
 
 
 _rng_lock = threading.Lock()
-_seeded: tuple[int, random.Random] | None = None
+_seeded: tuple[tuple, random.Random] | None = None
 
 
 def _alias() -> str:
@@ -57,13 +57,15 @@ def load_config() -> RailstubConfig:
 
 
 def _draws(config: RailstubConfig, count: int) -> list[float]:
-    """`count` uniform draws; reproducible from the config seed (one stream per process)."""
+    """`count` uniform draws; reproducible from the config seed: writing the config (even with
+    the same seed) restarts the stream, so one process replays the same fault sequence."""
     global _seeded
     with _rng_lock:
         if config.seed is None:
             return [random.random() for _ in range(count)]
-        if _seeded is None or _seeded[0] != config.seed:
-            _seeded = (config.seed, random.Random(config.seed))
+        stream = (config.seed, config.updated_at)
+        if _seeded is None or _seeded[0] != stream:
+            _seeded = (stream, random.Random(config.seed))
         return [_seeded[1].random() for _ in range(count)]
 
 

@@ -86,7 +86,11 @@ class Rail:
             **values,
         }
         assignments = ", ".join(f"{name} = %({name})s" for name in config)
-        self.raildb(f"UPDATE railstub_config SET {assignments} WHERE id = 1", config)
+        self.raildb(
+            f"UPDATE railstub_config SET {assignments}, updated_at = clock_timestamp()"
+            " WHERE id = 1",
+            config,
+        )
 
     def transfers(self, client_ref: str) -> list[tuple]:
         return self.raildb(
