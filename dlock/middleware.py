@@ -43,6 +43,18 @@ def secure_headers(response: HttpResponse) -> HttpResponse:
     return response
 
 
+MONITORING_PATHS = frozenset({"/metrics", "/health/live", "/health/ready"})
+
+
+def _local_port(request: HttpRequest) -> int | None:
+    """The port the connection arrived on (from the socket, never from the Host header)."""
+    sock = request.META.get("gunicorn.socket")
+    try:
+        return sock.getsockname()[1] if sock is not None else None
+    except (OSError, IndexError, TypeError):
+        return None
+
+
 class RequestGuardMiddleware:
     """Refuse bodies we would have to buffer blindly, before any view or database work."""
 
@@ -50,6 +62,9 @@ class RequestGuardMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if settings.METRICS_PORT and request.path not in MONITORING_PATHS:
+            if _local_port(request) == settings.METRICS_PORT:
+                return error_response(ApiError(Code.NOT_FOUND, "no such resource or route"))
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if request.META.get("HTTP_TRANSFER_ENCODING", "").lower() not in ("", "identity"):
             return error_response(

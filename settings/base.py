@@ -82,6 +82,8 @@ USE_I18N = False
 STATIC_URL = "/static/"
 APPEND_SLASH = False
 
+# Second listener for monitoring (settings/gunicorn.py): only /metrics and /health/* answer there.
+METRICS_PORT = env_int("METRICS_PORT", 0, minimum=0)
 # Request limits: the JSON parser enforces the same byte bound for DRF views.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DLOCK_MAX_BODY_BYTES", 64 * 1024, minimum=1024)
 DLOCK_MAX_JSON_DEPTH = 32

@@ -17,7 +17,12 @@ def _int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
-bind = f"{os.environ.get('BIND_HOST', '127.0.0.1')}:{os.environ.get('PORT', '8080')}"
+_host = os.environ.get("BIND_HOST", "127.0.0.1")
+bind = [f"{_host}:{os.environ.get('PORT', '8080')}"]
+# Kubernetes scrapes a separate port (`http-metrics`) that answers /metrics and /health/* only
+# (dlock.middleware.RequestGuardMiddleware), so NetworkPolicy can open it to monitoring alone.
+if os.environ.get("METRICS_PORT"):
+    bind.append(f"{_host}:{os.environ['METRICS_PORT']}")
 
 # One process per role, threads inside it (measured in docs/benchmarks.md): the GIL caps a process
 # at about one core of Python, Prometheus counters stay in one process (no multiprocess dir), and

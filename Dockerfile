@@ -1,0 +1,40 @@
+# dlock: one image, every role. ROLE selects the process (scripts/container-entrypoint.sh):
+#   lockserver | payments | railproxy | railstub  -> gunicorn -c settings/gunicorn.py settings.wsgi
+#   executor                                        -> manage.py run_executor
+#   ops                                             -> manage.py <args> (migrate, reconcile, ...)
+# Build: docker build -t dlock:dev .    Run: docker run -e ROLE=railstub -e ... dlock:dev
+
+# ---- build stage: a virtualenv with the runtime dependencies only ---------------------------
+FROM python:3.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY requirements.txt ./
+# Everything after "# tests and tooling" (pytest, ruff, schemathesis, ...) stays out of the image.
+# All runtime dependencies ship wheels (psycopg[binary]), so no compiler is needed even here.
+RUN sed '/^# tests and tooling/,$d' requirements.txt > runtime.txt \
+ && python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-compile -r runtime.txt \
+ && /opt/venv/bin/pip uninstall -y pip setuptools wheel
+
+# ---- final stage: no build tools, no pip, non-root ------------------------------------------
+FROM python:3.11-slim-bookworm
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    DLOCK_ENVIRONMENT=production \
+    DJANGO_DEBUG=false \
+    BIND_HOST=0.0.0.0 \
+    PORT=8080
+RUN groupadd --system --gid 10001 dlock \
+ && useradd --system --uid 10001 --gid dlock --no-create-home --shell /usr/sbin/nologin dlock \
+ && python -m pip uninstall -y pip setuptools wheel
+COPY --from=build /opt/venv /opt/venv
+WORKDIR /app
+# .dockerignore is an allow-list: only the application code reaches this layer.
+COPY --chown=root:root . /app
+# Code stays root-owned and read-only for the service user.
+USER 10001:10001
+EXPOSE 8080 9100
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+  CMD ["python", "scripts/container-healthcheck.py"]
+ENTRYPOINT ["/bin/sh", "/app/scripts/container-entrypoint.sh"]

@@ -1,0 +1,350 @@
+"""The container image and the Kubernetes base keep their invariants (no Docker engine or cluster
+is needed: the Dockerfile is read, and the kustomization is parsed, or rendered when kubectl is
+installed)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from django.conf import settings
+from django.urls import Resolver404, resolve
+
+from dlock.budgets import BUDGETS, RAIL_READ_TIMEOUT_S
+from dlock.devstack import PROJECT
+from dlock.roles import ROLES
+
+K8S = PROJECT / "k8s"
+SERVER_ROLES = {  # Deployment name -> ROLE
+    "lock-server": "lockserver",
+    "payment-resource": "payments",
+    "rail-proxy": "railproxy",
+    "rail-stub": "railstub",
+}
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "CronJob", "Job"}
+COMPONENT = "app.kubernetes.io/component"
+# Caller's read budget per role (C3 §3.8), the strictest of the hops that reach it.
+CALLER_READ_S = {
+    "lockserver": BUDGETS["lock.heartbeat"].read_s,
+    "payments": BUDGETS["payments.write"].read_s,
+    "railproxy": BUDGETS["rail.submit"].read_s,
+    "railstub": BUDGETS["rail.forward"].read_s,
+}
+
+
+def _documents() -> list[dict]:
+    if shutil.which("kubectl"):
+        rendered = subprocess.run(
+            ["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, check=True
+        ).stdout
+        return [d for d in yaml.safe_load_all(rendered) if d]
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    docs: list[dict] = []
+    for name in kustomization["resources"]:
+        docs += [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
+    return docs
+
+
+DOCS = _documents()
+
+
+def of_kind(kind: str) -> list[dict]:
+    return [d for d in DOCS if d["kind"] == kind]
+
+
+def named(kind: str, name: str) -> dict:
+    return next(d for d in of_kind(kind) if d["metadata"]["name"] == name)
+
+
+def pod_template(workload: dict) -> dict:
+    if workload["kind"] == "CronJob":
+        return workload["spec"]["jobTemplate"]["spec"]["template"]
+    return workload["spec"]["template"]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+WORKLOADS = [d for d in DOCS if d["kind"] in WORKLOAD_KINDS]
+
+
+def test_the_base_has_a_deployment_service_and_pdb_per_server_role_and_the_rest():
+    for name in SERVER_ROLES:
+        named("Deployment", name), named("Service", name), named("PodDisruptionBudget", name)
+    named("Deployment", "executor")
+    reconciler = named("CronJob", "reconciler")
+    container = pod_template(reconciler)["spec"]["containers"][0]
+    assert container["args"][0] == "reconcile" and env_of(container)["ROLE"]["value"] == "ops"
+    etcd = named("StatefulSet", "etcd")
+    assert etcd["spec"]["replicas"] == 3
+    assert named("PodDisruptionBudget", "etcd")["spec"]["minAvailable"] == 2
+    assert {d["kind"] for d in DOCS} >= {"ConfigMap", "Secret", "NetworkPolicy", "Namespace"}
+
+
+@pytest.mark.parametrize("name", sorted(SERVER_ROLES))
+def test_probe_paths_exist_in_the_roles_urlconf_and_ports_are_named(name):
+    deployment = named("Deployment", name)
+    container = pod_template(deployment)["spec"]["containers"][0]
+    role = env_of(container)["ROLE"]["value"]
+    assert role == SERVER_ROLES[name]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": 8080,
+        "http-metrics": 9100,
+    }
+    assert env_of(container)["PORT"]["value"] == "8080"
+    assert env_of(container)["METRICS_PORT"]["value"] == "9100"
+    probes = {"readinessProbe": "/health/ready", "livenessProbe": "/health/live"}
+    for probe, expected in probes.items():
+        get = container[probe]["httpGet"]
+        assert get["path"] == expected and get["port"] == "http"
+        try:
+            resolve(get["path"], urlconf=f"{role}.urls")
+        except Resolver404:
+            pytest.fail(f"{name}: {probe} path {get['path']} is not in {role}.urls")
+    annotations = pod_template(deployment)["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "9100"
+    resolve(annotations["prometheus.io/path"], urlconf=f"{role}.urls")
+    service = named("Service", name)
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
+        "http": "http",
+        "http-metrics": "http-metrics",
+    }
+    assert selects(
+        {"matchLabels": service["spec"]["selector"]}, pod_template(deployment)["metadata"]["labels"]
+    )
+
+
+@pytest.mark.parametrize(
+    "workload", WORKLOADS, ids=lambda w: f"{w['kind']}/{w['metadata']['name']}"
+)
+def test_every_container_runs_as_non_root_without_privileges_and_with_resources(workload):
+    spec = pod_template(workload)["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    assert spec.get("automountServiceAccountToken") is False
+    for container in spec["containers"]:
+        ctx = container["securityContext"]
+        assert ctx["runAsNonRoot"] is True and ctx.get("runAsUser", 1) != 0
+        assert ctx["allowPrivilegeEscalation"] is False
+        assert ctx["capabilities"]["drop"] == ["ALL"]
+        assert ctx["readOnlyRootFilesystem"] is True
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+        assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+        # Secrets only by name, never a whole Secret into the environment.
+        assert all("secretRef" not in source for source in container.get("envFrom", []))
+
+
+@pytest.mark.parametrize(
+    "workload", WORKLOADS, ids=lambda w: f"{w['kind']}/{w['metadata']['name']}"
+)
+def test_every_workload_has_its_own_network_policy(workload):
+    labels = pod_template(workload)["metadata"]["labels"]
+    own = [
+        p
+        for p in of_kind("NetworkPolicy")
+        if p["spec"]["podSelector"].get("matchLabels", {}).get(COMPONENT) == labels[COMPONENT]
+    ]
+    assert len(own) == 1, labels
+    assert set(own[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    deny = named("NetworkPolicy", "default-deny")["spec"]
+    assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
+
+
+def _ingress_sources(name: str) -> set[str]:
+    policy = named("NetworkPolicy", name)["spec"]
+    return {
+        peer["podSelector"]["matchLabels"][COMPONENT]
+        for rule in policy.get("ingress", [])
+        for peer in rule.get("from", [])
+    }
+
+
+def _egress_targets(name: str) -> set[str]:
+    policy = named("NetworkPolicy", name)["spec"]
+    targets = {
+        peer["podSelector"]["matchLabels"].get(COMPONENT)
+        for rule in policy.get("egress", [])
+        for peer in rule.get("to", [])
+        if "podSelector" in peer
+    }
+    return targets - {None}
+
+
+def test_only_the_executor_reaches_the_services_and_only_the_proxy_reaches_the_rail():
+    assert _ingress_sources("rail-stub") == {"rail-proxy"}
+    assert _ingress_sources("rail-proxy") == {"executor"}
+    # Operator Jobs (revoke_lock) are the one deliberate exception; see docs/security.md.
+    assert _ingress_sources("lock-server") == {"executor", "operator"}
+    assert _ingress_sources("payment-resource") == {"executor", "operator"}
+    assert _ingress_sources("etcd") == {"lock-server", "etcd"}
+    assert _egress_targets("executor") == {"lock-server", "payment-resource", "rail-proxy"}
+    callers_of_the_rail = {
+        p["metadata"]["name"]
+        for p in of_kind("NetworkPolicy")
+        if "rail-stub" in _egress_targets(p["metadata"]["name"])
+    }
+    assert callers_of_the_rail == {"rail-proxy"}
+
+
+def test_each_role_reaches_only_its_own_database_and_gets_only_its_own_url():
+    db_cidr = {}
+    for policy in of_kind("NetworkPolicy"):
+        for rule in policy["spec"].get("egress", []):
+            for peer in rule.get("to", []):
+                if "ipBlock" in peer:
+                    db_cidr.setdefault(policy["metadata"]["name"], set()).add(
+                        peer["ipBlock"]["cidr"]
+                    )
+    assert len(db_cidr["lock-server"]) == len(db_cidr["rail-stub"]) == 1
+    assert db_cidr["payment-resource"] == db_cidr["rail-proxy"]
+    assert db_cidr["lock-server"].isdisjoint(db_cidr["payment-resource"] | db_cidr["rail-stub"])
+    assert "executor" not in db_cidr
+    url_keys = {"LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"}
+    expected = {
+        "lock-server": {"LOCK_DATABASE_URL"},
+        "payment-resource": {"PAY_DATABASE_URL"},
+        "rail-proxy": {"PAY_DATABASE_URL"},
+        "rail-stub": {"RAIL_DATABASE_URL"},
+        "executor": set(),
+    }
+    for name, keys in expected.items():
+        container = pod_template(named("Deployment", name))["spec"]["containers"][0]
+        assert set(env_of(container)) & url_keys == keys, name
+
+
+@pytest.mark.parametrize("name", sorted(SERVER_ROLES))
+def test_drain_and_database_deadlines_fit_inside_the_callers_budget(name):
+    deployment = named("Deployment", name)
+    spec = pod_template(deployment)["spec"]
+    container = spec["containers"][0]
+    env = env_of(container)
+    role = SERVER_ROLES[name]
+    graceful = int(env["GUNICORN_GRACEFUL_TIMEOUT"]["value"])
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert spec["terminationGracePeriodSeconds"] > graceful + pre_stop
+    queue_ms = int(env["DB_QUEUE_DEADLINE_MS"]["value"])
+    statement_ms = int(env["DB_STATEMENT_TIMEOUT_MS"]["value"])
+    own_s = (queue_ms + statement_ms) / 1000
+    if role == "railproxy":  # the forward plus the exchanges before and after it
+        own_s = BUDGETS["rail.forward"].connect_s + RAIL_READ_TIMEOUT_S + 2 * own_s
+    assert own_s < CALLER_READ_S[role], (name, own_s)
+    if role == "railproxy":
+        assert graceful >= own_s
+    if role == "lockserver":
+        assert graceful > 30  # waitMillis may be 30 s (C3 L4)
+
+
+def test_the_gunicorn_defaults_drain_the_longest_request_of_each_role(monkeypatch):
+    import runpy
+
+    for role in SERVER_ROLES.values():
+        monkeypatch.setenv("ROLE", role)
+        monkeypatch.delenv("GUNICORN_GRACEFUL_TIMEOUT", raising=False)
+        config = runpy.run_path(str(PROJECT / "settings" / "gunicorn.py"))
+        assert config["worker_class"] == "dlock.serving.DrainingThreadWorker"
+        assert config["limit_request_line"] <= 8190 and config["limit_request_fields"] <= 100
+        assert config["limit_request_field_size"] <= 8190
+        assert config["timeout"] > config["graceful_timeout"] or role != "lockserver"
+        if role == "railproxy":
+            assert config["graceful_timeout"] > 1 + RAIL_READ_TIMEOUT_S
+        if role == "lockserver":
+            assert config["graceful_timeout"] > 30
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def _stages() -> list[list[str]]:
+    lines, current = [], ""
+    for raw in (PROJECT / "Dockerfile").read_text().splitlines():
+        if raw.strip().startswith("#") and not current:
+            continue
+        current += raw.rstrip("\\").strip() + " "
+        if not raw.rstrip().endswith("\\"):
+            if current.strip():
+                lines.append(current.strip())
+            current = ""
+    stages: list[list[str]] = []
+    for line in lines:
+        if line.upper().startswith("FROM "):
+            stages.append([])
+        stages[-1].append(line)
+    return stages
+
+
+def test_the_dockerfile_is_multi_stage_slim_non_root_with_a_healthcheck_and_no_build_tools():
+    stages = _stages()
+    assert len(stages) >= 2
+    final = stages[-1]
+    assert re.match(r"FROM python:3\.11-slim", final[0])
+    user = [line for line in final if line.startswith("USER ")]
+    assert user and user[-1].split()[1].split(":")[0] not in ("0", "root")
+    assert any(line.startswith("HEALTHCHECK ") for line in final)
+    entrypoint = next(line for line in final if line.startswith("ENTRYPOINT "))
+    assert "container-entrypoint.sh" in entrypoint
+    text = " ".join(final)
+    for tool in ("gcc", "build-essential", "apt-get install", "libpq-dev", "pip install"):
+        assert tool not in text
+    assert "COPY --from=build /opt/venv /opt/venv" in text
+    assert "DLOCK_ENVIRONMENT=production" in text
+
+
+def test_the_image_ships_runtime_dependencies_only():
+    requirements = (PROJECT / "requirements.txt").read_text()
+    runtime = requirements.split("# tests and tooling")[0]
+    assert "gunicorn==" in runtime and "Django==" in runtime and "psycopg" in runtime
+    for tool in ("pytest", "ruff", "schemathesis", "hypothesis", "testcontainers"):
+        assert tool not in runtime
+
+
+def test_the_dockerignore_allows_every_app_and_nothing_private():
+    rules = [
+        line.strip()
+        for line in (PROJECT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert rules[0] == "*"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    local_apps = {
+        app.split(".")[0]
+        for app in settings.INSTALLED_APPS
+        if (PROJECT / app.split(".")[0] / "apps.py").exists()
+    }
+    assert local_apps <= allowed
+    assert {"dlock", "settings", "manage.py"} <= allowed
+    assert not allowed & {"tests", ".venv", ".run", ".git", "bench"}
+
+
+def test_the_entrypoint_knows_every_role_and_refuses_the_rest():
+    script = PROJECT / "scripts" / "container-entrypoint.sh"
+    subprocess.run(["sh", "-n", str(script)], check=True)
+    text = script.read_text()
+    for role in ROLES:
+        assert re.search(rf"\b{role}\b", text), role
+    result = subprocess.run(
+        ["sh", str(script)],
+        env={"ROLE": "bogus", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
+    assert result.returncode == 2 and "set ROLE" in result.stderr
+
+
+def test_the_healthcheck_script_passes_for_roles_without_a_listener():
+    script = PROJECT / "scripts" / "container-healthcheck.py"
+    import sys
+
+    result = subprocess.run([sys.executable, str(script)], env={"ROLE": "executor"})
+    assert result.returncode == 0
+    result = subprocess.run([sys.executable, str(script)], env={"ROLE": "railstub", "PORT": "1"})
+    assert result.returncode == 1

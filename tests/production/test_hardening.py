@@ -1,0 +1,126 @@
+"""Hardening under the real server: headers, limits, the monitoring port, start-up refusals."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from dlock.devstack import PROJECT, free_port
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    from tests.production.conftest import start_probe
+
+    metrics_port = free_port()
+    started = start_probe(tmp_path_factory.mktemp("hardening"), METRICS_PORT=str(metrics_port))
+    started.metrics_port = metrics_port
+    yield started
+    started.stop()
+
+
+def raw_request(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(payload)
+        chunks = []
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks)
+
+
+def test_json_answers_carry_the_security_headers_errors_included(probe):
+    for path in ("/health/live", "/no/such/route"):
+        response = requests.get(f"{probe.url}{path}", timeout=5)
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert response.headers["X-Frame-Options"] == "DENY"
+        assert response.headers["Cache-Control"] == "no-store"
+        assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+        assert response.headers["Referrer-Policy"] == "no-referrer"
+
+
+def test_the_browsable_api_answers_a_browser_on_get_and_errors_stay_json(probe):
+    html = {"Accept": "text/html"}
+    page = requests.get(f"{probe.url}/probe/sleep", params={"ms": 0}, headers=html, timeout=5)
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert "rest_framework" in page.text and "slept" in page.text
+    error = requests.get(f"{probe.url}/no/such/route", headers=html, timeout=5)
+    assert error.status_code == 404
+    assert error.headers["Content-Type"] == "application/json; charset=utf-8"
+    write = requests.post(f"{probe.url}/probe/bump/3", json={"tag": "x"}, headers=html, timeout=5)
+    assert write.headers["Content-Type"] == "application/json; charset=utf-8"
+    plain = requests.get(f"{probe.url}/probe/sleep", params={"ms": 0}, timeout=5)
+    assert plain.headers["Content-Type"] == "application/json; charset=utf-8"
+
+
+def test_the_docs_and_their_assets_are_served_locally(probe):
+    schema = requests.get(f"{probe.url}/v1/schema", timeout=10)
+    assert schema.status_code == 200 and schema.json()["openapi"].startswith("3.")
+    for page in ("/v1/docs", "/v1/redoc"):
+        body = requests.get(f"{probe.url}{page}", timeout=5).text
+        assert "cdn" not in body.lower() and "/static/drf_spectacular_sidecar/" in body
+    asset = requests.get(
+        f"{probe.url}/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js",
+        timeout=10,
+    )
+    assert asset.status_code == 200 and "javascript" in asset.headers["Content-Type"]
+    for sneaky in ("/static/../settings/base.py", "/static/dlock/errors.py"):
+        assert requests.get(f"{probe.url}{sneaky}", timeout=5).status_code == 404
+
+
+def test_the_monitoring_port_answers_metrics_and_health_only(probe):
+    metrics = f"http://127.0.0.1:{probe.metrics_port}"
+    assert requests.get(f"{metrics}/metrics", timeout=5).status_code == 200
+    assert requests.get(f"{metrics}/health/ready", timeout=5).status_code == 200
+    api = requests.get(f"{metrics}/probe/sleep", params={"ms": 0}, timeout=5)
+    assert api.status_code == 404 and api.json()["code"] == "NOT_FOUND"
+    # The Host header can't talk its way past the guard: the socket decides.
+    spoofed = requests.get(
+        f"{metrics}/v1/schema", headers={"Host": f"127.0.0.1:{probe.port}"}, timeout=5
+    )
+    assert spoofed.status_code == 404
+    assert requests.get(f"{probe.url}/probe/sleep", params={"ms": 0}, timeout=5).ok
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"X-Owner-Id: a\rb\r\n",  # bare CR inside a value
+        b"X-Owner-Id: " + b"a" * 5000 + b"\r\n",  # over limit_request_field_size
+        b"".join(b"X-H%d: v\r\n" % i for i in range(60)),  # over limit_request_fields
+    ],
+    ids=["cr-in-value", "huge-value", "too-many-fields"],
+)
+def test_malformed_or_oversized_headers_are_refused_before_the_app(probe, header):
+    answer = raw_request(
+        probe.port, b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n" + header + b"\r\n"
+    )
+    status = int(answer.split(b" ", 2)[1])
+    assert 400 <= status < 500
+
+
+def test_an_overlong_request_line_is_refused(probe):
+    answer = raw_request(probe.port, b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert 400 <= int(answer.split(b" ", 2)[1]) < 500
+
+
+def test_production_refuses_debug_at_start_up():
+    env = {
+        **os.environ,
+        "ROLE": "railstub",
+        "DJANGO_DEBUG": "true",
+        "DLOCK_ENVIRONMENT": "production",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=PROJECT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode != 0 and "DJANGO_DEBUG=true is refused" in result.stderr
