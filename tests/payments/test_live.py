@@ -1,0 +1,105 @@
+"""The payment resource under gunicorn on loopback (shared live stack: fresh ids every test)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.live
+
+TIMEOUT = 5
+
+
+def _seed(live_stack, *, balance=10_000, amount=1_000, payouts=2) -> dict:
+    done = live_stack.manage(
+        "seed_payouts",
+        "--accounts=1",
+        f"--payouts-per-account={payouts}",
+        f"--balance-minor={balance}",
+        f"--amount-minor={amount}",
+        "--json",
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _fenced_total(base: str, resource: str = "account") -> float:
+    text = requests.get(f"{base}/metrics", timeout=TIMEOUT).text
+    match = re.search(rf'^lock_fenced_out_total\{{resource="{resource}"\}} (\S+)$', text, re.M)
+    assert match, "lock_fenced_out_total must be exposed with a zero series per resource"
+    return float(match.group(1))
+
+
+def _claim(base, payout_id, token, owner="w1", expected="PENDING"):
+    return requests.post(
+        f"{base}/v1/payouts/{payout_id}/claim",
+        json={"expectedState": expected},
+        headers={
+            "X-Fencing-Token": str(token),
+            "X-Owner-Id": owner,
+            "X-Idempotency-Key": f"payout-{payout_id}",
+        },
+        timeout=TIMEOUT,
+    )
+
+
+def test_claim_fenced_out_and_replay_over_real_http(live_stack):
+    base = live_stack.url("payments")
+    seeded = _seed(live_stack)
+    first, second = seeded["payouts"]
+    # Tokens far above anything another test on this shared stack would present.
+    newer = 9_000_000_000 + uuid.uuid4().int % 1_000_000_000
+    before = _fenced_total(base)
+
+    won = _claim(base, first, newer)
+    replay = _claim(base, first, newer)
+    fenced = _claim(base, second, newer - 5, owner="paused-worker")
+
+    assert won.status_code == 200 and won.json()["accountFence"] == newer
+    assert replay.status_code == 200 and replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.content == won.content
+    assert fenced.status_code == 409
+    assert fenced.headers["Content-Type"] == "application/json; charset=utf-8"
+    assert fenced.json()["details"] == {
+        "presentedToken": newer - 5,
+        "highestToken": newer,
+        "resourceType": "account",
+        "resourceId": seeded["accounts"][0],
+        "ownerId": "paused-worker",
+    }
+    assert _fenced_total(base) - before == 1
+
+
+def test_metrics_carry_no_payout_or_account_ids(live_stack):
+    base = live_stack.url("payments")
+    seeded = _seed(live_stack, payouts=1)
+    _claim(base, seeded["payouts"][0], 1)  # whatever the answer, ids must not become labels
+    text = requests.get(f"{base}/metrics", timeout=TIMEOUT).text
+    assert seeded["payouts"][0] not in text and seeded["accounts"][0] not in text
+    assert re.search(r"payout_id|account_id", text) is None
+
+
+def test_invalid_token_over_http_is_400_before_any_work(live_stack):
+    base = live_stack.url("payments")
+    response = requests.post(
+        f"{base}/v1/payouts/{uuid.uuid4()}/claim",
+        data='{"expectedState":"PENDING"}',
+        headers={
+            "Content-Type": "application/json",
+            "X-Fencing-Token": "abc",
+            "X-Owner-Id": "w1",
+            "X-Idempotency-Key": "k1",
+        },
+        timeout=TIMEOUT,
+    )
+    assert response.status_code == 400 and response.json()["code"] == "INVALID_TOKEN"
+
+
+def test_account_read_over_http_after_seeding(live_stack):
+    base = live_stack.url("payments")
+    seeded = _seed(live_stack, balance=4_200, payouts=0)
+    body = requests.get(f"{base}/v1/accounts/{seeded['accounts'][0]}", timeout=TIMEOUT).json()
+    assert body["balanceMinor"] == body["ledgerSumMinor"] == 4_200
