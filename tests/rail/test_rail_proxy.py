@@ -366,3 +366,42 @@ def test_outgoing_call_carries_the_trace_id(rail, rail_stack):
     stub_log = (rail_stack.logdir / "railstub.log").read_text()
     line = next(line for line in stub_log.splitlines() if payout.payout_id in line)
     assert trace in line
+
+
+def test_real_claim_then_submit_then_post_runs_the_whole_payout(rail_stack, rail):
+    """P2 claim (payments) → rail submission (proxy) → P3 post; P4 shows the submission."""
+    payout = rail.claimed_payout(token=1)
+    rail.pay(
+        "UPDATE payout SET state = 'PENDING', claim_token = NULL, attempt_count = 0"
+        " WHERE payout_id = %s",
+        [payout.payout_id],
+    )
+    rail.pay("UPDATE account SET fence = 0 WHERE account_id = %s", [payout.account_id])
+    payments = rail_stack.url("payments")
+    headers = {"X-Fencing-Token": "33", "X-Owner-Id": "worker-a", "X-Idempotency-Key": payout.key}
+
+    claim = requests.post(
+        f"{payments}/v1/payouts/{payout.payout_id}/claim",
+        json={"expectedState": "PENDING"},
+        headers=headers,
+        timeout=10,
+    )
+    assert claim.status_code == 200, claim.text
+    submitted = rail.submit(payout, token=33)
+    assert submitted.status_code == 200, submitted.text
+    post = requests.post(
+        f"{payments}/v1/payouts/{payout.payout_id}/post",
+        json={
+            "railReference": submitted.json()["railReference"],
+            "submissionId": submitted.json()["submissionId"],
+            "railOutcome": "ACKED",
+        },
+        headers=headers,
+        timeout=10,
+    )
+
+    assert post.status_code == 200, post.text
+    assert rail.payout_state(payout.payout_id) == "POSTED"
+    detail = requests.get(f"{payments}/v1/payouts/{payout.payout_id}", timeout=10).json()
+    assert [s["outcome"] for s in detail["submissions"]] == ["ACKED"]
+    assert len(rail.transfers(payout.payout_id)) == 1
