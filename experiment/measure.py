@@ -235,6 +235,7 @@ def collect(
         "paid_twice_by_us": len(paid_twice),
         "presented_attempts_total": sum(presented.values()),
         "rail_duplicate_acks": sum(rail_dups.values()),
+        "rail_duplicate_payout_ids": sorted(rail_dups),
         "rail_transfers": len(transfers),
         "money_out_minor": money_out,
         "ledger_debits_minor": debits,

@@ -34,7 +34,7 @@ def ci_run():
     finally:
         stop()
     yield code, report, config
-    shutil.rmtree(base, ignore_errors=True)
+    shutil.rmtree(base / "stack", ignore_errors=True)  # the report and logs stay for a post-mortem
 
 
 @pytest.mark.live
@@ -47,7 +47,9 @@ class TestCiSizedExperiment:
         assert fenced["paid_twice_by_us"] == 0
         assert fenced["invariant_violation_count"] == 0, fenced["invariant_violations"]
         assert set(fenced["presented_attempts_histogram"]) <= {"0", "1"}
-        assert fenced["reconciler"]["exit_code"] == 0, fenced["reconciler"]
+        # The reconciler may flag the rail's own duplicate acks; nothing else.
+        assert fenced["reconciler"]["unexplained_violations"] == []
+        assert "report" in fenced["reconciler"], fenced["reconciler"]
 
     def test_fenced_arm_produced_stale_writers_and_fenced_them_out(self, ci_run):
         _code, report, _config = ci_run
@@ -136,7 +138,7 @@ def test_the_verdict_is_inconclusive_when_nothing_was_fenced_or_nothing_paid_twi
     arm = {
         "duplicates_caused": 0,
         "invariant_violation_count": 0,
-        "reconciler": {"exit_code": 0},
+        "reconciler": {"exit_code": 0, "unexplained_violations": []},
         "fenced_out_sum": 0,
     }
     assert verdict({"fenced": arm, "naive": {"duplicates_caused": 0}})[0] == 3
