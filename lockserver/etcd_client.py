@@ -98,7 +98,8 @@ def _range_result(raw: dict[str, Any]) -> RangeResult:
 class TxnResult:
     succeeded: bool
     revision: int  # the store's revision after the txn (the txn's own revision if it wrote)
-    responses: list[RangeResult | None]  # one per op: a RangeResult for ranges, else None
+    # one per op: a RangeResult for ranges (and for deletes: the deleted kvs), None for puts
+    responses: list[RangeResult | None]
 
 
 # --------------------------------------------------------------------------- txn builders
@@ -124,8 +125,11 @@ def put(key: str, value: str | bytes, lease: int = 0) -> dict[str, Any]:
     return {"request_put": body}
 
 
-def delete(key: str) -> dict[str, Any]:
-    return {"request_delete_range": {"key": _b64(key)}}
+def delete(key: str, *, prev_kv: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": _b64(key)}
+    if prev_kv:
+        body["prev_kv"] = True
+    return {"request_delete_range": body}
 
 
 def get(key: str, *, prefix: bool = False, count_only: bool = False) -> dict[str, Any]:
@@ -206,6 +210,14 @@ class EtcdClient:
         for item in data.get("responses", []):
             if "response_range" in item:
                 responses.append(_range_result(item["response_range"]))
+            elif "response_delete_range" in item:
+                deleted = item["response_delete_range"]
+                responses.append(
+                    RangeResult(
+                        kvs=[_kv(kv) for kv in deleted.get("prev_kvs", [])],
+                        count=int(deleted.get("deleted", 0)),
+                    )
+                )
             else:
                 responses.append(None)
         return TxnResult(

@@ -73,9 +73,10 @@ logger = logging.getLogger("dlock.lockserver.etcd")
 
 F = TypeVar("F", bound=Callable[..., Any])
 INT64_MAX = 2**63 - 1
-# etcd's lessor revokes expired leases every 500 ms; this bounds how long an acquire waits for
-# the store to act on an expiry that has already happened (only then, never to extend a wait)
+# etcd's lessor revokes expired leases every 500 ms; this bounds how long a call waits for the
+# store to act on an expiry that has already happened (only then; it never extends a lease)
 EXPIRY_GRACE_S = 0.75
+FRESH_LEASE_S = 0.1
 
 
 class TokenFloorError(RuntimeError):
@@ -96,6 +97,11 @@ def _ms(value: dt.datetime) -> int:
 
 def _from_ms(value: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(value / 1000, dt.UTC)
+
+
+def _deadline_passed(kv: KeyValue | None) -> bool:
+    """The deadline recorded in a grant or session value has passed by our clock."""
+    return kv is not None and kv.json().get("expiresAt", INT64_MAX) <= _ms(_now())
 
 
 def _dump(value: dict[str, Any]) -> str:
@@ -321,7 +327,13 @@ class EtcdLockBackend:
         if granted > seconds:
             logger.warning("etcd raised a %ss lease to its minimum %ss", seconds, granted)
         session_id = uuid.uuid4()
-        record = {"ownerId": owner_id, "ttlMs": seconds * 1000, "lease": lease}
+        expires_at = _now() + dt.timedelta(seconds=seconds)
+        record = {
+            "ownerId": owner_id,
+            "ttlMs": seconds * 1000,
+            "lease": lease,
+            "expiresAt": _ms(expires_at),  # never before etcd's own expiry of the lease
+        }
         for _attempt in range(2):
             retention = self._retention()
             try:
@@ -344,7 +356,7 @@ class EtcdLockBackend:
             session_id=session_id,
             owner_id=owner_id,
             ttl_ms=seconds * 1000,
-            expires_at=_now() + dt.timedelta(seconds=seconds),
+            expires_at=expires_at,
         )
 
     def _read_meta(self, session_id: uuid.UUID) -> KeyValue | None:
@@ -364,6 +376,12 @@ class EtcdLockBackend:
             raise _owner_mismatch()
         if self.client.lease_keepalive(record["lease"]) <= 0:
             raise _session_expired(session_id)
+        now = _now()
+        record["expiresAt"] = _ms(now) + record["ttlMs"]
+        self.client.txn(
+            [compare(self._sess_key(session_id), "CREATE", "GREATER", 0)],
+            [put(self._sess_key(session_id), _dump(record), record["lease"])],
+        )
         retention = self._retention()
         if meta.lease != retention:
             # keep the metadata at least `retention` past the last heartbeat (410 vs 404)
@@ -371,10 +389,9 @@ class EtcdLockBackend:
                 [compare(self._meta_key(session_id), "MOD", "EQUAL", meta.mod_revision)],
                 [put(self._meta_key(session_id), meta.value, retention)],
             )
-        now = _now()
         return HeartbeatRecord(
             session_id=session_id,
-            expires_at=now + dt.timedelta(milliseconds=record["ttlMs"]),
+            expires_at=_from_ms(record["expiresAt"]),
             server_time=now,
             held_lock_count=read.responses[1].count,
         )
@@ -468,8 +485,16 @@ class EtcdLockBackend:
         seconds = ttl_seconds(ttl_ms)
         owner = self._session_owner(session_id)
         lease, _ = self.client.lease_grant(seconds)
+        leased_at = time.monotonic()
         try:
             for _attempt in range(8):
+                if time.monotonic() - leased_at > FRESH_LEASE_S:
+                    # the lease's TTL runs from its grant: after a wait, start a fresh one so the
+                    # reported expiresAt stays within milliseconds of etcd's own expiry
+                    self._revoke_quietly(lease)
+                    lease = 0
+                    lease, _ = self.client.lease_grant(seconds)
+                    leased_at = time.monotonic()
                 now = _now()
                 offset = self._current_offset()
                 value = {
@@ -505,17 +530,16 @@ class EtcdLockBackend:
                         expires_at=_from_ms(value["expiresAt"]),
                     )
                     return grant, None, result.revision
-                holder = result.responses[0].first()
                 if result.responses[1].first() is None:
                     raise self._session_gone(session_id, self._read_meta(session_id))
+                holder, holder_session, revision = self._holder(key)
                 if holder is None:
-                    continue  # released between the compare and the failure read: try again
+                    continue  # released (or swept) since our txn: try again
                 holder_sid = holder.json()["sessionId"]
-                if holder_sid == str(session_id):
-                    return self._grant_record(key, holder), None, result.revision
-                alive = self.client.read(get(self._sess_key(holder_sid)))
-                if alive.responses[0].first() is not None:
-                    return None, holder, max(result.revision, alive.revision)
+                if holder_session is not None and holder_sid == str(session_id):
+                    return self._grant_record(key, holder), None, revision
+                if holder_session is not None:
+                    return None, holder, revision
                 # the holder's session expired: its grant is released (lazily, here)
                 taken = self.client.txn(
                     [
@@ -556,7 +580,6 @@ class EtcdLockBackend:
             raise _owner_mismatch()
         deadline = time.monotonic() + wait_ms / 1000
         waiter: int | None = None  # the waiter lease while we are registered
-        graced = False
         try:
             while True:
                 grant, holder, revision = self._try_grant(
@@ -566,12 +589,7 @@ class EtcdLockBackend:
                     return grant
                 assert holder is not None
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 and not graced and self._lapsed(holder):
-                    # etcd deletes an expired lease's keys on its next sweep (every 500 ms):
-                    # give the store that long to act on its own expiry decision
-                    graced = True
-                    remaining = EXPIRY_GRACE_S
-                elif remaining <= 0:
+                if remaining <= 0:
                     self.budget.spend(session_id=session_id, key=key)
                     raise self._contended(key, holder)
                 if waiter is None and wait_ms > 0:
@@ -585,11 +603,6 @@ class EtcdLockBackend:
         finally:
             if waiter is not None:
                 self._revoke_quietly(waiter)
-
-    @staticmethod
-    def _lapsed(holder: KeyValue) -> bool:
-        """The holder's grant TTL has run out by our clock (etcd may not have swept it yet)."""
-        return holder.json()["expiresAt"] <= _ms(_now())
 
     def _register_waiter(self, *, key: str, wait_ms: int, holder: KeyValue) -> int:
         """A waiter key on its own short lease; beyond the cap → 429 CONTENTION_EXCEEDED.
@@ -616,13 +629,52 @@ class EtcdLockBackend:
             )
         return lease
 
+    def _holder(self, key: str) -> tuple[KeyValue | None, KeyValue | None, int]:
+        """(grant, its session's key or None, revision), once etcd has had its say.
+
+        The deadlines recorded in both values are never earlier than etcd's own expiry of the
+        leases, so when one has passed by our clock etcd has already decided and deletes the
+        key at its next lease sweep (every 500 ms). Rather than answer from a key about to
+        vanish, wait for that deletion (a watch, at most EXPIRY_GRACE_S); if the key is still
+        there afterwards, etcd's verdict (alive) stands.
+        """
+        lock_key = self._lock_key(key)
+        for settled in (False, True):
+            kv = self.client.range(lock_key).first()
+            if kv is None:
+                return None, None, 0
+            sess_key = self._sess_key(kv.json()["sessionId"])
+            read = self.client.read(get(sess_key))
+            sess = read.responses[0].first()
+            if sess is None:
+                return kv, None, read.revision
+            lapsed = [k for k, v in ((lock_key, kv), (sess_key, sess)) if _deadline_passed(v)]
+            if settled or not lapsed:
+                return kv, sess, read.revision
+            self.client.wait_for_change(
+                lapsed, after_revision=read.revision, timeout_s=EXPIRY_GRACE_S
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def _stored(self, key: str) -> KeyValue | None:
         """The key's live grant (its session alive too), or None."""
-        kv = self.client.range(self._lock_key(key)).first()
-        if kv is None:
-            return None
-        alive = self.client.range(self._sess_key(kv.json()["sessionId"])).first()
-        return kv if alive is not None else None
+        kv, sess, _ = self._holder(key)
+        return kv if sess is not None else None
+
+    def _live_session(self, session_id: uuid.UUID) -> KeyValue:
+        """Our session's key, or SESSION_UNKNOWN / SESSION_EXPIRED (after the same grace)."""
+        sess_key = self._sess_key(session_id)
+        for settled in (False, True):
+            read = self.client.read(get(sess_key), get(self._meta_key(session_id)))
+            sess = read.responses[0].first()
+            if sess is None:
+                raise self._session_gone(session_id, read.responses[1].first())
+            if settled or not _deadline_passed(sess):
+                return sess
+            self.client.wait_for_change(
+                [sess_key], after_revision=read.revision, timeout_s=EXPIRY_GRACE_S
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _lost(self, key: str) -> ApiError:
         live = self._stored(key)
@@ -632,16 +684,15 @@ class EtcdLockBackend:
     def renew(
         self, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None
     ) -> GrantRecord:
-        read = self.client.read(
-            get(self._lock_key(key)),
-            get(self._sess_key(session_id)),
-            get(self._meta_key(session_id)),
-        )
-        kv = read.responses[0].first()
-        if read.responses[1].first() is None:
-            raise self._session_gone(session_id, read.responses[2].first())
-        if kv is None or self._token(kv) != token or kv.json()["sessionId"] != str(session_id):
-            raise self._lost(key)
+        self._live_session(session_id)
+        kv, holder_session, _ = self._holder(key)
+        if (
+            kv is None
+            or holder_session is None
+            or self._token(kv) != token
+            or kv.json()["sessionId"] != str(session_id)
+        ):
+            raise _lock_lost(key, self._token(kv) if kv and holder_session else None)
         value = kv.json()
         seconds = ttl_seconds(ttl_ms) if ttl_ms else value["ttlMs"] // 1000
         lease, _ = self.client.lease_grant(seconds)
@@ -687,14 +738,24 @@ class EtcdLockBackend:
                 compare(self._held_key(session_id, key), "CREATE", "EQUAL", token - offset),
                 compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
             ],
-            [delete(lock_key), delete(self._held_key(session_id, key))],
+            [
+                delete(lock_key, prev_kv=True),
+                delete(self._held_key(session_id, key)),
+                get(self._sess_key(session_id)),
+            ],
             [get(lock_key)],
         )
         if result.succeeded:
-            return  # the grant's lease is now empty and expires on its own (≤ 60 s)
-        kv = result.responses[0].first()
-        if kv is None or self._token(kv) != token:
-            raise self._lost(key)
+            # the grant's lease is now empty and expires on its own (≤ 60 s). A grant that had
+            # lapsed (etcd had decided, not yet swept) is gone either way; say so, as pg does
+            deleted = result.responses[0].first() if result.responses[0] else None
+            session = result.responses[2].first() if result.responses[2] else None
+            if _deadline_passed(deleted) or _deadline_passed(session):
+                raise _lock_lost(key, None)
+            return
+        kv, holder_session, _ = self._holder(key)
+        if kv is None or holder_session is None or self._token(kv) != token:
+            raise _lock_lost(key, self._token(kv) if kv and holder_session else None)
         # the right token named from another session (the predicate is (key, token) only),
         # issued under an older offset, or held by a session that has expired
         holder_sid = kv.json()["sessionId"]
@@ -718,8 +779,8 @@ class EtcdLockBackend:
         kv = read.responses[0].first()
         waiters = read.responses[2].count
         if kv is not None:
-            alive = self.client.range(self._sess_key(kv.json()["sessionId"])).first()
-            if alive is not None:
+            kv = self._stored(key)
+            if kv is not None:
                 grant = self._grant_record(key, kv)
                 return LockInfoRecord(
                     key=key,
