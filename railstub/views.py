@@ -7,11 +7,13 @@ import re
 import socket
 import time
 
+from django.db import connections
 from django.http import HttpResponse
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from dlock.dbrouter import alias_for
 from dlock.logs import log_event
 from dlock.rendering import JSON_CONTENT_TYPE, json_response
 from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer
@@ -64,6 +66,7 @@ class SubmitView(APIView):
         currency = data.validated_data["currency"]
 
         config = services.load_config()
+        connections[alias_for("railstub")].close()  # no pooled connection held while sleeping
         if config.latency_ms:
             time.sleep(config.latency_ms / 1000)
         decision = services.choose_fault(config)
