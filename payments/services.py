@@ -113,85 +113,109 @@ def claim_payout(
 ) -> CommandResult:
     """P2: fence the account strictly (`fence < token`), check funds, move to CLAIMED.
 
-    Steps, one transaction: idempotency lock+lookup → fenced account UPDATE (row lock) →
-    payout row lock + reservation sum → transition + payout_event → idempotency record.
-    Insufficient available balance commits the payout as FAILED and answers 422.
+    One transaction; insufficient available balance commits the payout as FAILED and the
+    recorded 422 is raised after the commit.
     """
     if expected_state not in CLAIMABLE_STATES:
         raise validation_error(
             "expectedState must be PENDING or CLAIMED",
             [{"field": "expectedState", "message": "PENDING or CLAIMED"}],
         )
-    operation = "claim"
-    request_hash = _request_hash(operation, payout_id, {"expectedState": expected_state})
-    failure: ApiError | None = None
     with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
-        replay = _replay_or_conflict(
-            cur, operation=operation, key=idempotency_key, token=token, request_hash=request_hash
-        )
-        if replay is not None:
-            return replay
-        account = fenced_sql.fence_account_for_claim(
-            cur, payout_id=payout_id, token=token, owner_id=owner_id
-        )
-        state, amount, reserved = fenced_sql.claim_check(cur, payout_id=payout_id)
-        if state != expected_state:
-            raise _not_claimable(payout_id, state, (expected_state,))
-        available = account.balance_minor - reserved
-        if amount > available:
-            fenced_sql.fail_for_funds(
-                cur,
-                payout_id=payout_id,
-                expected_state=expected_state,
-                token=token,
-                owner_id=owner_id,
-                note=f"insufficient funds: amount {amount} > available {available}",
-            )
-            failure = ApiError(
-                Code.INSUFFICIENT_FUNDS,
-                "available balance does not cover the payout; payout FAILED",
-                details={
-                    "payoutId": str(payout_id),
-                    "accountId": account.account_id,
-                    "amountMinor": amount,
-                    "availableMinor": available,
-                },
-            )
-            status, body = failure.status, failure.envelope(current_trace_id())
-        else:
-            moved = fenced_sql.claim_transition(
-                cur,
-                payout_id=payout_id,
-                expected_state=expected_state,
-                token=token,
-                owner_id=owner_id,
-            )
-            if moved is None:  # pragma: no cover - the row is locked by claim_check
-                raise _not_claimable(payout_id, state, (expected_state,))
-            attempt_count, stable_key = moved
-            status = 200
-            body = {
-                "payoutId": str(payout_id),
-                "state": "CLAIMED",
-                "claimToken": token,
-                "accountFence": account.fence,
-                "attemptCount": attempt_count,
-                "idempotencyKey": stable_key,
-            }
-        _store(
+        result, failure = claim_steps(
             cur,
-            operation=operation,
-            key=idempotency_key,
-            token=token,
-            request_hash=request_hash,
             payout_id=payout_id,
-            status=status,
-            body=body,
+            token=token,
+            owner_id=owner_id,
+            idempotency_key=idempotency_key,
+            expected_state=expected_state,
         )
-        _fault_point(operation)
+        if not result.replayed:
+            _fault_point("claim")
     if failure is not None:
         raise failure  # committed: the payout is FAILED and the answer is recorded
-    return CommandResult(status=status, body=body)
+    return result
+
+
+def claim_steps(
+    cur,
+    *,
+    payout_id: uuid.UUID,
+    token: int,
+    owner_id: str,
+    idempotency_key: str,
+    expected_state: str,
+) -> tuple[CommandResult, ApiError | None]:
+    """The claim's statements on one cursor inside the caller's transaction (also driven
+    directly by bench/payments.py): idempotency lock+lookup → fenced account UPDATE (row
+    lock) → payout row lock + reservation sum → transition + payout_event → idempotency
+    record. Returns the answer and, for INSUFFICIENT_FUNDS, the error to raise after commit."""
+    operation = "claim"
+    request_hash = _request_hash(operation, payout_id, {"expectedState": expected_state})
+    replay = _replay_or_conflict(
+        cur, operation=operation, key=idempotency_key, token=token, request_hash=request_hash
+    )
+    if replay is not None:
+        return replay, None  # a replayed error is answered from its stored envelope
+    account = fenced_sql.fence_account_for_claim(
+        cur, payout_id=payout_id, token=token, owner_id=owner_id
+    )
+    state, amount, reserved = fenced_sql.claim_check(cur, payout_id=payout_id)
+    if state != expected_state:
+        raise _not_claimable(payout_id, state, (expected_state,))
+    failure: ApiError | None = None
+    available = account.balance_minor - reserved
+    if amount > available:
+        fenced_sql.fail_for_funds(
+            cur,
+            payout_id=payout_id,
+            expected_state=expected_state,
+            token=token,
+            owner_id=owner_id,
+            note=f"insufficient funds: amount {amount} > available {available}",
+        )
+        failure = ApiError(
+            Code.INSUFFICIENT_FUNDS,
+            "available balance does not cover the payout; payout FAILED",
+            details={
+                "payoutId": str(payout_id),
+                "accountId": account.account_id,
+                "amountMinor": amount,
+                "availableMinor": available,
+            },
+        )
+        status, body = failure.status, failure.envelope(current_trace_id())
+    else:
+        moved = fenced_sql.claim_transition(
+            cur,
+            payout_id=payout_id,
+            expected_state=expected_state,
+            token=token,
+            owner_id=owner_id,
+        )
+        if moved is None:  # pragma: no cover - the row is locked by claim_check
+            raise _not_claimable(payout_id, state, (expected_state,))
+        attempt_count, stable_key = moved
+        status = 200
+        body = {
+            "payoutId": str(payout_id),
+            "state": "CLAIMED",
+            "claimToken": token,
+            "accountFence": account.fence,
+            "attemptCount": attempt_count,
+            "idempotencyKey": stable_key,
+        }
+    _store(
+        cur,
+        operation=operation,
+        key=idempotency_key,
+        token=token,
+        request_hash=request_hash,
+        payout_id=payout_id,
+        status=status,
+        body=body,
+    )
+    return CommandResult(status=status, body=body), failure
 
 
 def post_payout(
@@ -205,57 +229,83 @@ def post_payout(
 ) -> CommandResult:
     """P3: fence the account (`fence <= token`, CHANGELOG row 5), RAIL_ACKED → POSTED, and post
     two balanced legs (DEBIT the account, CREDIT `settlement:<currency>`), one transaction."""
+    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
+        result = post_steps(
+            cur,
+            payout_id=payout_id,
+            token=token,
+            owner_id=owner_id,
+            idempotency_key=idempotency_key,
+            rail_reference=rail_reference,
+            submission_id=submission_id,
+        )
+        if not result.replayed:
+            _fault_point("post")
+    return result
+
+
+def post_steps(
+    cur,
+    *,
+    payout_id: uuid.UUID,
+    token: int,
+    owner_id: str,
+    idempotency_key: str,
+    rail_reference: str,
+    submission_id: uuid.UUID,
+) -> CommandResult:
+    """The post's statements on one cursor inside the caller's transaction: idempotency
+    lock+lookup → fenced account UPDATE → RAIL_ACKED → POSTED + payout_event → settlement
+    account (on demand) → both legs and both balances → idempotency record."""
     operation = "post"
     request_hash = _request_hash(
         operation,
         payout_id,
         {"railReference": rail_reference, "submissionId": str(submission_id)},
     )
-    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
-        replay = _replay_or_conflict(
-            cur, operation=operation, key=idempotency_key, token=token, request_hash=request_hash
-        )
-        if replay is not None:
-            return replay
-        fenced_sql.fence_account_for_post(cur, payout_id=payout_id, token=token, owner_id=owner_id)
-        moved = fenced_sql.post_transition(
-            cur,
-            payout_id=payout_id,
-            from_states=("RAIL_ACKED",),
-            token=token,
-            owner_id=owner_id,
-            rail_reference=rail_reference,
-            submission_id=submission_id,
-        )
-        if moved is None:
-            state = fenced_sql.payout_state(cur, payout_id=payout_id)
-            raise _not_claimable(payout_id, state, ("RAIL_ACKED",))
-        account_id, amount, currency = moved
-        posting = _post_to_settlement(
-            cur,
-            payout_id=payout_id,
-            account_id=account_id,
-            amount=amount,
-            currency=currency,
-            fence=token,
-        )
-        body = {
-            "payoutId": str(payout_id),
-            "state": "POSTED",
-            "entries": posting.entries,
-            "balanceMinor": posting.debit_balance,
-        }
-        _store(
-            cur,
-            operation=operation,
-            key=idempotency_key,
-            token=token,
-            request_hash=request_hash,
-            payout_id=payout_id,
-            status=200,
-            body=body,
-        )
-        _fault_point(operation)
+    replay = _replay_or_conflict(
+        cur, operation=operation, key=idempotency_key, token=token, request_hash=request_hash
+    )
+    if replay is not None:
+        return replay
+    fenced_sql.fence_account_for_post(cur, payout_id=payout_id, token=token, owner_id=owner_id)
+    moved = fenced_sql.post_transition(
+        cur,
+        payout_id=payout_id,
+        from_states=("RAIL_ACKED",),
+        token=token,
+        owner_id=owner_id,
+        rail_reference=rail_reference,
+        submission_id=submission_id,
+    )
+    if moved is None:
+        state = fenced_sql.payout_state(cur, payout_id=payout_id)
+        raise _not_claimable(payout_id, state, ("RAIL_ACKED",))
+    account_id, amount, currency = moved
+    posting = _post_to_settlement(
+        cur,
+        payout_id=payout_id,
+        account_id=account_id,
+        amount=amount,
+        currency=currency,
+        fence=token,
+    )
+    body = {
+        "payoutId": str(payout_id),
+        "state": "POSTED",
+        "entries": posting.entries,
+        "balanceMinor": posting.debit_balance,
+    }
+    _store(
+        cur,
+        operation=operation,
+        key=idempotency_key,
+        token=token,
+        request_hash=request_hash,
+        payout_id=payout_id,
+        status=200,
+        body=body,
+    )
     return CommandResult(status=200, body=body)
 
 
