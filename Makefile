@@ -42,11 +42,14 @@ status: venv
 demo: up
 	$(BIN)/python -m dlock.demo
 
-bench: venv sysdeps
-	$(BIN)/python -m bench
+# The redis-server package is needed only here (python-redis-lock baseline).
+bench: venv
+	@WITH_REDIS=1 bash scripts/sysdeps.sh
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
+# e.g. make experiment EXPERIMENT_ARGS="--seed 11 --executors 6 --payouts 400"
 experiment: up
-	set -a; . .run/stack.env; set +a; ROLE=ops $(BIN)/python manage.py fencing_experiment
+	set -a; . .run/stack.env; set +a; ROLE=ops $(BIN)/python manage.py fencing_experiment $(EXPERIMENT_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -1,0 +1,251 @@
+"""`make bench` / `python -m bench`: every benchmark in one run, side by side.
+
+Parts (each writes `.run/bench/<name>.json` and returns a dict): `bench.lockserver` (issue 3;
+it runs `bench.lock_etcd` for the etcd rows), `bench.payments` (issue 5), `bench.redis_lock`,
+`bench.e2e` and `bench.fsync` (issue 8). A part that is not built yet is reported as missing;
+a part that fails is reported with its error; the others still run. The summary (printed and
+written to `.run/bench/summary.json`) puts the numbers next to each other with ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dlock.devstack import PROJECT
+
+PARTS = ("fsync", "lockserver", "redis_lock", "payments", "e2e")
+MODULES = {name: f"bench.{name}" for name in PARTS}
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "mem_gb": mem_gb,
+    }
+
+
+# ----------------------------------------------------------------------------- reading results
+
+
+def lock_rows(name: str, result: dict) -> list[dict]:
+    """Rows {label, clients, pairs_per_s, p50_ms, p99_ms} from any lock-shaped result: a dict
+    with `clients` whose values (or itself) carry `pairs_per_s`."""
+    rows: list[dict] = []
+
+    def walk(node, context: str) -> None:
+        if isinstance(node, dict):
+            label = str(node.get("backend") or node.get("name") or context)
+            if "clients" in node:
+                if "pairs_per_s" in node:
+                    rows.append(_row(label, node["clients"], node))
+                for key, value in node.items():
+                    if isinstance(value, dict) and "pairs_per_s" in value:
+                        rows.append(_row(f"{label} {key}", node["clients"], value))
+            for key, value in node.items():
+                if isinstance(value, (dict, list)) and key != "summary":
+                    walk(value, label if key in ("levels", "rows") else f"{label} {key}")
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, context)
+
+    walk(result, name)
+    seen = set()
+    unique = []
+    for row in rows:
+        key = (row["label"], row["clients"])
+        if key not in seen:
+            seen.add(key)
+            unique.append(row)
+    return unique
+
+
+def _row(label: str, clients, values: dict) -> dict:
+    return {
+        "label": label.strip(),
+        "clients": clients,
+        "pairs_per_s": values.get("pairs_per_s"),
+        "p50_ms": values.get("p50_ms"),
+        "p99_ms": values.get("p99_ms"),
+    }
+
+
+def flat_numbers(result: dict, prefix: str = "", depth: int = 0) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    for key, value in result.items():
+        if key in ("raw", "summary"):
+            continue
+        label = f"{prefix}{key}"
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            out.append((label, value))
+        elif isinstance(value, dict) and depth < 3:
+            out += flat_numbers(value, f"{label}.", depth + 1)
+        elif isinstance(value, list) and depth < 3:
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    out += flat_numbers(item, f"{label}[{i}].", depth + 1)
+    return out
+
+
+def summary_lines(results: dict[str, dict]) -> list[str]:
+    lines: list[str] = []
+
+    def section(title: str) -> None:
+        lines.append("")
+        lines.append(title)
+        lines.append("-" * len(title))
+
+    fsync = results.get("fsync", {}).get("result") or {}
+    floor = fsync.get("fdatasync_ops_per_s")
+
+    section("Lock: acquire+release pairs/s (p50 / p99 ms)")
+    all_lock: list[dict] = []
+    for name in ("lockserver", "redis_lock"):
+        result = results.get(name, {}).get("result")
+        if result:
+            all_lock += lock_rows(name, result)
+    if not all_lock:
+        lines.append("  (no lock results)")
+    for row in sorted(all_lock, key=lambda r: (str(r["label"]), r["clients"])):
+        lines.append(
+            f"  {row['label']:<42} {row['clients']:>3} clients {row['pairs_per_s'] or 0:>10.1f}"
+            f"   {row['p50_ms']} / {row['p99_ms']}"
+        )
+    # Ratios at equal concurrency: everything against the dlock PostgreSQL backend over HTTP.
+    reference = {
+        r["clients"]: r
+        for r in all_lock
+        if "http" in r["label"].lower() and "etcd" not in r["label"].lower()
+    }
+    if reference:
+        section("Ratios against the dlock lock server (PostgreSQL backend, HTTP), same clients")
+        for row in sorted(all_lock, key=lambda r: (str(r["label"]), r["clients"])):
+            ref = reference.get(row["clients"])
+            if ref is None or row is ref or not ref["pairs_per_s"] or not row["pairs_per_s"]:
+                continue
+            lines.append(
+                f"  {row['label']:<42} {row['clients']:>3} clients  "
+                f"{row['pairs_per_s'] / ref['pairs_per_s']:>7.2f}×"
+            )
+    if floor:
+        section(f"Against the disk's fsync floor ({floor:.0f} flushes/s, one session)")
+        for row in all_lock:
+            if "redis (no fsync)" in row["label"] or not row["pairs_per_s"]:
+                continue
+            lines.append(
+                f"  {row['label']:<42} {row['clients']:>3} clients  "
+                f"{row['pairs_per_s'] / floor:>7.2f} pairs per flush-time"
+            )
+
+    for name, title in (
+        ("e2e", "Payouts end to end (rail latency 0, durable PostgreSQL)"),
+        ("payments", "Payments: claim+post via HTTP vs direct SQL"),
+        ("fsync", "Disk"),
+    ):
+        entry = results.get(name, {})
+        section(title)
+        if entry.get("status") != "ok":
+            lines.append(f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}")
+            continue
+        result = entry["result"]
+        summary = result.get("summary")
+        if isinstance(summary, list) and summary:
+            for item in summary:
+                value = item.get("value")
+                shown = f"{value:>10.1f}" if isinstance(value, (int, float)) else f"{value!s:>10}"
+                unit, detail = item.get("unit", ""), item.get("detail", "")
+                lines.append(f"  {item['label']:<60} {shown} {unit}  {detail}")
+        else:
+            for label, value in flat_numbers(result)[:24]:
+                lines.append(f"  {label:<60} {value}")
+        if name == "e2e":
+            rows = [r for r in result.get("rows", []) if r.get("payouts_per_s")]
+            if len(rows) > 1:
+                base = rows[0]["payouts_per_s"]
+                scaling = ", ".join(
+                    f"{r['executors']}: {r['payouts_per_s'] / base:.2f}×" for r in rows
+                )
+                lines.append(f"  scaling vs 1 executor: {scaling}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--out", type=Path, default=PROJECT / ".run" / "bench")
+    parser.add_argument("--only", nargs="*", choices=PARTS, help="run only these parts")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings.ops")
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    info = machine()
+    print(f"[bench] {info['date']} on {info['cpus']} × {info['cpu']} ({info['mem_gb']} GB)")
+    for name in args.only or PARTS:
+        started = time.monotonic()
+        try:
+            module = importlib.import_module(MODULES[name])
+        except ModuleNotFoundError as exc:
+            if exc.name == MODULES[name]:
+                results[name] = {"status": "missing", "error": f"{MODULES[name]} is not built yet"}
+                print(f"[bench] {name}: missing ({MODULES[name]} not built yet)", flush=True)
+                continue
+            raise
+        print(f"[bench] {name}: running…", flush=True)
+        try:
+            result = module.run(out)
+            results[name] = {"status": "ok", "result": result}
+        except Exception as exc:  # noqa: BLE001 - one broken part never hides the others
+            results[name] = {
+                "status": "failed",
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-3000:],
+            }
+            print(f"[bench] {name}: FAILED: {exc}", flush=True)
+        results[name]["seconds"] = round(time.monotonic() - started, 1)
+        print(f"[bench] {name}: {results[name]['status']} in {results[name]['seconds']} s")
+    lines = summary_lines(results)
+    text = "\n".join(lines)
+    print(f"\n=== dlock bench summary ({info['date']}, {info['cpus']} CPUs, {info['cpu']}) ===")
+    print(text)
+    summary = {"machine": info, "parts": results, "table": lines}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(f"\n[bench] wrote {out}/*.json")
+    failed = [n for n, r in results.items() if r["status"] == "failed"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
