@@ -42,6 +42,7 @@ class KeyListener:
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._db_up = True  # optimistic until the first failure
+        self._read_only = False
         self._thread = threading.Thread(target=self._run, name="dlock-lock-listener", daemon=True)
         self._conns: list[psycopg.Connection] = []
 
@@ -148,6 +149,11 @@ class KeyListener:
                 next_housekeeping = time.monotonic() + self._interval
                 try:
                     self._housekeeping(work)
+                    self._read_only = False
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    if not self._read_only:  # a standby: nothing to reap; say so once
+                        log_event("lock_store_read_only", level=logging.WARNING, backend="pg")
+                    self._read_only = True
                 except psycopg.OperationalError:
                     raise  # connection trouble: reconnect
                 except Exception:  # a bug in one pass must not stop the listener

@@ -14,8 +14,9 @@ the session that already holds the live grant returns that grant unchanged (same
 expiresAt). An owner_id that differs from the session's ownerId (heartbeat, close_session,
 acquire when given) raises VALIDATION_FAILED naming X-Owner-Id and changes nothing; order of
 checks: unknown session 404, owner mismatch 400, expired session 410. Renew requires the grant
-to belong to session_id (else LOCK_LOST). The per-caller retry budget is `lockserver.budget.RetryBudget`. Tokens are always
-> settings.LOCK_TOKEN_FLOOR (applied before the process reports ready).
+to belong to session_id (else LOCK_LOST). The per-caller retry budget is
+`lockserver.budget.RetryBudget`. Tokens are always > settings.LOCK_TOKEN_FLOOR (applied before
+the process reports ready).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import uuid
 from collections.abc import Iterator
 
 from django.conf import settings
-from django.db import DatabaseError, connections, transaction
-from psycopg_pool import PoolTimeout
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from psycopg_pool import PoolTimeout, TooManyRequests
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found, validation_error
@@ -104,7 +104,10 @@ class PgLockBackend:
             with connections[self.alias].cursor() as cursor:
                 yield cursor
         except DatabaseError as exc:
-            raise self._store_error(exc) from exc
+            error = self._store_error(exc)
+            if error is None:
+                raise
+            raise error from exc
 
     @contextlib.contextmanager
     def _atomic(self) -> Iterator:
@@ -112,13 +115,27 @@ class PgLockBackend:
             with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
                 yield cursor
         except DatabaseError as exc:
-            raise self._store_error(exc) from exc
+            error = self._store_error(exc)
+            if error is None:
+                raise
+            raise error from exc
 
-    def _store_error(self, exc: DatabaseError) -> Exception:
-        """No pool slot while the listener cannot reach the database is 'database down'."""
-        if isinstance(exc.__cause__, PoolTimeout) and not self.listener.db_up:
+    def _store_error(self, exc: DatabaseError) -> ApiError | None:
+        """A store that cannot take writes is NOT_LEADER (503), never a 500.
+
+        No pool slot while the listener cannot reach the database is "database down", not
+        OVERLOADED; anything else is left to dlock.handlers (None).
+        """
+        cause = exc.__cause__
+        if isinstance(cause, PoolTimeout) and not self.listener.db_up:
             return ApiError(Code.NOT_LEADER, "lock database unreachable")
-        return exc
+        if getattr(cause, "sqlstate", None) == "25006":  # read_only_sql_transaction
+            return ApiError(Code.NOT_LEADER, "lock database is read-only (standby or fenced)")
+        deadline = getattr(cause, "sqlstate", None) in ("57014", "55P03")
+        overload = isinstance(cause, PoolTimeout | TooManyRequests)
+        if isinstance(exc, OperationalError | InterfaceError) and not (deadline or overload):
+            return ApiError(Code.NOT_LEADER, "lock database unreachable")
+        return None
 
     def _ensure_token_floor(self) -> None:
         if self._floor_applied:

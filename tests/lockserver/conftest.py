@@ -56,8 +56,12 @@ class LockServer:
     def db_url(self) -> str:
         return self.env["LOCK_DATABASE_URL"]
 
-    def restart(self, **extra_env: str) -> None:
+    def stop(self) -> None:
+        self.http.close()  # no idle keep-alive connection for the worker to drain
         self.proc.stop()
+
+    def restart(self, **extra_env: str) -> None:
+        self.stop()
         self.proc.env = {**self.env, **extra_env}
         self.proc.start()
 
@@ -142,7 +146,7 @@ def lock_server(request):
         extra["ETCD_URL"] = request.getfixturevalue("etcd_server").url
     server = start_lock_server(backend, extra)
     yield server
-    server.proc.stop()
+    server.stop()
 
 
 def assert_error(response, status: int, code: str) -> dict:
