@@ -1,0 +1,235 @@
+"""Lock server on PostgreSQL: acquire+release pairs/s and p50/p99 over HTTP to gunicorn, and the
+same SQL statements issued directly with psycopg, in the same run, at 1/8/32 clients.
+
+Starts its own durable PostgreSQL cluster (fsync on) and one lock-server (ROLE=lockserver,
+LOCK_BACKEND=pg, gunicorn defaults) on free ports. Each client holds one session and loops
+acquire → release on a key of its own (no contention: this measures the path, not queueing).
+"direct" sends `lockserver.fenced_sql.ACQUIRE_SQL` and `RELEASE_SQL` (the statements the
+backend sends on the granted path) on one autocommit psycopg connection per client.
+Writes `<out_dir>/lockserver.json` (etcd rows from `bench.lock_etcd` merged in when present).
+
+    python -m bench.lockserver [out_dir]      # default .run/bench
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from dlock.devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
+from lockserver import fenced_sql
+
+DURATION_S = float(os.environ.get("BENCH_LOCKSERVER_SECONDS", "5"))
+WARMUP_S = 0.5
+CLIENTS = (1, 8, 32)
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _drive(clients: int, make_pair: Callable[[int], Callable[[], None]], seconds: float) -> dict:
+    """`clients` threads each loop their pair function; latency is per acquire+release pair."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors = [0] * clients
+    kinds: dict[str, int] = {}
+    ready = threading.Barrier(clients + 1)
+    window = {"start": 0.0, "stop": 0.0}
+
+    def worker(index: int) -> None:
+        pair = make_pair(index)
+        ready.wait()
+        while time.monotonic() < window["start"]:
+            pair()  # warm-up
+        while True:
+            began = time.monotonic()
+            if began >= window["stop"]:
+                return
+            try:
+                pair()
+            except Exception as exc:
+                errors[index] += 1
+                kind = str(exc).split(":")[0][:60] or type(exc).__name__
+                kinds[kind] = kinds.get(kind, 0) + 1
+                continue
+            latencies[index].append(time.monotonic() - began)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    window["start"] = time.monotonic() + WARMUP_S
+    window["stop"] = window["start"] + seconds
+    ready.wait()
+    for thread in threads:
+        thread.join(seconds + 60)
+    samples = [s for per_client in latencies for s in per_client]
+    return {
+        "pairs": len(samples),
+        "pairs_per_s": round(len(samples) / seconds, 1),
+        "p50_ms": round(_percentile(samples, 0.50) * 1000, 2),
+        "p99_ms": round(_percentile(samples, 0.99) * 1000, 2),
+        "errors": sum(errors),
+        "errors_by_kind": kinds,
+    }
+
+
+def _http_pair_factory(port: int) -> Callable[[int], Callable[[], None]]:
+    def make(index: int) -> Callable[[], None]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        owner = f"bench-{index}"
+
+        def call(method: str, path: str, body: dict | None, headers: dict) -> tuple[int, bytes]:
+            payload = json.dumps(body).encode() if body is not None else None
+            if payload is not None:
+                headers = {**headers, "Content-Type": "application/json"}
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+
+        status, raw = call("POST", "/v1/sessions", {"ownerId": owner, "ttlMillis": 60_000}, {})
+        assert status == 201, raw
+        session_id = json.loads(raw)["sessionId"]
+        key = f"bench:http:{index}:{uuid.uuid4().hex[:8]}"
+        headers = {"X-Owner-Id": owner}
+
+        def pair() -> None:
+            status, raw = call(
+                "POST", f"/v1/locks/{key}/acquire", {"sessionId": session_id}, headers
+            )
+            if status != 200:
+                code = json.loads(raw).get("code") if raw.startswith(b"{") else ""
+                raise RuntimeError(f"acquire {status} {code}")
+            token = json.loads(raw)["fencingToken"]
+            status, raw = call(
+                "DELETE",
+                f"/v1/locks/{key}?sessionId={session_id}",
+                None,
+                {**headers, "X-Fencing-Token": str(token)},
+            )
+            if status != 204:
+                code = json.loads(raw).get("code") if raw.startswith(b"{") else ""
+                raise RuntimeError(f"release {status} {code}")
+
+        return pair
+
+    return make
+
+
+def _direct_pair_factory(db_url: str) -> Callable[[int], Callable[[], None]]:
+    import psycopg
+
+    def make(index: int) -> Callable[[], None]:
+        conn = psycopg.connect(db_url, autocommit=True)
+        owner = f"bench-direct-{index}"
+        session_id = uuid.uuid4()
+        with conn.cursor() as cur:
+            fenced_sql.open_session(cur, session_id=session_id, owner_id=owner, ttl_ms=60_000)
+        key = f"bench:direct:{index}:{uuid.uuid4().hex[:8]}"
+
+        def pair() -> None:
+            with conn.cursor() as cur:
+                acquired = fenced_sql.try_acquire(
+                    cur, key=key, session_id=session_id, owner_id=owner, ttl_ms=10_000
+                )
+                if acquired is None:
+                    raise RuntimeError("direct acquire refused")
+                if fenced_sql.release(cur, key=key, token=acquired.grant.fencing_token) is None:
+                    raise RuntimeError("direct release refused")
+
+        return pair
+
+    return make
+
+
+def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="dlock-bench-lockserver-"))
+    work.chmod(0o755)
+    cluster = PgCluster(work / "pg", free_port())  # durable: fsync on, synchronous_commit on
+    server: RoleProcess | None = None
+    try:
+        cluster.start()
+        db_url = cluster.create_database("bench_lockdb")
+        env = {
+            "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(48),
+            "DJANGO_DEBUG": "false",
+            "LOCK_BACKEND": "pg",
+            "LOCK_DATABASE_URL": db_url,
+            "DLOCK_LOG_LEVEL": "WARNING",  # per-request INFO events off, as in bench.lock_etcd
+            "LOCK_RETRY_BUDGET": "1000000",
+        }
+        manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
+        server = RoleProcess("lockserver", free_port(), env, work / "lockserver.log").start()
+        levels = []
+        load_before = os.getloadavg()
+        for n in clients:
+            http_row = _drive(n, _http_pair_factory(server.port), DURATION_S)
+            direct_row = _drive(n, _direct_pair_factory(db_url), DURATION_S)
+            ratio = (
+                round(http_row["pairs_per_s"] / direct_row["pairs_per_s"], 3)
+                if direct_row["pairs_per_s"]
+                else None
+            )
+            levels.append(
+                {"clients": n, "http": http_row, "direct": direct_row, "http_over_direct": ratio}
+            )
+        version = cluster.psql("SHOW server_version")
+        result: dict = {
+            "name": "lockserver",
+            "backend": "pg",
+            "postgres": version,
+            "durability": "fsync=on, synchronous_commit=on (PgCluster defaults)",
+            "server": "gunicorn, 1 worker x 32 threads (settings/gunicorn.py), DB_POOL_MAX="
+            + os.environ.get("DB_POOL_MAX", "8"),
+            "seconds_per_level": DURATION_S,
+            "workload": "per client: one session, loop acquire+release on its own key",
+            "direct": "fenced_sql ACQUIRE_SQL + RELEASE_SQL via psycopg, one connection/client",
+            "goal": "http_over_direct >= 0.5 at 8 clients",
+            "cpus": os.cpu_count(),
+            "loadavg_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+            "levels": levels,
+        }
+        eight = next((lvl for lvl in levels if lvl["clients"] == 8), None)
+        if eight is not None:
+            result["goal_met"] = bool(
+                eight["http_over_direct"] and eight["http_over_direct"] >= 0.5
+            )
+    finally:
+        if server is not None:
+            server.stop()
+        cluster.stop("immediate")
+        shutil.rmtree(work, ignore_errors=True)
+    result["etcd"] = _etcd_rows(out, clients)
+    (out / "lockserver.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _etcd_rows(out: Path, clients: tuple[int, ...]) -> dict | None:
+    """The etcd backend's numbers from bench.lock_etcd (issue 4), when it is built."""
+    if not (PROJECT / "bench" / "lock_etcd.py").exists():
+        return None
+    try:
+        from bench import lock_etcd
+
+        return lock_etcd.run(out, clients)
+    except Exception as exc:  # its failure must not hide the pg numbers
+        return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(sys.argv[1] if len(sys.argv) > 1 else ".run/bench"), indent=2))
