@@ -230,3 +230,12 @@ RAIL_READ_TIMEOUT_MS = env_int("RAIL_READ_TIMEOUT_MS", 8_000, minimum=1, maximum
 RAIL_SWEEP_INTERVAL_MS = env_int("RAIL_SWEEP_INTERVAL_MS", 5_000, minimum=100)
 RAIL_SWEEP_MARGIN_MS = env_int("RAIL_SWEEP_MARGIN_MS", 2_000, minimum=0)
 RAIL_SWEEP_ENABLED = env_bool("RAIL_SWEEP_ENABLED", True)
+
+# etcd lock backend (LOCK_BACKEND=etcd, docs/lockserver-etcd.md). Short timeouts: an unreachable
+# or leaderless member answers 503 NOT_LEADER within about a second, never a hang.
+ETCD_PREFIX = env_str("ETCD_PREFIX", "dlock/")
+ETCD_CONNECT_TIMEOUT_MS = env_int("ETCD_CONNECT_TIMEOUT_MS", 500, minimum=10, maximum=10_000)
+ETCD_REQUEST_TIMEOUT_MS = env_int("ETCD_REQUEST_TIMEOUT_MS", 2_000, minimum=10, maximum=30_000)
+# On etcd, the PostgreSQL backend's last token (lockdb's fencing_token_seq, when present) is a
+# floor too, so a pg → etcd switch keeps tokens increasing even without LOCK_TOKEN_FLOOR.
+LOCK_TOKEN_FLOOR_FROM_PG = env_bool("LOCK_TOKEN_FLOOR_FROM_PG", True)
