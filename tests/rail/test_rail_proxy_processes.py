@@ -22,19 +22,48 @@ def other_proxy(rail_stack):
     proc.stop()
 
 
-def test_restarted_proxy_still_fences_a_stale_token(rail_stack, rail):
+def test_restarted_proxy_fences_a_stale_token_and_sweeps_old_intents_at_start_up(rail_stack, rail):
     first = rail.claimed_payout(token=1_000)
     assert rail.submit(first).status_code == 200
+    orphan = rail.claimed_payout(token=1_500)
+    rail_stack.procs["railproxy"].stop()
+    _orphaned_intent(rail, orphan)  # what a proxy killed an hour ago left behind
 
-    rail_stack.restart("railproxy")
+    # Only the start-up sweep can catch it: this process's periodic sweep is 10 minutes away.
+    restarted = start_proxy(rail_stack, RAIL_SWEEP_INTERVAL_MS="600000")
+    try:
+        rail.wait_for(lambda: rail.payout_state(orphan.payout_id) == "RAIL_AMBIGUOUS")
+        assert rail.submissions(orphan.payout_id)[0][:3] == ("TIMEOUT", 1_500, "sweep")
+        stale = rail.claimed_payout(token=999, account_id=first.account_id)
+        response = rail.submit(stale, url=restarted.url)
+        assert response.status_code == 409 and response.json()["code"] == "FENCED_OUT"
+        assert response.json()["details"]["highestToken"] == 1_000
+        assert rail.stub_requests(stale.payout_id) == []
+        newer = rail.claimed_payout(token=1_001, account_id=first.account_id)
+        assert rail.submit(newer, url=restarted.url).status_code == 200
+    finally:
+        restarted.stop()
+        rail_stack.procs["railproxy"].start()
+    assert rail.stub_requests(orphan.payout_id) == []  # swept, never forwarded
 
-    stale = rail.claimed_payout(token=999, account_id=first.account_id)
-    response = rail.submit(stale)
-    assert response.status_code == 409 and response.json()["code"] == "FENCED_OUT"
-    assert response.json()["details"]["highestToken"] == 1_000
-    assert rail.stub_requests(stale.payout_id) == []
-    newer = rail.claimed_payout(token=1_001, account_id=first.account_id)
-    assert rail.submit(newer).status_code == 200
+
+def _orphaned_intent(rail, payout) -> None:
+    rail.pay("UPDATE payout SET state = 'SUBMITTING' WHERE payout_id = %s", [payout.payout_id])
+    rail.pay(
+        "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
+        " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
+        " outcome, submitted_at)"
+        " VALUES (gen_random_uuid(), %s, %s, %s, 'EUR', %s, 'worker-a', %s, 'h', %s, 'PENDING',"
+        " clock_timestamp() - interval '1 hour')",
+        [
+            payout.payout_id,
+            payout.account_id,
+            payout.amount_minor,
+            payout.token,
+            payout.key,
+            payout.payout_id,
+        ],
+    )
 
 
 def test_second_proxy_process_rejects_a_stale_token_exactly_as_the_first(rail, other_proxy):
