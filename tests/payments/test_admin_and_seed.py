@@ -20,7 +20,7 @@ from payments.models import (
 )
 from tests.payments import factories as f
 
-pytestmark = pytest.mark.django_db(databases=["default"], transaction=True)
+pytestmark = pytest.mark.django_db(databases=["default"])
 
 
 @pytest.fixture

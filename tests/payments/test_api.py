@@ -11,9 +11,7 @@ from payments import services
 from payments.models import Account, IdempotencyRecord, LedgerEntry, Payout, PayoutEvent
 from tests.payments import factories as f
 
-# transaction=True: the DRF handler marks every open atomic block for rollback on an error,
-# which would include the per-test transaction of a plain django_db test.
-pytestmark = pytest.mark.django_db(databases=["default"], transaction=True)
+pytestmark = pytest.mark.django_db(databases=["default"])
 
 FENCED_DETAILS = {"presentedToken", "highestToken", "resourceType", "resourceId", "ownerId"}
 
