@@ -54,7 +54,9 @@ from executor.pause import PausePlan
 
 RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
 # Outcomes after which the payout is exactly where it was: waiting on someone else.
-NO_PROGRESS = ("lock_contended", "lock_lost", "error", "abandoned")
+NO_PROGRESS = ("lock_contended", "lock_lost", "error", "abandoned", "skipped")
+# Not executions, so not counted in payout_execute_total (logged as payout_executed).
+UNCOUNTED = ("abandoned", "skipped")
 CLAIMABLE = ("PENDING", "CLAIMED")
 
 
@@ -75,6 +77,7 @@ class Executor:
         lock_ttl_ms: int = 10_000,
         session_ttl_ms: int = 10_000,
         idle_sleep_s: float = 0.5,
+        batch: int = 10,
         pause: PausePlan | None = None,
         acquire_retry: RetryPolicy | None = None,
     ) -> None:
@@ -82,6 +85,7 @@ class Executor:
         self.lock_ttl_ms = lock_ttl_ms
         self.session_ttl_ms = session_ttl_ms
         self.idle_sleep_s = idle_sleep_s
+        self.batch = batch
         self.locks = LockClient(lock_url, owner_id, default_ttl_ms=lock_ttl_ms)
         self.api = Api(payments_url=payments_url, rail_proxy_url=rail_proxy_url, owner_id=owner_id)
         self.pause = pause or PausePlan(None)
@@ -183,7 +187,11 @@ class Executor:
         self.round_progress = False
         random.shuffle(pending)
         random.shuffle(recover)
-        self.queue.extend(recover + pending)
+        # A short queue, refreshed often: a long one goes stale while other executors work it.
+        # Recovery first, but at most half of it: in-flight CLAIMED rows of live executors
+        # show up here too (they are contended and skipped), and must not starve PENDING.
+        picked = recover[: max(1, self.batch // 2)]
+        self.queue.extend((picked + pending)[: self.batch])
 
     # -- steps 2–7: one critical section -------------------------------------------------
 
@@ -273,7 +281,8 @@ class Executor:
                 log_event("executor_no_acked_submission", level=logging.ERROR, **fields)
                 return "error"
         else:
-            return "not_claimable"
+            # The listing was stale (another executor finished it): not an execution.
+            return "skipped"
         if not self.stop_requested.is_set():
             self._checkpoint(grant, "before_post", fields)
         else:
@@ -337,7 +346,7 @@ class Executor:
     def _count(self, outcome: str, fields: dict[str, Any]) -> str:
         if outcome not in NO_PROGRESS:
             self.progressed = self.round_progress = True
-        if outcome != "abandoned":
+        if outcome not in UNCOUNTED:
             payout_execute.labels(outcome=outcome).inc()
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         log_event("payout_executed", outcome=outcome, **fields)

@@ -37,8 +37,7 @@ def exec_stack():
 
 @pytest.fixture
 def rail(exec_stack):
-    """The rail stub's fault config; reset to a well-behaved rail after each test."""
-    exec_stack.manage("railstub_config", "--reset")
+    """Turn the rail stub's faults for one test; a well-behaved rail again afterwards."""
     yield lambda *args: exec_stack.manage("railstub_config", *args)
     exec_stack.manage("railstub_config", "--reset")
 
