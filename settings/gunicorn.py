@@ -28,7 +28,8 @@ if os.environ.get("METRICS_PORT"):
 # at about one core of Python, Prometheus counters stay in one process (no multiprocess dir), and
 # the psycopg pool (DB_POOL_MAX) bounds database work per process. Scale out with replicas.
 workers = _int("GUNICORN_WORKERS", 1)
-worker_class = "dlock.serving.DrainingThreadWorker"
+# GUNICORN_WORKER_CLASS exists for the comparison in bench/loadtest.py, not for production.
+worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingThreadWorker")
 # More threads than database slots on purpose: a thread waiting for a slot gives up after
 # DB_QUEUE_DEADLINE_MS with 503 OVERLOADED; beyond DB_POOL_MAX_WAITING waiters it is refused at
 # once. The lock server also parks threads in bounded acquire waits (waitMillis <= 30 s).
