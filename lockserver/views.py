@@ -147,7 +147,7 @@ class AcquireView(APIView):
 
     def post(self, request, key: str):
         key = parse_key(key)
-        owner = _optional_owner(request)
+        owner = owner_id(request)
         data = _parse(AcquireInput, request.data)
         sid = parse_uuid(data["sessionId"], field="sessionId")
         grant = services.acquire(
@@ -173,7 +173,7 @@ class RenewView(APIView):
     def post(self, request, key: str):
         key = parse_key(key)
         token = fencing_token(request)
-        _optional_owner(request)
+        owner_id(request)  # attribution (C3 §3.1); the grant is named by (key, token, session)
         data = _parse(RenewInput, request.data)
         sid = parse_uuid(data["sessionId"], field="sessionId")
         ttl = data.get("ttlMillis")
@@ -207,7 +207,7 @@ class LockView(APIView):
     def delete(self, request, key: str):
         key = parse_key(key)
         token = fencing_token(request)
-        _optional_owner(request)
+        owner_id(request)  # attribution (C3 §3.1); the predicate is (key, token) only
         data = _parse(ReleaseInput, request.data)
         in_query = request.query_params.get("sessionId")
         in_body = data.get("sessionId")

@@ -94,7 +94,9 @@ def test_bad_acquire_is_validation_failed_and_grants_nothing(
     body = {"sessionId": session["sessionId"], **body_patch}
     body = {k: v for k, v in body.items() if v is not None}
     path_key = path_key.format(key=key)
-    response = lock_server.post(f"/v1/locks/{path_key}/acquire", body)
+    response = lock_server.post(
+        f"/v1/locks/{path_key}/acquire", body, headers={"X-Owner-Id": session["ownerId"]}
+    )
     assert_error(response, 400, "VALIDATION_FAILED")
     assert_error(lock_server.get(f"/v1/locks/{key}"), 404, "NOT_FOUND")
 
@@ -102,6 +104,25 @@ def test_bad_acquire_is_validation_failed_and_grants_nothing(
 def test_a_128_character_key_is_accepted(lock_server):
     key = ("k:" + uuid.uuid4().hex + "." * 128)[:128]
     assert lock_server.acquire(key, lock_server.session()).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/locks/{key}/acquire", "/v1/locks/{key}/renew"])
+def test_lock_writes_without_x_owner_id_are_validation_failed(lock_server, key, path):
+    session = lock_server.session()
+    token = lock_server.acquire(key + ".held", session).json()["fencingToken"]
+    response = lock_server.post(
+        path.format(key=key),
+        {"sessionId": session["sessionId"]},
+        headers={"X-Fencing-Token": str(token)},
+    )
+    assert_error(response, 400, "VALIDATION_FAILED")
+    release = lock_server.delete(
+        f"/v1/locks/{key}.held",
+        headers={"X-Fencing-Token": str(token)},
+        params={"sessionId": session["sessionId"]},
+    )
+    assert_error(release, 400, "VALIDATION_FAILED")
+    assert lock_server.get(f"/v1/locks/{key}.held").json()["held"] is True
 
 
 def test_non_json_acquire_body_is_validation_failed(lock_server, key):
@@ -203,7 +224,9 @@ def test_renew_with_an_expired_session_is_410(lock_server, key):
 def test_renew_with_a_malformed_token_is_400_invalid_token(lock_server, key, raw):
     session = lock_server.session()
     lock_server.acquire(key, session)
-    headers = {} if raw is None else {"X-Fencing-Token": raw}
+    headers = {"X-Owner-Id": session["ownerId"]}
+    if raw is not None:
+        headers["X-Fencing-Token"] = raw
     response = lock_server.post(
         f"/v1/locks/{key}/renew", {"sessionId": session["sessionId"]}, headers=headers
     )
@@ -239,7 +262,7 @@ def test_release_accepts_the_session_id_in_a_json_body(lock_server, key):
     token = lock_server.acquire(key, session).json()["fencingToken"]
     response = lock_server.delete(
         f"/v1/locks/{key}",
-        headers={"X-Fencing-Token": str(token)},
+        headers={"X-Fencing-Token": str(token), "X-Owner-Id": session["ownerId"]},
         body={"sessionId": session["sessionId"]},
     )
     assert response.status_code == 204, response.text
@@ -257,7 +280,10 @@ def test_release_accepts_the_session_id_in_a_json_body(lock_server, key):
 def test_bad_release_is_refused_and_the_grant_stays(lock_server, key, headers, params):
     session = lock_server.session()
     token = lock_server.acquire(key, session).json()["fencingToken"]
-    headers = {k: v.format(token=token) for k, v in headers.items()}
+    headers = {
+        "X-Owner-Id": session["ownerId"],
+        **{k: v.format(token=token) for k, v in headers.items()},
+    }
     params = {k: v.format(sid=session["sessionId"]) for k, v in params.items()}
     response = lock_server.delete(f"/v1/locks/{key}", headers=headers, params=params)
     assert response.status_code == 400

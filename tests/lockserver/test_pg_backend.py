@@ -91,7 +91,11 @@ def test_bad_requests_change_no_row_and_draw_no_token(lock_server, key):
             {"sessionId": session["sessionId"]},
             headers={"X-Owner-Id": "intruder"},
         ),
-        lock_server.post(f"/v1/locks/{new_key()}/acquire", {"sessionId": str(uuid.uuid4())}),
+        lock_server.post(
+            f"/v1/locks/{new_key()}/acquire",
+            {"sessionId": str(uuid.uuid4())},
+            headers={"X-Owner-Id": "ghost"},
+        ),
         lock_server.post(f"/v1/locks/{key}/revoke", {"operator": "a", "reason": "short"}),
         lock_server.post(
             f"/v1/locks/{key}/revoke",

@@ -83,7 +83,10 @@ def test_b_tokens_of_one_key_increase_under_contention(lock_server, key):
                     http.delete(
                         f"{lock_server.url}/v1/locks/{key}",
                         params={"sessionId": session["sessionId"]},
-                        headers={"X-Fencing-Token": str(response.json()["fencingToken"])},
+                        headers={
+                            "X-Fencing-Token": str(response.json()["fencingToken"]),
+                            "X-Owner-Id": owner,
+                        },
                     )
                 else:
                     time.sleep(1.0)  # a re-acquire while holding would return the same grant
