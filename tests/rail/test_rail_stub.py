@@ -137,6 +137,9 @@ def test_malformed_request_is_a_validation_envelope_and_never_reaches_the_books(
 def test_config_command_changes_faults_while_the_stub_runs(rail_stack, rail):
     result = rail_stack.manage(
         "railstub_config",
+        "--reset",
+        "--seed",
+        "7",
         "--failure-rate",
         "1",
         "--split-5xx",
@@ -148,7 +151,8 @@ def test_config_command_changes_faults_while_the_stub_runs(rail_stack, rail):
         "--latency-ms",
         "0",
     )
-    assert json.loads(result.stdout)["failureRate"] == 1.0
+    shown = json.loads(result.stdout)
+    assert shown["failureRate"] == 1.0 and shown["seed"] == 7 and shown["declineRate"] == 0.0
     assert _submit(rail_stack, _ref()).status_code == 500
 
     rail.stub_config()
