@@ -34,8 +34,9 @@ from dlock.devstack import PgCluster, RoleProcess, free_port, manage
 
 DURATION_S = float(os.environ.get("BENCH_PAYMENTS_SECONDS", "5"))
 WARMUP_S = 0.5
-# Payouts placed per client and level; a client that runs out simply stops (reported).
-PER_CLIENT_BUDGET = int(os.environ.get("BENCH_PAYMENTS_PER_CLIENT", "6000"))
+# Payouts placed per level and arm, split over its clients; a client that runs out simply stops
+# (reported as clients_out_of_payouts, so a too-small budget can't hide).
+LEVEL_BUDGET = int(os.environ.get("BENCH_PAYMENTS_PER_LEVEL", "20000"))
 
 ACK_SQL = "UPDATE payout SET state = 'RAIL_ACKED' WHERE payout_id = %s AND state = 'CLAIMED'"
 
@@ -77,7 +78,8 @@ def _place(db_url: str, clients: int, tag: str) -> list[tuple[str, list[uuid.UUI
     with psycopg.connect(db_url, autocommit=True) as conn:
         for i in range(clients):
             account = f"bench-{tag}-{i}-{uuid.uuid4().hex[:8]}"
-            params = {"account": account, "balance": 10**15, "count": PER_CLIENT_BUDGET}
+            count = max(300, LEVEL_BUDGET // clients)
+            params = {"account": account, "balance": 10**15, "count": count}
             with conn.transaction():
                 conn.execute(PLACE_ACCOUNT_SQL, params)
                 conn.execute(OPENING_SQL, params)
@@ -274,6 +276,7 @@ def run(
 
         django.setup()
 
+        load_before = os.getloadavg()
         levels = []
         for n in clients:
             http_row = _drive(n, _http_pairs(server.url, db_url, _place(db_url, n, "h")), seconds)
@@ -303,6 +306,8 @@ def run(
                 "db_pool_max": os.environ.get("DB_POOL_MAX", "8"),
             },
             "cpus": os.cpu_count(),
+            # A shared, busy machine skews every number; the load average says how busy.
+            "loadavg_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "levels": levels,
         }
         (out / "payments.json").write_text(json.dumps(result, indent=2) + "\n")
