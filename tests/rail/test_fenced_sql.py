@@ -69,3 +69,53 @@ def test_raise_high_water_inserts_never_lowers_and_clears_the_retry_allowance():
             is None
         )
         assert fenced_sql.advance_high_water(cursor, account_id=account, token=22, payout_id=payout)
+
+
+def test_sweeper_thread_starts_only_in_the_rail_proxy_server_process(settings):
+    from railproxy import sweep
+
+    assert not sweep.serving_http()  # pytest, like any management command, serves no HTTP
+    settings.ROLE = "railproxy"
+    assert sweep.maybe_start() is False
+
+
+def test_sweep_quarantines_an_old_intent_once_and_leaves_a_fresh_one():
+    from railproxy.services import sweep_unresolved_intents
+
+    account = f"acct-{uuid.uuid4().hex[:8]}"
+    old, fresh = uuid.uuid4(), uuid.uuid4()
+    with _cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO account (account_id, currency, kind, balance_minor, fence)"
+            " VALUES (%s, 'EUR', 'CUSTOMER', 100, 0)",
+            [account],
+        )
+        for payout_id, age in ((old, "1 hour"), (fresh, "0 seconds")):
+            cursor.execute(
+                "INSERT INTO payout (payout_id, account_id, amount_minor, currency,"
+                " beneficiary_ref, state, attempt_count, claim_token, idempotency_key)"
+                " VALUES (%s, %s, 10, 'EUR', 'b', 'SUBMITTING', 1, 4, %s)",
+                [str(payout_id), account, f"payout-{payout_id}"],
+            )
+            cursor.execute(
+                "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
+                " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
+                " outcome, submitted_at) VALUES (gen_random_uuid(), %s, %s, 10, 'EUR', 4, 'w',"
+                " 'k', 'h', %s, 'PENDING', clock_timestamp() - %s::interval)",
+                [str(payout_id), account, str(payout_id), age],
+            )
+
+    assert sweep_unresolved_intents(older_than_s=60) == 1
+    assert sweep_unresolved_intents(older_than_s=60) == 0
+
+    def state(payout_id):
+        with _cursor() as cursor:
+            cursor.execute(
+                "SELECT s.outcome, s.detail, p.state FROM rail_submission s"
+                " JOIN payout p USING (payout_id) WHERE payout_id = %s",
+                [str(payout_id)],
+            )
+            return cursor.fetchone()
+
+    assert state(old) == ("TIMEOUT", "sweep", "RAIL_AMBIGUOUS")
+    assert state(fresh) == ("PENDING", None, "SUBMITTING")
