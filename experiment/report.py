@@ -39,6 +39,11 @@ def rows(arm: dict) -> dict[str, str]:
             if arm["fenced_out_total"] is None
             else f"{int(arm['fenced_out_sum'])} ({_dict(arm['fenced_out_total'])})"
         ),
+        "  /metrics scraped | executor logs": (
+            "n/a"
+            if arm.get("fenced_out_scraped") is None
+            else f"{_dict(arm['fenced_out_scraped'])} | {_dict(arm['fenced_out_executor_logs'])}"
+        ),
         "rail submissions by outcome": _dict(arm["submission_outcomes"]),
         "ambiguous (quarantined)": str(arm["ambiguous"]),
         "  reconciler classification": _dict(arm["ambiguous_classification"]) or "-",

@@ -41,12 +41,13 @@ from experiment.stack import MissingPiece, StackHandle
 from experiment.workers import WorkerPool, spawn_executor, spawn_naive
 
 ARMS = ("fenced", "naive")
+ARM_LEAD_S = 0.0  # start an armed executor this much before its pause (0: pauses never overlap)
 HOLD_MS = 3_000  # a drop-before-booking holds the connection this long (below the read timeouts)
 # A CI-sized run: both arms in well under two minutes on two cores (seed 7 shows both effects).
 CI_PRESET = {
     "executors": 3,
     "payouts": 54,
-    "duration": 18.0,
+    "duration": 20.0,
     "lease_ms": 1500,
     "drain_timeout": 30.0,
 }
@@ -354,12 +355,15 @@ def run_arm(
             progress(arm, now, counts, dict(fenced_out.total), label)
 
     pool.start()
-    pending = list(schedule)
+    # A phase pause of the real executor replaces the victim by a fresh process armed to stop
+    # at that phase; it needs a few seconds to boot, so it is started that much earlier.
+    lead = ARM_LEAD_S if pool.hook == "respawn" else 0.0
+    pending = sorted(schedule, key=lambda e: e.at - (lead if e.kind == PAUSE else 0.0))
     label = "warming up"
     try:
         while clock() < config.duration:
             now = clock()
-            while pending and pending[0].at <= now:
+            while pending and pending[0].at - (lead if pending[0].kind == PAUSE else 0) <= now:
                 event = pending.pop(0)
                 label = f"{event.kind} {event.target}".strip()
                 if event.kind == PAUSE:
@@ -392,7 +396,7 @@ def run_arm(
             time.sleep(0.1)
         elapsed = clock()
     finally:
-        pool.stop_all()
+        pool.stop_all(timeout=8)
         rail.close()
     sample(elapsed + 1.0, "done")
 
@@ -439,6 +443,17 @@ def run_arm(
     )
     if reconcile is not None:
         reconcile["unexplained_violations"] = unexplained(reconcile, truth)
+    # A service restarted between two scrapes loses its counter; the executors' own log lines
+    # (one `executor_fenced_out` per fenced write, in files we own) and the proxy's durable
+    # FENCED rows don't. Per resource, the largest of the three counts.
+    logged = fenced_out_in_logs(logdir) if arm == "fenced" else {}
+    fenced_total = dict(fenced_out.total)
+    if arm == "fenced":
+        fenced_total["rail"] = max(
+            fenced_total.get("rail", 0), truth["submission_outcomes"].get("FENCED", 0)
+        )
+        for resource, n in logged.items():
+            fenced_total[resource] = max(fenced_total.get(resource, 0), n)
     posted = truth["by_state"].get("POSTED", 0)
     in_flight = {s: counts.get(s, 0) for s in non_terminal if counts.get(s, 0)}
     return {
@@ -448,13 +463,16 @@ def run_arm(
         "throughput_posted_per_s": round(posted / elapsed, 2) if elapsed else 0.0,
         "still_in_flight": in_flight,
         **truth,
-        "fenced_out_total": dict(fenced_out.total) if arm == "fenced" else None,
-        "fenced_out_sum": sum(fenced_out.total.values()) if arm == "fenced" else None,
+        "fenced_out_total": fenced_total if arm == "fenced" else None,
+        "fenced_out_sum": sum(fenced_total.values()) if arm == "fenced" else None,
+        "fenced_out_scraped": dict(fenced_out.total) if arm == "fenced" else None,
+        "fenced_out_executor_logs": logged if arm == "fenced" else None,
         "executor_outcomes": dict(executed.total),
         "reconciler": reconcile,
         "faults": {
             "pauses": [asdict(p) for p in pool.pauses],
             "kills": [owner for _t, owner in pool.kills],
+            "pauses_skipped": pool.skipped,
             "worker_exits": pool.exits[:50],
             "errors": errors + rail.errors,
         },
@@ -462,6 +480,22 @@ def run_arm(
         "series": series,
         "accounts": seeded["accounts"],
     }
+
+
+def fenced_out_in_logs(logdir: Path) -> dict[str, int]:
+    """`executor_fenced_out` events in the executors' logs, by resource."""
+    counts: dict[str, int] = {}
+    for path in logdir.glob("*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"executor_fenced_out"' not in line:
+                continue
+            try:
+                details = json.loads(line).get("details") or {}
+            except ValueError:
+                continue
+            resource = str(details.get("resourceType") or "unknown")
+            counts[resource] = counts.get(resource, 0) + 1
+    return counts
 
 
 def unexplained(reconcile: dict, truth: dict) -> list:

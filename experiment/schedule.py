@@ -48,34 +48,39 @@ def build_schedule(
     def when(lo: float = start, hi: float = end) -> float:
         return round(rng.uniform(lo, hi), 2)
 
-    # Pauses: one per ~2.5 s of schedule, at least one per phase, victims drawn at random.
-    n_pauses = max(len(PHASES), int((end - start) / 2.5))
-    times = sorted(when() for _ in range(n_pauses))
-    for i, at in enumerate(times):
+    # Pauses, one after another (a rival must be running to take the lapsed lease over and
+    # advance the fences), cycling through every phase of the critical section, random victims.
+    at, i = start, 0
+    while at < end:
+        seconds = round(lease_s * rng.uniform(2.5, 3.5), 2)
         events.append(
             FaultEvent(
-                at=at,
+                at=round(at, 2),
                 kind=PAUSE,
                 target=str(rng.randrange(workers)),
-                seconds=round(lease_s * rng.uniform(2.0, 3.0), 2),
+                seconds=seconds,
                 params={"phase": PHASES[i % len(PHASES)]},
             )
         )
-    # kill -9 mid section, twice.
+        # Room for the real executor's armed replacement to boot before the next pause.
+        at += seconds + rng.uniform(2.5, 3.5)
+        i += 1
+    # kill -9 mid section, twice, in the second half with the restarts (a kill during a pause
+    # would take out the rival that must take the lapsed lease over).
     for _ in range(2):
         events.append(
-            FaultEvent(at=when(0.1 * duration, end), kind=KILL, target=str(rng.randrange(workers)))
+            FaultEvent(at=when(0.45 * duration, end), kind=KILL, target=str(rng.randrange(workers)))
         )
     # Service restarts, spread over the middle of the run.
     # Service restarts in the second half: the first half belongs to clean stale-writer races.
-    slots = sorted(when(0.45 * duration, 0.8 * duration) for _ in RESTART_ROLES)
+    slots = sorted(when(0.55 * duration, 0.85 * duration) for _ in RESTART_ROLES)
     roles = list(RESTART_ROLES)
     rng.shuffle(roles)
     events += [
         FaultEvent(at=at, kind=RESTART, target=role) for at, role in zip(slots, roles, strict=True)
     ]
     if pg_restart:
-        events.append(FaultEvent(at=when(0.5 * duration, 0.75 * duration), kind=PG_RESTART))
+        events.append(FaultEvent(at=when(0.6 * duration, 0.8 * duration), kind=PG_RESTART))
     # Rail windows, in the first half (while work flows): latency above the lease TTL (below the
     # proxy's 8 s read timeout), failures, duplicate acks. Windows may overlap; the rail's config
     # is the merge of the active ones.

@@ -62,6 +62,7 @@ class WorkerPool:
     phase_map: dict[str, str] = field(default_factory=dict)  # our phase -> the worker's phase
     hook_grace: float = 3.0  # how long a phase pause may wait for the worker to reach the phase
     retiring: list[subprocess.Popen] = field(default_factory=list)
+    skipped: int = 0  # pauses not injected because too many workers were paused already
     workers: dict[int, Worker] = field(default_factory=dict)
     pauses: list[PauseRecord] = field(default_factory=list)
     kills: list[tuple[float, str]] = field(default_factory=list)
@@ -95,9 +96,14 @@ class WorkerPool:
         return None
 
     def pause(self, index: int, phase: str, seconds: float) -> None:
+        # Keep rivals running: a lapsed lease proves nothing unless someone takes it over.
+        if sum(self._busy(w) for w in self.workers.values()) >= max(1, (self.size - 1) // 2):
+            self.skipped += 1
+            return
         worker = self._victim(index)
         if worker is None:
-            return  # every worker is paused already
+            self.skipped += 1
+            return
         target = self.phase_map.get(phase, phase) if self.phase_map else phase
         if self.hook == "respawn" and target:
             # The old process finishes (or abandons) its section on SIGTERM and exits.
@@ -170,6 +176,8 @@ class WorkerPool:
 
     def resume_all(self) -> None:
         for worker in self.workers.values():
+            if worker.stopped_at is None and proc_state(worker.process.pid) == "T":
+                self._stopped(worker, worker.pause_phase or "any")  # stopped itself just now
             (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.process.pid, signal.SIGCONT)
