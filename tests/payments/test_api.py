@@ -666,3 +666,24 @@ def test_account_read_of_an_unknown_account_is_not_found(client):
 def test_wrong_method_on_a_payment_path_is_an_envelope(client):
     response = client.get(f"/v1/payouts/{uuid.uuid4()}/claim")
     assert response.status_code == 405 and response.json()["code"] == "VALIDATION_FAILED"
+
+
+def test_an_oversized_claim_body_is_413_validation_failed_and_changes_nothing(client):
+    p = f.payout(f.account())
+    before = f.snapshot(p)
+    response = f.claim(client, p, f.next_token(), body={"expectedState": "P" * 70_000})
+    assert response.status_code == 413
+    assert response.json()["code"] == "VALIDATION_FAILED"
+    assert f.snapshot(p) == before
+
+
+def test_a_claim_body_that_is_not_json_is_validation_failed(client):
+    p = f.payout(f.account())
+    response = client.post(
+        f"/v1/payouts/{p.payout_id}/claim",
+        data="expectedState=PENDING",
+        content_type="application/json",
+        headers=f.headers(f.next_token(), "w1", p.idempotency_key),
+    )
+    assert response.status_code == 400 and response.json()["code"] == "VALIDATION_FAILED"
+    assert Payout.objects.get(payout_id=p.payout_id).state == "PENDING"

@@ -103,3 +103,13 @@ def test_account_read_over_http_after_seeding(live_stack):
     seeded = _seed(live_stack, balance=4_200, payouts=0)
     body = requests.get(f"{base}/v1/accounts/{seeded['accounts'][0]}", timeout=TIMEOUT).json()
     assert body["balanceMinor"] == body["ledgerSumMinor"] == 4_200
+
+
+def test_the_admin_is_served_by_the_payments_role_behind_a_staff_login(live_stack):
+    base = live_stack.url("payments")
+    response = requests.get(
+        f"{base}/admin/payments/quarantinedpayout/", timeout=TIMEOUT, allow_redirects=False
+    )
+    assert response.status_code == 302 and "/admin/login/" in response.headers["Location"]
+    login = requests.get(f"{base}/admin/login/", timeout=TIMEOUT)
+    assert login.status_code == 200 and "text/html" in login.headers["Content-Type"]
