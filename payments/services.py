@@ -467,17 +467,33 @@ def seed(
     amount_minor: int,
     currency: str = "EUR",
 ) -> dict[str, list[str]]:
-    """Accounts with opening balances and PENDING payouts; returns their ids."""
+    """Accounts with opening balances and PENDING payouts (one transaction per account)."""
     account_ids: list[str] = []
     payout_ids: list[str] = []
     for _ in range(accounts):
-        account = create_account(
-            account_id=f"acct-{uuid.uuid4().hex[:16]}",
-            currency=currency,
-            opening_balance_minor=balance_minor,
-        )
+        with transaction.atomic(using=_alias()):
+            account = create_account(
+                account_id=f"acct-{uuid.uuid4().hex[:16]}",
+                currency=currency,
+                opening_balance_minor=balance_minor,
+            )
+            ids = [uuid.uuid4() for _ in range(payouts_per_account)]
+            Payout.objects.using(_alias()).bulk_create(
+                Payout(
+                    payout_id=pid,
+                    account=account,
+                    amount_minor=amount_minor,
+                    currency=currency,
+                    beneficiary_ref=f"ben-{pid.hex[:12]}",
+                    state="PENDING",
+                    idempotency_key=f"payout-{pid}",
+                )
+                for pid in ids
+            )
+            PayoutEvent.objects.using(_alias()).bulk_create(
+                PayoutEvent(payout_id=pid, from_state=None, to_state="PENDING", owner_id="seed")
+                for pid in ids
+            )
         account_ids.append(account.account_id)
-        for _ in range(payouts_per_account):
-            payout = create_payout(account_id=account.account_id, amount_minor=amount_minor)
-            payout_ids.append(str(payout.payout_id))
+        payout_ids.extend(str(pid) for pid in ids)
     return {"accounts": account_ids, "payouts": payout_ids}
