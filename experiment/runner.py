@@ -8,13 +8,14 @@ reconciler (fenced arm) → read the ground truth (`experiment.measure.collect`)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psycopg
@@ -38,10 +39,9 @@ from experiment.schedule import (
     rail_config_at,
 )
 from experiment.stack import MissingPiece, StackHandle
-from experiment.workers import WorkerPool, spawn_executor, spawn_naive
+from experiment.workers import WorkerPool, proc_state, spawn_executor, spawn_naive
 
 ARMS = ("fenced", "naive")
-ARM_LEAD_S = 0.0  # start an armed executor this much before its pause (0: pauses never overlap)
 HOLD_MS = 3_000  # a drop-before-booking holds the connection this long (below the read timeouts)
 # A CI-sized run: both arms in well under two minutes on two cores (seed 7 shows both effects).
 CI_PRESET = {
@@ -331,43 +331,47 @@ def run_arm(
         threads.append(thread)
 
     series: list[dict] = []
-    last_sample = -1.0
-    last_scrape = -1.0
     counts: dict[str, int] = {}
+    status = {"label": "warming up", "stop": False}
 
-    def sample(now: float, label: str) -> None:
-        nonlocal last_sample, last_scrape, counts
-        if now - last_scrape >= 1.0:
-            last_scrape = now
-            if arm == "fenced":
-                for role in ("payments", "railproxy"):
-                    fenced_out.scrape(role, stack.url(role))
-            for worker in pool.workers.values():
-                if worker.metrics_port and worker.process.poll() is None:
-                    executed.scrape(worker.owner_id, f"http://127.0.0.1:{worker.metrics_port}")
-        if now - last_sample >= 0.5:
-            last_sample = now
+    def sampler() -> None:
+        """States every 0.5 s, /metrics every 1 s — in the background, so a slow or paused
+        endpoint never delays a fault."""
+        nonlocal counts
+        last_scrape = -1.0
+        while not status["stop"]:
+            now = clock()
+            if now - last_scrape >= 1.0:
+                last_scrape = now
+                if arm == "fenced":
+                    for role in ("payments", "railproxy"):
+                        fenced_out.scrape(role, stack.url(role))
+                for worker in list(pool.workers.values()):
+                    if worker.metrics_port and proc_state(worker.process.pid) not in ("", "T"):
+                        executed.scrape(worker.owner_id, f"http://127.0.0.1:{worker.metrics_port}")
             try:
                 counts = state_counts(pay_url, arm=arm, payout_ids=payout_ids, run_id=run_id)
             except Exception:  # noqa: BLE001 - PostgreSQL may be restarting right now
-                return
+                time.sleep(0.5)
+                continue
             series.append({"t": round(now, 2), **counts})
-            progress(arm, now, counts, dict(fenced_out.total), label)
+            progress(arm, now, counts, dict(fenced_out.total), status["label"])
+            time.sleep(max(0.0, 0.5 - (clock() - now)))
 
     pool.start()
-    # A phase pause of the real executor replaces the victim by a fresh process armed to stop
-    # at that phase; it needs a few seconds to boot, so it is started that much earlier.
-    lead = ARM_LEAD_S if pool.hook == "respawn" else 0.0
-    pending = sorted(schedule, key=lambda e: e.at - (lead if e.kind == PAUSE else 0.0))
-    label = "warming up"
+    sampling = threading.Thread(target=sampler, daemon=True)
+    sampling.start()
+    pending = list(schedule)
     try:
         while clock() < config.duration:
             now = clock()
-            while pending and pending[0].at - (lead if pending[0].kind == PAUSE else 0) <= now:
+            deferred = []
+            while pending and pending[0].at <= now:
                 event = pending.pop(0)
-                label = f"{event.kind} {event.target}".strip()
+                status["label"] = f"{event.kind} {event.target}".strip()
                 if event.kind == PAUSE:
-                    pool.pause(int(event.target), event.params["phase"], event.seconds)
+                    if not pool.pause(int(event.target), event.params["phase"], event.seconds):
+                        deferred.append(event)  # rivals first: retried once a pause ends
                 elif event.kind == KILL:
                     pool.kill(int(event.target))
                     windows.append({"kind": KILL, "target": event.target, "start": now, "end": now})
@@ -375,13 +379,17 @@ def run_arm(
                     background(event, lambda role=event.target: stack.restart_role(role))
                 elif event.kind == PG_RESTART:
                     background(event, stack.restart_pg)
+            for event in deferred:
+                pending.insert(0, replace(event, at=now + 0.5))
+            pending.sort(key=lambda e: e.at)
             rail.want(rail_config_at(schedule, now, base_latency_ms=config.base_latency))
             pool.tick()
-            sample(now, label)
             time.sleep(0.05)
-        # Heal: the rail behaves, everyone runs, every restarted piece is back.
-        label = "healing + draining"
+        # Heal: the rail behaves, everyone stopped runs again, every restarted piece is back.
+        # A pause already armed may still land in the drain; it is resumed on time by tick().
+        status["label"] = "healing + draining"
         rail.want(rail_config_at([], 0, base_latency_ms=0))
+        pool.fallback = False
         pool.resume_all()
         for thread in threads:
             thread.join(90)
@@ -389,16 +397,20 @@ def run_arm(
         drain_start = clock()
         while clock() - drain_start < config.drain_timeout:
             pool.tick()
-            pool.resume_all()
-            sample(clock(), label)
-            if counts and not any(counts.get(s, 0) for s in non_terminal):
+            if len(series) > 2 and not any(counts.get(s, 0) for s in non_terminal):
                 break
             time.sleep(0.1)
         elapsed = clock()
     finally:
         pool.stop_all(timeout=8)
         rail.close()
-    sample(elapsed + 1.0, "done")
+        status["stop"] = True
+        sampling.join(10)
+    status["label"] = "done"
+    with contextlib.suppress(Exception):  # reported below from the databases anyway
+        counts = state_counts(pay_url, arm=arm, payout_ids=payout_ids, run_id=run_id)
+        series.append({"t": round(clock(), 2), **counts})
+        progress(arm, clock(), counts, dict(fenced_out.total), "done")
 
     for w in windows:
         if w["end"] is None:
@@ -442,7 +454,7 @@ def run_arm(
         run_id=run_id,
     )
     if reconcile is not None:
-        reconcile["unexplained_violations"] = unexplained(reconcile, truth)
+        reconcile["unexplained_violations"] = unexplained(reconcile, truth, payout_ids)
     # A service restarted between two scrapes loses its counter; the executors' own log lines
     # (one `executor_fenced_out` per fenced write, in files we own) and the proxy's durable
     # FENCED rows don't. Per resource, the largest of the three counts.
@@ -472,7 +484,6 @@ def run_arm(
         "faults": {
             "pauses": [asdict(p) for p in pool.pauses],
             "kills": [owner for _t, owner in pool.kills],
-            "pauses_skipped": pool.skipped,
             "worker_exits": pool.exits[:50],
             "errors": errors + rail.errors,
         },
@@ -498,21 +509,27 @@ def fenced_out_in_logs(logdir: Path) -> dict[str, int]:
     return counts
 
 
-def unexplained(reconcile: dict, truth: dict) -> list:
-    """Reconciler findings not explained by the rail's own duplicate acks.
+def unexplained(reconcile: dict, truth: dict, payout_ids: list[str]) -> list:
+    """This run's reconciler findings not explained by the rail's own duplicate acks.
 
     A duplicate ack books a second transfer for one request: the reconciler rightly flags the
     POSTED payout as booked twice (someone must claw it back), but no fence could prevent it, so
-    it does not count against the fenced arm. Anything else does.
+    it does not count against the fenced arm. Findings about other runs' payouts (earlier runs on
+    the same stack, or the naive arm's transfers, which have no submission by design) are not
+    this run's. Anything else counts.
     """
     report = reconcile.get("report")
     if not isinstance(report, dict):
         return [] if reconcile.get("exit_code") == 0 else ["reconciler gave no JSON report"]
+    ours = set(payout_ids)
     rail_made = set(truth["rail_duplicate_payout_ids"])
     left = []
     for check, items in (report.get("violations") or {}).items():
         for item in items:
-            if check == "posted_has_one_booked_transfer" and item.get("payoutId") in rail_made:
+            subject = str(item.get("payoutId") or item.get("clientRef") or "")
+            if subject and subject not in ours:
+                continue
+            if check == "posted_has_one_booked_transfer" and subject in rail_made:
                 continue
             left.append({"check": check, **item})
     return left

@@ -62,7 +62,7 @@ class WorkerPool:
     phase_map: dict[str, str] = field(default_factory=dict)  # our phase -> the worker's phase
     hook_grace: float = 3.0  # how long a phase pause may wait for the worker to reach the phase
     retiring: list[subprocess.Popen] = field(default_factory=list)
-    skipped: int = 0  # pauses not injected because too many workers were paused already
+    fallback: bool = True  # stop from outside when a phase pause is not reached in time
     workers: dict[int, Worker] = field(default_factory=dict)
     pauses: list[PauseRecord] = field(default_factory=list)
     kills: list[tuple[float, str]] = field(default_factory=list)
@@ -95,15 +95,14 @@ class WorkerPool:
                 return worker
         return None
 
-    def pause(self, index: int, phase: str, seconds: float) -> None:
-        # Keep rivals running: a lapsed lease proves nothing unless someone takes it over.
+    def pause(self, index: int, phase: str, seconds: float) -> bool:
+        """False when the pause must wait: a lapsed lease proves nothing unless a running
+        rival takes it over, so at most (K−1)//2 workers (at least one) are paused at once."""
         if sum(self._busy(w) for w in self.workers.values()) >= max(1, (self.size - 1) // 2):
-            self.skipped += 1
-            return
+            return False
         worker = self._victim(index)
         if worker is None:
-            self.skipped += 1
-            return
+            return False
         target = self.phase_map.get(phase, phase) if self.phase_map else phase
         if self.hook == "respawn" and target:
             # The old process finishes (or abandons) its section on SIGTERM and exits.
@@ -119,6 +118,7 @@ class WorkerPool:
             (self.pause_dir / f"{worker.owner_id}.pause").write_text(phase)
         elif self.hook == "outside" or not target:
             self._stop_now(worker, "any")
+        return True
 
     def _stop_now(self, worker: Worker, phase: str) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -158,9 +158,13 @@ class WorkerPool:
                     phase = marker.read_text().strip() if marker.exists() else worker.pause_phase
                     marker.unlink(missing_ok=True)
                     self._stopped(worker, phase)
-                elif now - worker.pause_requested_at > self.hook_grace:
+                elif self.fallback and now - worker.pause_requested_at > self.hook_grace:
                     (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
                     self._stop_now(worker, "any")
+            if worker.stopped_at is None and worker.pause_requested_at is None:
+                if proc_state(worker.process.pid) == "T":  # stopped with no request: never leave it
+                    worker.pause_seconds = worker.pause_seconds or 3.0
+                    self._stopped(worker, "any")
             if worker.resume_at is not None and now >= worker.resume_at:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(worker.process.pid, signal.SIGCONT)
@@ -175,6 +179,8 @@ class WorkerPool:
                 self._spawn(worker.index, worker.generation + 1)
 
     def resume_all(self) -> None:
+        """SIGCONT every stopped worker. Armed-but-not-yet-stopped executors keep their request
+        (they stop in their phase and tick() resumes them on time); file requests are dropped."""
         for worker in self.workers.values():
             if worker.stopped_at is None and proc_state(worker.process.pid) == "T":
                 self._stopped(worker, worker.pause_phase or "any")  # stopped itself just now
@@ -183,9 +189,11 @@ class WorkerPool:
                 os.kill(worker.process.pid, signal.SIGCONT)
             if worker.stopped_at is not None:
                 self._clear_pause(worker)
-            worker.pause_requested_at = None
+            elif self.hook != "respawn":
+                worker.pause_requested_at = None
 
     def stop_all(self, timeout: float = 25) -> None:
+        self.hook = "stopping"
         self.resume_all()
         for proc in self.retiring:
             with contextlib.suppress(subprocess.TimeoutExpired):
