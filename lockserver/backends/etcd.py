@@ -271,16 +271,25 @@ class EtcdLockBackend:
         if not self.adopt_pg_sequence:
             return 0
         try:
+            import psycopg
             from django.db import connections
 
             from dlock.dbrouter import alias_for
 
-            with connections[alias_for("lockserver")].cursor() as cursor:
-                cursor.execute("SELECT to_regclass('fencing_token_seq') IS NOT NULL")
-                if not cursor.fetchone()[0]:
+            # a connection of its own: this runs at start-up, before Django's pool is in use
+            params = dict(connections[alias_for("lockserver")].get_connection_params())
+            for name in ("cursor_factory", "context", "prepare_threshold", "pool"):
+                params.pop(name, None)
+            params["connect_timeout"] = 2
+            params["autocommit"] = True
+            with psycopg.connect(**params) as conn:
+                if not conn.execute(
+                    "SELECT to_regclass('fencing_token_seq') IS NOT NULL"
+                ).fetchone()[0]:
                     return 0
-                cursor.execute("SELECT last_value, is_called FROM fencing_token_seq")
-                last_value, is_called = cursor.fetchone()
+                last_value, is_called = conn.execute(
+                    "SELECT last_value, is_called FROM fencing_token_seq"
+                ).fetchone()
                 return int(last_value if is_called else last_value - 1)
         except Exception as exc:  # unreachable lockdb: the configured floor still applies
             logger.warning("could not read fencing_token_seq from lockdb: %s", exc)
@@ -905,9 +914,12 @@ def start_up() -> None:
     grant, and readiness stays DOWN until it is).
     """
     import sys
+    from pathlib import Path
 
     from lockserver.backends import get_backend
 
+    if Path(sys.argv[0]).name in ("manage.py", "django-admin"):
+        return  # migrate and friends: the serving process checks the floor, not the tools
     try:
         get_backend()
     except TokenFloorError as exc:
