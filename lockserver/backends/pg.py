@@ -208,6 +208,7 @@ class PgLockBackend:
         # Subscribe before the first attempt so a release between attempt and wait is not lost.
         event = self.listener.subscribe(key) if wait_ms > 0 else None
         waiter_id: uuid.UUID | None = None
+        free_retries = 0
         try:
             while True:
                 with self._cursor() as cursor:
@@ -235,7 +236,8 @@ class PgLockBackend:
                         state.acquired_at,
                         state.expires_at,
                     )
-                if not state.live:
+                if not state.live and free_retries < 3:
+                    free_retries += 1
                     continue  # freed between our two statements: try again at once
                 remaining = deadline - time.monotonic()
                 if event is None or remaining <= 0:
