@@ -96,6 +96,9 @@ class Executor:
         self.queue: deque[Candidate] = deque()
         self.outcomes: dict[str, int] = {}
         self.sections = 0
+        # Payouts this process must not present again (DUPLICATE_SUBMISSION it could not resolve):
+        # each retry would page someone, and nothing this executor can do resolves it.
+        self.hands_off: set[str] = set()
         self.progressed = False  # since the loop last looked
         self.round_progress = False  # since the last P1 refresh
 
@@ -185,6 +188,8 @@ class Executor:
             (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
         )
         self.round_progress = False
+        pending = [c for c in pending if c.payout_id not in self.hands_off]
+        recover = [c for c in recover if c.payout_id not in self.hands_off]
         random.shuffle(pending)
         random.shuffle(recover)
         # A short queue, refreshed often: a long one goes stale while other executors work it.
@@ -315,7 +320,7 @@ class Executor:
             log_event("executor_rail_rejected", details=exc.details, **fields)
             return "failed"
         except DuplicateSubmission:
-            return self._resolve_duplicate(payout["payoutId"], fields)
+            return self._resolve_duplicate(str(payout["payoutId"]), fields)
         self._hop("submit", fields, railReference=submission.get("railReference"))
         return submission
 
@@ -326,11 +331,14 @@ class Executor:
         log_event(
             "executor_duplicate_resolved",
             level=logging.WARNING,
-            state=payout["state"],
+            payoutState=payout["state"],
             acked=acked is not None,
             **fields,
         )
-        return acked if acked is not None else "duplicate"
+        if acked is None:
+            self.hands_off.add(payout_id)
+            return "duplicate"
+        return acked
 
     # -- bookkeeping ---------------------------------------------------------------------
 

@@ -118,6 +118,33 @@ def test_ambiguous_rail_outcome_quarantines_the_payout_and_is_never_resubmitted(
     assert body["payouts"][pid]["classification"] == "NOT_BOOKED"
 
 
+def test_duplicate_submission_is_resolved_from_the_record_and_never_repeated(exec_stack, tmp_path):
+    seeded = seed(exec_stack, accounts=1, per_account=1, balance=5_000, amount=1_000)
+    (pid,) = payout_ids(seeded)
+    (account_id,) = account_ids(seeded)
+    # An unresolved submission already exists (a state the proxy itself never leaves behind a
+    # CLAIMED payout): the executor's submit must meet DUPLICATE_SUBMISSION at admission step 2.
+    with paydb(exec_stack) as conn:
+        conn.execute(
+            "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
+            " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
+            " outcome, submitted_at) VALUES (%s, %s, %s, 1000, 'EUR', %s, 'earlier', %s, 'h',"
+            " %s, 'TIMEOUT', now())",
+            # A token no grant of this stack will reach, so no replay identity collides.
+            (str(uuid.uuid4()), pid, account_id, 9 * 10**18, f"payout-{pid}", pid),
+        )
+    proc = start_executor(exec_stack, _owner("exec-dup"), "--until-idle", log_dir=tmp_path)
+    try:
+        assert proc.wait(60) == 0
+        outcomes = [e["outcome"] for e in proc.events("payout_executed")]
+        assert outcomes == ["duplicate"]  # once: the payout is hands-off for this process
+        assert rail_requests(exec_stack, [pid]) == {}
+        assert states(exec_stack, [pid]) == {pid: "CLAIMED"}
+    finally:  # leave nothing drainable behind for the next test
+        with paydb(exec_stack) as conn:
+            conn.execute("UPDATE payout SET state = 'RAIL_AMBIGUOUS' WHERE payout_id = %s", (pid,))
+
+
 # --------------------------------------------------------------------------- faults
 
 
