@@ -124,3 +124,35 @@ def test_production_refuses_debug_at_start_up():
         [sys.executable, "manage.py", "check"], cwd=PROJECT, env=env, capture_output=True, text=True
     )
     assert result.returncode != 0 and "DJANGO_DEBUG=true is refused" in result.stderr
+
+
+def test_logs_never_carry_beneficiary_data_bodies_or_the_secret_key(live_stack):
+    import uuid
+
+    marker = f"BENEFICIARY-{uuid.uuid4().hex}"
+    body = {
+        "payoutId": str(uuid.uuid4()),
+        "accountId": f"acct-{uuid.uuid4().hex[:8]}",
+        "amountMinor": 1234,
+        "currency": "EUR",
+        "beneficiaryRef": marker,
+    }
+    headers = {
+        "X-Fencing-Token": "7",
+        "X-Owner-Id": "log-probe",
+        "X-Idempotency-Key": f"payout-{body['payoutId']}",
+    }
+    requests.post(
+        f"{live_stack.url('railproxy')}/v1/rail/submissions", json=body, headers=headers, timeout=15
+    )
+    requests.post(  # malformed on purpose: the error path must not echo the body either
+        f"{live_stack.url('railproxy')}/v1/rail/submissions",
+        data=f'{{"beneficiaryRef": "{marker}", "x": NaN}}',
+        headers={**headers, "Content-Type": "application/json"},
+        timeout=15,
+    )
+    logs = "".join(p.read_text(errors="replace") for p in live_stack.logdir.glob("*.log"))
+    assert marker not in logs
+    assert live_stack.env["DJANGO_SECRET_KEY"] not in logs
+    for url in (v for k, v in live_stack.env.items() if k.endswith("_DATABASE_URL")):
+        assert url not in logs
