@@ -38,6 +38,7 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from dlock.errors import ApiError, Code, not_found
 from dlock.logs import log_event
@@ -84,7 +85,11 @@ class TokenFloorError(RuntimeError):
 
 
 def _setting(name: str, default: Any) -> Any:
-    return getattr(settings, name, default)
+    """A Django setting, or the default when Django is not configured (bench, scripts)."""
+    try:
+        return getattr(settings, name, default)
+    except ImproperlyConfigured:
+        return default
 
 
 def _now() -> dt.datetime:
@@ -147,7 +152,7 @@ class EtcdLockBackend:
         adopt_pg_sequence: bool | None = None,
         housekeeping: bool = True,
     ) -> None:
-        self.url = url or settings.ETCD_URL
+        self.url = url or _setting("ETCD_URL", "http://127.0.0.1:2379")
         self.prefix = prefix if prefix is not None else _setting("ETCD_PREFIX", "dlock/")
         self.client = EtcdClient(
             self.url,

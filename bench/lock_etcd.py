@@ -1,0 +1,226 @@
+"""Lock server on etcd: acquire+release pairs/s and p50/p99 over HTTP, and the same etcd
+transactions issued directly (in-process `EtcdLockBackend`, no HTTP, no Django), same run.
+
+Starts its own etcd (WAL fsync on, as etcd always does), its own PostgreSQL cluster for lockdb
+(the lock-server role's readiness probe and pg-sequence floor read it) unless
+`lock_database_url` is given, and one lock-server under gunicorn. Each client holds one
+session and loops acquire → release on a key of its own (no contention: this measures the
+path, not queueing). Writes `<out_dir>/lock_etcd.json`; returns the same dict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+
+from dlock.devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
+
+DURATION_S = float(os.environ.get("BENCH_LOCK_ETCD_SECONDS", "5"))
+WARMUP_S = 0.5
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _drive(
+    clients: int, make_pair: Callable[[int], Callable[[], None]], seconds: float
+) -> dict[str, float]:
+    """Run `clients` threads, each calling its pair function in a loop; latency per pair."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors = [0] * clients
+    start = threading.Barrier(clients + 1)
+    stop_at = [0.0]
+
+    def worker(index: int) -> None:
+        pair = make_pair(index)
+        start.wait()
+        warm_until = time.monotonic() + WARMUP_S
+        while time.monotonic() < warm_until:
+            pair()
+        while True:
+            began = time.monotonic()
+            if stop_at[0] and began >= stop_at[0]:
+                return
+            try:
+                pair()
+            except Exception:
+                errors[index] += 1
+                continue
+            latencies[index].append(time.monotonic() - began)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    time.sleep(WARMUP_S)
+    measured_from = time.monotonic()
+    stop_at[0] = measured_from + seconds
+    for thread in threads:
+        thread.join(seconds + 30)
+    elapsed = time.monotonic() - measured_from
+    flat = [x for per in latencies for x in per]
+    return {
+        "pairs": len(flat),
+        "errors": sum(errors),
+        "pairs_per_s": round(len(flat) / elapsed, 1),
+        "p50_ms": round(_percentile(flat, 0.50) * 1000, 2),
+        "p99_ms": round(_percentile(flat, 0.99) * 1000, 2),
+        "mean_ms": round(statistics.fmean(flat) * 1000, 2) if flat else 0.0,
+    }
+
+
+def _http_pair_factory(base_url: str) -> Callable[[int], Callable[[], None]]:
+    def make(index: int) -> Callable[[], None]:
+        http = requests.Session()
+        owner = f"bench-{index}"
+        resp = http.post(
+            f"{base_url}/v1/sessions",
+            json={"ownerId": owner, "ttlMillis": 60_000},
+            headers={"X-Owner-Id": owner},
+            timeout=5,
+        )
+        resp.raise_for_status()
+        session_id = resp.json()["sessionId"]
+        key = f"bench:etcd-http-{index}-{uuid.uuid4().hex[:6]}"
+        headers = {"X-Owner-Id": owner}
+
+        def pair() -> None:
+            acquired = http.post(
+                f"{base_url}/v1/locks/{key}/acquire",
+                json={"sessionId": session_id, "ttlMillis": 10_000},
+                headers=headers,
+                timeout=5,
+            )
+            if acquired.status_code != 200:
+                raise RuntimeError(f"acquire answered {acquired.status_code}")
+            token = acquired.json()["fencingToken"]
+            released = http.delete(
+                f"{base_url}/v1/locks/{key}",
+                params={"sessionId": session_id},
+                headers={**headers, "X-Fencing-Token": str(token)},
+                timeout=5,
+            )
+            if released.status_code != 204:
+                raise RuntimeError(f"release answered {released.status_code}")
+
+        return pair
+
+    return make
+
+
+def _direct_pair_factory(backend) -> Callable[[int], Callable[[], None]]:
+    def make(index: int) -> Callable[[], None]:
+        session = backend.open_session(owner_id=f"bench-{index}", ttl_ms=60_000)
+        key = f"bench:etcd-direct-{index}-{uuid.uuid4().hex[:6]}"
+
+        def pair() -> None:
+            grant = backend.acquire(
+                key=key, session_id=session.session_id, owner_id=None, ttl_ms=10_000, wait_ms=0
+            )
+            backend.release(key=key, session_id=session.session_id, token=grant.fencing_token)
+
+        return pair
+
+    return make
+
+
+def _etcd_version(url: str) -> str:
+    try:
+        return requests.get(f"{url}/version", timeout=2).json().get("etcdserver", "?")
+    except requests.RequestException:
+        return "?"
+
+
+def run(
+    out_dir: str | Path,
+    clients: tuple[int, ...] = (1, 8, 32),
+    *,
+    lock_database_url: str | None = None,
+    seconds: float = DURATION_S,
+) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="dlock-bench-etcd-"))
+    work.chmod(0o755)
+    etcd = EtcdServer(work / "etcd", free_port(), free_port())
+    cluster: PgCluster | None = None
+    server: RoleProcess | None = None
+    try:
+        etcd.start()
+        if lock_database_url is None:
+            cluster = PgCluster(work / "pg", free_port())  # durable: fsync on
+            cluster.start()
+            lock_database_url = cluster.create_database("bench_lockdb")
+        env = {
+            "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(48),
+            "DJANGO_DEBUG": "false",
+            "LOCK_BACKEND": "etcd",
+            "ETCD_URL": etcd.url,
+            "LOCK_DATABASE_URL": lock_database_url,
+            "DLOCK_LOG_LEVEL": "WARNING",
+        }
+        manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
+        server = RoleProcess("lockserver", free_port(), env, work / "lockserver.log").start()
+
+        from lockserver.backends.etcd import EtcdLockBackend  # usable without Django set up
+
+        direct = EtcdLockBackend(
+            url=etcd.url, prefix="direct/", adopt_pg_sequence=False, housekeeping=False
+        )
+        levels = []
+        for n in clients:
+            http_row = _drive(n, _http_pair_factory(server.url), seconds)
+            direct_row = _drive(n, _direct_pair_factory(direct), seconds)
+            levels.append(
+                {
+                    "clients": n,
+                    "http": http_row,
+                    "direct": direct_row,
+                    "http_over_direct": round(
+                        http_row["pairs_per_s"] / direct_row["pairs_per_s"], 3
+                    )
+                    if direct_row["pairs_per_s"]
+                    else None,
+                }
+            )
+        direct.close()
+        result = {
+            "name": "lock_etcd",
+            "backend": "etcd",
+            "etcd_version": _etcd_version(etcd.url),
+            "seconds_per_level": seconds,
+            "workload": "per client: one session, loop acquire+release on its own key",
+            "direct": "the same etcd transactions from an in-process EtcdLockBackend, no HTTP",
+            "levels": levels,
+        }
+        (out / "lock_etcd.json").write_text(json.dumps(result, indent=2) + "\n")
+        return result
+    finally:
+        if server is not None:
+            server.stop()
+        etcd.stop()
+        if cluster is not None:
+            cluster.stop("immediate")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(json.dumps(run(sys.argv[1] if len(sys.argv) > 1 else ".run/bench"), indent=2))
