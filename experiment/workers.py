@@ -158,13 +158,18 @@ class WorkerPool:
                     phase = marker.read_text().strip() if marker.exists() else worker.pause_phase
                     marker.unlink(missing_ok=True)
                     self._stopped(worker, phase)
-                elif self.fallback and now - worker.pause_requested_at > self.hook_grace:
-                    (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
-                    self._stop_now(worker, "any")
+                elif now - worker.pause_requested_at > self.hook_grace:
+                    if self.hook == "respawn":
+                        # Still armed: it stops itself whenever it reaches the phase; stop
+                        # counting it as paused so the next pause can go ahead.
+                        worker.pause_requested_at = None
+                    elif self.fallback:
+                        (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
+                        self._stop_now(worker, "any")
             if worker.stopped_at is None and worker.pause_requested_at is None:
                 if proc_state(worker.process.pid) == "T":  # stopped with no request: never leave it
                     worker.pause_seconds = worker.pause_seconds or 3.0
-                    self._stopped(worker, "any")
+                    self._stopped(worker, worker.pause_phase or "any")
             if worker.resume_at is not None and now >= worker.resume_at:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(worker.process.pid, signal.SIGCONT)
