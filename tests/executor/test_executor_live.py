@@ -102,7 +102,7 @@ def test_two_executors_drain_fifty_payouts_and_nothing_is_presented_twice(
 def test_ambiguous_rail_outcome_quarantines_the_payout_and_is_never_resubmitted(
     exec_stack, rail, tmp_path
 ):
-    rail("--failure-rate", "1.0", "--split-5xx", "0", "--split-drop-after", "0")
+    rail("--failure-rate", "1.0", "--split-5xx", "0", "--split-drop-after", "0", "--hold-ms", "2000")
     seeded = seed(exec_stack, accounts=1, per_account=1, balance=5_000, amount=1_000)
     (pid,) = payout_ids(seeded)
     owner = _owner("exec-amb")
