@@ -11,6 +11,10 @@ from dataclasses import asdict, dataclass, field
 
 from experiment.naive import PHASES
 
+# The order pauses cycle through: the phases where a stale writer does damage first.
+PAUSE_ORDER = ("claimed", "submitted", "locked", "posted")
+assert set(PAUSE_ORDER) == set(PHASES)
+
 # Kinds of fault, as they appear in the report and on the chart.
 PAUSE = "pause"  # SIGSTOP a worker for longer than the lease, then SIGCONT
 KILL = "kill"  # kill -9 a worker mid critical section and start a replacement
@@ -59,7 +63,7 @@ def build_schedule(
                 kind=PAUSE,
                 target=str(rng.randrange(workers)),
                 seconds=seconds,
-                params={"phase": PHASES[i % len(PHASES)]},
+                params={"phase": PAUSE_ORDER[i % len(PAUSE_ORDER)]},
             )
         )
         # Room for the real executor's armed replacement to boot before the next pause.

@@ -92,7 +92,7 @@ def test_the_schedule_is_a_pure_function_of_the_seed():
 
 
 def test_the_schedule_pauses_longer_than_the_lease_in_every_phase_and_has_every_fault():
-    events = build_schedule(seed=3, duration=30, workers=4, lease_ms=2000)
+    events = build_schedule(seed=3, duration=40, workers=4, lease_ms=2000)
     kinds = {e.kind for e in events}
     assert kinds == {
         "pause",
