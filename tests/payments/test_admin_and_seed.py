@@ -178,3 +178,22 @@ def test_seed_payouts_prints_ids_and_opens_balances_as_ledger_pairs():
 def test_seed_payouts_rejects_bad_arguments(args):
     with pytest.raises(CommandError):
         call_command("seed_payouts", *args)
+
+
+def test_resolve_action_first_asks_for_a_resolution_and_a_note(client, staff):
+    _, p = _ambiguous()
+    response = client.post(
+        "/admin/payments/quarantinedpayout/",
+        {"action": "resolve_selected", "_selected_action": [str(p.payout_id)]},
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'name="note"' in html and 'name="resolution"' in html and str(p.payout_id) in html
+    assert Payout.objects.get(payout_id=p.payout_id).state == "RAIL_AMBIGUOUS"
+
+
+def test_quarantined_payout_page_is_read_only_with_its_timeline(client, staff):
+    _, p = _ambiguous()
+    page = client.get(f"/admin/payments/quarantinedpayout/{p.payout_id}/change/")
+    assert page.status_code == 200
+    assert 'name="state"' not in page.content.decode()  # no editable state field
