@@ -1,0 +1,115 @@
+"""The same capacity and deadline behaviour on a real endpoint: the payments role's P2 claim
+blocked by a held account row lock answers 504 and leaves nothing behind, while a concurrent
+read that can't get the only database slot answers 503 OVERLOADED."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+import requests
+
+from dlock.devstack import RoleProcess, free_port, manage, wait_until
+from tests.conftest import _create_db
+
+pytestmark = [pytest.mark.live, pytest.mark.slow]
+
+
+@pytest.fixture
+def payments(tmp_path):
+    db_url = _create_db(f"prod_pay_{uuid.uuid4().hex[:10]}")
+    env = {
+        "PAY_DATABASE_URL": db_url,
+        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+        "DJANGO_DEBUG": "false",
+    }
+    manage(["migrate", "--no-input", "-v", "0"], env, role="payments")
+    seeded = manage(
+        [
+            "seed_payouts",
+            "--accounts=1",
+            "--payouts-per-account=1",
+            "--balance-minor=10000",
+            "--amount-minor=100",
+            "--json",
+        ],
+        env,
+        role="payments",
+        capture=True,
+    )
+    ids = json.loads(seeded.stdout.strip().splitlines()[-1])
+    limits = {"DB_POOL_MAX": "1", "DB_QUEUE_DEADLINE_MS": "300", "DB_STATEMENT_TIMEOUT_MS": "2000"}
+    proc = RoleProcess("payments", free_port(), {**env, **limits}, tmp_path / "payments.log")
+    proc.start()
+    yield proc, db_url, ids["accounts"][0], ids["payouts"][0]
+    proc.stop()
+
+
+def sql(db_url: str, statement: str, params: tuple = ()) -> list[tuple]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+
+def claim(url: str, payout_id: str, token: int) -> requests.Response:
+    return requests.post(
+        f"{url}/v1/payouts/{payout_id}/claim",
+        json={"expectedState": "PENDING"},
+        headers={
+            "X-Fencing-Token": str(token),
+            "X-Owner-Id": "capacity-test",
+            "X-Idempotency-Key": f"payout-{payout_id}",
+        },
+        timeout=30,
+    )
+
+
+def test_a_claim_blocked_on_the_account_row_is_504_rolled_back_and_a_read_is_503(payments):
+    proc, db_url, account_id, payout_id = payments
+    events_before = sql(
+        db_url, "SELECT count(*) FROM payout_event WHERE payout_id = %s", (payout_id,)
+    )
+    holder = psycopg.connect(db_url)
+    holder.execute("SELECT fence FROM account WHERE account_id = %s FOR UPDATE", (account_id,))
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            blocked = pool.submit(claim, proc.url, payout_id, 5)
+            wait_until(
+                lambda: (
+                    sql(
+                        db_url,
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock'",
+                    )
+                    == [(1,)]
+                ),
+                timeout=20,
+                what="claim blocked on the account row",
+            )
+            read = requests.get(f"{proc.url}/v1/accounts/{account_id}", timeout=30)
+            deadline = blocked.result()
+    finally:
+        holder.rollback()
+        holder.close()
+
+    assert read.status_code == 503, read.text
+    assert read.json()["code"] == "OVERLOADED" and read.json()["retryAfterMillis"] > 0
+    assert deadline.status_code == 504, deadline.text
+    assert deadline.json()["code"] == "DEADLINE_EXCEEDED" and deadline.json()["retrySafe"]
+    # Nothing of the claim survived: state, events, fence.
+    assert sql(db_url, "SELECT state FROM payout WHERE payout_id = %s", (payout_id,)) == [
+        ("PENDING",)
+    ]
+    assert (
+        sql(db_url, "SELECT count(*) FROM payout_event WHERE payout_id = %s", (payout_id,))
+        == events_before
+    )
+    assert sql(db_url, "SELECT fence FROM account WHERE account_id = %s", (account_id,)) == [(0,)]
+    # Retry-safe means it: the same request now succeeds.
+    retried = claim(proc.url, payout_id, 5)
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["state"] == "CLAIMED" and retried.json()["claimToken"] == 5
