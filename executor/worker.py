@@ -26,6 +26,7 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
+from dlock.budgets import BUDGETS
 from dlock.client import (
     ContentionExceeded,
     DlockError,
@@ -288,6 +289,7 @@ class Executor:
         else:
             # The listing was stale (another executor finished it): not an execution.
             return "skipped"
+        self._renew_if_short(grant, BUDGETS["payments.write"].read_s, fields)
         if not self.stop_requested.is_set():
             self._checkpoint(grant, "before_post", fields)
         else:
@@ -300,6 +302,16 @@ class Executor:
         )
         self._hop("post", fields)
         return "posted"
+
+    def _renew_if_short(self, grant: Grant, needed_s: float, fields: dict[str, Any]) -> None:
+        """A slow rail can eat the lease: extend it (same token) if the next hop may outlast it.
+
+        Past the local deadline the grant is not renewed (ensure_valid raises LockLost first);
+        the payout then waits, RAIL_ACKED, for the next holder to post it.
+        """
+        if 0.0 < grant.remaining() < needed_s:
+            grant.renew()
+            log_event("executor_renewed", remaining=round(grant.remaining(), 3), **fields)
 
     def _submit(self, grant: Grant, payout: dict[str, Any], fields: dict[str, Any]):
         """Present the payout to the rail once. Returns the ACKED submission or an outcome."""
