@@ -56,7 +56,7 @@ def build_schedule(
     # advance the fences), cycling through every phase of the critical section, random victims.
     at, i = start, 0
     while at < end:
-        seconds = round(lease_s * rng.uniform(2.5, 3.5), 2)
+        seconds = round(lease_s * rng.uniform(3.0, 4.0), 2)
         events.append(
             FaultEvent(
                 at=round(at, 2),
@@ -73,11 +73,10 @@ def build_schedule(
     # would take out the rival that must take the lapsed lease over).
     for _ in range(2):
         events.append(
-            FaultEvent(at=when(0.45 * duration, end), kind=KILL, target=str(rng.randrange(workers)))
+            FaultEvent(at=when(0.6 * duration, end), kind=KILL, target=str(rng.randrange(workers)))
         )
-    # Service restarts, spread over the middle of the run.
     # Service restarts in the second half: the first half belongs to clean stale-writer races.
-    slots = sorted(when(0.55 * duration, 0.85 * duration) for _ in RESTART_ROLES)
+    slots = sorted(when(0.6 * duration, 0.88 * duration) for _ in RESTART_ROLES)
     roles = list(RESTART_ROLES)
     rng.shuffle(roles)
     events += [
@@ -85,16 +84,23 @@ def build_schedule(
     ]
     if pg_restart:
         events.append(FaultEvent(at=when(0.6 * duration, 0.8 * duration), kind=PG_RESTART))
-    # Rail windows, in the first half (while work flows): latency above the lease TTL (below the
-    # proxy's 8 s read timeout), failures, duplicate acks. Windows may overlap; the rail's config
-    # is the merge of the active ones.
+    # Rail windows. Duplicate acks early (they slow nobody); latency above the lease TTL (below
+    # the proxy's 8 s read timeout) and failures in the middle, after the first pauses had
+    # rivals running at full speed. Windows may overlap; the rail's config is their merge.
     window = max(2.0, 0.18 * duration)
-    end = 0.45 * duration + window
+    events.append(
+        FaultEvent(
+            at=when(start, 0.45 * duration - window),
+            kind=DUPLICATE_ACK,
+            seconds=round(window, 2),
+            params={"duplicate_ack_rate": 0.5},
+        )
+    )
     latency_ms = min(7000, int(lease_ms * 1.6))
     for _ in range(2):
         events.append(
             FaultEvent(
-                at=when(start, end - window),
+                at=when(0.45 * duration, 0.8 * duration - window),
                 kind=RAIL_LATENCY,
                 seconds=round(window, 2),
                 params={"latency_ms": latency_ms},
@@ -102,18 +108,10 @@ def build_schedule(
         )
     events.append(
         FaultEvent(
-            at=when(start, end - window),
+            at=when(0.45 * duration, 0.8 * duration - window),
             kind=RAIL_FAILURES,
             seconds=round(window, 2),
             params={"failure_rate": 0.3},
-        )
-    )
-    events.append(
-        FaultEvent(
-            at=when(start, end - window),
-            kind=DUPLICATE_ACK,
-            seconds=round(window, 2),
-            params={"duplicate_ack_rate": 0.5},
         )
     )
     return sorted(events, key=lambda e: (e.at, e.kind, e.target))
