@@ -38,7 +38,7 @@ def test_a_request_in_flight_completes_while_new_connections_are_refused(probe_f
     probe = probe_factory(DB_STATEMENT_TIMEOUT_MS="30000", GUNICORN_GRACEFUL_TIMEOUT="30")
     with ThreadPoolExecutor(1) as pool:
         slow = pool.submit(
-            requests.get, f"{probe.url}/probe/sleep", params={"ms": 4000}, timeout=30
+            requests.get, f"{probe.url}/probe/sleep", params={"ms": 2500}, timeout=30
         )
         wait_until(lambda: sleeping_in_the_database(probe), timeout=20, what="slow request")
         probe.process.send_signal(sig)
@@ -46,7 +46,7 @@ def test_a_request_in_flight_completes_while_new_connections_are_refused(probe_f
         refused_while_draining = not slow.done()
         response = slow.result()
     assert refused_while_draining
-    assert response.status_code == 200 and response.json() == {"slept": 4000}
+    assert response.status_code == 200 and response.json() == {"slept": 2500}
     assert probe.process.wait(30) == 0
     assert "Traceback" not in probe.log()
 
