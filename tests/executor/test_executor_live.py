@@ -102,7 +102,9 @@ def test_two_executors_drain_fifty_payouts_and_nothing_is_presented_twice(
 def test_ambiguous_rail_outcome_quarantines_the_payout_and_is_never_resubmitted(
     exec_stack, rail, tmp_path
 ):
-    rail("--failure-rate", "1.0", "--split-5xx", "0", "--split-drop-after", "0", "--hold-ms", "2000")
+    rail(
+        "--failure-rate", "1.0", "--split-5xx", "0", "--split-drop-after", "0", "--hold-ms", "2000"
+    )
     seeded = seed(exec_stack, accounts=1, per_account=1, balance=5_000, amount=1_000)
     (pid,) = payout_ids(seeded)
     owner = _owner("exec-amb")
@@ -179,6 +181,26 @@ def test_paused_executor_is_fenced_out_after_another_takes_over_and_nothing_is_p
     assert rail_requests(exec_stack, [pid]) == {pid: 1}
     assert rail_transfers(exec_stack, [pid]) == {pid: 1}
     assert _ledger_legs(exec_stack, pid) == [("CREDIT", 1_000), ("DEBIT", 1_000)]
+    # The proxy's fenced_out line names the stale owner and carries the executor's traceId.
+    (proxy_line,) = [
+        line
+        for line in _service_events(exec_stack, "railproxy", "fenced_out")
+        if line.get("payoutId") == pid
+    ]
+    assert proxy_line["ownerId"] == stale.owner_id
+    assert proxy_line["traceId"] == fenced[0]["traceId"]
+
+
+def _service_events(stack, role: str, event: str) -> list[dict]:
+    found = []
+    for line in (stack.logdir / f"{role}.log").read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == event:
+            found.append(record)
+    return found
 
 
 @pytest.mark.parametrize(
