@@ -24,7 +24,14 @@ from requests.adapters import HTTPAdapter
 
 # gRPC status codes that mean "this member cannot serve now": DEADLINE_EXCEEDED, UNAVAILABLE.
 _UNAVAILABLE_GRPC = {4, 14}
-_UNAVAILABLE_TEXT = ("no leader", "timed out", "leader changed", "not capable", "stopped")
+_UNAVAILABLE_TEXT = (
+    "no leader",
+    "timed out",
+    "deadline exceeded",
+    "leader changed",
+    "not capable",
+    "stopped",
+)
 
 
 class EtcdError(Exception):

@@ -6,16 +6,18 @@ tests stop them or need a store with no history.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
-from dlock.devstack import EtcdServer, free_port
+from dlock.devstack import EtcdServer, free_port, wait_until
 from dlock.errors import ApiError, Code
 from lockserver.backends.etcd import EtcdLockBackend, TokenFloorError
-from lockserver.etcd_client import EtcdUnavailable
+from lockserver.etcd_client import EtcdClient, EtcdUnavailable
 
 pytestmark = pytest.mark.etcd
 
@@ -141,3 +143,60 @@ def test_a_backend_built_while_etcd_is_down_checks_the_floor_on_first_use(own_et
     assert caught.value.code == Code.NOT_LEADER
     own_etcd.start()
     assert min(grant_and_release(backend)) > 10_000_000
+
+
+def has_leader(url: str) -> bool:
+    try:
+        return EtcdClient(url, read_timeout=1.0).has_leader()
+    except EtcdUnavailable:
+        return False
+
+
+def test_a_member_without_a_leader_answers_not_leader_within_the_request_timeout(tmp_path):
+    """Two members, one stopped: the survivor has no quorum, hence no leader."""
+    ports = {name: (free_port(), free_port()) for name in ("a", "b")}
+    cluster = ",".join(f"{n}=http://127.0.0.1:{peer}" for n, (_, peer) in ports.items())
+    members = {}
+    for name, (client, peer) in ports.items():
+        members[name] = subprocess.Popen(
+            [
+                shutil.which("etcd") or "/usr/bin/etcd",
+                *("--name", name, "--data-dir", str(tmp_path / name)),
+                *("--heartbeat-interval", "50", "--election-timeout", "500"),
+                *("--listen-client-urls", f"http://127.0.0.1:{client}"),
+                *("--advertise-client-urls", f"http://127.0.0.1:{client}"),
+                *("--listen-peer-urls", f"http://127.0.0.1:{peer}"),
+                *("--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}"),
+                *("--initial-cluster", cluster, "--log-level", "error"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    url = f"http://127.0.0.1:{ports['a'][0]}"
+    try:
+        wait_until(lambda: has_leader(url), timeout=20, what="a 2-member cluster's leader")
+        backend = EtcdLockBackend(
+            url=url, prefix="dlock/", adopt_pg_sequence=False, housekeeping=False
+        )
+        session = backend.open_session(owner_id="w", ttl_ms=10_000)
+        members["b"].terminate()
+        members["b"].wait(10)
+        wait_until(lambda: not has_leader(url), timeout=20, what="the leader to be lost")
+        backend.client.timeout = (0.5, 1.0)  # the request timeout bounds every answer
+        with pytest.raises(EtcdUnavailable):
+            backend.check_ready()
+        for call in (
+            lambda: backend.open_session(owner_id="w", ttl_ms=5_000),
+            lambda: backend.acquire(
+                key="k", session_id=session.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
+            ),
+        ):
+            with pytest.raises(ApiError) as caught:
+                call()
+            assert caught.value.code == Code.NOT_LEADER
+        backend.close()
+    finally:
+        for proc in members.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
