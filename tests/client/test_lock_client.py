@@ -103,6 +103,23 @@ def test_grant_exposes_token_key_expiry_and_a_local_deadline_shorter_than_the_tt
     assert client.info(key)["held"] is False  # released on leaving the block
 
 
+def test_wait_ms_lets_the_server_hand_over_the_lock_without_client_retries(live_stack):
+    key = _key()
+    holder = _client(live_stack)
+    sleep = RecordingSleep()
+    waiter = _client(live_stack, retry=RetryPolicy(sleep=sleep))
+    with holder.session(5_000) as held, waiter.session(5_000) as session:
+        grant = held.acquire(key, 5_000)
+        releaser = threading.Timer(0.3, grant.release)
+        releaser.start()
+        try:
+            with session.lock(key, 5_000, wait_ms=3_000) as mine:
+                assert mine.token > grant.token
+        finally:
+            releaser.join()
+    assert sleep.calls == []  # the server-side wait did it, not client retries
+
+
 def test_tokens_increase_from_one_holder_to_the_next(live_stack):
     client = _client(live_stack)
     key = _key()
