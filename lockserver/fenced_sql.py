@@ -365,10 +365,10 @@ def revoke(
 # Soft cap: two waiters racing for the last slot may both get in (the count is a snapshot).
 ADD_WAITER_SQL = """
 INSERT INTO lock_waiter (waiter_id, lock_key, session_id, owner_id, since, expires_at)
-SELECT %(waiter_id)s, %(key)s, %(session_id)s, %(owner_id)s, clock_timestamp(),
+SELECT %(waiter_id)s, %(key)s::varchar, %(session_id)s, %(owner_id)s, clock_timestamp(),
        clock_timestamp() + %(wait_ms)s * interval '1 millisecond'
 WHERE (SELECT count(*) FROM lock_waiter
-       WHERE lock_key = %(key)s AND expires_at > clock_timestamp()) < %(cap)s
+       WHERE lock_key = %(key)s::varchar AND expires_at > clock_timestamp()) < %(cap)s
 RETURNING waiter_id
 """
 

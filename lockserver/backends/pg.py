@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import psycopg
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from psycopg_pool import PoolTimeout, TooManyRequests
@@ -74,6 +75,19 @@ def _lock_lost(key: str, stored_token: int | None) -> ApiError:
     )
 
 
+class _PreparingCursor:
+    """Every statement of lockserver.fenced_sql is a fixed text: prepare it (per connection)."""
+
+    def __init__(self, cursor: psycopg.Cursor) -> None:
+        self._cursor = cursor
+
+    def execute(self, query: str, params=None):
+        return self._cursor.execute(query, params, prepare=True)
+
+    def __getattr__(self, name: str):
+        return getattr(self._cursor, name)
+
+
 class PgLockBackend:
     name = "pg"
 
@@ -101,7 +115,7 @@ class PgLockBackend:
     @contextlib.contextmanager
     def _cursor(self) -> Iterator:
         try:
-            with connections[self.alias].cursor() as cursor:
+            with self._prepared_cursor() as cursor:
                 yield cursor
         except DatabaseError as exc:
             error = self._store_error(exc)
@@ -112,13 +126,28 @@ class PgLockBackend:
     @contextlib.contextmanager
     def _atomic(self) -> Iterator:
         try:
-            with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
+            with transaction.atomic(using=self.alias), self._prepared_cursor() as cursor:
                 yield cursor
         except DatabaseError as exc:
             error = self._store_error(exc)
             if error is None:
                 raise
             raise error from exc
+
+    @contextlib.contextmanager
+    def _prepared_cursor(self) -> Iterator:
+        """A server-binding psycopg cursor on Django's pooled connection for this alias.
+
+        Django's own cursor binds client-side and never prepares, so PostgreSQL would parse and
+        plan the (large, CTE) lock statements on every call; these are prepared once per pooled
+        connection instead. Same connection, so transaction.atomic and the pool still apply;
+        driver errors still surface as django.db errors.
+        """
+        wrapper = connections[self.alias]
+        with wrapper.wrap_database_errors:
+            wrapper.ensure_connection()
+            with psycopg.Cursor(wrapper.connection) as cursor:
+                yield _PreparingCursor(cursor)
 
     def _store_error(self, exc: DatabaseError) -> ApiError | None:
         """A store that cannot take writes is NOT_LEADER (503), never a 500.
