@@ -54,6 +54,7 @@ from executor.api import Api, Candidate
 from executor.pause import PausePlan
 
 RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
+LIST_PAGE = 100
 # Outcomes after which the payout is exactly where it was: waiting on someone else.
 NO_PROGRESS = ("lock_contended", "lock_lost", "error", "abandoned", "skipped")
 # Not executions, so not counted in payout_execute_total (logged as payout_executed).
@@ -177,8 +178,13 @@ class Executor:
     def refresh(self) -> None:
         """Fill the queue from P1: recovery first, then PENDING, each shuffled."""
         try:
-            pending = self.api.list_payouts("PENDING")
-            recover = [c for state in RECOVERABLE for c in self.api.list_payouts(state)]
+            # One page each (oldest first): enough to fill a short queue and see the backlog age.
+            pending = self.api.list_payouts("PENDING", max_items=LIST_PAGE)
+            recover = [
+                c
+                for state in RECOVERABLE
+                for c in self.api.list_payouts(state, max_items=LIST_PAGE)
+            ]
         except DlockError as exc:
             log_event(
                 "executor_list_failed", level=logging.WARNING, ownerId=self.owner_id, error=str(exc)
