@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,5 +321,55 @@ class EtcdClient:
             if time.monotonic() >= deadline - 0.05:
                 return False  # the read timeout is our deadline
             raise EtcdUnavailable("watch stream broke") from None
+        finally:
+            resp.close()
+
+    def deletions(
+        self, prefixes: list[str], *, after_revision: int, idle_timeout_s: float
+    ) -> Iterator[tuple[int, KeyValue | None]]:
+        """Yield (revision, previous kv) for every key deleted under `prefixes`.
+
+        One stream, one watcher per prefix (NOPUT, prev_kv), from after_revision + 1. Yields
+        (revision, None) as a heartbeat when the stream is idle for idle_timeout_s, then ends,
+        so the caller can check for shutdown and reconnect from the last revision it saw.
+        """
+        lines = [
+            json.dumps(
+                {
+                    "create_request": {
+                        "key": _b64(prefix),
+                        "range_end": _b64(prefix_end(prefix)),
+                        "start_revision": str(after_revision + 1),
+                        "filters": ["NOPUT"],
+                        "prev_kv": True,
+                    }
+                }
+            )
+            for prefix in prefixes
+        ]
+        try:
+            resp = requests.post(
+                f"{self.url}/v3/watch",
+                data="\n".join(lines) + "\n",
+                stream=True,
+                timeout=(self.timeout[0], idle_timeout_s),
+            )
+        except requests.RequestException as exc:
+            raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
+        revision = after_revision
+        try:
+            for line in resp.iter_lines():
+                if not line:
+                    continue
+                result = json.loads(line).get("result", {})
+                if result.get("compact_revision"):
+                    revision = max(revision, int(result["compact_revision"]) - 1)
+                    return
+                for event in result.get("events", []):
+                    kv = _kv(event["prev_kv"]) if event.get("prev_kv") else None
+                    revision = max(revision, int(event["kv"].get("mod_revision", revision)))
+                    yield revision, kv
+        except requests.RequestException:
+            yield revision, None  # idle (read timeout) or broken: the caller reconnects
         finally:
             resp.close()

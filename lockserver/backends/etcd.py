@@ -193,6 +193,9 @@ class EtcdLockBackend:
                 name="dlock-etcd-housekeeping",
                 daemon=True,
             ).start()
+            threading.Thread(
+                target=self._watch_expiries_forever, name="dlock-etcd-expiries", daemon=True
+            ).start()
 
     # ------------------------------------------------------------------ keys
 
@@ -422,7 +425,23 @@ class EtcdLockBackend:
         if record["ownerId"] != owner_id:
             raise _owner_mismatch()
         # Session lease first: from here on no acquire can attach a new grant to it. Then
-        # revoking each grant's lease deletes the grant and its index entry in one step.
+        # revoking each grant's lease deletes the grant and its index entry in one step. The
+        # mark tells the expiry watcher that this deletion is L3, not an expiry.
+        try:
+            self.client.txn(
+                [compare(self._sess_key(session_id), "CREATE", "GREATER", 0)],
+                [
+                    put(
+                        self._sess_key(session_id),
+                        _dump({**record, "closing": True}),
+                        record["lease"],
+                    )
+                ],
+            )
+        except EtcdUnavailable:
+            raise
+        except EtcdError:
+            pass  # the lease is already gone (the session expired): nothing to mark
         self.client.lease_revoke(record["lease"])
         held = self.client.range(self._held_prefix(session_id), prefix=True).kvs
         for entry in {kv.key: kv for kv in [*read.responses[1].kvs, *held]}.values():
@@ -904,6 +923,53 @@ class EtcdLockBackend:
                 continue
             lock_live_sessions.labels(backend=self.name).set(sessions)
             lock_live_grants.labels(backend=self.name).set(grants)
+
+    def _watch_expiries_forever(self) -> None:
+        """Log `session_expired` and `lock_expired` for keys etcd deleted at a lease's expiry.
+
+        A deleted `sess/` key whose value is not marked closing (L3 marks it first) expired; a
+        deleted `lock/` key whose recorded deadline had passed expired (an explicit release or
+        revoke deletes it before). Every lock-server replica logs what it sees (as pg's reaper
+        does once, a deployment with N replicas has N such lines per expiry).
+        """
+        revision = 0
+        while not self._stopping.is_set():
+            try:
+                if revision == 0:
+                    revision = self.client.read().revision
+                for seen, kv in self.client.deletions(
+                    [self._k("sess") + "/", self._k("lock") + "/"],
+                    after_revision=revision,
+                    idle_timeout_s=5.0,
+                ):
+                    revision = seen
+                    if kv is not None:
+                        self._log_expiry(kv)
+                    if self._stopping.is_set():
+                        return
+            except (EtcdError, ValueError, KeyError):
+                self._stopping.wait(1.0)  # etcd down: try again; NOT_LEADER is the requests' job
+
+    def _log_expiry(self, kv: KeyValue) -> None:
+        value = kv.json()
+        if kv.key.startswith(self._k("sess") + "/"):
+            if not value.get("closing"):
+                log_event(
+                    "session_expired",
+                    backend=self.name,
+                    sessionId=kv.key.rsplit("/", 1)[-1],
+                    ownerId=value.get("ownerId"),
+                    expiredAt=rfc3339_ms(_from_ms(value["expiresAt"])),
+                )
+        elif _deadline_passed(kv):
+            log_event(
+                "lock_expired",
+                backend=self.name,
+                key=kv.key[len(self._k("lock") + "/") :],
+                fencingToken=self._token(kv),
+                ownerId=value.get("ownerId"),
+                sessionId=value.get("sessionId"),
+            )
 
     def close(self) -> None:
         self._stopping.set()

@@ -6,6 +6,7 @@ at the backend level in test_etcd_tokens_and_outage.py.)"""
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -157,3 +158,31 @@ def test_a_floor_that_cannot_be_made_safe_refuses_to_start_with_one_line(own_etc
     refusals = [line for line in logfile.read_text().splitlines() if "refusing to start" in line]
     assert len(refusals) == 1 and "LOCK_TOKEN_FLOOR" in refusals[0]
     assert "Traceback" not in logfile.read_text()
+
+
+@pytest.mark.parametrize("lock_server", ["etcd"], indirect=True)
+def test_expiries_are_logged_once_seen_and_a_closed_session_is_not_an_expiry(lock_server):
+    key = new_key()
+    lapsing = lock_server.session(ttl_ms=1_000)
+    holder = lock_server.session(ttl_ms=30_000)
+    token = lock_server.acquire(key, holder, ttl_ms=1_000).json()["fencingToken"]
+    closed = lock_server.session(ttl_ms=1_000)
+    deleted = lock_server.delete(
+        f"/v1/sessions/{closed['sessionId']}", headers={"X-Owner-Id": closed["ownerId"]}
+    )
+    assert deleted.status_code == 204
+
+    def events(name: str) -> list[dict]:
+        lines = [line for line in lock_server.log_text().splitlines() if line.startswith("{")]
+        return [e for e in map(json.loads, lines) if e.get("event") == name]
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        expired = {e["sessionId"] for e in events("session_expired")}
+        lapsed = {(e["key"], e["fencingToken"]) for e in events("lock_expired")}
+        if lapsing["sessionId"] in expired and (key, token) in lapsed:
+            break
+        time.sleep(0.1)
+    assert lapsing["sessionId"] in expired
+    assert (key, token) in lapsed
+    assert closed["sessionId"] not in expired
