@@ -86,8 +86,8 @@ class ExperimentConfig:
 
     @property
     def n_accounts(self) -> int:
-        # Fewer accounts than workers: a lease that lapses is taken over at once.
-        return self.accounts or max(2, self.executors - 1)
+        # Half as many accounts as workers: a lease that lapses is taken over at once.
+        return self.accounts or max(2, self.executors // 2)
 
     @property
     def per_account(self) -> int:
