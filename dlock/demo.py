@@ -44,9 +44,12 @@ Where to look next
   API docs (Swagger UI):             {pay}/v1/docs  {lock}/v1/docs  {proxy}/v1/docs
   Prometheus metrics:                {pay}/metrics  {proxy}/metrics  {lock}/metrics
                                      (lock_fenced_out_total{{resource=...}}, rail_submission_total)
+  (the commands below need the stack's environment: set -a; . .run/stack.env; set +a)
   The rail's statement:              ROLE=ops .venv/bin/python manage.py rail_statement
                                      (stub at {stub})
   Reconciler:                        ROLE=ops .venv/bin/python manage.py reconcile
+                                     (it exits 1 while the rail's own duplicate acks await
+                                     clawback: a finding for a human, not a fencing failure)
   JSON report / chart:               {out / "report.json"}
                                      {out / "report.png"}
   Fenced vs naive, same faults:      make experiment   (and `make bench` for the numbers)
