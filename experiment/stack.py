@@ -139,12 +139,17 @@ def private_stack(
     a stop function. The experiment restarts this cluster too, so it is never the suite's own.
     """
     import secrets
+    import shutil
 
-    from dlock.devstack import DATABASES, DB_URL_ENV, free_port, migrate_all
+    from dlock.devstack import DATABASES, DB_URL_ENV, free_port, migrate_all, private_datadir
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    run_dir.chmod(0o755)  # as root the cluster runs as `postgres`, which must reach its datadir
-    cluster = PgCluster(run_dir / "pg", free_port(), fast=fast)
+    # As root the cluster runs as `postgres`, which must reach its datadir (under /tmp then).
+    datadir = private_datadir(run_dir, "pg")
+    shutil.rmtree(datadir, ignore_errors=True)  # a throwaway stack starts from nothing
+    datadir.parent.mkdir(parents=True, exist_ok=True)
+    datadir.parent.chmod(0o755)
+    cluster = PgCluster(datadir, free_port(), fast=fast)
     cluster.start()
     env = {
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
@@ -162,6 +167,7 @@ def private_stack(
         for proc in procs.values():
             proc.stop()
         cluster.stop("immediate")
+        shutil.rmtree(datadir, ignore_errors=True)
 
     try:
         migrate_all(env)

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from experiment.progress import LivePrinter
 from experiment.report import table
 from experiment.runner import CI_PRESET, ExperimentConfig, run
-from experiment.stack import MissingPiece, from_stack_env
+from experiment.stack import MissingPiece, from_stack_env, private_stack
 
 
 class Command(BaseCommand):
@@ -36,6 +36,11 @@ class Command(BaseCommand):
         parser.add_argument("--out", type=Path, default=None)
         parser.add_argument("--ci", action="store_true", help="small and fast (CI-sized)")
         parser.add_argument("--no-pg-restart", action="store_true")
+        parser.add_argument(
+            "--private-stack",
+            action="store_true",
+            help="start a throwaway stack (own PostgreSQL, four roles, free ports) under --out",
+        )
 
     def handle(self, *args, **options):
         preset = dict(CI_PRESET) if options["ci"] else {}
@@ -52,11 +57,19 @@ class Command(BaseCommand):
                 setattr(config, name, options[name])
         if config.executors < 2:
             raise CommandError("--executors must be at least 2 (stale writers need a rival)")
+        stop = None
         try:
-            stack = from_stack_env()
+            if options["private_stack"]:
+                self.stdout.write(f"starting a private stack under {config.out / 'stack'} …")
+                stack, stop = private_stack(Path(config.out) / "stack")
+            else:
+                stack = from_stack_env()
             code, report = run(stack, config, progress=LivePrinter())
         except MissingPiece as exc:
             raise CommandError(str(exc)) from exc
+        finally:
+            if stop is not None:
+                stop()
         self.stdout.write("")
         self.stdout.write(table(report))
         self.stdout.write(
