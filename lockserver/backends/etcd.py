@@ -549,11 +549,14 @@ class EtcdLockBackend:
                         put(lock_key, _dump(value), lease),
                         put(self._held_key(session_id, key), key, lease),
                         put(self._k("seen", key), "1"),
+                        get(self._sess_key(session_id)),
                     ],
                     [get(lock_key), get(self._sess_key(session_id))],
                 )
                 if result.succeeded:
                     lease = 0  # now owned by the grant
+                    if _deadline_passed(result.responses[3].first()):
+                        self._undo_if_session_lapsed(key, session_id, result.revision)
                     grant = GrantRecord(
                         key=key,
                         owner_id=owner,
@@ -595,6 +598,18 @@ class EtcdLockBackend:
         finally:
             if lease:
                 self._revoke_quietly(lease)
+
+    def _undo_if_session_lapsed(self, key: str, session_id: uuid.UUID, revision: int) -> None:
+        """We granted on a session whose deadline had passed, before etcd swept its key: if etcd
+        now deletes it, withdraw the grant (nobody saw it) and answer 410 as pg would."""
+        try:
+            self._live_session(session_id)
+        except ApiError:
+            self.client.txn(
+                [compare(self._lock_key(key), "MOD", "EQUAL", revision)],
+                [delete(self._lock_key(key)), delete(self._held_key(session_id, key))],
+            )
+            raise
 
     def _revoke_quietly(self, lease: int) -> None:
         try:

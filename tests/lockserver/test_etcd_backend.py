@@ -313,3 +313,19 @@ def test_acquire_on_a_dead_session_is_a_session_code(backend):
         )
     )
     assert error.code == Code.SESSION_UNKNOWN
+
+
+def test_acquire_just_after_the_session_lapsed_is_410_even_before_etcd_sweeps(backend):
+    lock = key()
+    session = backend.open_session(owner_id="late", ttl_ms=1_000)
+    time.sleep(1.1)  # past the deadline; etcd may or may not have swept the lease yet
+    error = code_of(
+        lambda: backend.acquire(
+            key=lock, session_id=session.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
+        )
+    )
+    assert error.code == Code.SESSION_EXPIRED
+    try:
+        assert not backend.inspect(key=lock).held  # a withdrawn grant leaves the key free
+    except ApiError as exc:
+        assert exc.code == Code.NOT_FOUND  # or it was never granted
