@@ -50,6 +50,7 @@ def machine() -> dict:
         "cpus": os.cpu_count(),
         "cpu": cpu,
         "mem_gb": mem_gb,
+        "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
     }
 
 
@@ -158,13 +159,13 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
                 f"{row['pairs_per_s'] / ref['pairs_per_s']:>7.2f}×"
             )
     if floor:
-        section(f"Against the disk's fsync floor ({floor:.0f} flushes/s, one session)")
+        section(f"Durable locks against the disk's fsync floor ({floor:.0f} flushes/s, one writer)")
         for row in all_lock:
             if "redis (no fsync)" in row["label"] or not row["pairs_per_s"]:
                 continue
             lines.append(
                 f"  {row['label']:<42} {row['clients']:>3} clients  "
-                f"{row['pairs_per_s'] / floor:>7.2f} pairs per flush-time"
+                f"{row['pairs_per_s'] / floor:>7.2f}× the flush rate"
             )
 
     for name, title in (
@@ -172,13 +173,26 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
         ("payments", "Payments: claim+post via HTTP vs direct SQL"),
         ("fsync", "Disk"),
     ):
-        entry = results.get(name, {})
+        if name not in results:
+            continue
+        entry = results[name]
         section(title)
         if entry.get("status") != "ok":
             lines.append(f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}")
             continue
         result = entry["result"]
         summary = result.get("summary")
+        if name == "payments" and isinstance(result.get("levels"), list):
+            for level in result["levels"]:
+                http = (level.get("http") or {}).get("pairs_per_s")
+                sql = (level.get("direct") or {}).get("pairs_per_s")
+                lines.append(
+                    f"  claim+post, {level.get('clients'):>2} clients: HTTP {http}/s,"
+                    f" direct SQL {sql}/s, HTTP/SQL {level.get('http_over_direct')}×"
+                    f"  (p99 HTTP {(level.get('http') or {}).get('p99_ms')} ms,"
+                    f" SQL {(level.get('direct') or {}).get('p99_ms')} ms)"
+                )
+            continue
         if isinstance(summary, list) and summary:
             for item in summary:
                 value = item.get("value")
@@ -212,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
     info = machine()
-    print(f"[bench] {info['date']} on {info['cpus']} × {info['cpu']} ({info['mem_gb']} GB)")
+    print(
+        f"[bench] {info['date']} on {info['cpus']} × {info['cpu']} ({info['mem_gb']} GB),"
+        f" load average {info['loadavg_1m_at_start']}"
+    )
     for name in args.only or PARTS:
         started = time.monotonic()
         try:
@@ -242,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     summary = {"machine": info, "parts": results, "table": lines}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    print(f"\n[bench] wrote {out}/*.json")
+    info["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    print(f"\n[bench] load average {info['loadavg_1m_at_start']} → {info['loadavg_1m_at_end']}")
+    print(f"[bench] wrote {out}/*.json")
     failed = [n for n, r in results.items() if r["status"] == "failed"]
     return 1 if failed else 0
 
