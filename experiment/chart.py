@@ -27,6 +27,7 @@ FAULT_COLOURS = {
     "rail_latency": "#ffeb3b",
     "rail_failures": "#f44336",
     "duplicate_ack": "#00bcd4",
+    "revoke": "#3949ab",
 }
 
 

@@ -215,7 +215,7 @@ class NaiveWorker:
         self.http = requests.Session()
 
     # -- the pause hook ------------------------------------------------------------------
-    def phase(self, name: str) -> None:
+    def phase(self, name: str, key: str = "") -> None:
         if self.pause_dir is None:
             return
         request = self.pause_dir / f"{self.owner}.pause"
@@ -225,7 +225,7 @@ class NaiveWorker:
             return
         if wanted == name:
             request.unlink(missing_ok=True)
-            (self.pause_dir / f"{self.owner}.paused").write_text(name)
+            (self.pause_dir / f"{self.owner}.paused").write_text(f"{name} {key}".strip())
             os.kill(os.getpid(), signal.SIGSTOP)
 
     # -- one payout ----------------------------------------------------------------------
@@ -243,7 +243,7 @@ class NaiveWorker:
             return True
         deadline = time.monotonic() + self.lease_ms * 0.7 / 1000
         try:
-            self.phase("locked")
+            self.phase("locked", key)
             row = self.conn.execute(
                 NEXT_PAYOUT, {"run": self.run_id, "account": account}
             ).fetchone()
@@ -254,7 +254,7 @@ class NaiveWorker:
                 return True
             if time.monotonic() > deadline:  # "my lease is still valid" — checked, then acted on
                 return True
-            self.phase("claimed")  # a pause here, between the check and the act, is the bug
+            self.phase("claimed", key)  # a pause here, between the check and the act, is the bug
             attempt = self.conn.execute(
                 RECORD_ATTEMPT, {"run": self.run_id, "payout": payout, "owner": self.owner}
             ).fetchone()[0]
@@ -262,7 +262,7 @@ class NaiveWorker:
             self.conn.execute(RESOLVE_ATTEMPT, {"attempt": attempt, "outcome": outcome, "ref": ref})
             if outcome == "NOT_SENT":
                 return True  # nothing presented: the payout stays CLAIMED and is retried
-            self.phase("submitted")
+            self.phase("submitted", key)
             state = {"ACKED": "POSTED", "DECLINED": "FAILED"}.get(outcome, "RAIL_AMBIGUOUS")
             with self.conn.transaction():
                 moved = self.conn.execute(
@@ -278,7 +278,7 @@ class NaiveWorker:
                     }
                     self.conn.execute(DEBIT, params)
                     self.conn.execute(LEDGER, params)
-            self.phase("posted")
+            self.phase("posted", key)
             return True
         finally:
             self.conn.execute(RELEASE_LEASE, {"key": key, "owner": self.owner})

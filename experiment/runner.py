@@ -360,6 +360,28 @@ def run_arm(
             progress(arm, now, counts, dict(fenced_out.total), status["label"])
             time.sleep(max(0.0, 0.5 - (clock() - now)))
 
+    revokes: list[tuple[FaultEvent, str]] = []  # (event, victim owner id) awaiting its stop
+
+    def revoke_when_stopped() -> None:
+        for item in list(revokes):
+            event, owner = item
+            worker = next((w for w in pool.workers.values() if w.owner_id == owner), None)
+            if worker is None:
+                revokes.remove(item)  # killed or replaced first: nothing to revoke
+                continue
+            if worker.stopped_at is None:
+                continue
+            revokes.remove(item)
+            held = held_lock(arm, worker, logdir)
+            if held is None:
+                errors.append(f"revoke: could not tell which lock {owner} holds")
+                continue
+            key, token = held
+            background(
+                replace(event, kind=REVOKE, target=key),
+                lambda key=key, token=token: revoke(stack, arm, key, token, pay_url),
+            )
+
     pool.start()
     sampling = threading.Thread(target=sampler, daemon=True)
     sampling.start()
@@ -374,6 +396,9 @@ def run_arm(
                 if event.kind == PAUSE:
                     if not pool.pause(int(event.target), event.params["phase"], event.seconds):
                         deferred.append(event)  # rivals first: retried once a pause ends
+                    elif event.params.get("revoke"):
+                        victim = pool.workers[int(event.target) % pool.size]
+                        revokes.append((event, pool.last_paused or victim.owner_id))
                 elif event.kind == KILL:
                     pool.kill(int(event.target))
                     windows.append({"kind": KILL, "target": event.target, "start": now, "end": now})
@@ -386,6 +411,7 @@ def run_arm(
             pending.sort(key=lambda e: e.at)
             rail.want(rail_config_at(schedule, now, base_latency_ms=config.base_latency))
             pool.tick()
+            revoke_when_stopped()
             time.sleep(0.05)
         # Heal: the rail behaves, everyone stopped runs again, every restarted piece is back.
         # A pause already armed may still land in the drain; it is resumed on time by tick().
@@ -493,6 +519,43 @@ def run_arm(
         "series": series,
         "accounts": seeded["accounts"],
     }
+
+
+REVOKE = "revoke"
+NAIVE_REVOKE = "DELETE FROM experiment_naive_lease WHERE lease_key = %s"
+
+
+def held_lock(arm: str, worker, logdir: Path) -> tuple[str, int | None] | None:
+    """The lock a stopped worker holds: the naive worker said so when it stopped; the executor's
+    log names the key of its last section and the token it paused with."""
+    if arm == "naive":
+        return (worker.held_key, None) if worker.held_key else None
+    key, token = None, None
+    path = logdir / f"{worker.owner_id}.log"
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") == "executor_section_started":
+            key, token = entry.get("key"), entry.get("token")
+    return (key, token) if key else None
+
+
+def revoke(stack: StackHandle, arm: str, key: str, token: int | None, pay_url: str) -> None:
+    """An operator evicts a stuck holder. Fenced: `manage.py revoke_lock` (L8 plus the push of the
+    new floor to the account fence and the rail high-water). Naive: delete its lease row."""
+    if arm == "naive":
+        with psycopg.connect(pay_url, autocommit=True) as conn:
+            conn.execute(NAIVE_REVOKE, (key,))
+        return
+    args = ["revoke_lock", key, "--operator", "fencing-experiment"]
+    args += ["--reason", "holder paused past its lease (injected fault)"]
+    if token:
+        args += ["--expected-token", str(token)]
+    result = stack.manage(*args)
+    if result.returncode != 0:
+        raise RuntimeError((result.stderr or result.stdout)[-300:])
 
 
 def fenced_out_in_logs(logdir: Path) -> dict[str, int]:

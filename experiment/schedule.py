@@ -63,7 +63,9 @@ def build_schedule(
                 kind=PAUSE,
                 target=str(rng.randrange(workers)),
                 seconds=seconds,
-                params={"phase": PAUSE_ORDER[i % len(PAUSE_ORDER)]},
+                # The first pause also has an operator revoke the victim's lock while it
+                # sleeps (L8 + fence push): a stale writer that exists whatever the rivals do.
+                params={"phase": PAUSE_ORDER[i % len(PAUSE_ORDER)], "revoke": i == 0},
             )
         )
         # Room for the real executor's armed replacement to boot before the next pause.

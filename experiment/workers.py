@@ -35,6 +35,7 @@ class Worker:
     pause_phase: str = ""
     stopped_at: float | None = None
     resume_at: float | None = None
+    held_key: str = ""  # the lease a naive worker held when it stopped itself
 
 
 @dataclass
@@ -63,6 +64,7 @@ class WorkerPool:
     hook_grace: float = 3.0  # how long a phase pause may wait for the worker to reach the phase
     retiring: list[subprocess.Popen] = field(default_factory=list)
     fallback: bool = True  # stop from outside when a phase pause is not reached in time
+    last_paused: str = ""  # owner id of the worker the last pause went to
     workers: dict[int, Worker] = field(default_factory=dict)
     pauses: list[PauseRecord] = field(default_factory=list)
     kills: list[tuple[float, str]] = field(default_factory=list)
@@ -114,6 +116,7 @@ class WorkerPool:
         worker.pause_requested_at = self.clock()
         worker.pause_seconds = seconds
         worker.pause_phase = phase
+        self.last_paused = worker.owner_id
         if self.hook == "file":
             (self.pause_dir / f"{worker.owner_id}.pause").write_text(phase)
         elif self.hook == "outside" or not target:
@@ -155,9 +158,10 @@ class WorkerPool:
             if worker.stopped_at is None and worker.pause_requested_at is not None:
                 marker = self.pause_dir / f"{worker.owner_id}.paused"
                 if proc_state(worker.process.pid) == "T":
-                    phase = marker.read_text().strip() if marker.exists() else worker.pause_phase
+                    said = marker.read_text().split() if marker.exists() else []
                     marker.unlink(missing_ok=True)
-                    self._stopped(worker, phase)
+                    worker.held_key = said[1] if len(said) > 1 else ""
+                    self._stopped(worker, said[0] if said else worker.pause_phase)
                 elif now - worker.pause_requested_at > self.hook_grace:
                     if self.hook == "respawn":
                         # Still armed: it stops itself whenever it reaches the phase; stop

@@ -56,6 +56,9 @@ class TestCiSizedExperiment:
         fenced = report["arms"]["fenced"]
         assert fenced["fenced_out_sum"] > 0, fenced["fenced_out_total"]
         assert fenced["faults"]["pauses"], "no executor was ever paused"
+        revokes = [w for w in fenced["windows"] if w["kind"] == "revoke"]
+        assert revokes and revokes[0]["target"].startswith("payout:")
+        assert not fenced["faults"]["errors"], fenced["faults"]["errors"]
 
     def test_naive_arm_paid_some_payout_twice_under_the_same_schedule(self, ci_run):
         _code, report, _config = ci_run
@@ -106,6 +109,7 @@ def test_the_schedule_pauses_longer_than_the_lease_in_every_phase_and_has_every_
     pauses = [e for e in events if e.kind == PAUSE]
     assert {e.params["phase"] for e in pauses} == {"locked", "claimed", "submitted", "posted"}
     assert all(e.seconds > 2.0 for e in pauses)
+    assert [e.params["revoke"] for e in pauses][:2] == [True, False]
     assert {e.target for e in events if e.kind == "restart"} == {
         "railproxy",
         "payments",
