@@ -38,10 +38,17 @@ def test_wrong_method_and_bad_json_are_envelopes_on_every_role(live_stack, role)
 
 
 @pytest.mark.parametrize("role", ["payments", "railproxy"])
-def test_fenced_out_series_exist_at_zero_from_start_up(live_stack, role):
-    text = requests.get(f"{live_stack.url(role)}/metrics", timeout=5).text
+def test_fenced_out_series_exist_at_zero_from_start_up(live_stack, role, tmp_path):
+    # A fresh process: the shared stack's counters have seen other tests' fenced writes.
+    proc = RoleProcess(role, free_port(), live_stack.env, tmp_path / f"{role}.log").start()
+    try:
+        text = requests.get(f"{proc.url}/metrics", timeout=5).text
+    finally:
+        proc.stop()
     for resource in ("account", "ledger", "rail"):
         assert f'lock_fenced_out_total{{resource="{resource}"}} 0.0' in text
+    assert "rail_duplicate_attempted_total 0.0" in text
+    assert 'payout_execute_total{outcome="ambiguous"} 0.0' in text
 
 
 def test_readiness_fails_closed_when_the_database_is_unreachable(tmp_path):

@@ -112,7 +112,12 @@ def test_bad_requests_change_no_row_and_draw_no_token(lock_server, key):
     ]
     assert [r.status_code for r in bad] == [400, 400, 400, 400, 400, 404, 400, 409, 400, 400]
     after = table_counts(lock_server)
-    assert after == before
+    # Earlier tests' grants may lapse meanwhile (the reaper clears them), so live grants are
+    # compared for this key only; every other count, and the sequence, must not move at all.
+    assert {k: v for k, v in after.items() if k != "grants"} == {
+        k: v for k, v in before.items() if k != "grants"
+    }
+    assert lock_server.get(f"/v1/locks/{key}").json()["fencingToken"] == token
 
 
 def test_token_floor_setting_lifts_the_sequence_at_start_up(lock_server, key):
