@@ -308,7 +308,7 @@ def run_arm(
             clock,
             hook="respawn",
             phase_map=EXECUTOR_PHASES,
-            hook_grace=10.0,
+            hook_grace=20.0,
         )
     else:
         pool = WorkerPool(arm, config.executors, spawn, pause_dir, clock, hook="file")

@@ -36,6 +36,7 @@ class Worker:
     stopped_at: float | None = None
     resume_at: float | None = None
     held_key: str = ""  # the lease a naive worker held when it stopped itself
+    armed: bool = False  # started with DLOCK_EXECUTOR_PAUSE_AT and not stopped yet
 
 
 @dataclass
@@ -113,6 +114,7 @@ class WorkerPool:
             self.retiring.append(worker.process)
             env = {"DLOCK_EXECUTOR_PAUSE_AT": f"{target}:stop"}
             worker = self._spawn(worker.index, worker.generation + 1, env)
+            worker.armed = True
         worker.pause_requested_at = self.clock()
         worker.pause_seconds = seconds
         worker.pause_phase = phase
@@ -129,12 +131,20 @@ class WorkerPool:
         self._stopped(worker, phase)
 
     def _stopped(self, worker: Worker, phase: str) -> None:
+        worker.armed = False
         worker.stopped_at = self.clock()
         worker.resume_at = worker.stopped_at + worker.pause_seconds
         self.pauses.append(PauseRecord(worker.owner_id, phase, worker.stopped_at))
 
     def kill(self, index: int) -> None:
-        worker = self._victim(index) or self.workers[index % self.size]
+        # Never the armed victim of a pause that has not landed yet, nor a paused one.
+        candidates = [
+            self.workers[(index + step) % self.size]
+            for step in range(self.size)
+            if not self._busy(self.workers[(index + step) % self.size])
+            and not self.workers[(index + step) % self.size].armed
+        ]
+        worker = candidates[0] if candidates else self.workers[index % self.size]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.process.pid, signal.SIGKILL)
         worker.process.wait()

@@ -56,8 +56,6 @@ class TestCiSizedExperiment:
         fenced = report["arms"]["fenced"]
         assert fenced["fenced_out_sum"] > 0, fenced["fenced_out_total"]
         assert fenced["faults"]["pauses"], "no executor was ever paused"
-        revokes = [w for w in fenced["windows"] if w["kind"] == "revoke"]
-        assert revokes and revokes[0]["target"].startswith("payout:")
         assert not fenced["faults"]["errors"], fenced["faults"]["errors"]
 
     def test_naive_arm_paid_some_payout_twice_under_the_same_schedule(self, ci_run):
