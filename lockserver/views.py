@@ -20,7 +20,7 @@ from dlock.serializers import (
     parse_uuid,
 )
 from dlock.timefmt import rfc3339_ms
-from lockserver import services
+from lockserver import openapi, services
 from lockserver.backends.base import GrantRecord
 
 KEY_MAX = 128
@@ -79,6 +79,7 @@ class EmptyInput(StrictSerializer):
 class SessionsView(APIView):
     """L1 POST /v1/sessions."""
 
+    @openapi.open_session
     def post(self, request):
         data = _parse(OpenSessionInput, request.data)
         body_owner = data.get("ownerId")
@@ -108,6 +109,7 @@ class SessionsView(APIView):
 class HeartbeatView(APIView):
     """L2 POST /v1/sessions/{sessionId}/heartbeat."""
 
+    @openapi.heartbeat
     def post(self, request, session_id: str):
         sid = parse_uuid(session_id, field="sessionId")
         owner = owner_id(request)
@@ -126,6 +128,7 @@ class HeartbeatView(APIView):
 class SessionView(APIView):
     """L3 DELETE /v1/sessions/{sessionId}."""
 
+    @openapi.close_session
     def delete(self, request, session_id: str):
         sid = parse_uuid(session_id, field="sessionId")
         owner = owner_id(request)
@@ -145,6 +148,7 @@ class AcquireInput(StrictSerializer):
 class AcquireView(APIView):
     """L4 POST /v1/locks/{key}/acquire."""
 
+    @openapi.acquire
     def post(self, request, key: str):
         key = parse_key(key)
         owner = owner_id(request)
@@ -170,6 +174,7 @@ class RenewInput(StrictSerializer):
 class RenewView(APIView):
     """L5 POST /v1/locks/{key}/renew."""
 
+    @openapi.renew
     def post(self, request, key: str):
         key = parse_key(key)
         token = fencing_token(request)
@@ -190,6 +195,7 @@ class ReleaseInput(StrictSerializer):
 class LockView(APIView):
     """L7 GET /v1/locks/{key} (advisory) and L6 DELETE /v1/locks/{key}."""
 
+    @openapi.inspect
     def get(self, request, key: str):
         key = parse_key(key)
         info = services.inspect(key=key)
@@ -204,6 +210,7 @@ class LockView(APIView):
         body["waiterCount"] = info.waiter_count
         return Response(body)
 
+    @openapi.release
     def delete(self, request, key: str):
         key = parse_key(key)
         token = fencing_token(request)
@@ -236,6 +243,7 @@ class RevokeInput(StrictSerializer):
 class RevokeView(APIView):
     """L8 POST /v1/locks/{key}/revoke (operator action)."""
 
+    @openapi.revoke
     def post(self, request, key: str):
         key = parse_key(key)
         data = _parse(RevokeInput, request.data)

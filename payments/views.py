@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from dlock.errors import validation_error
 from dlock.headers import fencing_token, idempotency_key, owner_id
 from dlock.serializers import StrictCharField, StrictSerializer, parse_uuid
-from payments import selectors, services
+from payments import openapi, selectors, services
 
 ACCOUNT_ID_MAX = 64
 _LIST_PARAMS = frozenset({"state", "accountId", "limit", "cursor"})
@@ -55,6 +55,7 @@ def _protected_headers(request: Request) -> tuple[int, str, str]:
 class PayoutClaimView(APIView):
     """P2 POST /v1/payouts/{payoutId}/claim."""
 
+    @openapi.claim
     def post(self, request: Request, payout_id: str) -> Response:
         token, owner, key = _protected_headers(request)
         pid = parse_uuid(payout_id, field="payoutId")
@@ -73,6 +74,7 @@ class PayoutClaimView(APIView):
 class PayoutPostView(APIView):
     """P3 POST /v1/payouts/{payoutId}/post."""
 
+    @openapi.post
     def post(self, request: Request, payout_id: str) -> Response:
         token, owner, key = _protected_headers(request)
         pid = parse_uuid(payout_id, field="payoutId")
@@ -105,6 +107,7 @@ def _limit(raw: str | None) -> int:
 class PayoutListView(APIView):
     """P1 GET /v1/payouts?state=&accountId=&limit=&cursor=."""
 
+    @openapi.list_payouts
     def get(self, request: Request) -> Response:
         params = request.query_params
         unknown = sorted(set(params) - _LIST_PARAMS)
@@ -141,6 +144,7 @@ class PayoutListView(APIView):
 class PayoutDetailView(APIView):
     """P4 GET /v1/payouts/{payoutId} (advisory)."""
 
+    @openapi.get_payout
     def get(self, request: Request, payout_id: str) -> Response:
         pid = parse_uuid(payout_id, field="payoutId")
         return Response(selectors.get_payout(payout_id=pid))
@@ -149,6 +153,7 @@ class PayoutDetailView(APIView):
 class AccountDetailView(APIView):
     """P5 GET /v1/accounts/{accountId}."""
 
+    @openapi.get_account
     def get(self, request: Request, account_id: str) -> Response:
         if len(account_id) > ACCOUNT_ID_MAX:
             raise validation_error(

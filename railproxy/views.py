@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from dlock.headers import fencing_token, idempotency_key, owner_id
 from dlock.rendering import json_response
 from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer, parse_uuid
-from railproxy import services
+from railproxy import openapi, services
 
 _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
 
@@ -37,6 +37,7 @@ class SubmissionIn(StrictSerializer):
 
 
 class SubmissionView(APIView):
+    @openapi.submit
     def post(self, request: Request):
         token = fencing_token(request)
         owner = owner_id(request)

@@ -18,7 +18,7 @@ from dlock.logs import log_event
 from dlock.rendering import JSON_CONTENT_TYPE, json_response
 from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer
 from dlock.timefmt import rfc3339_ms
-from railstub import services
+from railstub import openapi, services
 from railstub.services import Fault
 
 _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
@@ -58,6 +58,7 @@ def _drop_connection(request: Request) -> HttpResponse:
 
 
 class SubmitView(APIView):
+    @openapi.submit
     def post(self, request: Request) -> HttpResponse:
         data = SubmitIn(data=request.data)
         data.is_valid(raise_exception=True)

@@ -1,0 +1,256 @@
+"""OpenAPI declarations of C3 §3.3 L1–L8 (request/response shapes, headers, error statuses).
+
+Documentation only: the views parse with their own strict serializers and the dlock header
+seams; these serializers are never used to validate. Field names are C3's. Error statuses are
+those C3 lists for the path (plus any the implementation answers); `dlock.schema`'s hook gives
+each the `ErrorEnvelope` body and adds the statuses every endpoint can answer.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+
+from dlock.headers import OWNER_ID_MAX
+from dlock.schema import (
+    KEY_PATTERN,
+    OPTIONAL_OWNER_HEADER,
+    OWNER_HEADER,
+    TOKEN_HEADER,
+    UUID_SCHEMA,
+    errors,
+    path_param,
+    query_param,
+)
+
+INT64_MAX = 2**63 - 1
+TTL_MIN_MS, TTL_MAX_MS, WAIT_MAX_MS = 1_000, 60_000, 30_000
+TAGS = ["locks"]
+
+KEY_PARAM = path_param(
+    "key",
+    {"type": "string", "minLength": 1, "maxLength": 128, "pattern": KEY_PATTERN},
+    "Lock key, e.g. payout:{accountId}.",
+)
+SESSION_PARAM = path_param("session_id", UUID_SCHEMA, "The sessionId from L1.")
+NOT_LEADER = "NOT_LEADER: this replica cannot serve writes; retry after retryAfterMillis."
+
+
+def _ttl(**kwargs) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=TTL_MIN_MS, max_value=TTL_MAX_MS, **kwargs)
+
+
+def _token(**kwargs) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=1, max_value=INT64_MAX, **kwargs)
+
+
+# ------------------------------------------------------------------------------- request bodies
+
+
+class OpenSession(serializers.Serializer):
+    ownerId = serializers.CharField(  # noqa: N815
+        required=False, max_length=OWNER_ID_MAX, help_text="Or X-Owner-Id; must agree if both."
+    )
+    ttlMillis = _ttl(required=False, help_text="Default lock.session.ttl.")  # noqa: N815
+
+
+class Acquire(serializers.Serializer):
+    sessionId = serializers.UUIDField()  # noqa: N815
+    ttlMillis = _ttl(required=False, help_text="Default lock.default.ttl.")  # noqa: N815
+    waitMillis = serializers.IntegerField(  # noqa: N815
+        required=False, min_value=0, max_value=WAIT_MAX_MS, help_text="Default 0 (no waiting)."
+    )
+
+
+class Renew(serializers.Serializer):
+    sessionId = serializers.UUIDField()  # noqa: N815
+    ttlMillis = _ttl(required=False)  # noqa: N815
+
+
+class Revoke(serializers.Serializer):
+    operator = serializers.CharField(min_length=1, max_length=128)
+    reason = serializers.CharField(min_length=8, max_length=2_000)
+    expectedToken = _token(required=False, help_text="CAS guard: revoke only this grant.")  # noqa: N815
+
+
+# ------------------------------------------------------------------------------ response bodies
+
+
+class Session(serializers.Serializer):
+    sessionId = serializers.UUIDField()  # noqa: N815
+    ownerId = serializers.CharField()  # noqa: N815
+    ttlMillis = serializers.IntegerField(help_text="Granted; may be clamped down.")  # noqa: N815
+    expiresAt = serializers.DateTimeField()  # noqa: N815
+
+
+class Heartbeat(serializers.Serializer):
+    sessionId = serializers.UUIDField()  # noqa: N815
+    expiresAt = serializers.DateTimeField()  # noqa: N815
+    serverTime = serializers.DateTimeField()  # noqa: N815
+    heldLockCount = serializers.IntegerField(min_value=0)  # noqa: N815
+
+
+class LockGrant(serializers.Serializer):
+    key = serializers.CharField()
+    ownerId = serializers.CharField()  # noqa: N815
+    sessionId = serializers.UUIDField()  # noqa: N815
+    fencingToken = _token()  # noqa: N815
+    acquiredAt = serializers.DateTimeField()  # noqa: N815
+    expiresAt = serializers.DateTimeField()  # noqa: N815
+
+
+class LockInfo(serializers.Serializer):
+    key = serializers.CharField()
+    held = serializers.BooleanField()
+    ownerId = serializers.CharField(required=False)  # noqa: N815
+    fencingToken = _token(required=False)  # noqa: N815
+    acquiredAt = serializers.DateTimeField(required=False)  # noqa: N815
+    expiresAt = serializers.DateTimeField(required=False)  # noqa: N815
+    waiterCount = serializers.IntegerField(min_value=0)  # noqa: N815
+
+
+class LockOutcome(serializers.Serializer):
+    revokedToken = _token()  # noqa: N815
+    newTokenFloor = _token()  # noqa: N815
+    revocationId = serializers.UUIDField()  # noqa: N815
+
+
+# ------------------------------------------------------------------------------------ operations
+
+open_session = extend_schema(
+    operation_id="openSession",
+    summary="L1 open a session",
+    tags=["sessions"],
+    parameters=[OPTIONAL_OWNER_HEADER],
+    request=OpenSession,
+    responses={201: Session, **errors({400: "VALIDATION_FAILED", 503: NOT_LEADER})},
+)
+
+heartbeat = extend_schema(
+    operation_id="heartbeatSession",
+    summary="L2 heartbeat a session",
+    tags=["sessions"],
+    parameters=[SESSION_PARAM, OWNER_HEADER],
+    request=None,
+    responses={
+        200: Heartbeat,
+        **errors(
+            {
+                400: "VALIDATION_FAILED (X-Owner-Id missing or not the session's owner)",
+                404: "SESSION_UNKNOWN",
+                410: "SESSION_EXPIRED: heartbeat lapsed, locks released",
+                503: NOT_LEADER,
+            }
+        ),
+    },
+)
+
+close_session = extend_schema(
+    operation_id="closeSession",
+    summary="L3 close a session, releasing every attached lock",
+    tags=["sessions"],
+    parameters=[SESSION_PARAM, OWNER_HEADER],
+    request=None,
+    responses={
+        204: None,
+        **errors(
+            {
+                400: "VALIDATION_FAILED (X-Owner-Id missing or not the session's owner)",
+                404: "SESSION_UNKNOWN",
+                410: "SESSION_EXPIRED",
+                503: NOT_LEADER,
+            }
+        ),
+    },
+)
+
+acquire = extend_schema(
+    operation_id="acquireLock",
+    summary="L4 acquire a lock (200 is the grant; contention is 409)",
+    tags=TAGS,
+    parameters=[KEY_PARAM, OWNER_HEADER],
+    request=Acquire,
+    responses={
+        200: LockGrant,
+        **errors(
+            {
+                400: "VALIDATION_FAILED",
+                404: "SESSION_UNKNOWN",
+                409: "LOCK_CONTENDED (+details.holderOwnerId, details.expiresAt, retryAfterMillis)",
+                410: "SESSION_EXPIRED",
+                429: "CONTENTION_EXCEEDED (+retryAfterMillis)",
+                503: NOT_LEADER,
+            }
+        ),
+    },
+)
+
+renew = extend_schema(
+    operation_id="renewLock",
+    summary="L5 renew a grant (the token is unchanged)",
+    tags=TAGS,
+    parameters=[KEY_PARAM, TOKEN_HEADER, OWNER_HEADER],
+    request=Renew,
+    responses={
+        200: LockGrant,
+        **errors(
+            {
+                400: "INVALID_TOKEN or VALIDATION_FAILED",
+                404: "SESSION_UNKNOWN",
+                409: "LOCK_LOST (+details.storedToken)",
+                410: "SESSION_EXPIRED",
+                503: NOT_LEADER,
+            }
+        ),
+    },
+)
+
+release = extend_schema(
+    operation_id="releaseLock",
+    summary="L6 release a grant (compare-and-delete on key and token)",
+    tags=TAGS,
+    parameters=[
+        KEY_PARAM,
+        TOKEN_HEADER,
+        OWNER_HEADER,
+        query_param("sessionId", UUID_SCHEMA, "The grant's session.", required=True),
+    ],
+    request=None,
+    responses={
+        204: None,
+        **errors(
+            {
+                400: "INVALID_TOKEN or VALIDATION_FAILED",
+                409: "LOCK_LOST (already expired or taken over; benign)",
+                503: NOT_LEADER,
+            }
+        ),
+    },
+)
+
+inspect = extend_schema(
+    operation_id="inspectLock",
+    summary="L7 advisory read of a lock (never for correctness)",
+    tags=TAGS,
+    parameters=[KEY_PARAM],
+    responses={200: LockInfo, **errors({404: "NOT_FOUND: key never seen"})},
+)
+
+revoke = extend_schema(
+    operation_id="revokeLock",
+    summary="L8 operator revoke: delete the grant and advance the token floor",
+    tags=TAGS,
+    parameters=[KEY_PARAM],
+    request=Revoke,
+    responses={
+        200: LockOutcome,
+        **errors(
+            {
+                400: "VALIDATION_FAILED",
+                404: "NOT_FOUND: not held",
+                409: "FENCED_OUT: expectedToken is stale",
+                503: NOT_LEADER,
+            }
+        ),
+    },
+)
