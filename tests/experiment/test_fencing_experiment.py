@@ -8,6 +8,7 @@ must pay some payout twice under the same faults — otherwise the faults proved
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -159,3 +160,55 @@ def test_the_command_without_a_stack_says_to_run_make_up(monkeypatch, tmp_path):
     monkeypatch.setenv("DLOCK_RUN_DIR", str(tmp_path))
     with pytest.raises(CommandError, match="make up"):
         call_command("fencing_experiment", "--ci", "--out", str(tmp_path / "out"))
+
+
+def test_make_demo_without_a_stack_fails_loudly_and_says_what_to_do(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "dlock.demo"],
+        env={**os.environ, "DLOCK_RUN_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "make up" in result.stderr
+
+
+def test_the_bench_summary_puts_every_lock_backend_beside_the_reference():
+    from bench.__main__ import lock_rows, summary_lines
+
+    lockserver = {
+        "name": "lockserver",
+        "backend": "pg",
+        "levels": [{"clients": 8, "http": {"pairs_per_s": 80.0}, "direct": {"pairs_per_s": 240.0}}],
+        "etcd": {
+            "backend": "etcd",
+            "levels": [
+                {"clients": 8, "http": {"pairs_per_s": 40.0}, "direct": {"pairs_per_s": 70}}
+            ],
+        },
+    }
+    redis = {"rows": [{"backend": "redis (no fsync)", "clients": 8, "pairs_per_s": 800.0}]}
+    rows = {(r["label"], r["clients"]): r["pairs_per_s"] for r in lock_rows("x", lockserver)}
+    assert rows == {
+        ("pg http", 8): 80.0,
+        ("pg direct", 8): 240.0,
+        ("etcd http", 8): 40.0,
+        ("etcd direct", 8): 70,
+    }
+    text = "\n".join(
+        summary_lines(
+            {
+                "lockserver": {"status": "ok", "result": lockserver},
+                "redis_lock": {"status": "ok", "result": redis},
+                "e2e": {"status": "missing", "error": "bench.e2e is not built yet"},
+            }
+        )
+    )
+    assert "10.00×" in text  # redis vs dlock-pg-http at 8 clients
+    assert "3.00×" in text  # direct SQL vs HTTP
+    assert "missing: bench.e2e is not built yet" in text
