@@ -51,14 +51,17 @@ from lockserver.backends.base import (
     RevocationRecord,
     SessionRecord,
 )
-from lockserver.backends.pg import (  # one wording of every error, so bodies match (FR-09)
-    _lock_lost,
-    _owner_mismatch,
-    _retry_after,
-    _session_expired,
-    _session_unknown,
-)
 from lockserver.budget import RetryBudget
+from lockserver.errors import (
+    contention_exceeded,
+    expected_token_mismatch,
+    lock_contended,
+    lock_lost,
+    lock_not_held,
+    owner_mismatch,
+    session_expired,
+    session_unknown,
+)
 from lockserver.etcd_client import (
     EtcdClient,
     EtcdError,
@@ -335,7 +338,7 @@ class EtcdLockBackend:
                 self._retention_lease = None
 
     def _session_gone(self, session_id: uuid.UUID, meta: KeyValue | None) -> ApiError:
-        return _session_unknown(session_id) if meta is None else _session_expired(session_id)
+        return session_unknown(session_id) if meta is None else session_expired(session_id)
 
     @store_call
     def open_session(self, *, owner_id: str, ttl_ms: int) -> SessionRecord:
@@ -387,12 +390,12 @@ class EtcdLockBackend:
         )
         meta = read.responses[0].first()
         if meta is None:
-            raise _session_unknown(session_id)
+            raise session_unknown(session_id)
         record = meta.json()
         if record["ownerId"] != owner_id:
-            raise _owner_mismatch()
+            raise owner_mismatch()
         if self.client.lease_keepalive(record["lease"]) <= 0:
-            raise _session_expired(session_id)
+            raise session_expired(session_id)
         now = _now()
         record["expiresAt"] = _ms(now) + record["ttlMs"]
         self.client.txn(
@@ -420,10 +423,10 @@ class EtcdLockBackend:
         )
         meta = read.responses[0].first()
         if meta is None:
-            raise _session_unknown(session_id)
+            raise session_unknown(session_id)
         record = meta.json()
         if record["ownerId"] != owner_id:
-            raise _owner_mismatch()
+            raise owner_mismatch()
         # Session lease first: from here on no acquire can attach a new grant to it. Then
         # revoking each grant's lease deletes the grant and its index entry in one step. The
         # mark tells the expiry watcher that this deletion is L3, not an expiry.
@@ -479,7 +482,7 @@ class EtcdLockBackend:
         if owner is None:
             meta = self._read_meta(session_id)
             if meta is None:
-                raise _session_unknown(session_id)
+                raise session_unknown(session_id)
             owner = meta.json()["ownerId"]
             if len(self._owners) > 10_000:
                 self._owners.clear()
@@ -495,15 +498,11 @@ class EtcdLockBackend:
 
     def _contended(self, key: str, holder: KeyValue) -> ApiError:
         value = holder.json()
-        return ApiError(
-            Code.LOCK_CONTENDED,
-            "lock is held by another owner",
-            details={
-                "key": key,
-                "holderOwnerId": value["ownerId"],
-                "expiresAt": rfc3339_ms(_from_ms(value["expiresAt"])),
-            },
-            retry_after_ms=_retry_after(self._ms_until_free(holder)),
+        return lock_contended(
+            key,
+            holder_owner_id=value["ownerId"],
+            expires_at=rfc3339_ms(_from_ms(value["expiresAt"])),
+            ms_until_free=self._ms_until_free(holder),
         )
 
     def _try_grant(
@@ -625,7 +624,7 @@ class EtcdLockBackend:
         self.budget.check(session_id=session_id, key=key)
         owner = self._session_owner(session_id)
         if owner_id is not None and owner != owner_id:
-            raise _owner_mismatch()
+            raise owner_mismatch()
         deadline = time.monotonic() + wait_ms / 1000
         waiter: int | None = None  # the waiter lease while we are registered
         try:
@@ -669,11 +668,8 @@ class EtcdLockBackend:
             raise
         if earlier >= self.waiter_cap:
             self._revoke_quietly(lease)
-            raise ApiError(
-                Code.CONTENTION_EXCEEDED,
-                f"more than {self.waiter_cap} callers are already waiting for this key",
-                details={"key": key, "waiterCap": self.waiter_cap},
-                retry_after_ms=_retry_after(self._ms_until_free(holder)),
+            raise contention_exceeded(
+                key, cap=self.waiter_cap, ms_until_free=self._ms_until_free(holder)
             )
         return lease
 
@@ -726,7 +722,7 @@ class EtcdLockBackend:
 
     def _lost(self, key: str) -> ApiError:
         live = self._stored(key)
-        return _lock_lost(key, None if live is None else self._token(live))
+        return lock_lost(key, None if live is None else self._token(live))
 
     @store_call
     def renew(
@@ -740,7 +736,7 @@ class EtcdLockBackend:
             or self._token(kv) != token
             or kv.json()["sessionId"] != str(session_id)
         ):
-            raise _lock_lost(key, self._token(kv) if kv and holder_session else None)
+            raise lock_lost(key, self._token(kv) if kv and holder_session else None)
         value = kv.json()
         seconds = ttl_seconds(ttl_ms) if ttl_ms else value["ttlMs"] // 1000
         lease, _ = self.client.lease_grant(seconds)
@@ -799,11 +795,11 @@ class EtcdLockBackend:
             deleted = result.responses[0].first() if result.responses[0] else None
             session = result.responses[2].first() if result.responses[2] else None
             if _deadline_passed(deleted) or _deadline_passed(session):
-                raise _lock_lost(key, None)
+                raise lock_lost(key, None)
             return
         kv, holder_session, _ = self._holder(key)
         if kv is None or holder_session is None or self._token(kv) != token:
-            raise _lock_lost(key, self._token(kv) if kv and holder_session else None)
+            raise lock_lost(key, self._token(kv) if kv and holder_session else None)
         # the right token named from another session (the predicate is (key, token) only),
         # issued under an older offset, or held by a session that has expired
         holder_sid = kv.json()["sessionId"]
@@ -860,17 +856,11 @@ class EtcdLockBackend:
         for _attempt in range(8):
             kv = self._stored(key)
             if kv is None:
-                raise ApiError(
-                    Code.NOT_FOUND, "lock is not held", details={"resource": "lock", "id": key}
-                )
+                raise lock_not_held(key)
             value = kv.json()
             revoked = self._token(kv)
             if expected_token is not None and expected_token != revoked:
-                raise ApiError(
-                    Code.FENCED_OUT,
-                    "expectedToken is not the current grant's token",
-                    details={"key": key, "presentedToken": expected_token, "highestToken": revoked},
-                )
+                raise expected_token_mismatch(key, expected_token=expected_token, token=revoked)
             revocation_id = uuid.uuid4()
             offset = self._current_offset()
             audit = {

@@ -20,7 +20,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from psycopg_pool import PoolTimeout, TooManyRequests
 
 from dlock.dbrouter import alias_for
-from dlock.errors import ApiError, Code, not_found, validation_error
+from dlock.errors import ApiError, Code, not_found
 from dlock.logs import log_event
 from dlock.metrics import lock_live_grants, lock_live_sessions
 from dlock.timefmt import rfc3339_ms
@@ -33,46 +33,19 @@ from lockserver.backends.base import (
     SessionRecord,
 )
 from lockserver.budget import RetryBudget
+from lockserver.errors import (
+    contention_exceeded,
+    expected_token_mismatch,
+    lock_contended,
+    lock_lost,
+    lock_not_held,
+    owner_mismatch,
+    session_expired,
+    session_unknown,
+)
 from lockserver.pg_listener import KeyListener
 
 logger = logging.getLogger("dlock.lockserver")
-
-# retryAfterMillis on 409 LOCK_CONTENDED / 429: the holder's remaining lease, within these bounds.
-RETRY_AFTER_MIN_MS = 50
-RETRY_AFTER_MAX_MS = 1_000
-
-
-def _retry_after(ms_until_free: int | None) -> int:
-    if ms_until_free is None:
-        return RETRY_AFTER_MIN_MS
-    return max(RETRY_AFTER_MIN_MS, min(RETRY_AFTER_MAX_MS, ms_until_free))
-
-
-def _owner_mismatch(field: str = "X-Owner-Id") -> ApiError:
-    return validation_error(
-        f"{field} does not own this session",
-        [{"field": field, "message": "does not match the session's ownerId"}],
-    )
-
-
-def _session_unknown(session_id: uuid.UUID) -> ApiError:
-    return ApiError(Code.SESSION_UNKNOWN, "no such session", details={"sessionId": str(session_id)})
-
-
-def _session_expired(session_id: uuid.UUID) -> ApiError:
-    return ApiError(
-        Code.SESSION_EXPIRED,
-        "session expired; its locks were released",
-        details={"sessionId": str(session_id)},
-    )
-
-
-def _lock_lost(key: str, stored_token: int | None) -> ApiError:
-    return ApiError(
-        Code.LOCK_LOST,
-        "the grant named by this token has expired, was released or was revoked",
-        details={"key": key, "storedToken": stored_token},
-    )
 
 
 class _PreparingCursor:
@@ -199,10 +172,10 @@ class PgLockBackend:
                 session = sql.get_session(cursor, session_id=session_id)
         if result is None:
             if session is None:
-                raise _session_unknown(session_id)
+                raise session_unknown(session_id)
             if session.owner_id != owner_id:
-                raise _owner_mismatch()
-            raise _session_expired(session_id)
+                raise owner_mismatch()
+            raise session_expired(session_id)
         expires_at, server_time, held = result
         return HeartbeatRecord(session_id, expires_at, server_time, held)
 
@@ -211,9 +184,9 @@ class PgLockBackend:
             # Row lock first: an acquire holding the session FOR SHARE commits before we free.
             session = sql.get_session(cursor, session_id=session_id, for_update=True)
             if session is None:
-                raise _session_unknown(session_id)
+                raise session_unknown(session_id)
             if session.owner_id != owner_id:
-                raise _owner_mismatch()
+                raise owner_mismatch()
             freed = sql.delete_session(cursor, session_id=session_id)
         for key, token, owner in freed:
             log_event(
@@ -250,11 +223,11 @@ class PgLockBackend:
                 if acquired is not None:
                     return self._granted(acquired, session_id)
                 if session is None:
-                    raise _session_unknown(session_id)
+                    raise session_unknown(session_id)
                 if owner_id is not None and session.owner_id != owner_id:
-                    raise _owner_mismatch()
+                    raise owner_mismatch()
                 if not session.live:
-                    raise _session_expired(session_id)
+                    raise session_expired(session_id)
                 if state.live and state.session_id == session_id:
                     # Re-acquire by the holding session: the same grant, unchanged (idempotent).
                     return GrantRecord(
@@ -271,15 +244,11 @@ class PgLockBackend:
                 remaining = deadline - time.monotonic()
                 if event is None or remaining <= 0:
                     self.budget.spend(session_id=session_id, key=key)
-                    raise ApiError(
-                        Code.LOCK_CONTENDED,
-                        "lock is held by another owner",
-                        details={
-                            "key": key,
-                            "holderOwnerId": state.owner_id,
-                            "expiresAt": rfc3339_ms(state.expires_at),
-                        },
-                        retry_after_ms=_retry_after(state.ms_until_free),
+                    raise lock_contended(
+                        key,
+                        holder_owner_id=state.owner_id,
+                        expires_at=rfc3339_ms(state.expires_at),
+                        ms_until_free=state.ms_until_free,
                     )
                 if waiter_id is None:
                     waiter_id = uuid.uuid4()
@@ -295,12 +264,10 @@ class PgLockBackend:
                         )
                     if not admitted:
                         waiter_id = None
-                        raise ApiError(
-                            Code.CONTENTION_EXCEEDED,
-                            f"more than {settings.LOCK_MAX_WAITERS_PER_KEY} callers are "
-                            "already waiting for this key",
-                            details={"key": key, "waiterCap": settings.LOCK_MAX_WAITERS_PER_KEY},
-                            retry_after_ms=_retry_after(state.ms_until_free),
+                        raise contention_exceeded(
+                            key,
+                            cap=settings.LOCK_MAX_WAITERS_PER_KEY,
+                            ms_until_free=state.ms_until_free,
                         )
                 self._release_connection()
                 # Woken by NOTIFY on release/revoke/close/reap, or when the holder's lease
@@ -348,10 +315,10 @@ class PgLockBackend:
                 key, grant.owner_id, session_id, token, grant.acquired_at, grant.expires_at
             )
         if session is None:
-            raise _session_unknown(session_id)
+            raise session_unknown(session_id)
         if not session.live:
-            raise _session_expired(session_id)
-        raise _lock_lost(key, state.fencing_token)
+            raise session_expired(session_id)
+        raise lock_lost(key, state.fencing_token)
 
     def release(self, *, key: str, session_id: uuid.UUID, token: int) -> None:
         with self._cursor() as cursor:
@@ -367,7 +334,7 @@ class PgLockBackend:
                 storedToken=state.fencing_token,
                 sessionId=str(session_id),
             )
-            raise _lock_lost(key, state.fencing_token)
+            raise lock_lost(key, state.fencing_token)
 
     def inspect(self, *, key: str) -> LockInfoRecord:
         with self._cursor() as cursor:
@@ -394,15 +361,9 @@ class PgLockBackend:
         with self._atomic() as cursor:
             token, owner, session_id, live = sql.lock_key_row(cursor, key=key)
             if not live:
-                raise ApiError(
-                    Code.NOT_FOUND, "lock is not held", details={"resource": "lock", "id": key}
-                )
+                raise lock_not_held(key)
             if expected_token is not None and expected_token != token:
-                raise ApiError(
-                    Code.FENCED_OUT,
-                    "expectedToken is not the current grant's token",
-                    details={"key": key, "presentedToken": expected_token, "highestToken": token},
-                )
+                raise expected_token_mismatch(key, expected_token=expected_token, token=token)
             floor = sql.revoke(
                 cursor,
                 key=key,
