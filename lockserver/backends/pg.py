@@ -87,20 +87,22 @@ class PgLockBackend:
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator:
-        try:
-            with self._prepared_cursor() as cursor:
-                yield cursor
-        except DatabaseError as exc:
-            error = self._store_error(exc)
-            if error is None:
-                raise
-            raise error from exc
+        with self._store_errors_mapped(), self._prepared_cursor() as cursor:
+            yield cursor
 
     @contextlib.contextmanager
     def _atomic(self) -> Iterator:
+        with (
+            self._store_errors_mapped(),
+            transaction.atomic(using=self.alias),
+            self._prepared_cursor() as cursor,
+        ):
+            yield cursor
+
+    @contextlib.contextmanager
+    def _store_errors_mapped(self) -> Iterator[None]:
         try:
-            with transaction.atomic(using=self.alias), self._prepared_cursor() as cursor:
-                yield cursor
+            yield
         except DatabaseError as exc:
             error = self._store_error(exc)
             if error is None:
