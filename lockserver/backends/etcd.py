@@ -337,6 +337,16 @@ class EtcdLockBackend:
             if self._retention_lease and self._retention_lease[0] == lease:
                 self._retention_lease = None
 
+    @staticmethod
+    def _owned_record(meta: KeyValue | None, session_id: uuid.UUID, owner_id: str) -> dict:
+        """The session's metadata, once it is known to exist and to belong to `owner_id`."""
+        if meta is None:
+            raise session_unknown(session_id)
+        record = meta.json()
+        if record["ownerId"] != owner_id:
+            raise owner_mismatch()
+        return record
+
     def _session_gone(self, session_id: uuid.UUID, meta: KeyValue | None) -> ApiError:
         return session_unknown(session_id) if meta is None else session_expired(session_id)
 
@@ -389,11 +399,7 @@ class EtcdLockBackend:
             get(self._held_prefix(session_id), prefix=True, count_only=True),
         )
         meta = read.responses[0].first()
-        if meta is None:
-            raise session_unknown(session_id)
-        record = meta.json()
-        if record["ownerId"] != owner_id:
-            raise owner_mismatch()
+        record = self._owned_record(meta, session_id, owner_id)
         if self.client.lease_keepalive(record["lease"]) <= 0:
             raise session_expired(session_id)
         now = _now()
@@ -422,11 +428,7 @@ class EtcdLockBackend:
             get(self._meta_key(session_id)), get(self._held_prefix(session_id), prefix=True)
         )
         meta = read.responses[0].first()
-        if meta is None:
-            raise session_unknown(session_id)
-        record = meta.json()
-        if record["ownerId"] != owner_id:
-            raise owner_mismatch()
+        record = self._owned_record(meta, session_id, owner_id)
         # Session lease first: from here on no acquire can attach a new grant to it. Then
         # revoking each grant's lease deletes the grant and its index entry in one step. The
         # mark tells the expiry watcher that this deletion is L3, not an expiry.
