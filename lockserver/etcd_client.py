@@ -276,6 +276,21 @@ class EtcdClient:
 
     # -- watch
 
+    def _open_watch(
+        self, creates: list[dict[str, Any]], *, read_timeout_s: float
+    ) -> requests.Response:
+        """One watch stream, a watcher per create_request; no connection is EtcdUnavailable."""
+        lines = [json.dumps({"create_request": create}) for create in creates]
+        try:
+            return requests.post(
+                f"{self.url}/v3/watch",
+                data="\n".join(lines) + "\n",
+                stream=True,
+                timeout=(self.timeout[0], read_timeout_s),
+            )
+        except requests.RequestException as exc:
+            raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
+
     def wait_for_change(self, keys: list[str], *, after_revision: int, timeout_s: float) -> bool:
         """Block until any of `keys` changes after `after_revision`, or `timeout_s` passes.
 
@@ -284,24 +299,11 @@ class EtcdClient:
         timeout. The connection is closed on return, which cancels the watchers server-side.
         """
         deadline = time.monotonic() + timeout_s
-        lines = [
-            json.dumps(
-                {"create_request": {"key": _b64(key), "start_revision": str(after_revision + 1)}}
-            )
-            for key in keys
-        ]
+        creates = [{"key": _b64(key), "start_revision": str(after_revision + 1)} for key in keys]
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        try:
-            resp = requests.post(
-                f"{self.url}/v3/watch",
-                data="\n".join(lines) + "\n",
-                stream=True,
-                timeout=(self.timeout[0], remaining),
-            )
-        except requests.RequestException as exc:
-            raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
+        resp = self._open_watch(creates, read_timeout_s=remaining)
         try:
             if resp.status_code != 200:
                 raise EtcdUnavailable(f"watch refused with HTTP {resp.status_code}")
@@ -333,29 +335,17 @@ class EtcdClient:
         (revision, None) as a heartbeat when the stream is idle for idle_timeout_s, then ends,
         so the caller can check for shutdown and reconnect from the last revision it saw.
         """
-        lines = [
-            json.dumps(
-                {
-                    "create_request": {
-                        "key": _b64(prefix),
-                        "range_end": _b64(prefix_end(prefix)),
-                        "start_revision": str(after_revision + 1),
-                        "filters": ["NOPUT"],
-                        "prev_kv": True,
-                    }
-                }
-            )
+        creates = [
+            {
+                "key": _b64(prefix),
+                "range_end": _b64(prefix_end(prefix)),
+                "start_revision": str(after_revision + 1),
+                "filters": ["NOPUT"],
+                "prev_kv": True,
+            }
             for prefix in prefixes
         ]
-        try:
-            resp = requests.post(
-                f"{self.url}/v3/watch",
-                data="\n".join(lines) + "\n",
-                stream=True,
-                timeout=(self.timeout[0], idle_timeout_s),
-            )
-        except requests.RequestException as exc:
-            raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
+        resp = self._open_watch(creates, read_timeout_s=idle_timeout_s)
         revision = after_revision
         try:
             for line in resp.iter_lines():
