@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
-from dlock.errors import ApiError, Code, validation_error
+from dlock.errors import ApiError, Code, not_found, validation_error
 from dlock.tracing import current_trace_id
 from payments import fenced_sql
 from payments.models import Account, AccountKind, Payout, PayoutEvent
@@ -88,6 +88,11 @@ def _not_claimable(payout_id: uuid.UUID, state: str | None, allowed: tuple[str, 
         f"payout is {state}; this transition needs {' or '.join(allowed)}",
         details={"payoutId": str(payout_id), "state": state, "expectedStates": list(allowed)},
     )
+
+
+def _not_in_state(cur, payout_id: uuid.UUID, allowed: tuple[str, ...]) -> ApiError:
+    """A transition matched no row: answer with the state the payout is in now."""
+    return _not_claimable(payout_id, fenced_sql.payout_state(cur, payout_id=payout_id), allowed)
 
 
 def _store(cursor, *, operation, key, token, request_hash, payout_id, status, body) -> None:
@@ -279,8 +284,7 @@ def post_steps(
         submission_id=submission_id,
     )
     if moved is None:
-        state = fenced_sql.payout_state(cur, payout_id=payout_id)
-        raise _not_claimable(payout_id, state, ("RAIL_ACKED",))
+        raise _not_in_state(cur, payout_id, ("RAIL_ACKED",))
     account_id, amount, currency = moved
     posting = _post_to_settlement(
         cur,
@@ -353,11 +357,7 @@ def resolve_quarantined(
     with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
         payout = Payout.objects.using(_alias()).filter(payout_id=payout_id).first()
         if payout is None:
-            raise ApiError(
-                Code.NOT_FOUND,
-                "payout not found",
-                details={"resource": "payout", "id": str(payout_id)},
-            )
+            raise not_found("payout", str(payout_id))
         # Same lock order as claim/post: the account row first, then the payout row.
         locked = fenced_sql.lock_account(cur, account_id=payout.account_id)
         if resolution == "FAILED":
@@ -371,8 +371,7 @@ def resolve_quarantined(
                 note=note,
             )
             if not moved:
-                state = fenced_sql.payout_state(cur, payout_id=payout_id)
-                raise _not_claimable(payout_id, state, ("RAIL_AMBIGUOUS",))
+                raise _not_in_state(cur, payout_id, ("RAIL_AMBIGUOUS",))
             return
         posted = fenced_sql.post_transition(
             cur,
@@ -385,8 +384,7 @@ def resolve_quarantined(
             note=note,
         )
         if posted is None:
-            state = fenced_sql.payout_state(cur, payout_id=payout_id)
-            raise _not_claimable(payout_id, state, ("RAIL_AMBIGUOUS",))
+            raise _not_in_state(cur, payout_id, ("RAIL_AMBIGUOUS",))
         account_id, amount, currency = posted
         _post_to_settlement(
             cur,
@@ -432,6 +430,25 @@ def create_account(
     return account
 
 
+def _pending_payout(
+    *,
+    payout_id: uuid.UUID,
+    account: Account,
+    amount_minor: int,
+    beneficiary_ref: str | None = None,
+) -> Payout:
+    """A new (unsaved) PENDING payout in the account's currency, with its stable idempotency key."""
+    return Payout(
+        payout_id=payout_id,
+        account=account,
+        amount_minor=amount_minor,
+        currency=account.currency,
+        beneficiary_ref=beneficiary_ref or f"ben-{payout_id.hex[:12]}",
+        state="PENDING",
+        idempotency_key=f"payout-{payout_id}",
+    )
+
+
 def create_payout(
     *,
     account_id: str,
@@ -444,15 +461,13 @@ def create_payout(
     payout_id = payout_id or uuid.uuid4()
     with transaction.atomic(using=_alias()):
         account = Account.objects.using(_alias()).get(account_id=account_id)
-        payout = Payout.objects.using(_alias()).create(
+        payout = _pending_payout(
             payout_id=payout_id,
             account=account,
             amount_minor=amount_minor,
-            currency=account.currency,
-            beneficiary_ref=beneficiary_ref or f"ben-{payout_id.hex[:12]}",
-            state="PENDING",
-            idempotency_key=f"payout-{payout_id}",
+            beneficiary_ref=beneficiary_ref,
         )
+        payout.save(using=_alias(), force_insert=True)
         PayoutEvent.objects.using(_alias()).create(
             payout=payout, from_state=None, to_state="PENDING", token=None, owner_id=owner_id
         )
@@ -479,15 +494,7 @@ def seed(
             )
             ids = [uuid.uuid4() for _ in range(payouts_per_account)]
             Payout.objects.using(_alias()).bulk_create(
-                Payout(
-                    payout_id=pid,
-                    account=account,
-                    amount_minor=amount_minor,
-                    currency=currency,
-                    beneficiary_ref=f"ben-{pid.hex[:12]}",
-                    state="PENDING",
-                    idempotency_key=f"payout-{pid}",
-                )
+                _pending_payout(payout_id=pid, account=account, amount_minor=amount_minor)
                 for pid in ids
             )
             PayoutEvent.objects.using(_alias()).bulk_create(
