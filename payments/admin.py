@@ -42,13 +42,11 @@ class AccountAdmin(ReadOnlyAdmin):
     search_fields = ("account_id",)
 
 
-class PayoutEventInline(admin.TabularInline):
-    model = PayoutEvent
-    fields = ("at", "from_state", "to_state", "token", "owner_id", "note")
-    readonly_fields = fields
+class ReadOnlyInline(admin.TabularInline):
+    """A payout's history rows, shown and never edited, added or deleted."""
+
     extra = 0
     can_delete = False
-    ordering = ("at", "id")
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -57,19 +55,18 @@ class PayoutEventInline(admin.TabularInline):
         return False
 
 
-class LedgerEntryInline(admin.TabularInline):
+class PayoutEventInline(ReadOnlyInline):
+    model = PayoutEvent
+    fields = ("at", "from_state", "to_state", "token", "owner_id", "note")
+    readonly_fields = fields
+    ordering = ("at", "id")
+
+
+class LedgerEntryInline(ReadOnlyInline):
     model = LedgerEntry
     fk_name = "payout"
     fields = ("entry_id", "account", "direction", "amount_minor", "fence", "posted_at")
     readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Payout)
