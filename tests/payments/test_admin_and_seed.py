@@ -39,6 +39,14 @@ def _ambiguous(amount: int = 700):
     return acct, p
 
 
+def _resolve_action(client, payout, form: dict | None = None):
+    """POST the changelist's "resolve" action for one payout, with the action form's fields."""
+    return client.post(
+        "/admin/payments/quarantinedpayout/",
+        {"action": "resolve_selected", "_selected_action": [str(payout.payout_id)], **(form or {})},
+    )
+
+
 def test_quarantine_lists_ambiguous_payouts_with_the_reconciler_classification(client, staff):
     _, p = _ambiguous()
     _, unreconciled = _ambiguous()
@@ -73,16 +81,7 @@ def test_admin_is_staff_only(client):
 
 def test_resolve_action_without_a_note_changes_nothing(client, staff):
     _, p = _ambiguous()
-    response = client.post(
-        "/admin/payments/quarantinedpayout/",
-        {
-            "action": "resolve_selected",
-            "_selected_action": [str(p.payout_id)],
-            "apply": "1",
-            "resolution": "POSTED",
-            "note": "   ",
-        },
-    )
+    response = _resolve_action(client, p, {"apply": "1", "resolution": "POSTED", "note": "   "})
     assert response.status_code == 200  # the form again, with its error
     assert Payout.objects.get(payout_id=p.payout_id).state == "RAIL_AMBIGUOUS"
     assert not LedgerEntry.objects.filter(payout_id=p.payout_id).exists()
@@ -90,11 +89,10 @@ def test_resolve_action_without_a_note_changes_nothing(client, staff):
 
 def test_resolve_action_posts_with_the_ledger_and_records_the_operator(client, staff):
     acct, p = _ambiguous(700)
-    response = client.post(
-        "/admin/payments/quarantinedpayout/",
+    response = _resolve_action(
+        client,
+        p,
         {
-            "action": "resolve_selected",
-            "_selected_action": [str(p.payout_id)],
             "apply": "1",
             "resolution": "POSTED",
             "note": "rail statement shows RR-77 booked once",
@@ -182,10 +180,7 @@ def test_seed_payouts_rejects_bad_arguments(args):
 
 def test_resolve_action_first_asks_for_a_resolution_and_a_note(client, staff):
     _, p = _ambiguous()
-    response = client.post(
-        "/admin/payments/quarantinedpayout/",
-        {"action": "resolve_selected", "_selected_action": [str(p.payout_id)]},
-    )
+    response = _resolve_action(client, p)
     assert response.status_code == 200
     html = response.content.decode()
     assert 'name="note"' in html and 'name="resolution"' in html and str(p.payout_id) in html
