@@ -255,7 +255,25 @@ def _steps_one_to_three(cursor, request: SubmissionRequest) -> _Admitted:
     )
     if not moved:  # pragma: no cover - the row is locked FOR UPDATE above
         raise _not_claimable(request, payout)
-    submitted_at = fenced_sql.insert_submission(
+    submitted_at = _insert_submission(
+        cursor, request, submission_id=submission_id, outcome=Outcome.PENDING
+    )
+    return _Admitted(submission_id, submitted_at)
+
+
+def _insert_submission(
+    cursor,
+    request: SubmissionRequest,
+    *,
+    submission_id: uuid.UUID,
+    outcome: Outcome,
+    highest_token: int | None = None,
+    detail: str | None = None,
+    response_status: int | None = None,
+    response_body: dict | None = None,
+):
+    """One submission row for `request`; returns its submitted_at (the database clock)."""
+    return fenced_sql.insert_submission(
         cursor,
         submission_id=submission_id,
         payout_id=request.payout_id,
@@ -263,13 +281,16 @@ def _steps_one_to_three(cursor, request: SubmissionRequest) -> _Admitted:
         amount_minor=request.amount_minor,
         currency=request.currency,
         token=request.token,
+        highest_token=highest_token,
         owner_id=request.owner_id,
         key=request.idempotency_key,
         request_hash=request.body_hash(),
         client_ref=str(request.payout_id),
-        outcome=Outcome.PENDING,
+        outcome=outcome,
+        detail=detail,
+        response_status=response_status,
+        response_body=response_body,
     )
-    return _Admitted(submission_id, submitted_at)
 
 
 def _record_fenced(cursor, request: SubmissionRequest, fenced: _Fenced) -> _FencedRecorded:
@@ -284,20 +305,12 @@ def _record_fenced(cursor, request: SubmissionRequest, fenced: _Fenced) -> _Fenc
     if fenced.detail == "fenced_claim":
         message = "the payout was claimed under a newer fencing token"
     error = ApiError(Code.FENCED_OUT, message, details=details)
-    fenced_sql.insert_submission(
+    _insert_submission(
         cursor,
+        request,
         submission_id=uuid.uuid4(),
-        payout_id=request.payout_id,
-        account_id=request.account_id,
-        amount_minor=request.amount_minor,
-        currency=request.currency,
-        token=request.token,
-        highest_token=fenced.highest,
-        owner_id=request.owner_id,
-        key=request.idempotency_key,
-        request_hash=request.body_hash(),
-        client_ref=str(request.payout_id),
         outcome=Outcome.FENCED,
+        highest_token=fenced.highest,
         detail=fenced.detail,
         response_status=error.status,
         response_body=_stored_error(error),
