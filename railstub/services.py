@@ -98,6 +98,17 @@ def book_transfer(
 ) -> Booking:
     """Book one transfer (two on a duplicate ack); a repeated clientRef is simply paid again."""
     alias = _alias()
+
+    def book(duplicate_of: str | None) -> RailTransfer:
+        return RailTransfer.objects.using(alias).create(
+            rail_reference=new_reference(),
+            client_ref=client_ref,
+            amount_minor=amount_minor,
+            currency=currency,
+            accepted_at=utcnow(),
+            duplicate_of=duplicate_of,
+        )
+
     with transaction.atomic(using=alias):
         first = (
             RailTransfer.objects.using(alias)
@@ -106,24 +117,8 @@ def book_transfer(
             .values_list("rail_reference", flat=True)
             .first()
         )
-        transfer = RailTransfer.objects.using(alias).create(
-            rail_reference=new_reference(),
-            client_ref=client_ref,
-            amount_minor=amount_minor,
-            currency=currency,
-            accepted_at=utcnow(),
-            duplicate_of=first,
-        )
-        duplicate = None
-        if duplicate_ack:
-            duplicate = RailTransfer.objects.using(alias).create(
-                rail_reference=new_reference(),
-                client_ref=client_ref,
-                amount_minor=amount_minor,
-                currency=currency,
-                accepted_at=utcnow(),
-                duplicate_of=first or transfer.rail_reference,
-            )
+        transfer = book(first)
+        duplicate = book(first or transfer.rail_reference) if duplicate_ack else None
     return Booking(
         transfer.rail_reference,
         transfer.accepted_at,
