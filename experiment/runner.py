@@ -378,10 +378,13 @@ def run_arm(
                 notes.append(f"revoke skipped: {owner} held no lock when it stopped")
                 continue
             key, token = held
-            background(
-                replace(event, kind=REVOKE, target=key),
-                lambda key=key, token=token: revoke(stack, arm, key, token, pay_url),
-            )
+
+            def evict(key=key, token=token) -> None:
+                outcome = revoke(stack, arm, key, token, pay_url)
+                if outcome:
+                    notes.append(outcome)
+
+            background(replace(event, kind=REVOKE, target=key), evict)
 
     pool.start()
     sampling = threading.Thread(target=sampler, daemon=True)
@@ -544,20 +547,27 @@ def held_lock(arm: str, worker, logdir: Path) -> tuple[str, int | None] | None:
     return (key, token) if key else None
 
 
-def revoke(stack: StackHandle, arm: str, key: str, token: int | None, pay_url: str) -> None:
+def revoke(stack: StackHandle, arm: str, key: str, token: int | None, pay_url: str) -> str:
     """An operator evicts a stuck holder. Fenced: `manage.py revoke_lock` (L8 plus the push of the
-    new floor to the account fence and the rail high-water). Naive: delete its lease row."""
+    new floor to the account fence and the rail high-water). Naive: delete its lease row.
+    Returns a note when there was nothing left to revoke."""
     if arm == "naive":
         with psycopg.connect(pay_url, autocommit=True) as conn:
             conn.execute(NAIVE_REVOKE, (key,))
-        return
+        return ""
     args = ["revoke_lock", key, "--operator", "fencing-experiment"]
     args += ["--reason", "holder paused past its lease (injected fault)"]
     if token:
         args += ["--expected-token", str(token)]
     result = stack.manage(*args)
-    if result.returncode != 0:
-        raise RuntimeError((result.stderr or result.stdout)[-300:])
+    if result.returncode == 0:
+        return ""
+    output = (result.stderr or result.stdout)[-300:]
+    # The CAS guard: the victim's grant lapsed (and a rival took the key) before the operator
+    # got there — L8 refuses, correctly; the rival's writes will fence the victim out instead.
+    if "FENCED_OUT" in output or "NOT_FOUND" in output or "not held" in output:
+        return f"revoke of {key} came after the lease lapsed: {output.strip()[:160]}"
+    raise RuntimeError(output)
 
 
 def fenced_out_in_logs(logdir: Path) -> dict[str, int]:
