@@ -421,8 +421,7 @@ def run_arm(
         # A pause already armed may still land in the drain; it is resumed on time by tick().
         status["label"] = "healing + draining"
         rail.want(rail_config_at([], 0, base_latency_ms=0))
-        pool.fallback = False
-        pool.resume_all()
+        pool.fallback = False  # a pause in progress runs its course: tick() resumes it on time
         for thread in threads:
             thread.join(90)
         stack.wait_ready(60)
