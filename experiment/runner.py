@@ -46,6 +46,7 @@ HOLD_MS = 3_000  # a drop-before-booking holds the connection this long (below t
 # A CI-sized run: both arms in well under two minutes on two cores (seed 7 shows both effects).
 CI_PRESET = {
     "executors": 3,
+    "accounts": 3,  # with 2, a freshly armed executor can starve on contention for seconds
     "payouts": 54,
     "duration": 20.0,
     "lease_ms": 1500,
