@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import requests
+from psycopg import sql
 
 from dlock.devstack import PROJECT, PYTHON, wait_until
 from tests.conftest import LiveStack, start_stack, stop_stack
@@ -162,22 +163,19 @@ def states(stack: LiveStack, ids: list[str]) -> dict[str, str]:
 
 def rail_requests(stack: LiveStack, ids: list[str]) -> dict[str, int]:
     """How many times the rail was asked to pay each payout (clientRef = payout id)."""
-    with raildb(stack) as conn:
-        rows = conn.execute(
-            "SELECT client_ref, count(*) FROM rail_request WHERE client_ref = ANY(%s)"
-            " GROUP BY client_ref",
-            (ids,),
-        ).fetchall()
-    return dict(rows)
+    return _rows_per_client_ref(stack, "rail_request", ids)
 
 
 def rail_transfers(stack: LiveStack, ids: list[str]) -> dict[str, int]:
+    return _rows_per_client_ref(stack, "rail_transfer", ids)
+
+
+def _rows_per_client_ref(stack: LiveStack, table: str, ids: list[str]) -> dict[str, int]:
+    query = sql.SQL(
+        "SELECT client_ref, count(*) FROM {} WHERE client_ref = ANY(%s) GROUP BY client_ref"
+    ).format(sql.Identifier(table))
     with raildb(stack) as conn:
-        rows = conn.execute(
-            "SELECT client_ref, count(*) FROM rail_transfer WHERE client_ref = ANY(%s)"
-            " GROUP BY client_ref",
-            (ids,),
-        ).fetchall()
+        rows = conn.execute(query, (ids,)).fetchall()
     return dict(rows)
 
 
