@@ -92,12 +92,18 @@ def live_stack():
     stop_stack(stack)
 
 
+def fresh_etcd() -> EtcdServer:
+    """A started etcd server of its own: free ports, an empty data directory."""
+    datadir = Path(tempfile.mkdtemp(prefix="dlock-etcd-")) / "data"
+    server = EtcdServer(datadir, free_port(), free_port())
+    server.start()
+    return server
+
+
 @pytest.fixture(scope="session")
 def etcd_server():
     if not (shutil.which("etcd") or Path("/usr/bin/etcd").exists()):
         pytest.fail("etcd is not installed (apt-get install etcd-server); .ci/run installs it")
-    datadir = Path(tempfile.mkdtemp(prefix="dlock-etcd-")) / "data"
-    server = EtcdServer(datadir, free_port(), free_port())
-    server.start()
+    server = fresh_etcd()
     yield server
     server.stop()

@@ -19,6 +19,7 @@ from psycopg import sql
 
 from dlock.devstack import RoleProcess, free_port, manage
 from tests import pgplugin
+from tests.conftest import fresh_etcd
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -134,6 +135,14 @@ def start_lock_server(backend: str, extra_env: dict[str, str] | None = None) -> 
     logdir = Path(tempfile.mkdtemp(prefix=f"dlock-lockserver-{backend}-"))
     proc = RoleProcess("lockserver", free_port(), env, logdir / "lockserver.log").start()
     return LockServer(backend=backend, env=env, proc=proc)
+
+
+@pytest.fixture
+def own_etcd():
+    """A private etcd server, for tests that stop it or need a store with no history."""
+    server = fresh_etcd()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session", params=["pg", "etcd"])

@@ -13,25 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from dlock.devstack import EtcdServer, RoleProcess, StackError, free_port
+from dlock.devstack import RoleProcess, StackError, free_port
 from lockserver.backends.etcd import EtcdLockBackend
 from tests.lockserver.conftest import assert_error, new_key, start_lock_server
 
 pytestmark = [pytest.mark.etcd, pytest.mark.live]
-
-
-def fresh_etcd() -> EtcdServer:
-    datadir = Path(tempfile.mkdtemp(prefix="dlock-etcd-live-")) / "data"
-    server = EtcdServer(datadir, free_port(), free_port())
-    server.start()
-    return server
-
-
-@pytest.fixture
-def own_etcd():
-    server = fresh_etcd()
-    yield server
-    server.stop()
 
 
 def wait_ready(server, timeout: float = 20) -> None:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -18,22 +16,9 @@ from dlock.devstack import EtcdServer, free_port, wait_until
 from dlock.errors import ApiError, Code
 from lockserver.backends.etcd import EtcdLockBackend, TokenFloorError
 from lockserver.etcd_client import EtcdClient, EtcdUnavailable
+from tests.conftest import fresh_etcd
 
 pytestmark = pytest.mark.etcd
-
-
-def fresh_etcd() -> EtcdServer:
-    datadir = Path(tempfile.mkdtemp(prefix="dlock-etcd-own-")) / "data"
-    server = EtcdServer(datadir, free_port(), free_port())
-    server.start()
-    return server
-
-
-@pytest.fixture
-def own_etcd():
-    server = fresh_etcd()
-    yield server
-    server.stop()
 
 
 def backend_on(server: EtcdServer, **kwargs) -> EtcdLockBackend:
