@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,15 @@ def assert_error(response, status: int, code: str) -> dict:
     assert body["code"] == code, body
     assert set(body) <= {"code", "message", "retrySafe", "retryAfterMillis", "details", "traceId"}
     return body
+
+
+def revoke_until_answered(server: LockServer, key: str, results: list, count: int) -> None:
+    """Revoke each grant of `key` as it is made until `count` waiters have answers (≤ 20 s)."""
+    deadline = time.monotonic() + 20
+    while len(results) < count and time.monotonic() < deadline:
+        if server.get(f"/v1/locks/{key}").json()["held"]:
+            server.revoke(key)
+        time.sleep(0.05)
 
 
 def new_key() -> str:

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.lockserver.conftest import assert_error
+from tests.lockserver.conftest import assert_error, revoke_until_answered
 from tests.lockserver.test_sessions import ts
 
 GRANT_FIELDS = {"key", "ownerId", "sessionId", "fencingToken", "acquiredAt", "expiresAt"}
@@ -169,12 +169,7 @@ def test_waiters_beyond_the_per_key_cap_are_429(lock_server, key):
     assert lock_server.release(key, holder, grant["fencingToken"]).status_code == 204
     # One waiter is granted by the release; the others time out only after their 15 s, so
     # revoke/release the chain quickly to let the test end.
-    deadline = time.monotonic() + 20
-    while len(results) < 3 and time.monotonic() < deadline:
-        held = lock_server.get(f"/v1/locks/{key}").json()
-        if held["held"]:
-            lock_server.revoke(key)
-        time.sleep(0.05)
+    revoke_until_answered(lock_server, key, results, 3)
     for thread in threads:
         thread.join(20)
     assert sorted(r.status_code for r in results) == [200, 200, 200]

@@ -13,7 +13,12 @@ import pytest
 from psycopg import sql
 
 from tests import pgplugin
-from tests.lockserver.conftest import assert_error, new_key, start_lock_server
+from tests.lockserver.conftest import (
+    assert_error,
+    new_key,
+    revoke_until_answered,
+    start_lock_server,
+)
 
 pytestmark = pytest.mark.parametrize("lock_server", ["pg"], indirect=True)
 
@@ -299,12 +304,7 @@ def test_waiters_hold_no_database_connection(lock_server, fragile_server):
         session = server.session()
         assert server.acquire(other, session).status_code == 200
     assert server.release(key, holder, held["fencingToken"]).status_code == 204
-    deadline = time.monotonic() + 20
-    while len(results) < 4 and time.monotonic() < deadline:
-        info = server.get(f"/v1/locks/{key}").json()
-        if info["held"]:
-            server.revoke(key)
-        time.sleep(0.05)
+    revoke_until_answered(server, key, results, 4)
     for thread in waiters:
         thread.join(20)
     assert [r.status_code for r in results] == [200, 200, 200, 200]
