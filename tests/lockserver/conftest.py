@@ -13,14 +13,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psycopg
 import pytest
 import requests
-from psycopg import sql
 
 from dlock.devstack import RoleProcess, free_port, manage
-from tests import pgplugin
-from tests.conftest import fresh_etcd
+from tests.conftest import _create_db, fresh_etcd
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -32,15 +29,6 @@ TEST_LIMITS = {
     "LOCK_HOUSEKEEPING_MS": "200",
     "LOCK_MAX_TTL_MS": "30000",  # so clamping is observable
 }
-
-
-def create_database(name: str) -> str:
-    with psycopg.connect(pgplugin.server_url("postgres"), autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return pgplugin.server_url(name)
 
 
 @dataclass
@@ -128,7 +116,7 @@ def start_lock_server(backend: str, extra_env: dict[str, str] | None = None) -> 
         "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
         "DJANGO_DEBUG": "false",
         "LOCK_BACKEND": backend,
-        "LOCK_DATABASE_URL": create_database(db_name),
+        "LOCK_DATABASE_URL": _create_db(db_name),
         **TEST_LIMITS,
         **(extra_env or {}),
     }
