@@ -13,12 +13,18 @@ from tests.lockserver.conftest import assert_error, new_key
 from tests.lockserver.test_sessions import ts
 
 
-def _acquire_in_own_session(url: str, key: str, barrier: threading.Barrier, **extra) -> int:
+def _own_session(url: str, prefix: str) -> tuple[requests.Session, str, dict]:
+    """A thread's own HTTP connection (requests sessions are not thread-safe), owner and session."""
     http = requests.Session()
-    owner = f"racer-{uuid.uuid4().hex[:6]}"
+    owner = f"{prefix}-{uuid.uuid4().hex[:6]}"
     session = http.post(
         f"{url}/v1/sessions", json={"ownerId": owner, "ttlMillis": 10_000}, timeout=10
     ).json()
+    return http, owner, session
+
+
+def _acquire_in_own_session(url: str, key: str, barrier: threading.Barrier, **extra) -> int:
+    http, owner, session = _own_session(url, "racer")
     barrier.wait()
     response = http.post(
         f"{url}/v1/locks/{key}/acquire",
@@ -63,11 +69,7 @@ def test_b_tokens_of_one_key_increase_under_contention(lock_server, key):
     stop = time.monotonic() + 3
 
     def worker():
-        http = requests.Session()
-        owner = f"w-{uuid.uuid4().hex[:6]}"
-        session = http.post(
-            f"{lock_server.url}/v1/sessions", json={"ownerId": owner, "ttlMillis": 10_000}
-        ).json()
+        http, owner, session = _own_session(lock_server.url, "w")
         while time.monotonic() < stop:
             response = http.post(
                 f"{lock_server.url}/v1/locks/{key}/acquire",
@@ -115,11 +117,7 @@ def test_c_never_two_unexpired_grants_for_one_key(lock_server, key):
     stop = time.monotonic() + 3.5
 
     def worker():
-        http = requests.Session()
-        owner = f"w-{uuid.uuid4().hex[:6]}"
-        session = http.post(
-            f"{lock_server.url}/v1/sessions", json={"ownerId": owner, "ttlMillis": 10_000}
-        ).json()
+        http, owner, session = _own_session(lock_server.url, "w")
         while time.monotonic() < stop:
             response = http.post(
                 f"{lock_server.url}/v1/locks/{key}/acquire",
