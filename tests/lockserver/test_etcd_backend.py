@@ -210,13 +210,7 @@ def test_waiter_is_granted_after_release_within_its_wait(backend):
     assert backend.inspect(key=lock).waiter_count == 0
 
 
-def test_waiter_beyond_the_cap_gets_contention_exceeded(etcd_server):
-    backend = EtcdLockBackend(
-        url=etcd_server.url,
-        prefix=f"t-{uuid.uuid4().hex[:12]}/",
-        adopt_pg_sequence=False,
-        housekeeping=False,
-    )
+def test_waiter_beyond_the_cap_gets_contention_exceeded(backend):
     backend.waiter_cap = 1
     lock = key()
     sessions = [backend.open_session(owner_id=f"w{i}", ttl_ms=10_000) for i in range(3)]
