@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 
 from dlock.errors import CATALOGUE, PROTOCOL_STATUSES, Code
@@ -130,7 +129,10 @@ OWNER_HEADER = header(
     "X-Owner-Id", OWNER_SCHEMA, "Opaque worker identity, attribution only (C3 §3.1)."
 )
 OPTIONAL_OWNER_HEADER = header(
-    "X-Owner-Id", OWNER_SCHEMA, "Opaque worker identity; or `ownerId` in the body.", required=False
+    "X-Owner-Id",
+    {**OWNER_SCHEMA, "minLength": 0, "pattern": f"^$|{OWNER_PATTERN}"},
+    "Opaque worker identity, or `ownerId` in the body; an empty value counts as absent.",
+    required=False,
 )
 IDEMPOTENCY_HEADER = header(
     "X-Idempotency-Key",
@@ -159,7 +161,3 @@ def query_param(name: str, schema: dict | Any, description: str, *, required: bo
 def errors(by_status: dict[int, str]) -> dict[int, OpenApiResponse]:
     """C3's error statuses for a path, each described by its codes; the hook adds the envelope."""
     return {status: OpenApiResponse(description=text) for status, text in by_status.items()}
-
-
-NO_BODY = OpenApiResponse(description="No body.")
-DATE_TIME = OpenApiTypes.DATETIME

@@ -8,6 +8,7 @@ each the `ErrorEnvelope` body and adds the statuses every endpoint can answer.
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 
@@ -16,6 +17,7 @@ from dlock.schema import (
     KEY_PATTERN,
     OPTIONAL_OWNER_HEADER,
     OWNER_HEADER,
+    OWNER_PATTERN,
     TOKEN_HEADER,
     UUID_SCHEMA,
     errors,
@@ -49,7 +51,11 @@ def _token(**kwargs) -> serializers.IntegerField:
 
 class OpenSession(serializers.Serializer):
     ownerId = serializers.CharField(  # noqa: N815
-        required=False, max_length=OWNER_ID_MAX, help_text="Or X-Owner-Id; must agree if both."
+        validators=[RegexValidator(OWNER_PATTERN)],
+        required=False,
+        allow_blank=True,
+        max_length=OWNER_ID_MAX,
+        help_text="Or X-Owner-Id; must agree if both. Empty counts as absent.",
     )
     ttlMillis = _ttl(required=False, help_text="Default lock.session.ttl.")  # noqa: N815
 
@@ -208,6 +214,8 @@ renew = extend_schema(
 release = extend_schema(
     operation_id="releaseLock",
     summary="L6 release a grant (compare-and-delete on key and token)",
+    description="Compare-and-delete on (key, fencing token) and nothing else; sessionId is carried "
+    "for attribution and session bookkeeping, never as part of the predicate.",
     tags=TAGS,
     parameters=[
         KEY_PARAM,
@@ -231,6 +239,8 @@ release = extend_schema(
 inspect = extend_schema(
     operation_id="inspectLock",
     summary="L7 advisory read of a lock (never for correctness)",
+    description="Advisory: the lease may expire between this answer and any action; only the "
+    "fenced write is authoritative.",
     tags=TAGS,
     parameters=[KEY_PARAM],
     responses={200: LockInfo, **errors({404: "NOT_FOUND: key never seen"})},

@@ -147,16 +147,26 @@ list_payouts = extend_schema(
     summary="P1 list payouts by state",
     tags=["payouts"],
     parameters=[
-        query_param("state", {"type": "string", "enum": STATES}, "One of the payout states."),
         query_param(
-            "accountId", {"type": "string", "maxLength": ACCOUNT_ID_MAX}, "Only this account."
+            "state",
+            {"type": "string", "enum": [*STATES, ""]},
+            "One of the payout states; absent or empty: every state.",
+        ),
+        query_param(
+            "accountId",
+            {"type": "string", "maxLength": ACCOUNT_ID_MAX},
+            "Only this account; absent or empty: every account.",
         ),
         query_param(
             "limit",
             {"type": "integer", "minimum": LIMIT_MIN, "maximum": LIMIT_MAX},
             f"Page size, default {LIMIT_DEFAULT}.",
         ),
-        query_param("cursor", {"type": "string"}, "The nextCursor of the previous page."),
+        query_param(
+            "cursor",
+            {"type": "string"},
+            "The nextCursor of the previous page; absent or empty: first.",
+        ),
     ],
     responses={200: PayoutPage, **errors({400: "VALIDATION_FAILED"})},
 )

@@ -197,7 +197,7 @@ def test_c3_headers_and_query_parameters_are_documented_with_their_requiredness(
             query = {name: p for (where, name), p in params.items() if where == "query"}
             assert set(query) == {"state", "accountId", "limit", "cursor"}
             assert not any(p.get("required") for p in query.values())
-            assert set(query["state"]["schema"]["enum"]) == STATES
+            assert set(query["state"]["schema"]["enum"]) == STATES | {""}  # empty: any state
             limit = query["limit"]["schema"]
             assert (limit["minimum"], limit["maximum"]) == (1, 500)
 
