@@ -43,16 +43,27 @@ def protected_account(key: str) -> str | None:
     return match.group("account") if match else None
 
 
-def push_floor(*, account_id: str, floor: int) -> PushResult:
+def push_floor(*, account_id: str, floor: int, pay_database_url: str | None = None) -> PushResult:
     """Raise the account fence and the rail high-water mark to `floor`, in one transaction.
 
     Both are GREATEST(…, floor): a push never lowers a fence, and repeating it is harmless.
+    Through Django's paydb alias, or straight to `pay_database_url` (the experiment harness
+    pushes to a stack whose paydb is not this process's).
     """
+    if pay_database_url is None:
+        alias = alias_for("payments")
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            return _push(cursor, account_id=account_id, floor=floor)
+    import psycopg
+
+    with psycopg.connect(pay_database_url) as conn, conn.transaction(), conn.cursor() as cursor:
+        return _push(cursor, account_id=account_id, floor=floor)
+
+
+def _push(cursor, *, account_id: str, floor: int) -> PushResult:
     from payments.fenced_sql import raise_account_fence
     from railproxy.fenced_sql import raise_high_water
 
-    alias = alias_for("payments")
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        fence = raise_account_fence(cursor, account_id=account_id, floor=floor)
-        high_water = raise_high_water(cursor, account_id=account_id, floor=floor)
+    fence = raise_account_fence(cursor, account_id=account_id, floor=floor)
+    high_water = raise_high_water(cursor, account_id=account_id, floor=floor)
     return PushResult(account_id, account_fence=fence, rail_high_water=high_water)

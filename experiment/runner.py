@@ -548,26 +548,35 @@ def held_lock(arm: str, worker, logdir: Path) -> tuple[str, int | None] | None:
 
 
 def revoke(stack: StackHandle, arm: str, key: str, token: int | None, pay_url: str) -> str:
-    """An operator evicts a stuck holder. Fenced: `manage.py revoke_lock` (L8 plus the push of the
-    new floor to the account fence and the rail high-water). Naive: delete its lease row.
+    """An operator evicts a stuck holder. Fenced: L8 plus the push of the new floor to the
+    account fence and the rail high-water (what `manage.py revoke_lock` does, done in-process:
+    a fresh manage.py needs ~2 s to start, longer than a CI lease). Naive: delete its lease row.
     Returns a note when there was nothing left to revoke."""
     if arm == "naive":
         with psycopg.connect(pay_url, autocommit=True) as conn:
             conn.execute(NAIVE_REVOKE, (key,))
         return ""
-    args = ["revoke_lock", key, "--operator", "fencing-experiment"]
-    args += ["--reason", "holder paused past its lease (injected fault)"]
-    if token:
-        args += ["--expected-token", str(token)]
-    result = stack.manage(*args)
-    if result.returncode == 0:
-        return ""
-    output = (result.stderr or result.stdout)[-300:]
-    # The CAS guard: the victim's grant lapsed (and a rival took the key) before the operator
-    # got there — L8 refuses, correctly; the rival's writes will fence the victim out instead.
-    if "FENCED_OUT" in output or "NOT_FOUND" in output or "not held" in output:
-        return f"revoke of {key} came after the lease lapsed: {output.strip()[:160]}"
-    raise RuntimeError(output)
+    from dlock.client import FencedOut, LockClient, NotFound
+    from executor.revoke import protected_account, push_floor
+
+    client = LockClient(stack.url("lockserver"), owner_id="fencing-experiment")
+    try:
+        outcome = client.revoke(
+            key,
+            operator="fencing-experiment",
+            reason="holder paused past its lease (injected fault)",
+            expected_token=token or None,
+        )
+    except (FencedOut, NotFound) as exc:
+        # The CAS guard: the victim's grant lapsed (and perhaps a rival took the key) before the
+        # operator got there — L8 refuses, correctly; a rival's writes fence the victim instead.
+        return f"revoke of {key} came after the lease lapsed: {exc.code} {exc.message}"[:200]
+    account = protected_account(key)
+    if account is not None:
+        push_floor(
+            account_id=account, floor=int(outcome["newTokenFloor"]), pay_database_url=pay_url
+        )
+    return ""
 
 
 def fenced_out_in_logs(logdir: Path) -> dict[str, int]:
