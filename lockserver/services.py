@@ -33,8 +33,14 @@ _ACQUIRE_OUTCOME = {
 }
 
 
+def granted_ttl_ms(ttl_ms: int) -> int:
+    """TTLs are granted in whole seconds on every backend (etcd leases have second granularity),
+    so pg and etcd answer identically (FR-09); C3 allows clamping down, never up."""
+    return max(1_000, ttl_ms // 1_000 * 1_000)
+
+
 def open_session(*, owner_id: str, ttl_ms: int) -> SessionRecord:
-    return get_backend().open_session(owner_id=owner_id, ttl_ms=ttl_ms)
+    return get_backend().open_session(owner_id=owner_id, ttl_ms=granted_ttl_ms(ttl_ms))
 
 
 def heartbeat(*, session_id: uuid.UUID, owner_id: str) -> HeartbeatRecord:
@@ -51,7 +57,11 @@ def acquire(
     backend = get_backend()
     try:
         grant = backend.acquire(
-            key=key, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms, wait_ms=wait_ms
+            key=key,
+            session_id=session_id,
+            owner_id=owner_id,
+            ttl_ms=granted_ttl_ms(ttl_ms),
+            wait_ms=wait_ms,
         )
     except ApiError as exc:
         outcome = _ACQUIRE_OUTCOME.get(exc.code)
@@ -75,7 +85,8 @@ def acquire(
 
 
 def renew(*, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None) -> GrantRecord:
-    return get_backend().renew(key=key, session_id=session_id, token=token, ttl_ms=ttl_ms)
+    granted = granted_ttl_ms(ttl_ms) if ttl_ms is not None else None
+    return get_backend().renew(key=key, session_id=session_id, token=token, ttl_ms=granted)
 
 
 def release(*, key: str, session_id: uuid.UUID, token: int) -> None:
