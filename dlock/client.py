@@ -33,6 +33,7 @@ from dlock.budgets import (
     Budget,
     heartbeat_window_s,
 )
+from dlock.errors import CATALOGUE, Code
 from dlock.http import Reply, TransportError, exchange
 from dlock.logs import log_event
 
@@ -72,11 +73,15 @@ OnLost = Callable[["Grant", "LockLost"], None]
 # --------------------------------------------------------------------------- exceptions
 
 
+def _catalogue_retry_safe(code: str | None) -> bool:
+    """The C3 §3.2 verdict from the one catalogue (dlock.errors); unknown codes fail closed."""
+    return code in Code.__members__ and CATALOGUE[Code(code)].retry_safe
+
+
 class DlockError(Exception):
     """A C3 error envelope (or a local verdict) as an exception: code, retrySafe, details."""
 
     code: str | None = None
-    default_retry_safe = False
 
     def __init__(
         self,
@@ -92,7 +97,7 @@ class DlockError(Exception):
         if code is not None:
             self.code = code
         self.message = message or (self.code or self.__class__.__name__)
-        self.retry_safe = self.default_retry_safe if retry_safe is None else retry_safe
+        self.retry_safe = _catalogue_retry_safe(self.code) if retry_safe is None else retry_safe
         self.details: dict[str, Any] = details or {}
         self.retry_after_ms = retry_after_ms
         self.status = status
@@ -104,21 +109,18 @@ class LockContended(DlockError):
     """LOCK_CONTENDED: another owner holds the lock; nothing happened (retry-safe)."""
 
     code = "LOCK_CONTENDED"
-    default_retry_safe = True
 
 
 class ContentionExceeded(DlockError):
     """CONTENTION_EXCEEDED: retry budget or waiter cap hit; retry only after retryAfterMillis."""
 
     code = "CONTENTION_EXCEEDED"
-    default_retry_safe = True
 
 
 class NotLeader(DlockError):
     """NOT_LEADER: this replica cannot serve writes; no state was touched (retry-safe)."""
 
     code = "NOT_LEADER"
-    default_retry_safe = True
 
 
 class LockLost(DlockError):
@@ -179,7 +181,6 @@ class RailUnavailable(DlockError):
     """RAIL_UNAVAILABLE: the proxy proved nothing was presented to the rail."""
 
     code = "RAIL_UNAVAILABLE"
-    default_retry_safe = True
 
 
 class RailAmbiguous(DlockError):
@@ -204,14 +205,12 @@ class Overloaded(DlockError):
     """OVERLOADED: no database slot within the queue deadline (retry-safe)."""
 
     code = "OVERLOADED"
-    default_retry_safe = True
 
 
 class DeadlineExceeded(DlockError):
     """DEADLINE_EXCEEDED: the server's deadline hit and it rolled back (retry-safe)."""
 
     code = "DEADLINE_EXCEEDED"
-    default_retry_safe = True
 
 
 class InternalError(DlockError):
