@@ -6,10 +6,11 @@ import json
 import logging
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
-from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import Http404, HttpResponse
 from psycopg_pool import PoolTimeout, TooManyRequests
 from rest_framework import exceptions as drf
+from rest_framework.views import set_rollback
 
 from dlock.errors import ApiError, Code, validation_error
 from dlock.logs import log_event
@@ -118,14 +119,9 @@ def render_exception(exc: BaseException) -> HttpResponse:
 
 
 def drf_exception_handler(exc, context):
-    """DRF EXCEPTION_HANDLER: render the envelope and make sure nothing half-written commits."""
+    """DRF EXCEPTION_HANDLER: render the envelope; roll back a request-wide transaction if one
+    is configured (ATOMIC_REQUESTS — services own their transactions, which have already rolled
+    back by the time an exception reaches this handler)."""
     response = render_exception(exc)
-    for alias in _open_atomic_aliases():
-        transaction.set_rollback(True, using=alias)
+    set_rollback()
     return response
-
-
-def _open_atomic_aliases() -> list[str]:
-    from django.db import connections
-
-    return [conn.alias for conn in connections.all(initialized_only=True) if conn.in_atomic_block]
