@@ -42,8 +42,33 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def _drive(clients: int, make_pair: Callable[[int], Callable[[], None]], seconds: float) -> dict:
-    """`clients` threads each loop their pair function; latency is per acquire+release pair."""
+def _cpu_seconds(pid: int) -> float:
+    """User+system CPU of a process and its children (gunicorn master + workers)."""
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(p) for p in children.read_text().split()]
+    total = 0
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _drive(
+    clients: int,
+    make_pair: Callable[[int], Callable[[], None]],
+    seconds: float,
+    server_pid: int | None = None,
+) -> dict:
+    """`clients` threads each loop their pair function; latency is per acquire+release pair.
+
+    With `server_pid`, also the CPU the server process spent per pair and its cores busy, and
+    the CPU of this (client) process: where a 2-core box's time went.
+    """
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors = [0] * clients
     kinds: dict[str, int] = {}
@@ -77,10 +102,21 @@ def _drive(clients: int, make_pair: Callable[[int], Callable[[], None]], seconds
     window["start"] = time.monotonic() + WARMUP_S
     window["stop"] = window["start"] + seconds
     ready.wait()
+    time.sleep(max(0.0, window["start"] - time.monotonic()))
+    cpu_before = (_cpu_seconds(server_pid) if server_pid else 0.0, time.process_time())
     for thread in threads:
         thread.join(seconds + 60)
+    cpu = (
+        _cpu_seconds(server_pid) - cpu_before[0] if server_pid else 0.0,
+        time.process_time() - cpu_before[1],
+    )
     samples = [s for per_client in latencies for s in per_client]
+    accounting = {"client_cores_busy": round(cpu[1] / seconds, 2)}
+    if server_pid and samples:
+        accounting["server_cores_busy"] = round(cpu[0] / seconds, 2)
+        accounting["server_cpu_ms_per_pair"] = round(cpu[0] * 1000 / len(samples), 2)
     return {
+        **accounting,
         "pairs": len(samples),
         "pairs_per_s": round(len(samples) / seconds, 1),
         "p50_ms": round(_percentile(samples, 0.50) * 1000, 2),
@@ -181,7 +217,7 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
         levels = []
         load_before = os.getloadavg()
         for n in clients:
-            http_row = _drive(n, _http_pair_factory(server.port), DURATION_S)
+            http_row = _drive(n, _http_pair_factory(server.port), DURATION_S, server.process.pid)
             direct_row = _drive(n, _direct_pair_factory(db_url), DURATION_S)
             ratio = (
                 round(http_row["pairs_per_s"] / direct_row["pairs_per_s"], 3)

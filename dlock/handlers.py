@@ -20,13 +20,35 @@ from dlock.tracing import current_trace_id
 logger = logging.getLogger("dlock.handlers")
 
 
-def error_response(error: ApiError) -> HttpResponse:
-    body = json.dumps(error.envelope(current_trace_id()), separators=(",", ":"))
-    response = HttpResponse(body, status=error.status, content_type=JSON_CONTENT_TYPE)
-    for name, value in error.headers.items():
-        response[name] = value
+# Every response: nothing may frame it or sniff it (dlock.middleware.secure_headers).
+SECURITY_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
+# A JSON answer is data, never a page: nothing may run it or cache it either.
+JSON_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+    "Cache-Control": "no-store",
+}
+
+
+def envelope_body(error: ApiError, trace_id: str) -> bytes:
+    return json.dumps(error.envelope(trace_id), separators=(",", ":")).encode()
+
+
+def envelope_headers(error: ApiError) -> dict[str, str]:
+    """The headers an envelope carries besides its content type: Retry-After, per-error ones."""
+    headers = dict(error.headers)
     if error.retry_after_ms is not None:
-        response["Retry-After"] = str(max(1, -(-error.retry_after_ms // 1000)))
+        headers["Retry-After"] = str(max(1, -(-error.retry_after_ms // 1000)))
+    return headers
+
+
+def error_response(error: ApiError) -> HttpResponse:
+    response = HttpResponse(
+        envelope_body(error, current_trace_id()),
+        status=error.status,
+        content_type=JSON_CONTENT_TYPE,
+    )
+    for name, value in envelope_headers(error).items():
+        response[name] = value
     response.dlock_envelope = True
     return response
 

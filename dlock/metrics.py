@@ -51,6 +51,11 @@ payout_backlog_age = Gauge(
 lock_acquire = Counter(
     "lock_acquire", "Lock acquire calls by backend and outcome.", ["backend", "outcome"]
 )
+requests_shed = Counter(
+    "dlock_requests_shed",
+    "Requests answered 503 OVERLOADED before Django: they waited longer than "
+    "SERVER_QUEUE_DEADLINE_MS for a worker thread (dlock.admission).",
+)
 lock_live_sessions = Gauge("lock_live_sessions", "Unexpired lock-server sessions.", ["backend"])
 lock_live_grants = Gauge("lock_live_grants", "Unexpired lock grants.", ["backend"])
 

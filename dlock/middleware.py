@@ -6,7 +6,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from dlock.errors import PROTOCOL_STATUSES, ApiError, Code
-from dlock.handlers import error_response, render_exception
+from dlock.handlers import JSON_SECURITY_HEADERS, SECURITY_HEADERS, error_response, render_exception
 from dlock.parsers import too_large
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id, trace_id_from_traceparent
 
@@ -26,19 +26,12 @@ class TraceMiddleware:
         return secure_headers(response)
 
 
-# A JSON answer is data, never a page: nothing may frame it, run it, cache it or sniff it.
-_JSON_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
-    "Cache-Control": "no-store",
-}
-
-
 def secure_headers(response: HttpResponse) -> HttpResponse:
     """Outermost, so envelopes built by any later layer get the headers too."""
-    response.headers.setdefault("X-Frame-Options", "DENY")
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
     if response.get("Content-Type", "").startswith("application/json"):
-        for name, value in _JSON_HEADERS.items():
+        for name, value in JSON_SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
     return response
 

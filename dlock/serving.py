@@ -1,20 +1,66 @@
-"""Graceful drain for gunicorn: stop accepting at once, finish in-flight work, then exit.
+"""gunicorn worker for every server role: graceful drain, and the thread-queue clock.
+
+Drain: stop accepting at once, finish in-flight work, then exit.
 
 Stock gunicorn already drains in-flight requests on SIGTERM, but the worker keeps its copy of
 the listening socket open until the drain ends, so the kernel keeps completing handshakes that
 nobody will serve (the client sees a connection, then a reset). And SIGINT is a quick shutdown.
 Here both SIGTERM and SIGINT mean: close the listener now (new connections are refused), let
 requests already accepted run to completion within `graceful_timeout`, then exit.
+
+Thread-queue clock: a gthread worker hands every readable connection to a thread pool whose
+queue is unbounded, and that wait happens before any Django code runs, so no database deadline
+can see it. Under overload it grows without bound (a 2x open-loop load test measured 12 s
+medians and client timeouts). The worker notes when a request was queued; the thread that picks
+it up publishes how long it waited (`thread_queue_wait`), and `dlock.admission` answers
+503 OVERLOADED at once when that exceeds SERVER_QUEUE_DEADLINE_MS.
 """
 
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 from gunicorn.workers.gthread import ThreadWorker
 
+_picked_up = threading.local()
+ACCEPT_BATCH = 64
+
+
+def thread_queue_wait() -> float | None:
+    """Seconds the current request waited for a worker thread; None outside gunicorn."""
+    return getattr(_picked_up, "waited", None)
+
 
 class DrainingThreadWorker(ThreadWorker):
+    def accept(self, listener) -> None:
+        """Take every connection already waiting, not one per poller wake-up.
+
+        Under load the main loop competes for the GIL with every busy request thread, so each
+        wake-up is expensive; accepting one connection per wake-up let the kernel backlog
+        overflow (clients then hang in SYN retries) long before the threads were the limit.
+        """
+        for _ in range(ACCEPT_BATCH):
+            if self.nr_conns >= self.worker_connections:
+                return
+            before = self.nr_conns
+            super().accept(listener)
+            if self.nr_conns == before:  # EAGAIN: the backlog is empty
+                return
+
+    def enqueue_req(self, conn) -> None:
+        conn.dlock_queued_at = time.monotonic()
+        super().enqueue_req(conn)
+
+    def handle(self, conn):
+        queued_at = getattr(conn, "dlock_queued_at", None)
+        _picked_up.waited = None if queued_at is None else time.monotonic() - queued_at
+        try:
+            return super().handle(conn)
+        finally:
+            _picked_up.waited = None
+
     def init_signals(self) -> None:
         super().init_signals()
         signal.signal(signal.SIGINT, self.handle_exit)  # Ctrl-C on the group: drain, too

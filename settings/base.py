@@ -147,6 +147,10 @@ LOCK_MAX_TTL_MS = env_int("LOCK_MAX_TTL_MS", 60_000, minimum=1_000, maximum=60_0
 LOCK_CLIENT_SAFETY_MARGIN = env_float("LOCK_CLIENT_SAFETY_MARGIN", 0.30)
 ETCD_URL = env_str("ETCD_URL", "http://127.0.0.1:2379")
 
+# How long a request may wait for a gunicorn worker thread before it is shed with 503 OVERLOADED
+# (dlock.serving times the wait, dlock.admission sheds): the queue in front of the threads.
+SERVER_QUEUE_DEADLINE_MS = env_int("SERVER_QUEUE_DEADLINE_MS", 500, minimum=10)
+
 # Database capacity and deadlines (failure-behavior.md "Capacity and deadlines").
 DB_POOL_MAX = env_int("DB_POOL_MAX", 8, minimum=1)
 DB_QUEUE_DEADLINE_MS = env_int("DB_QUEUE_DEADLINE_MS", 2_000, minimum=10)

@@ -34,9 +34,12 @@ worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingTh
 # DB_QUEUE_DEADLINE_MS with 503 OVERLOADED; beyond DB_POOL_MAX_WAITING waiters it is refused at
 # once. The lock server also parks threads in bounded acquire waits (waitMillis <= 30 s).
 threads = _int("GUNICORN_THREADS", 32 if _role == "lockserver" else 16)
-# Open connections per process (keep-alive included); above it the worker stops accepting.
-worker_connections = _int("GUNICORN_WORKER_CONNECTIONS", 256)
-backlog = _int("GUNICORN_BACKLOG", 128)
+# Open connections per process (keep-alive included); above it the worker stops accepting and
+# new clients wait in the kernel backlog, where no deadline sees them (a 2x load test hung
+# there). Accepted requests cost little when the box is full: one that waited longer than
+# SERVER_QUEUE_DEADLINE_MS for a thread is shed with 503 OVERLOADED before Django (dlock.admission).
+worker_connections = _int("GUNICORN_WORKER_CONNECTIONS", 2048)
+backlog = _int("GUNICORN_BACKLOG", 2048)
 
 # C3 §3.8 budgets shrink inward; the server must outlive every request its callers may still be
 # waiting for. The longest legitimate request per role:

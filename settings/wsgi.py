@@ -4,6 +4,6 @@ from dlock.roles import configure_settings_module
 
 configure_settings_module()
 
-from django.core.wsgi import get_wsgi_application  # noqa: E402
+from dlock.admission import wsgi_application  # noqa: E402
 
-application = get_wsgi_application()
+application = wsgi_application()

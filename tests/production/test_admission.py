@@ -1,0 +1,90 @@
+"""Admission control: a request that waited too long for a worker thread is shed, cheaply.
+
+Real gunicorn with ONE worker thread: a slow request occupies it, so the next one waits in the
+worker's thread queue — the wait no database deadline can see (dlock.serving, dlock.admission).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from dlock.devstack import wait_until
+
+pytestmark = [pytest.mark.live, pytest.mark.slow]
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def shed_count(probe) -> float:
+    text = requests.get(f"{probe.url}/metrics", timeout=10).text
+    line = next(ln for ln in text.splitlines() if ln.startswith("dlock_requests_shed_total "))
+    return float(line.split()[1])
+
+
+def active_sleeps(probe) -> int:
+    return probe.sql(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND query LIKE 'SELECT pg_sleep%%' AND state = 'active'"
+    )[0][0]
+
+
+def test_a_request_queued_past_the_deadline_is_503_overloaded_and_changes_nothing(probe_factory):
+    probe = probe_factory(
+        GUNICORN_THREADS="1",
+        SERVER_QUEUE_DEADLINE_MS="200",
+        DB_STATEMENT_TIMEOUT_MS="10000",
+    )
+    before = shed_count(probe)
+    tag = f"shed-{uuid.uuid4()}"
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(
+            requests.get, f"{probe.url}/probe/sleep", params={"ms": 1500}, timeout=30
+        )
+        wait_until(lambda: active_sleeps(probe) == 1, timeout=20, what="the only thread busy")
+        started = time.monotonic()
+        shed = requests.post(
+            f"{probe.url}/probe/bump/1",
+            json={"tag": tag},
+            headers={"traceparent": f"00-{TRACE}-00f067aa0ba902b7-01"},
+            timeout=30,
+        )
+        waited = time.monotonic() - started
+        assert slow.result().status_code == 200  # the request already running is unharmed
+
+    assert shed.status_code == 503, shed.text
+    assert shed.headers["Content-Type"] == "application/json; charset=utf-8"
+    assert int(shed.headers["Content-Length"]) == len(shed.content)
+    assert int(shed.headers["Retry-After"]) >= 1
+    assert shed.headers["X-Content-Type-Options"] == "nosniff"
+    assert shed.headers["Cache-Control"] == "no-store"
+    body = shed.json()
+    assert set(body) == {"code", "message", "retrySafe", "retryAfterMillis", "traceId"}
+    assert body["code"] == "OVERLOADED" and body["retrySafe"] is True
+    assert body["retryAfterMillis"] > 0 and body["traceId"] == TRACE
+    # It was answered when the thread came free (~1.5 s), not after doing its work, and the
+    # work was never done: no log row, row 1 untouched.
+    assert waited < 10
+    assert probe.sql("SELECT count(*) FROM probe_log WHERE tag = %s", (tag,)) == [(0,)]
+    assert probe.sql("SELECT n FROM probe_row WHERE id = 1") == [(0,)]
+    assert shed_count(probe) == before + 1
+    assert '"event": "requests_shed"' in probe.log()
+
+
+def test_probes_are_never_shed_and_an_idle_server_sheds_nothing(probe_factory):
+    probe = probe_factory(GUNICORN_THREADS="1", SERVER_QUEUE_DEADLINE_MS="100")
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(requests.get, f"{probe.url}/probe/sleep", params={"ms": 800}, timeout=30)
+        wait_until(lambda: active_sleeps(probe) == 1, timeout=20, what="the only thread busy")
+        live = requests.get(f"{probe.url}/health/live", timeout=30)
+        assert slow.result().status_code == 200
+    assert live.status_code == 200  # waited behind the sleep, but a probe is served
+    # Unqueued requests pass straight through.
+    for row in (2, 3):
+        answer = requests.post(f"{probe.url}/probe/bump/{row}", json={"tag": "idle"}, timeout=10)
+        assert answer.status_code == 200, answer.text
+    assert shed_count(probe) == 0
