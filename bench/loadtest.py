@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench.proc import cpu_seconds, rss_kib
 from dlock.devstack import PROJECT, PgCluster, RoleProcess, free_port, manage, say
 
 CLIENT_TIMEOUT_S = 15.0
@@ -33,23 +34,6 @@ SERVER_ENV = {
     "DB_QUEUE_DEADLINE_MS": "250",
     "DB_STATEMENT_TIMEOUT_MS": "600",
 }
-
-
-def rss_kib(pid: int) -> int:
-    """Resident memory of a process and its children (gunicorn master + workers)."""
-    total = 0
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except FileNotFoundError:
-            continue
-    return total
 
 
 class Client:
@@ -142,22 +126,6 @@ class Client:
         self.idle.clear()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process and its children (gunicorn master + workers)."""
-    total = 0
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def closed_loop(url: str, concurrency: int, seconds: float) -> dict:
     async def main() -> list:
         client = Client(url)
@@ -217,7 +185,7 @@ def open_loop(url: str, rate: float, seconds: float, pid: int) -> dict:
         interval = 1.0 / rate
         total = int(rate * seconds)
         tasks = []
-        cpu_before = _cpu_seconds(pid)
+        cpu_before = cpu_seconds(pid)
         started = time.monotonic()
         peak_in_flight = 0
         for i in range(total):
@@ -229,7 +197,7 @@ def open_loop(url: str, rate: float, seconds: float, pid: int) -> dict:
             peak_in_flight = max(peak_in_flight, len(tasks) - len(results))
         sent_window = time.monotonic() - started
         await asyncio.gather(*tasks)
-        cpu = _cpu_seconds(pid) - cpu_before
+        cpu = cpu_seconds(pid) - cpu_before
         stop.set()
         await sampler
         client.close()

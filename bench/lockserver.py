@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.proc import cpu_seconds
 from dlock.devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
 from lockserver import fenced_sql
 
@@ -40,22 +41,6 @@ def _percentile(samples: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process and its children (gunicorn master + workers)."""
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
-    total = 0
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _drive(
@@ -103,11 +88,11 @@ def _drive(
     window["stop"] = window["start"] + seconds
     ready.wait()
     time.sleep(max(0.0, window["start"] - time.monotonic()))
-    cpu_before = (_cpu_seconds(server_pid) if server_pid else 0.0, time.process_time())
+    cpu_before = (cpu_seconds(server_pid) if server_pid else 0.0, time.process_time())
     for thread in threads:
         thread.join(seconds + 60)
     cpu = (
-        _cpu_seconds(server_pid) - cpu_before[0] if server_pid else 0.0,
+        cpu_seconds(server_pid) - cpu_before[0] if server_pid else 0.0,
         time.process_time() - cpu_before[1],
     )
     samples = [s for per_client in latencies for s in per_client]
