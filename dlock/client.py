@@ -202,7 +202,7 @@ class NotFound(DlockError):
 
 
 class Overloaded(DlockError):
-    """OVERLOADED: no database slot within the queue deadline (retry-safe)."""
+    """OVERLOADED: no worker thread or database slot within its queue deadline (retry-safe)."""
 
     code = "OVERLOADED"
 

@@ -41,7 +41,7 @@ COMMON_ERRORS: dict[str, str] = {
     "400": "VALIDATION_FAILED or INVALID_TOKEN: the request is malformed.",
     "404": "NOT_FOUND: no such resource or route.",
     "500": "INTERNAL: an unexpected failure; the traceId finds the log line.",
-    "503": "OVERLOADED (no database slot within the queue deadline) or NOT_LEADER.",
+    "503": "OVERLOADED (no thread or database slot within its queue deadline) or NOT_LEADER.",
     "504": "DEADLINE_EXCEEDED: the database exchange hit the request deadline; rolled back.",
 }
 PROTOCOL_ERRORS = {
