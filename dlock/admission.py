@@ -19,17 +19,12 @@ from django.conf import settings
 
 from dlock import metrics
 from dlock.errors import ApiError, Code
-from dlock.handlers import (
-    JSON_SECURITY_HEADERS,
-    SECURITY_HEADERS,
-    envelope_body,
-    envelope_headers,
-)
+from dlock.handlers import envelope_body, envelope_headers
 from dlock.logs import log_event
 from dlock.middleware import MONITORING_PATHS
-from dlock.rendering import JSON_CONTENT_TYPE
 from dlock.serving import thread_queue_wait
 from dlock.tracing import new_trace_id, trace_id_from_traceparent
+from dlock.wire import JSON_CONTENT_TYPE, JSON_SECURITY_HEADERS, SECURITY_HEADERS
 
 
 class AdmissionControl:

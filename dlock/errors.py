@@ -86,6 +86,10 @@ class ApiError(Exception):
     ) -> None:
         self.code = Code(code)
         self.message = message or self.code.value.replace("_", " ").lower()
+        if self.code is Code.VALIDATION_FAILED and not (details and "fields" in details):
+            # C3 3.2: VALIDATION_FAILED always has details.fields[]; a rejection that is about
+            # the request as a whole (malformed JSON, a protocol status) names "request".
+            details = {**(details or {}), "fields": [{"field": "request", "message": self.message}]}
         self.details = details
         spec = CATALOGUE[self.code]
         if spec.retry_after:

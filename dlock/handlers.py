@@ -14,19 +14,10 @@ from rest_framework.views import set_rollback
 
 from dlock.errors import ApiError, Code, validation_error
 from dlock.logs import log_event
-from dlock.rendering import JSON_CONTENT_TYPE
 from dlock.tracing import current_trace_id
+from dlock.wire import JSON_CONTENT_TYPE
 
 logger = logging.getLogger("dlock.handlers")
-
-
-# Every response: nothing may frame it or sniff it (dlock.middleware.secure_headers).
-SECURITY_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
-# A JSON answer is data, never a page: nothing may run it or cache it either.
-JSON_SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
-    "Cache-Control": "no-store",
-}
 
 
 def envelope_body(error: ApiError, trace_id: str) -> bytes:
@@ -47,6 +38,9 @@ def error_response(error: ApiError) -> HttpResponse:
         status=error.status,
         content_type=JSON_CONTENT_TYPE,
     )
+    # Set here, not left to CommonMiddleware: envelopes answered in front of it must not fall
+    # back to chunked encoding.
+    response["Content-Length"] = str(len(response.content))
     for name, value in envelope_headers(error).items():
         response[name] = value
     response.dlock_envelope = True

@@ -6,9 +6,10 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from dlock.errors import PROTOCOL_STATUSES, ApiError, Code
-from dlock.handlers import JSON_SECURITY_HEADERS, SECURITY_HEADERS, error_response, render_exception
+from dlock.handlers import error_response, render_exception
 from dlock.parsers import too_large
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id, trace_id_from_traceparent
+from dlock.wire import JSON_SECURITY_HEADERS, SECURITY_HEADERS
 
 
 class TraceMiddleware:
@@ -49,7 +50,8 @@ def _local_port(request: HttpRequest) -> int | None:
 
 
 class RequestGuardMiddleware:
-    """Refuse bodies we would have to buffer blindly, before any view or database work."""
+    """Refuse what no view should see: bodies we would have to buffer blindly, NUL characters in
+    the path or query; before any view or database work."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -58,6 +60,19 @@ class RequestGuardMiddleware:
         if settings.METRICS_PORT and request.path not in MONITORING_PATHS:
             if _local_port(request) == settings.METRICS_PORT:
                 return error_response(ApiError(Code.NOT_FOUND, "no such resource or route"))
+        for part, value in (
+            ("path", request.path),
+            ("query", request.META.get("QUERY_STRING", "")),
+        ):
+            # PostgreSQL text cannot hold NUL: refuse it here, not as a driver error later.
+            if "\x00" in value or "%00" in value:
+                return error_response(
+                    ApiError(
+                        Code.VALIDATION_FAILED,
+                        f"the {part} contains a NUL character",
+                        details={"fields": [{"field": part, "message": "NUL is not allowed"}]},
+                    )
+                )
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if request.META.get("HTTP_TRANSFER_ENCODING", "").lower() not in ("", "identity"):
             return error_response(

@@ -8,7 +8,9 @@ from django.http import HttpResponse
 from rest_framework import renderers
 from rest_framework.negotiation import DefaultContentNegotiation
 
-JSON_CONTENT_TYPE = "application/json; charset=utf-8"
+from dlock.wire import JSON_CONTENT_TYPE
+
+__all__ = ["JSON_CONTENT_TYPE", "BrowsableAPIRenderer", "JSONRenderer", "json_response"]
 
 
 class JSONRenderer(renderers.JSONRenderer):

@@ -18,11 +18,17 @@ it up publishes how long it waited (`thread_queue_wait`), and `dlock.admission` 
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
 
+from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
+
+from dlock.errors import ApiError, Code
+from dlock.tracing import new_trace_id
+from dlock.wire import JSON_CONTENT_TYPE, JSON_SECURITY_HEADERS, SECURITY_HEADERS
 
 _picked_up = threading.local()
 ACCEPT_BATCH = 64
@@ -33,7 +39,36 @@ def thread_queue_wait() -> float | None:
     return getattr(_picked_up, "waited", None)
 
 
+def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
+    """gunicorn's own error answers (a request line or headers it cannot parse, over its limits,
+    a worker failure outside the app) as the C3 envelope instead of an HTML page.
+
+    Replaces `gunicorn.util.write_error`, which the worker's `handle_error` calls after choosing
+    the status (400, 414 URI too long, 431 header fields too large, 501, 500, ...).
+    """
+    if status_int < 500 or status_int == 501:  # 501: a transfer coding the client chose
+        error = ApiError(Code.VALIDATION_FAILED, mesg or reason)
+    else:
+        error = ApiError(Code.INTERNAL, "internal error; see the service log")
+    body = json.dumps(error.envelope(new_trace_id()), separators=(",", ":")).encode()
+    headers = {
+        "Connection": "close",
+        "Content-Type": JSON_CONTENT_TYPE,
+        "Content-Length": str(len(body)),
+        **SECURITY_HEADERS,
+        **JSON_SECURITY_HEADERS,
+    }
+    head = f"HTTP/1.1 {status_int} {reason}\r\n" + "".join(
+        f"{name}: {value}\r\n" for name, value in headers.items()
+    )
+    util.write_nonblock(sock, head.encode("latin-1") + b"\r\n" + body)
+
+
 class DrainingThreadWorker(ThreadWorker):
+    def init_process(self) -> None:
+        util.write_error = write_envelope_error  # in the worker process only (see above)
+        super().init_process()
+
     def accept(self, listener) -> None:
         """Take every connection already waiting, not one per poller wake-up.
 

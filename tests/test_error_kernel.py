@@ -50,9 +50,18 @@ def test_every_code_renders_the_exact_envelope(code):
     assert ("retryAfterMillis" in body) is has_retry_after
     if has_retry_after:
         assert isinstance(body["retryAfterMillis"], int) and body["retryAfterMillis"] > 0
-    assert body["details"] == {"k": 1}
+    if code == "VALIDATION_FAILED":  # C3 3.2: VALIDATION_FAILED always has details.fields[]
+        assert body["details"] == {"k": 1, "fields": [{"field": "request", "message": "why"}]}
+    else:
+        assert body["details"] == {"k": 1}
     assert len(body["traceId"]) == 32
     assert set(body) <= {"code", "message", "retrySafe", "retryAfterMillis", "details", "traceId"}
+
+
+def test_validation_failed_keeps_fields_it_was_given():
+    fields = [{"field": "ttlMillis", "message": "too big"}]
+    error = ApiError(Code.VALIDATION_FAILED, "bad", details={"fields": fields})
+    assert json.loads(error_response(error).content)["details"] == {"fields": fields}
 
 
 def test_envelope_without_details_has_no_details_key():

@@ -33,6 +33,11 @@ def assert_envelope(response, status, code="VALIDATION_FAILED"):
     assert body["code"] == code
     assert set(body) <= ENVELOPE_KEYS
     assert "Traceback" not in response.content.decode()
+    if code == "VALIDATION_FAILED":  # C3 3.2: always with details.fields[]
+        assert body["details"]["fields"] and all(
+            set(f) == {"field", "message"} for f in body["details"]["fields"]
+        )
+    assert int(response["Content-Length"]) == len(response.content)
     return body
 
 
@@ -73,6 +78,15 @@ def test_unsupported_media_type_is_415(client):
 )
 def test_bad_json_is_validation_failed(client, raw):
     assert_envelope(post(client, raw), 400)
+
+
+@pytest.mark.parametrize(
+    ("url", "field"),
+    [("/nope\x00", "path"), ("/echo?q=a%00b", "query"), ("/health/live?%00=1", "query")],
+)
+def test_a_nul_character_in_the_path_or_query_is_refused_before_any_view(client, url, field):
+    body = assert_envelope(client.get(url), 400)
+    assert body["details"]["fields"][0]["field"] == field
 
 
 def test_invalid_utf8_is_validation_failed(client):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import socket
 import subprocess
 import sys
 
@@ -35,6 +38,43 @@ def test_wrong_method_and_bad_json_are_envelopes_on_every_role(live_stack, role)
     response = requests.delete(f"{live_stack.url(role)}/health/live", timeout=5)
     assert response.status_code == 405
     assert response.json()["code"] == "VALIDATION_FAILED"
+
+
+def _raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    host, port = url.split("//", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET /v1/" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+        (b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Owner-Id: " + b"o" * 9000 + b"\r\n\r\n", 431),
+    ],
+    ids=["bad-request-line", "uri-too-long", "header-too-large"],
+)
+def test_requests_refused_by_the_http_parser_still_get_the_envelope(
+    live_stack, role, request_bytes, status
+):
+    """gunicorn answers these itself (Django never sees them): JSON, never its HTML page."""
+    got, headers, body = _raw_exchange(live_stack.url(role), request_bytes)
+    assert got == status
+    assert headers["content-type"] == "application/json; charset=utf-8"
+    assert int(headers["content-length"]) == len(body)
+    envelope = json.loads(body)
+    assert envelope["code"] == "VALIDATION_FAILED" and envelope["retrySafe"] is False
+    assert envelope["details"]["fields"][0]["field"] == "request"
+    assert re.fullmatch(r"[0-9a-f]{32}", envelope["traceId"])
 
 
 @pytest.mark.parametrize("role", ["payments", "railproxy"])

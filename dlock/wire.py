@@ -1,0 +1,13 @@
+"""Response constants every answer shares, whoever writes it: Django, the admission layer in
+front of it, or the gunicorn worker answering a request Django never saw. Standard library only,
+so the gunicorn worker can import it before Django is configured."""
+
+JSON_CONTENT_TYPE = "application/json; charset=utf-8"
+
+# Every response: nothing may frame it or sniff it.
+SECURITY_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
+# A JSON answer is data, never a page: nothing may run it or cache it either.
+JSON_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+    "Cache-Control": "no-store",
+}
