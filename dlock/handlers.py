@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 
+import psycopg
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.http import Http404, HttpResponse
 from psycopg_pool import PoolTimeout, TooManyRequests
 from rest_framework import exceptions as drf
@@ -63,6 +66,32 @@ def _drf_fields(detail, prefix: str = "") -> list[dict[str, str]]:
     return fields
 
 
+_REACHABILITY_TTL_S = 1.0
+_reachability = {"at": -_REACHABILITY_TTL_S, "ok": True}
+_reachability_lock = threading.Lock()
+
+
+def _databases_reachable() -> bool:
+    """Can a fresh connection reach every pooled database of this process? Asked only when a
+    pool slot timed out; one probe per second per process at most (cached), so an overload
+    does not become a connection storm against the database."""
+    with _reachability_lock:
+        now = time.monotonic()
+        if now - _reachability["at"] < _REACHABILITY_TTL_S:
+            return _reachability["ok"]
+        ok = True
+        for wrapper in connections.all(initialized_only=True):
+            pool = getattr(wrapper, "_connection_pools", {}).get(wrapper.alias)
+            if pool is None:
+                continue
+            try:
+                psycopg.connect(pool.conninfo, **{**pool.kwargs, "connect_timeout": 1}).close()
+            except psycopg.Error:
+                ok = False
+        _reachability.update(at=time.monotonic(), ok=ok)
+        return ok
+
+
 def _database_error(exc: DatabaseError) -> ApiError:
     """Map driver failures: deadline → 504, no pool slot → 503 OVERLOADED, unreachable → 503."""
     cause = exc.__cause__ or exc
@@ -71,6 +100,10 @@ def _database_error(exc: DatabaseError) -> ApiError:
         return ApiError(Code.DEADLINE_EXCEEDED, "database work exceeded the request deadline")
     # Django re-raises psycopg_pool's errors as django.db.OperationalError `from` the original.
     if isinstance(cause, PoolTimeout):
+        # A pool whose server is gone also times out (it cannot open a connection to hand
+        # out): that is an outage, not load, and alerts filter on the code.
+        if not _databases_reachable():
+            return ApiError(Code.NOT_LEADER, "database unreachable")
         return ApiError(Code.OVERLOADED, "no database slot within the queue deadline")
     if isinstance(cause, TooManyRequests):
         return ApiError(Code.OVERLOADED, "too many requests already waiting for a database slot")

@@ -91,9 +91,13 @@ def test_fenced_out_series_exist_at_zero_from_start_up(live_stack, role, tmp_pat
     assert 'payout_execute_total{outcome="ambiguous"} 0.0' in text
 
 
-def test_readiness_fails_closed_when_the_database_is_unreachable(tmp_path):
+def test_readiness_and_requests_fail_closed_when_the_database_is_unreachable(tmp_path):
     dead = f"postgres://postgres@127.0.0.1:{free_port()}/paydb"
-    env = {"PAY_DATABASE_URL": dead, "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"]}
+    env = {
+        "PAY_DATABASE_URL": dead,
+        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+        "DB_QUEUE_DEADLINE_MS": "300",
+    }
     proc = RoleProcess("payments", free_port(), env, tmp_path / "payments.log")
     proc.start(wait=False)
     try:
@@ -107,6 +111,12 @@ def test_readiness_fails_closed_when_the_database_is_unreachable(tmp_path):
         body = ready.json()
         assert body["code"] == "NOT_LEADER" and body["retrySafe"] is True
         assert body["details"]["checks"] == {"paydb": "DOWN"}
+        # A data request is an outage too (NOT_LEADER), not load (OVERLOADED), although the
+        # pool can only say that no slot came within the queue deadline.
+        for _ in range(2):
+            answer = requests.get(f"{proc.url}/v1/payouts", timeout=10)
+            assert answer.status_code == 503
+            assert answer.json()["code"] == "NOT_LEADER" and answer.json()["retryAfterMillis"] > 0
     finally:
         proc.stop()
 
