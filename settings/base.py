@@ -8,7 +8,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from dlock.roles import SERVICE_NAMES
-from settings.env import env_bool, env_database, env_float, env_int, env_str
+from settings.env import env_bool, env_database, env_int, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -144,7 +144,6 @@ if LOCK_BACKEND not in ("pg", "etcd"):
 LOCK_SESSION_TTL_MS = env_int("LOCK_SESSION_TTL_MS", 10_000, minimum=1_000, maximum=60_000)
 LOCK_DEFAULT_TTL_MS = env_int("LOCK_DEFAULT_TTL_MS", 10_000, minimum=1_000, maximum=60_000)
 LOCK_MAX_TTL_MS = env_int("LOCK_MAX_TTL_MS", 60_000, minimum=1_000, maximum=60_000)
-LOCK_CLIENT_SAFETY_MARGIN = env_float("LOCK_CLIENT_SAFETY_MARGIN", 0.30)
 ETCD_URL = env_str("ETCD_URL", "http://127.0.0.1:2379")
 
 # How long a request may wait for a gunicorn worker thread before it is shed with 503 OVERLOADED

@@ -44,16 +44,6 @@ def env_int(
     return value
 
 
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
-
-
 def env_database(name: str) -> dict:
     """A Django DATABASES entry from a postgres:// URL in the environment variable `name`."""
     url = os.environ.get(name)

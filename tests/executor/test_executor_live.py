@@ -373,6 +373,17 @@ def test_revoke_of_a_key_nobody_holds_is_refused_with_exit_1(exec_stack):
     assert body["revoked"] is False and body["code"] == "NOT_FOUND"
 
 
+def test_revoke_that_cannot_reach_the_lock_server_says_nothing_was_revoked_with_exit_3(
+    exec_stack,
+):
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = _revoke(exec_stack, "payout:acct-nobody", env={"LOCK_SERVER_URL": dead})
+    assert result.returncode == 3, result.stdout + result.stderr
+    body = json.loads(result.stdout)
+    assert body["revoked"] is False and body["outcomeKnown"] is True
+    assert "not reached" in result.stderr
+
+
 def test_revoke_with_a_stale_expected_token_is_refused(exec_stack):
     key = f"payout:acct-{uuid.uuid4().hex[:10]}"
     client = LockClient(exec_stack.url("lockserver"), "holder")

@@ -3,7 +3,8 @@
 Calls L8 and prints the outcome. For `payout:{accountId}` keys, with paydb reachable, pushes the
 new token floor to the account fence and the rail high-water mark (executor.revoke) so the
 evicted holder is fenced out immediately. Exit 0 revoked, 1 refused by the lock server, 2 revoked
-but the push failed.
+but the push failed, 3 no answer from the lock server (not reached: nothing revoked; or the request
+was sent and the answer lost: outcome unknown, check L7).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from dlock.client import DlockError, LockClient
+from dlock.client import DlockError, LockClient, ServiceUnreachable
 from dlock.errors import ApiError
 from executor.revoke import PushResult, protected_account, push_floor
 
@@ -42,6 +43,25 @@ class Command(BaseCommand):
                 reason=options["reason"],
                 expected_token=options["expected_token"],
             )
+        except ServiceUnreachable as exc:
+            outcome_known = not exc.sent
+            self._emit(
+                options,
+                {
+                    "revoked": False if outcome_known else None,
+                    "key": key,
+                    "code": None,
+                    "message": exc.message,
+                    "outcomeKnown": outcome_known,
+                },
+            )
+            what = (
+                "lock server not reached; nothing was revoked"
+                if outcome_known
+                else "request sent but no answer: the revoke may have happened; check "
+                f"GET /v1/locks/{key} before retrying"
+            )
+            raise CommandError(f"{what} ({exc.message})", returncode=3) from exc
         except DlockError as exc:
             self._emit(
                 options,
@@ -80,6 +100,9 @@ class Command(BaseCommand):
     def _emit(self, options, result: dict) -> None:
         if options["json"]:
             self.stdout.write(json.dumps(result, sort_keys=True))
+            return
+        if result.get("revoked") is None:
+            self.stdout.write(f"outcome UNKNOWN for {result['key']}: {result['message']}")
             return
         if not result.get("revoked"):
             self.stdout.write(f"NOT revoked {result['key']}: {result['code']} {result['message']}")
