@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 import pytest
@@ -10,6 +11,7 @@ from django.core.management import call_command
 from django.db.models import F
 from django.utils import timezone
 
+from dlock.devstack import free_port, manage
 from executor.reconciler import metrics_text, reconcile, render_text
 from payments import services
 from payments.models import Account, LedgerEntry, Payout, PayoutReconciliation
@@ -208,3 +210,28 @@ def test_the_readable_report_names_each_invariant_and_metrics_carry_no_ids():
     assert str(ambiguous.payout_id) in text
     assert not PayoutReconciliation.objects.filter(payout_id=ambiguous.payout_id).exists()
     assert str(ambiguous.payout_id) not in metrics_text(report)
+
+
+def test_unreadable_databases_exit_2_with_one_line_and_no_report(tmp_path):
+    """ "Could not check" must look like neither "clean" (0) nor "broken" (1)."""
+
+    dead = {
+        name: f"postgres://postgres@127.0.0.1:{free_port()}/x"
+        for name in ("PAY_DATABASE_URL", "LOCK_DATABASE_URL", "RAIL_DATABASE_URL")
+    }
+    metrics_file = tmp_path / "reconcile.prom"
+    result = manage(
+        ["reconcile", "--json", "--metrics-file", str(metrics_file)],
+        {
+            **dead,
+            "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+            "DB_QUEUE_DEADLINE_MS": "300",
+        },
+        role="ops",
+        check=False,
+        capture=True,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "could not read the databases" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == "" and not metrics_file.exists()

@@ -2,7 +2,8 @@
 
 Detective control, never repairs: classifies SUBMITTING / RAIL_AMBIGUOUS payouts by the rail's
 statement, writes `payout_reconciliation`, checks the ledger and rail invariants, prints a report
-(or JSON), writes the counts as a Prometheus textfile, and exits 1 when an invariant is broken.
+(or JSON), writes the counts as a Prometheus textfile, and exits 1 when an invariant is broken,
+2 when it could not read a database (no report, no textfile: "unknown" is not "clean").
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import sys
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from executor.reconciler import metrics_text, reconcile, render_text
 
@@ -34,7 +36,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        report = reconcile(write=not options["no_write"])
+        try:
+            report = reconcile(write=not options["no_write"])
+        except DatabaseError as exc:
+            cause = exc.__cause__ or exc
+            raise CommandError(
+                f"reconcile could not read the databases ({type(cause).__name__}: "
+                f"{str(cause).strip().splitlines()[0] if str(cause).strip() else ''}); "
+                "nothing was checked",
+                returncode=2,
+            ) from exc
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict(), indent=2, sort_keys=True))
         else:
