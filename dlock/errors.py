@@ -102,6 +102,8 @@ class ApiError(Exception):
             raise ValueError(f"status override {http_status} is not a protocol status")
         self.status = http_status or spec.status
         self.headers = headers or {}
+        # Set only when replaying a recorded answer: render it with its original traceId.
+        self.trace_id: str | None = None
         super().__init__(f"{self.code}: {self.message}")
 
     @property

@@ -37,7 +37,7 @@ def envelope_headers(error: ApiError) -> dict[str, str]:
 
 def error_response(error: ApiError) -> HttpResponse:
     response = HttpResponse(
-        envelope_body(error, current_trace_id()),
+        envelope_body(error, error.trace_id or current_trace_id()),
         status=error.status,
         content_type=JSON_CONTENT_TYPE,
     )

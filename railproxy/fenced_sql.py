@@ -93,7 +93,7 @@ VALUES (
     %(token)s, %(highest_token)s, %(owner_id)s, %(key)s, %(request_hash)s, %(client_ref)s,
     %(outcome)s, %(detail)s, clock_timestamp(),
     CASE WHEN %(outcome)s = 'PENDING' THEN NULL ELSE clock_timestamp() END,
-    %(response_status)s, %(response_body)s::jsonb)
+    %(response_status)s, %(response_body)s)
 RETURNING submitted_at
 """
 
@@ -103,13 +103,13 @@ RESOLVE_SUBMISSION_SQL = """
 UPDATE rail_submission
    SET outcome = %(outcome)s, detail = %(detail)s, rail_reference = %(rail_reference)s,
        resolved_at = clock_timestamp(), response_status = %(response_status)s,
-       response_body = %(response_body)s::jsonb
+       response_body = %(response_body)s
  WHERE submission_id = %(submission_id)s AND outcome = 'PENDING'
 RETURNING submitted_at, resolved_at
 """
 
 STORE_RESPONSE_BODY_SQL = """
-UPDATE rail_submission SET response_body = %(response_body)s::jsonb
+UPDATE rail_submission SET response_body = %(response_body)s
  WHERE submission_id = %(submission_id)s
 """
 
@@ -145,8 +145,14 @@ class PayoutRow:
 
 
 def _json(value):
-    """Django's psycopg backend hands jsonb back as text (JSONField decodes it itself)."""
+    """The stored answer text as a dict in its original key order (None stays None)."""
     return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _text(body: dict | None) -> str | None:
+    """An answer as its wire bytes: the separators of dlock.rendering.json_response and of the
+    error envelope (dlock.handlers.envelope_body), so the stored text is what was sent."""
+    return json.dumps(body, separators=(",", ":")) if body is not None else None
 
 
 def advance_high_water(cursor, *, account_id: str, token: int, payout_id) -> int | None:
@@ -245,7 +251,7 @@ def insert_submission(
             "outcome": outcome,
             "detail": detail,
             "response_status": response_status,
-            "response_body": json.dumps(response_body) if response_body is not None else None,
+            "response_body": _text(response_body),
         },
     )
     return cursor.fetchone()[0]
@@ -270,7 +276,7 @@ def resolve_submission(
             "detail": detail,
             "rail_reference": rail_reference,
             "response_status": response_status,
-            "response_body": json.dumps(response_body),
+            "response_body": _text(response_body),
         },
     )
     return cursor.fetchone()
@@ -279,7 +285,7 @@ def resolve_submission(
 def store_response_body(cursor, *, submission_id, response_body: dict) -> None:
     cursor.execute(
         STORE_RESPONSE_BODY_SQL,
-        {"submission_id": str(submission_id), "response_body": json.dumps(response_body)},
+        {"submission_id": str(submission_id), "response_body": _text(response_body)},
     )
 
 

@@ -71,7 +71,9 @@ class RailSubmission(models.Model):
     submitted_at = models.DateTimeField(db_default=Now())
     resolved_at = models.DateTimeField(null=True, blank=True)
     response_status = models.SmallIntegerField(null=True, blank=True)
-    response_body = models.JSONField(null=True, blank=True)
+    # The JSON answer exactly as sent (text, not jsonb: jsonb reorders keys), so a replay is
+    # byte-identical, the original traceId included (CHANGELOG row 11).
+    response_body = models.TextField(null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "rail_submission"

@@ -30,6 +30,7 @@ from dlock.errors import ApiError, Code, not_found, validation_error
 from dlock.http import TransportError, exchange, new_session
 from dlock.logs import log_event
 from dlock.timefmt import rfc3339_ms
+from dlock.tracing import current_trace_id
 from payments.fenced_sql import transition_payout
 from railproxy import fenced_sql
 from railproxy.models import Outcome
@@ -385,7 +386,8 @@ def _not_claimable(request: SubmissionRequest, payout) -> ApiError:
 
 
 def _stored_error(error: ApiError) -> dict[str, Any]:
-    return {"code": error.code.value, "message": error.message, "details": error.details}
+    """The envelope as answered, traceId included, so a replay can answer it byte for byte."""
+    return error.envelope(current_trace_id())
 
 
 def _error_from_stored(status: int, body: dict[str, Any], *, replayed: bool) -> ApiError:
@@ -393,9 +395,12 @@ def _error_from_stored(status: int, body: dict[str, Any], *, replayed: bool) -> 
         Code(body["code"]),
         body.get("message"),
         details=body.get("details"),
+        retry_after_ms=body.get("retryAfterMillis"),
         headers={REPLAYED_HEADER: "true"} if replayed else None,
     )
     error.status = status
+    if replayed:  # the original answer, for log correlation with the attempt that made it
+        error.trace_id = body.get("traceId")
     return error
 
 

@@ -137,6 +137,8 @@ def test_timeout_is_ambiguous_and_no_later_submission_under_any_token_reaches_th
     # The identical request replays the recorded outcome; nothing new is presented.
     assert equal.status_code == 409 and equal.json()["code"] == "RAIL_AMBIGUOUS"
     assert equal.headers.get("Idempotent-Replayed") == "true"
+    # The recorded answer byte for byte, its traceId included (log correlation to the attempt).
+    assert equal.content == response.content
     assert other_key_equal.status_code == 400  # not the payout's stable key
     # The slow rail finishes the one request it got after the proxy gave up: money moved once.
     rail.wait_for(lambda: rail.stub_requests(payout.payout_id) == ["ok"])
@@ -223,7 +225,7 @@ def test_identical_request_replays_the_recorded_ack_without_a_second_rail_call(r
 
     again = rail.submit(payout)
 
-    assert again.status_code == 200 and again.json() == first.json()
+    assert again.status_code == 200 and again.content == first.content  # byte for byte
     assert again.headers["Idempotent-Replayed"] == "true"
     assert "Idempotent-Replayed" not in first.headers
     assert len(rail.stub_requests(payout.payout_id)) == 1
