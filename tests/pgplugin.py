@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import shutil
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -81,3 +82,4 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if _cluster is not None:
         _cluster.stop("immediate")
+        shutil.rmtree(_cluster.datadir.parent, ignore_errors=True)  # the mkdtemp parent
