@@ -461,6 +461,12 @@ def up(backend: str = "pg") -> dict[str, str]:
     }
     given = {name: os.environ.get(var) for name, var in DB_URL_ENV.items()}
     cluster: PgCluster | None = None
+    if any(given.values()) and not all(given.values()):
+        missing = sorted(DB_URL_ENV[name] for name, url in given.items() if not url)
+        raise StackError(
+            "give all three database URLs or none (then a private cluster is started); "
+            f"missing: {', '.join(missing)}"
+        )
     if all(given.values()):
         say("using the database URLs from the environment")
         env.update({DB_URL_ENV[name]: url for name, url in given.items()})  # type: ignore[misc]
