@@ -18,6 +18,8 @@ import json
 import os
 import secrets
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.proc import cpu_seconds
-from dlock.devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
+from dlock.devstack import PROJECT, PYTHON, PgCluster, RoleProcess, free_port, manage, wait_until
 from lockserver import fenced_sql
 
 DURATION_S = float(os.environ.get("BENCH_LOCKSERVER_SECONDS", "5"))
@@ -179,6 +181,45 @@ def _direct_pair_factory(db_url: str) -> Callable[[int], Callable[[], None]]:
     return make
 
 
+def _ratio(row: dict, direct: dict) -> float | None:
+    return round(row["pairs_per_s"] / direct["pairs_per_s"], 3) if direct["pairs_per_s"] else None
+
+
+class FloorServer:
+    """bench.floor_app (no Django) under the same gunicorn config, ROLE=lockserver defaults."""
+
+    def __init__(self, db_url: str, logfile: Path) -> None:
+        self.port = free_port()
+        env = {**os.environ, "ROLE": "lockserver", "PORT": str(self.port)}
+        env["FLOOR_DATABASE_URL"] = db_url
+        with open(logfile, "ab") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, "-m", "gunicorn", "-c", "settings/gunicorn.py", "bench.floor_app"],
+                cwd=PROJECT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+        def listening() -> bool:
+            assert self.process.poll() is None, logfile.read_text()[-2000:]
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return True
+            except OSError:
+                return False
+
+        wait_until(listening, timeout=30, what="floor app listening")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
 def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -186,6 +227,7 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
     work.chmod(0o755)
     cluster = PgCluster(work / "pg", free_port())  # durable: fsync on, synchronous_commit on
     server: RoleProcess | None = None
+    floor: FloorServer | None = None
     try:
         cluster.start()
         db_url = cluster.create_database("bench_lockdb")
@@ -199,18 +241,23 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
         }
         manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
         server = RoleProcess("lockserver", free_port(), env, work / "lockserver.log").start()
+        floor = FloorServer(db_url, work / "floor.log")
         levels = []
         load_before = os.getloadavg()
         for n in clients:
             http_row = _drive(n, _http_pair_factory(server.port), DURATION_S, server.process.pid)
+            floor_row = _drive(n, _http_pair_factory(floor.port), DURATION_S, floor.process.pid)
             direct_row = _drive(n, _direct_pair_factory(db_url), DURATION_S)
-            ratio = (
-                round(http_row["pairs_per_s"] / direct_row["pairs_per_s"], 3)
-                if direct_row["pairs_per_s"]
-                else None
-            )
+
             levels.append(
-                {"clients": n, "http": http_row, "direct": direct_row, "http_over_direct": ratio}
+                {
+                    "clients": n,
+                    "http": http_row,
+                    "floor_no_django": floor_row,
+                    "direct": direct_row,
+                    "http_over_direct": _ratio(http_row, direct_row),
+                    "floor_over_direct": _ratio(floor_row, direct_row),
+                }
             )
         version = cluster.psql("SHOW server_version")
         result: dict = {
@@ -223,6 +270,9 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
             "seconds_per_level": DURATION_S,
             "workload": "per client: one session, loop acquire+release on its own key",
             "direct": "fenced_sql ACQUIRE_SQL + RELEASE_SQL via psycopg, one connection/client",
+            "floor_no_django": "bench/floor_app.py: the same SQL over a psycopg pool behind the "
+            "same gunicorn config, without Django/DRF/middleware/validation/logs/metrics (not a "
+            "lock server; the floor of this machine's HTTP path)",
             "goal": "http_over_direct >= 0.5 at 8 clients",
             "cpus": os.cpu_count(),
             "loadavg_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
@@ -236,6 +286,8 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
     finally:
         if server is not None:
             server.stop()
+        if floor is not None:
+            floor.stop()
         cluster.stop("immediate")
         shutil.rmtree(work, ignore_errors=True)
     result["etcd"] = _etcd_rows(out, clients)
