@@ -6,6 +6,8 @@ LOCK_BACKEND=pg, gunicorn defaults) on free ports. Each client holds one session
 acquire → release on a key of its own (no contention: this measures the path, not queueing).
 "direct" sends `lockserver.fenced_sql.ACQUIRE_SQL` and `RELEASE_SQL` (the statements the
 backend sends on the granted path) on one autocommit psycopg connection per client.
+"floor_no_django" sends the HTTP clients to bench/floor_app.py (the same SQL behind the same
+gunicorn config, without Django/DRF): the floor of the HTTP path on this machine.
 Writes `<out_dir>/lockserver.json` (etcd rows from `bench.lock_etcd` merged in when present).
 
     python -m bench.lockserver [out_dir]      # default .run/bench
