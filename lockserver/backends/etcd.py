@@ -396,10 +396,11 @@ class EtcdLockBackend:
     def heartbeat(self, *, session_id: uuid.UUID, owner_id: str) -> HeartbeatRecord:
         read = self.client.read(
             get(self._meta_key(session_id)),
-            get(self._held_prefix(session_id), prefix=True, count_only=True),
+            get(self._held_prefix(session_id), prefix=True),
         )
         meta = read.responses[0].first()
         record = self._owned_record(meta, session_id, owner_id)
+        held_lock_count = self._live_grant_count(read.responses[1].kvs)
         if self.client.lease_keepalive(record["lease"]) <= 0:
             raise session_expired(session_id)
         now = _now()
@@ -419,7 +420,19 @@ class EtcdLockBackend:
             session_id=session_id,
             expires_at=_from_ms(record["expiresAt"]),
             server_time=now,
-            held_lock_count=read.responses[1].count,
+            held_lock_count=held_lock_count,
+        )
+
+    def _live_grant_count(self, held: list[KeyValue]) -> int:
+        """Grants whose own deadline has not passed (etcd deletes a lapsed grant's keys at its
+        next lease sweep, up to ~500 ms later; pg counts by the deadline, and so do we)."""
+        if not held:
+            return 0
+        grants = self.client.read(*(get(self._lock_key(kv.value.decode())) for kv in held))
+        return sum(
+            1
+            for response in grants.responses
+            if (grant := response.first()) is not None and not _deadline_passed(grant)
         )
 
     @store_call
@@ -494,9 +507,15 @@ class EtcdLockBackend:
     def _token(self, kv: KeyValue) -> int:
         return kv.json()["offset"] + kv.create_revision
 
-    @staticmethod
-    def _ms_until_free(holder: KeyValue) -> int:
-        return max(0, holder.json()["expiresAt"] - _ms(_now()))
+    def _ms_until_free(self, holder: KeyValue) -> int:
+        """Until the grant frees: its own deadline or its session's, whichever comes first
+        (pg: LEAST(grant, session expiry)); one more read, on the refused path only."""
+        value = holder.json()
+        until = value["expiresAt"]
+        session = self.client.range(self._sess_key(value["sessionId"])).first()
+        if session is not None:
+            until = min(until, session.json().get("expiresAt", until))
+        return max(0, until - _ms(_now()))
 
     def _contended(self, key: str, holder: KeyValue) -> ApiError:
         value = holder.json()
@@ -567,8 +586,13 @@ class EtcdLockBackend:
                         expires_at=_from_ms(value["expiresAt"]),
                     )
                     return grant, None, result.revision
-                if result.responses[1].first() is None:
+                ours = result.responses[1].first()
+                if ours is None:
                     raise self._session_gone(session_id, self._read_meta(session_id))
+                if _deadline_passed(ours):
+                    # our session is past its recorded deadline, so etcd is about to sweep it:
+                    # wait for its verdict (as for a holder) — 410 beats "contended, retry"
+                    self._live_session(session_id)
                 holder, holder_session, revision = self._holder(key)
                 if holder is None:
                     continue  # released (or swept) since our txn: try again
@@ -609,6 +633,12 @@ class EtcdLockBackend:
             self.client.txn(
                 [compare(self._lock_key(key), "MOD", "EQUAL", revision)],
                 [delete(self._lock_key(key)), delete(self._held_key(session_id, key))],
+            )
+            # ... and the "ever seen" mark, if this grant is what created it (L7 answers 404
+            # for a key never granted, as pg does when the acquire is refused)
+            self.client.txn(
+                [compare(self._k("seen", key), "CREATE", "EQUAL", revision)],
+                [delete(self._k("seen", key))],
             )
             raise
 

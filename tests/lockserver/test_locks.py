@@ -60,6 +60,31 @@ def test_acquire_with_an_expired_session_is_410(lock_server, key):
     assert_error(lock_server.acquire(key, session), 410, "SESSION_EXPIRED")
 
 
+def test_a_just_expired_session_asking_for_a_held_key_is_410_not_contended(lock_server, key):
+    """Just past its deadline (before etcd's lease sweep): "your locks are gone", never
+    "busy, retry" — the caller may hold other keys on that session."""
+    holder = lock_server.session(ttl_ms=60_000)
+    assert lock_server.acquire(key, holder, ttl_ms=60_000).status_code == 200
+    late = lock_server.session(ttl_ms=1_000)
+    time.sleep(1.05)
+    assert_error(lock_server.acquire(key, late), 410, "SESSION_EXPIRED")
+
+
+def test_an_acquire_refused_for_a_just_expired_session_leaves_a_new_key_unseen(lock_server, key):
+    session = lock_server.session(ttl_ms=1_000)
+    time.sleep(1.05)
+    assert_error(lock_server.acquire(key, session), 410, "SESSION_EXPIRED")
+    assert_error(lock_server.get(f"/v1/locks/{key}"), 404, "NOT_FOUND")
+
+
+def test_retry_after_on_contention_is_bounded_by_the_holders_session_deadline(lock_server, key):
+    holder = lock_server.session(ttl_ms=2_000)
+    assert lock_server.acquire(key, holder, ttl_ms=30_000).status_code == 200
+    time.sleep(1.5)  # the holder's session lapses in ~0.5 s, long before its 30 s grant
+    body = assert_error(lock_server.acquire(key, lock_server.session()), 409, "LOCK_CONTENDED")
+    assert 0 < body["retryAfterMillis"] <= 600
+
+
 def test_acquire_by_another_owner_than_the_sessions_is_refused(lock_server, key):
     session = lock_server.session()
     response = lock_server.post(

@@ -88,6 +88,18 @@ def test_heartbeat_extends_the_session_and_counts_held_locks(lock_server, key):
     assert ts(body["expiresAt"]) > ts(body["serverTime"])
 
 
+def test_heartbeat_does_not_count_a_grant_whose_own_ttl_lapsed(lock_server, key):
+    session = lock_server.session(ttl_ms=60_000)
+    assert lock_server.acquire(key, session, ttl_ms=1_000).status_code == 200
+    time.sleep(1.1)  # the grant's deadline passed; etcd may not have swept its keys yet
+    response = lock_server.post(
+        f"/v1/sessions/{session['sessionId']}/heartbeat",
+        headers={"X-Owner-Id": session["ownerId"]},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["heldLockCount"] == 0
+
+
 def test_heartbeat_keeps_a_short_session_alive_past_its_first_ttl(lock_server, key):
     session = lock_server.session(ttl_ms=1_000)
     assert lock_server.acquire(key, session, ttl_ms=10_000).status_code == 200
