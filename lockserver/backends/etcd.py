@@ -80,6 +80,8 @@ INT64_MAX = 2**63 - 1
 # etcd's lessor revokes expired leases every 500 ms; this bounds how long a call waits for the
 # store to act on an expiry that has already happened (only then; it never extends a lease)
 EXPIRY_GRACE_S = 0.75
+# L1 caps a session TTL at 60 s: the longest a session can outlive its last heartbeat.
+MAX_SESSION_TTL_S = 60
 FRESH_LEASE_S = 0.1
 
 
@@ -322,13 +324,18 @@ class EtcdLockBackend:
     # ------------------------------------------------------------------ sessions
 
     def _retention(self) -> int:
-        """The current metadata lease: rotated every retention/2, lives retention × 1.5."""
+        """The current metadata lease: rotated every retention/2, lives retention × 1.5 plus the
+        longest session TTL. A session's metadata is (re)attached at open and on heartbeats, so
+        it outlives the session's expiry by at least the retention, as pg's row does, and by at
+        most retention/2 + 60 s more (CHANGELOG row 33)."""
         with self._retention_guard:
             now = time.monotonic()
             if self._retention_lease is None or now - self._retention_lease[1] > (
                 self.retention_s / 2
             ):
-                lease, _ = self.client.lease_grant(math.ceil(self.retention_s * 1.5))
+                lease, _ = self.client.lease_grant(
+                    math.ceil(self.retention_s * 1.5 + MAX_SESSION_TTL_S)
+                )
                 self._retention_lease = (lease, now)
             return self._retention_lease[0]
 

@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+import requests
 
 from dlock.errors import ApiError, Code
 from lockserver.backends.etcd import EtcdLockBackend
@@ -323,3 +324,33 @@ def test_acquire_just_after_the_session_lapsed_is_410_even_before_etcd_sweeps(ba
         assert not backend.inspect(key=lock).held  # a withdrawn grant leaves the key free
     except ApiError as exc:
         assert exc.code == Code.NOT_FOUND  # or it was never granted
+
+
+def _remaining_s(etcd_server, lease: int) -> int:
+    answer = requests.post(
+        f"{etcd_server.url}/v3/lease/timetolive", json={"ID": str(lease)}, timeout=5
+    )
+    return int(answer.json()["TTL"])
+
+
+def test_session_metadata_outlives_the_sessions_expiry_by_at_least_the_retention(
+    etcd_server, settings
+):
+    """410 vs 404 as on pg: the record that lets an expired session answer 410 must last at
+    least `retention` past the session's expiry (here the shortest retention, 60 s, and the
+    longest session, 60 s), however old the shared retention lease it is attached to."""
+    settings.LOCK_SESSION_RETENTION_MS = 60_000
+    backend = EtcdLockBackend(
+        url=etcd_server.url,
+        prefix=f"t-{uuid.uuid4().hex[:12]}/",
+        adopt_pg_sequence=False,
+        housekeeping=False,
+    )
+    assert backend.retention_s == 60
+    session = backend.open_session(owner_id="long", ttl_ms=60_000)
+    meta = backend._read_meta(session.session_id)
+    assert _remaining_s(etcd_server, meta.lease) >= 60 + backend.retention_s - 2
+    backend.heartbeat(session_id=session.session_id, owner_id="long")
+    meta = backend._read_meta(session.session_id)
+    assert _remaining_s(etcd_server, meta.lease) >= 60 + backend.retention_s - 2
+    backend.close()
