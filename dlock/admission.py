@@ -1,9 +1,10 @@
-"""Admission control in front of Django: shed a request that waited too long for a thread.
+"""Admission control in front of Django: shed a request that waited too long to be served.
 
-A gthread worker queues every readable connection for its thread pool; that wait happens before
-any Django code runs, so no database deadline can see it, and under overload it grows without
-bound (a 2x open-loop run measured 12 s medians and client timeouts). `dlock.serving` times the
-wait; a request that waited longer than SERVER_QUEUE_DEADLINE_MS has spent most of its caller's
+Before Django runs, a request waits in its socket buffer for the worker's main loop and then in
+the thread pool's queue; no database deadline can see either, and under overload they grow
+without bound (a 2x open-loop run measured 12 s medians and client timeouts). `dlock.serving`
+measures the time since the request arrived; one older than SERVER_QUEUE_DEADLINE_MS has spent
+most of its caller's
 budget (C3 3.8), so it is answered 503 OVERLOADED (retrySafe, retryAfterMillis, Retry-After) at
 once, without entering Django: shedding must cost a small fraction of serving, or the work of
 refusing becomes the overload (measured in docs/benchmarks.md). Probes and scrapes are never shed.
@@ -48,8 +49,8 @@ class AdmissionControl:
         trace_id = trace_id_from_traceparent(environ.get("HTTP_TRACEPARENT")) or new_trace_id()
         error = ApiError(
             Code.OVERLOADED,
-            f"request waited {round(waited * 1000)} ms for a worker thread (queue deadline "
-            f"{self.deadline_ms} ms); nothing was done",
+            f"request waited {round(waited * 1000)} ms before a worker thread took it (queue "
+            f"deadline {self.deadline_ms} ms); nothing was done",
         )
         body = envelope_body(error, trace_id)
         headers = {

@@ -8,18 +8,23 @@ nobody will serve (the client sees a connection, then a reset). And SIGINT is a 
 Here both SIGTERM and SIGINT mean: close the listener now (new connections are refused), let
 requests already accepted run to completion within `graceful_timeout`, then exit.
 
-Thread-queue clock: a gthread worker hands every readable connection to a thread pool whose
-queue is unbounded, and that wait happens before any Django code runs, so no database deadline
-can see it. Under overload it grows without bound (a 2x open-loop load test measured 12 s
-medians and client timeouts). The worker notes when a request was queued; the thread that picks
-it up publishes how long it waited (`thread_queue_wait`), and `dlock.admission` answers
-503 OVERLOADED at once when that exceeds SERVER_QUEUE_DEADLINE_MS.
+Arrival clock: before a request reaches Django it waits in the socket's receive buffer until
+the worker's main loop (which competes for the GIL with every busy request thread) notices it,
+then in the thread pool's unbounded queue; no database deadline can see either wait. Under
+overload they grow without bound (a 2x open-loop load test measured 12 s medians and client
+timeouts). The thread that picks a request up publishes how long ago it arrived
+(`thread_queue_wait`): the kernel's receive timestamp of the request's first unread byte
+(SO_TIMESTAMP, read with a 1-byte MSG_PEEK), or when the main loop queued it if the kernel has
+none; `dlock.admission` answers 503 OVERLOADED at once when that exceeds SERVER_QUEUE_DEADLINE_MS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
+import struct
 import threading
 import time
 
@@ -34,9 +39,29 @@ _picked_up = threading.local()
 ACCEPT_BATCH = 64
 
 
+SO_TIMESTAMP = getattr(socket, "SO_TIMESTAMP", 29)  # Linux; not exported by every Python
+_TIMEVAL = struct.Struct("ll")
+
+
 def thread_queue_wait() -> float | None:
-    """Seconds the current request waited for a worker thread; None outside gunicorn."""
+    """Seconds since the current request arrived, when it reached a worker thread; None outside
+    gunicorn."""
     return getattr(_picked_up, "waited", None)
+
+
+def arrived_seconds_ago(sock: socket.socket) -> float | None:
+    """How long ago the unread head of `sock`'s receive queue arrived, by the kernel's receive
+    timestamp (needs SO_TIMESTAMP on the socket); None when there is no data or no stamp."""
+    try:
+        _, ancillary, _, _ = sock.recvmsg(1, 64, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:  # nothing buffered yet (EAGAIN), or the peer is gone
+        return None
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(data) >= _TIMEVAL.size:
+            seconds, micros = _TIMEVAL.unpack(data[: _TIMEVAL.size])
+            ago = time.time() - (seconds + micros / 1e6)
+            return ago if 0 <= ago < 3600 else None  # the wall clock stepped: use the other
+    return None
 
 
 def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
@@ -86,11 +111,21 @@ class DrainingThreadWorker(ThreadWorker):
 
     def enqueue_req(self, conn) -> None:
         conn.dlock_queued_at = time.monotonic()
+        if not getattr(conn, "dlock_stamped", False):
+            conn.dlock_stamped = True  # from now on the kernel stamps what arrives
+            with contextlib.suppress(OSError):
+                conn.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
         super().enqueue_req(conn)
 
     def handle(self, conn):
+        waits = []
         queued_at = getattr(conn, "dlock_queued_at", None)
-        _picked_up.waited = None if queued_at is None else time.monotonic() - queued_at
+        if queued_at is not None:
+            waits.append(time.monotonic() - queued_at)
+        arrived = arrived_seconds_ago(conn.sock)
+        if arrived is not None:
+            waits.append(arrived)
+        _picked_up.waited = max(waits) if waits else None
         try:
             return super().handle(conn)
         finally:

@@ -6,6 +6,7 @@ worker's thread queue — the wait no database deadline can see (dlock.serving, 
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ import pytest
 import requests
 
 from dlock.devstack import wait_until
+from dlock.serving import SO_TIMESTAMP, arrived_seconds_ago
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -88,3 +90,19 @@ def test_probes_are_never_shed_and_an_idle_server_sheds_nothing(probe_factory):
         answer = requests.post(f"{probe.url}/probe/bump/{row}", json={"tag": "idle"}, timeout=10)
         assert answer.status_code == 200, answer.text
     assert shed_count(probe) == 0
+
+
+def test_the_arrival_clock_reads_the_kernels_receive_timestamp_without_consuming():
+    """What the admission deadline measures: time since the request's bytes arrived, including
+    the wait for the worker's main loop, which the thread-pool stamp alone would not see."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+        with client, server:
+            server.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+            assert arrived_seconds_ago(server) is None  # nothing buffered yet
+            client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            time.sleep(0.3)
+            ago = arrived_seconds_ago(server)
+            assert ago is not None and ago >= 0.3
+            assert server.recv(100) == b"GET / HTTP/1.1\r\n\r\n"  # the peek consumed nothing
