@@ -53,8 +53,8 @@ lock_acquire = Counter(
 )
 requests_shed = Counter(
     "dlock_requests_shed",
-    "Requests answered 503 OVERLOADED before Django: they waited longer than "
-    "SERVER_QUEUE_DEADLINE_MS for a worker thread (dlock.admission).",
+    "Requests answered 503 OVERLOADED before Django: older than SERVER_QUEUE_DEADLINE_MS "
+    "when a worker thread took them (dlock.admission).",
 )
 lock_live_sessions = Gauge("lock_live_sessions", "Unexpired lock-server sessions.", ["backend"])
 lock_live_grants = Gauge("lock_live_grants", "Unexpired lock grants.", ["backend"])

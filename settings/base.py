@@ -146,8 +146,8 @@ LOCK_DEFAULT_TTL_MS = env_int("LOCK_DEFAULT_TTL_MS", 10_000, minimum=1_000, maxi
 LOCK_MAX_TTL_MS = env_int("LOCK_MAX_TTL_MS", 60_000, minimum=1_000, maximum=60_000)
 ETCD_URL = env_str("ETCD_URL", "http://127.0.0.1:2379")
 
-# How long a request may wait for a gunicorn worker thread before it is shed with 503 OVERLOADED
-# (dlock.serving times the wait, dlock.admission sheds): the queue in front of the threads.
+# How long a request may wait, from its arrival until a gunicorn worker thread takes it, before
+# it is shed with 503 OVERLOADED (dlock.serving times the wait, dlock.admission sheds).
 SERVER_QUEUE_DEADLINE_MS = env_int("SERVER_QUEUE_DEADLINE_MS", 500, minimum=10)
 
 # Database capacity and deadlines (failure-behavior.md "Capacity and deadlines").
