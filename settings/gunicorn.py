@@ -36,8 +36,9 @@ worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingTh
 threads = _int("GUNICORN_THREADS", 32 if _role == "lockserver" else 16)
 # Open connections per process (keep-alive included); above it the worker stops accepting and
 # new clients wait in the kernel backlog, where no deadline sees them (a 2x load test hung
-# there). Accepted requests cost little when the box is full: one that waited longer than
-# SERVER_QUEUE_DEADLINE_MS from its arrival is shed with 503 OVERLOADED before Django (dlock.admission).
+# there). Accepted requests cost little when the box is full: one older than
+# SERVER_QUEUE_DEADLINE_MS (from its arrival) is shed with 503 OVERLOADED before Django
+# (dlock.admission).
 worker_connections = _int("GUNICORN_WORKER_CONNECTIONS", 2048)
 backlog = _int("GUNICORN_BACKLOG", 2048)
 
