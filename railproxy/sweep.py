@@ -21,8 +21,11 @@ _stop = threading.Event()
 
 
 def serving_http() -> bool:
-    """True in a gunicorn worker or `runserver`; False in every other management command."""
-    return "gunicorn" in sys.modules or (len(sys.argv) > 1 and sys.argv[1] == "runserver")
+    """True in a gunicorn worker or `runserver`; False in every other management command.
+
+    gunicorn's arbiter module is loaded only by a running gunicorn (importing its worker classes,
+    as dlock.serving does, does not load it)."""
+    return "gunicorn.arbiter" in sys.modules or (len(sys.argv) > 1 and sys.argv[1] == "runserver")
 
 
 def maybe_start() -> bool:
