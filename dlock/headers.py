@@ -1,6 +1,7 @@
 """The one parsing seam for dlock's custom headers; runs before any database access.
 
-`int()` would accept "4_2", "٤٢", "４２", " 42 ", "0042" and "42\n"; none is a token.
+`int()` would accept "4_2", "٤٢", "４２", " 42 " and "42\n"; none is a token. Leading zeros are
+accepted ("0042" is 42), as Java's Long.parseLong does in T-022's token rule.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from django.http import HttpRequest
 from dlock.errors import ApiError, Code, validation_error
 
 INT64_MAX = 2**63 - 1
-_TOKEN = re.compile(r"[1-9][0-9]{0,18}", re.ASCII)
+_TOKEN = re.compile(r"[0-9]{1,64}", re.ASCII)  # a bound on padding; the value is checked below
 OWNER_ID_MAX = 64
 IDEMPOTENCY_KEY_MAX = 128
 # Printable ASCII, no control characters (CR/LF can never reach a log line or a header echo).
@@ -21,10 +22,11 @@ _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9:._\-]+", re.ASCII)
 
 
 def parse_token_value(raw: str | None, *, field: str = "X-Fencing-Token") -> int:
-    """A fencing token: ASCII decimal, no sign, no padding, 1 … 2**63-1. Never coerced to 0."""
+    """A fencing token: ASCII decimal digits, no sign or spaces, value 1 … 2**63-1. Never
+    coerced to 0."""
     if raw is None or raw == "":
         raise ApiError(Code.INVALID_TOKEN, f"{field} is required", details={"field": field})
-    if not _TOKEN.fullmatch(raw) or int(raw) > INT64_MAX:
+    if not _TOKEN.fullmatch(raw) or not 0 < int(raw) <= INT64_MAX:
         raise ApiError(
             Code.INVALID_TOKEN,
             f"{field} must be a decimal int64 greater than 0",

@@ -69,7 +69,13 @@ def test_envelope_without_details_has_no_details_key():
     assert set(body) == {"code", "message", "retrySafe", "traceId"}
 
 
-GOOD_TOKENS = {"1": 1, "42": 42, "9223372036854775807": 2**63 - 1}
+GOOD_TOKENS = {
+    "1": 1,
+    "42": 42,
+    "9223372036854775807": 2**63 - 1,
+    "0042": 42,  # T-022: Long.parseLong semantics, leading zeros are not a parse failure
+    "09223372036854775807": 2**63 - 1,
+}
 BAD_TOKENS = [
     None,
     "",
@@ -80,7 +86,8 @@ BAD_TOKENS = [
     " 42",
     "42 ",
     " 42 ",
-    "0042",
+    "000",
+    "09223372036854775808",
     "42\n",
     "4_2",
     "٤٢",
