@@ -81,7 +81,7 @@ def _databases_reachable() -> bool:
             return _reachability["ok"]
         ok = True
         for wrapper in connections.all(initialized_only=True):
-            pool = getattr(wrapper, "_connection_pools", {}).get(wrapper.alias)
+            pool = getattr(wrapper, "pool", None)  # Django's psycopg pool; None if not pooled
             if pool is None:
                 continue
             try:

@@ -54,7 +54,7 @@ def arrived_seconds_ago(sock: socket.socket) -> float | None:
     timestamp (needs SO_TIMESTAMP on the socket); None when there is no data or no stamp."""
     try:
         _, ancillary, _, _ = sock.recvmsg(1, 64, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except OSError:  # nothing buffered yet (EAGAIN), or the peer is gone
+    except (OSError, NotImplementedError):  # nothing buffered (EAGAIN), peer gone, or TLS
         return None
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(data) >= _TIMEVAL.size:
