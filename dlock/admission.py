@@ -20,7 +20,7 @@ from django.conf import settings
 
 from dlock import metrics
 from dlock.errors import ApiError, Code
-from dlock.handlers import envelope_body, envelope_headers
+from dlock.handlers import envelope_headers
 from dlock.logs import log_event
 from dlock.middleware import MONITORING_PATHS
 from dlock.serving import thread_queue_wait
@@ -52,7 +52,7 @@ class AdmissionControl:
             f"request waited {round(waited * 1000)} ms before a worker thread took it (queue "
             f"deadline {self.deadline_ms} ms); nothing was done",
         )
-        body = envelope_body(error, trace_id)
+        body = error.envelope_bytes(trace_id)
         headers = {
             "Content-Type": JSON_CONTENT_TYPE,
             "Content-Length": str(len(body)),

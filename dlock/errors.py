@@ -7,6 +7,7 @@ Adding a code without a row fails at import time.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +110,10 @@ class ApiError(Exception):
     @property
     def retry_safe(self) -> bool:
         return CATALOGUE[self.code].retry_safe
+
+    def envelope_bytes(self, trace_id: str) -> bytes:
+        """The envelope as sent on the wire: compact JSON."""
+        return json.dumps(self.envelope(trace_id), separators=(",", ":")).encode()
 
     def envelope(self, trace_id: str) -> dict[str, Any]:
         """The C3 envelope: code, message, retrySafe, retryAfterMillis?, details?, traceId."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -23,10 +22,6 @@ from dlock.wire import JSON_CONTENT_TYPE
 logger = logging.getLogger("dlock.handlers")
 
 
-def envelope_body(error: ApiError, trace_id: str) -> bytes:
-    return json.dumps(error.envelope(trace_id), separators=(",", ":")).encode()
-
-
 def envelope_headers(error: ApiError) -> dict[str, str]:
     """The headers an envelope carries besides its content type: Retry-After, per-error ones."""
     headers = dict(error.headers)
@@ -37,7 +32,7 @@ def envelope_headers(error: ApiError) -> dict[str, str]:
 
 def error_response(error: ApiError) -> HttpResponse:
     response = HttpResponse(
-        envelope_body(error, error.trace_id or current_trace_id()),
+        error.envelope_bytes(error.trace_id or current_trace_id()),
         status=error.status,
         content_type=JSON_CONTENT_TYPE,
     )

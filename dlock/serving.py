@@ -21,7 +21,6 @@ none; `dlock.admission` answers 503 OVERLOADED at once when that exceeds SERVER_
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import socket
 import struct
@@ -75,7 +74,7 @@ def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
         error = ApiError(Code.VALIDATION_FAILED, mesg or reason)
     else:
         error = ApiError(Code.INTERNAL, "internal error; see the service log")
-    body = json.dumps(error.envelope(new_trace_id()), separators=(",", ":")).encode()
+    body = error.envelope_bytes(new_trace_id())
     headers = {
         "Connection": "close",
         "Content-Type": JSON_CONTENT_TYPE,

@@ -151,7 +151,7 @@ def _json(value):
 
 def _text(body: dict | None) -> str | None:
     """An answer as its wire bytes: the separators of dlock.rendering.json_response and of the
-    error envelope (dlock.handlers.envelope_body), so the stored text is what was sent."""
+    error envelope (ApiError.envelope_bytes), so the stored text is what was sent."""
     return json.dumps(body, separators=(",", ":")) if body is not None else None
 
 
