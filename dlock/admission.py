@@ -25,7 +25,7 @@ from dlock.logs import log_event
 from dlock.middleware import MONITORING_PATHS
 from dlock.serving import thread_queue_wait
 from dlock.tracing import new_trace_id, trace_id_from_traceparent
-from dlock.wire import JSON_CONTENT_TYPE, JSON_SECURITY_HEADERS, SECURITY_HEADERS
+from dlock.wire import raw_json_headers
 
 
 class AdmissionControl:
@@ -53,13 +53,7 @@ class AdmissionControl:
             f"deadline {self.deadline_ms} ms); nothing was done",
         )
         body = error.envelope_bytes(trace_id)
-        headers = {
-            "Content-Type": JSON_CONTENT_TYPE,
-            "Content-Length": str(len(body)),
-            **envelope_headers(error),
-            **SECURITY_HEADERS,
-            **JSON_SECURITY_HEADERS,
-        }
+        headers = {**raw_json_headers(body), **envelope_headers(error)}
         start_response("503 Service Unavailable", list(headers.items()))
         metrics.requests_shed.inc()
         self._report(waited)

@@ -32,7 +32,7 @@ from gunicorn.workers.gthread import ThreadWorker
 
 from dlock.errors import ApiError, Code
 from dlock.tracing import new_trace_id
-from dlock.wire import JSON_CONTENT_TYPE, JSON_SECURITY_HEADERS, SECURITY_HEADERS
+from dlock.wire import raw_json_headers
 
 _picked_up = threading.local()
 ACCEPT_BATCH = 64
@@ -75,13 +75,7 @@ def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
     else:
         error = ApiError(Code.INTERNAL, "internal error; see the service log")
     body = error.envelope_bytes(new_trace_id())
-    headers = {
-        "Connection": "close",
-        "Content-Type": JSON_CONTENT_TYPE,
-        "Content-Length": str(len(body)),
-        **SECURITY_HEADERS,
-        **JSON_SECURITY_HEADERS,
-    }
+    headers = {"Connection": "close", **raw_json_headers(body)}
     head = f"HTTP/1.1 {status_int} {reason}\r\n" + "".join(
         f"{name}: {value}\r\n" for name, value in headers.items()
     )

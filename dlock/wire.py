@@ -11,3 +11,13 @@ JSON_SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
     "Cache-Control": "no-store",
 }
+
+
+def raw_json_headers(body: bytes) -> dict[str, str]:
+    """Headers of a JSON answer written without Django (which adds them in secure_headers)."""
+    return {
+        "Content-Type": JSON_CONTENT_TYPE,
+        "Content-Length": str(len(body)),
+        **SECURITY_HEADERS,
+        **JSON_SECURITY_HEADERS,
+    }
