@@ -36,8 +36,6 @@ from dlock.wire import raw_json_headers
 
 _picked_up = threading.local()
 ACCEPT_BATCH = 64
-
-
 SO_TIMESTAMP = getattr(socket, "SO_TIMESTAMP", 29)  # Linux; not exported by every Python
 _TIMEVAL = struct.Struct("ll")
 
