@@ -41,6 +41,8 @@ def _answer(start_response, status: str, body: dict | None):
 
 def application(environ, start_response):
     method, path = environ["REQUEST_METHOD"], environ["PATH_INFO"]
+    if path == "/health/ready":  # what dlock.devstack.RoleProcess waits for
+        return _answer(start_response, "200 OK", {"status": "UP"})
     length = int(environ.get("CONTENT_LENGTH") or 0)
     body = json.loads(environ["wsgi.input"].read(length)) if length else {}
     owner = environ.get("HTTP_X_OWNER_ID") or body.get("ownerId") or "floor"

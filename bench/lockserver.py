@@ -20,8 +20,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.proc import cpu_seconds
-from dlock.devstack import PROJECT, PYTHON, PgCluster, RoleProcess, free_port, manage, wait_until
+from dlock.devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
 from lockserver import fenced_sql
 
 DURATION_S = float(os.environ.get("BENCH_LOCKSERVER_SECONDS", "5"))
@@ -187,41 +185,6 @@ def _ratio(row: dict, direct: dict) -> float | None:
     return round(row["pairs_per_s"] / direct["pairs_per_s"], 3) if direct["pairs_per_s"] else None
 
 
-class FloorServer:
-    """bench.floor_app (no Django) under the same gunicorn config, ROLE=lockserver defaults."""
-
-    def __init__(self, db_url: str, logfile: Path) -> None:
-        self.port = free_port()
-        env = {**os.environ, "ROLE": "lockserver", "PORT": str(self.port)}
-        env["FLOOR_DATABASE_URL"] = db_url
-        with open(logfile, "ab") as log:
-            self.process = subprocess.Popen(
-                [PYTHON, "-m", "gunicorn", "-c", "settings/gunicorn.py", "bench.floor_app"],
-                cwd=PROJECT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-        def listening() -> bool:
-            assert self.process.poll() is None, logfile.read_text()[-2000:]
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return True
-            except OSError:
-                return False
-
-        wait_until(listening, timeout=30, what="floor app listening")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-
-
 def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,7 +192,7 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
     work.chmod(0o755)
     cluster = PgCluster(work / "pg", free_port())  # durable: fsync on, synchronous_commit on
     server: RoleProcess | None = None
-    floor: FloorServer | None = None
+    floor: RoleProcess | None = None
     try:
         cluster.start()
         db_url = cluster.create_database("bench_lockdb")
@@ -243,7 +206,13 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
         }
         manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
         server = RoleProcess("lockserver", free_port(), env, work / "lockserver.log").start()
-        floor = FloorServer(db_url, work / "floor.log")
+        floor = RoleProcess(
+            "lockserver",  # the lock server's gunicorn defaults (threads, pool size)
+            free_port(),
+            {"FLOOR_DATABASE_URL": db_url},
+            work / "floor.log",
+            app="bench.floor_app",
+        ).start()
         levels = []
         load_before = os.getloadavg()
         for n in clients:

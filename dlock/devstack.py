@@ -338,13 +338,15 @@ def ready(url: str) -> bool:
 
 @dataclass
 class RoleProcess:
-    """One role under gunicorn on 127.0.0.1:port."""
+    """One role under gunicorn on 127.0.0.1:port (`app`: the WSGI module, for test and bench
+    apps that run under the same gunicorn config; ready = 200 on /health/ready)."""
 
     role: str
     port: int
     env: dict[str, str]
     logfile: Path
     process: subprocess.Popen | None = None
+    app: str = "settings.wsgi"
 
     @property
     def url(self) -> str:
@@ -361,7 +363,7 @@ class RoleProcess:
                 "gunicorn",
                 "-c",
                 str(PROJECT / "settings" / "gunicorn.py"),
-                "settings.wsgi",
+                self.app,
             ],
             cwd=PROJECT,
             env=env,

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import requests
 
-from dlock.devstack import PROJECT, PYTHON, free_port, wait_until
+from dlock.devstack import RoleProcess, free_port
 from tests.conftest import _create_db
 from tests.production.probe_urls import SCHEMA
 
@@ -54,42 +53,14 @@ def start_probe(tmp_path: Path, **env: str) -> Probe:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(SCHEMA)
     port = free_port()
-    logfile = tmp_path / f"probe-{port}.log"
-    full_env = {
-        **os.environ,
-        "ROLE": "railstub",  # the gunicorn config's per-role defaults; the URLconf is the probe's
-        "PORT": str(port),
-        "RAIL_DATABASE_URL": db_url,
-        "DJANGO_DEBUG": "false",
-        **env,
-    }
-    with open(logfile, "ab") as log:
-        process = subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "gunicorn",
-                "-c",
-                str(PROJECT / "settings" / "gunicorn.py"),
-                "tests.production.probe_wsgi",
-            ],
-            cwd=PROJECT,
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    probe = Probe(port, db_url, logfile, process)
-
-    def up() -> bool:
-        assert process.poll() is None, probe.log()[-3000:]
-        try:
-            return requests.get(f"{probe.url}/health/ready", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    wait_until(up, timeout=60, what="probe role ready")
-    return probe
+    role = RoleProcess(
+        "railstub",  # the gunicorn config's per-role defaults; the URLconf is the probe's
+        port,
+        {"RAIL_DATABASE_URL": db_url, "DJANGO_DEBUG": "false", **env},
+        tmp_path / f"probe-{port}.log",
+        app="tests.production.probe_wsgi",
+    ).start()
+    return Probe(port, db_url, role.logfile, role.process)
 
 
 @pytest.fixture
