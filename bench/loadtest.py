@@ -157,6 +157,12 @@ def capacity(url: str, seconds: float) -> tuple[float, list[dict]]:
     return max(s["ok_per_s"] for s in steps), steps
 
 
+def _p50_p99_max_ms(seconds: list[float]) -> list[float]:
+    ordered = sorted(seconds)
+    picks = (ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99) - 1], ordered[-1])
+    return [round(value * 1000, 1) for value in picks]
+
+
 def open_loop(url: str, rate: float, seconds: float, pid: int) -> dict:
     """Requests start on schedule whatever the server does (no coordinated omission).
 
@@ -208,19 +214,13 @@ def open_loop(url: str, rate: float, seconds: float, pid: int) -> dict:
     client_cpu = time.process_time() - client_cpu_before
     codes = Counter(f"{r[0]} {r[1] or ''}".strip() for r in results)
     overloaded = [r for r in results if r[0] == 503]
-    latencies = sorted(r[3] for r in results)
-    lateness = sorted(r[4] for r in results)
-    on_wire = sorted(r[5] for r in results)
+    p50, p99, worst = _p50_p99_max_ms([r[3] for r in results])
     return {
         "offered_per_s": round(rate, 1),
         "requests": len(results),
         "schedule_window_s": round(seconds, 1),
         "sent_per_s": round(len(results) / sent_window, 1),
-        "send_lateness_p50_p99_max_ms": [
-            round(lateness[len(lateness) // 2] * 1000, 1),
-            round(lateness[int(len(lateness) * 0.99) - 1] * 1000, 1),
-            round(lateness[-1] * 1000, 1),
-        ],
+        "send_lateness_p50_p99_max_ms": _p50_p99_max_ms([r[4] for r in results]),
         "peak_in_flight": peak,
         "connections_max": client.connections,
         "connections_opened": client.opened,
@@ -233,14 +233,10 @@ def open_loop(url: str, rate: float, seconds: float, pid: int) -> dict:
         "transport_errors": sum(1 for r in results if r[0] == 0 and r[5] < CLIENT_TIMEOUT_S),
         "503_without_retry_after": sum(1 for r in overloaded if not r[2]),
         "not_json": sum(1 for r in results if r[1] == "NOT_JSON"),
-        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1),
-        "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1),
-        "max_ms": round(latencies[-1] * 1000, 1),
-        "on_wire_p50_p99_max_ms": [
-            round(on_wire[len(on_wire) // 2] * 1000, 1),
-            round(on_wire[int(len(on_wire) * 0.99) - 1] * 1000, 1),
-            round(on_wire[-1] * 1000, 1),
-        ],
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "max_ms": worst,
+        "on_wire_p50_p99_max_ms": _p50_p99_max_ms([r[5] for r in results]),
         "rss_kib_min_max": [min(memory or [0]), max(memory or [0])],
     }
 
