@@ -514,29 +514,28 @@ class EtcdLockBackend:
     def _token(self, kv: KeyValue) -> int:
         return kv.json()["offset"] + kv.create_revision
 
-    def _ms_until_free(self, holder: KeyValue) -> int:
+    @staticmethod
+    def _ms_until_free(holder: KeyValue, session: KeyValue) -> int:
         """Until the grant frees: its own deadline or its session's, whichever comes first
-        (pg: LEAST(grant, session expiry)); one more read, on the refused path only."""
-        value = holder.json()
-        until = value["expiresAt"]
-        session = self.client.range(self._sess_key(value["sessionId"])).first()
-        if session is not None:
-            until = min(until, session.json().get("expiresAt", until))
+        (pg: LEAST(grant, session expiry))."""
+        until = holder.json()["expiresAt"]
+        until = min(until, session.json().get("expiresAt", until))
         return max(0, until - _ms(_now()))
 
-    def _contended(self, key: str, holder: KeyValue) -> ApiError:
+    def _contended(self, key: str, holder: KeyValue, session: KeyValue) -> ApiError:
         value = holder.json()
         return lock_contended(
             key,
             holder_owner_id=value["ownerId"],
             expires_at=rfc3339_ms(_from_ms(value["expiresAt"])),
-            ms_until_free=self._ms_until_free(holder),
+            ms_until_free=self._ms_until_free(holder, session),
         )
 
     def _try_grant(
         self, *, key: str, session_id: uuid.UUID, ttl_ms: int
-    ) -> tuple[GrantRecord | None, KeyValue | None, int]:
-        """One attempt: (grant, None, rev) when granted, else (None, live holder, rev).
+    ) -> tuple[GrantRecord | None, KeyValue | None, KeyValue | None, int]:
+        """One attempt: (grant, None, None, rev) when granted, else (None, live holder, its
+        session's key, rev).
 
         Raises the session codes when our session is gone. A holder whose session died is
         removed (guarded by its ModRevision) and the attempt repeats. The holder's own session
@@ -592,7 +591,7 @@ class EtcdLockBackend:
                         acquired_at=now,
                         expires_at=_from_ms(value["expiresAt"]),
                     )
-                    return grant, None, result.revision
+                    return grant, None, None, result.revision
                 ours = result.responses[1].first()
                 if ours is None:
                     raise self._session_gone(session_id, self._read_meta(session_id))
@@ -605,9 +604,9 @@ class EtcdLockBackend:
                     continue  # released (or swept) since our txn: try again
                 holder_sid = holder.json()["sessionId"]
                 if holder_session is not None and holder_sid == str(session_id):
-                    return self._grant_record(key, holder), None, revision
+                    return self._grant_record(key, holder), None, None, revision
                 if holder_session is not None:
-                    return None, holder, revision
+                    return None, holder, holder_session, revision
                 # the holder's session expired: its grant is released (lazily, here)
                 taken = self.client.txn(
                     [
@@ -668,18 +667,20 @@ class EtcdLockBackend:
         waiter: int | None = None  # the waiter lease while we are registered
         try:
             while True:
-                grant, holder, revision = self._try_grant(
+                grant, holder, holder_session, revision = self._try_grant(
                     key=key, session_id=session_id, ttl_ms=ttl_ms
                 )
                 if grant is not None:
                     return grant
-                assert holder is not None
+                assert holder is not None and holder_session is not None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.budget.spend(session_id=session_id, key=key)
-                    raise self._contended(key, holder)
+                    raise self._contended(key, holder, holder_session)
                 if waiter is None and wait_ms > 0:
-                    waiter = self._register_waiter(key=key, wait_ms=wait_ms, holder=holder)
+                    waiter = self._register_waiter(
+                        key=key, wait_ms=wait_ms, holder=holder, session=holder_session
+                    )
                 # a release deletes lock/{key}; a holder's expiry deletes sess/{holder}
                 self.client.wait_for_change(
                     [self._lock_key(key), self._sess_key(holder.json()["sessionId"])],
@@ -690,7 +691,9 @@ class EtcdLockBackend:
             if waiter is not None:
                 self._revoke_quietly(waiter)
 
-    def _register_waiter(self, *, key: str, wait_ms: int, holder: KeyValue) -> int:
+    def _register_waiter(
+        self, *, key: str, wait_ms: int, holder: KeyValue, session: KeyValue
+    ) -> int:
         """A waiter key on its own short lease; beyond the cap → 429 CONTENTION_EXCEEDED.
 
         The cap is decided by rank (create revision) among the current waiters, so two
@@ -708,7 +711,7 @@ class EtcdLockBackend:
         if earlier >= self.waiter_cap:
             self._revoke_quietly(lease)
             raise contention_exceeded(
-                key, cap=self.waiter_cap, ms_until_free=self._ms_until_free(holder)
+                key, cap=self.waiter_cap, ms_until_free=self._ms_until_free(holder, session)
             )
         return lease
 
