@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,3 +108,14 @@ def etcd_server():
     server = fresh_etcd()
     yield server
     server.stop()
+
+
+def raw_request(port: int, payload: bytes) -> bytes:
+    """Send raw bytes to 127.0.0.1:port and read until the server closes (for requests an HTTP
+    client library refuses to send)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(payload)
+        chunks = []
+        while data := sock.recv(65536):
+            chunks.append(data)
+    return b"".join(chunks)

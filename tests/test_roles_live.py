@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import pytest
 import requests
 
 from dlock.devstack import PROJECT, RoleProcess, free_port
-from tests.conftest import ROLES
+from tests.conftest import ROLES, raw_request
 
 pytestmark = pytest.mark.live
 
@@ -41,13 +40,7 @@ def test_wrong_method_and_bad_json_are_envelopes_on_every_role(live_stack, role)
 
 
 def _raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    host, port = url.split("//", 1)[1].split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
+    head, _, body = raw_request(int(url.rsplit(":", 1)[1]), request).partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
     return int(lines[0].split()[1]), headers, body

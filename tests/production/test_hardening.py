@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pytest
 import requests
 
 from dlock.devstack import PROJECT, free_port
+from tests.conftest import raw_request
 
 pytestmark = pytest.mark.live
 
@@ -24,18 +24,6 @@ def probe(tmp_path_factory):
     started.metrics_port = metrics_port
     yield started
     started.stop()
-
-
-def raw_request(port: int, payload: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(payload)
-        chunks = []
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                break
-            chunks.append(data)
-    return b"".join(chunks)
 
 
 def test_json_answers_carry_the_security_headers_errors_included(probe):
