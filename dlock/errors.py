@@ -68,8 +68,9 @@ CATALOGUE: dict[Code, CodeSpec] = {
 if set(CATALOGUE) != set(Code):  # pragma: no cover - a new code without a row must not ship
     raise RuntimeError(f"error catalogue incomplete: {set(Code) - set(CATALOGUE)}")
 
-# Protocol-level rejections keep their HTTP status and say VALIDATION_FAILED (CHANGELOG row 6).
-PROTOCOL_STATUSES = frozenset({405, 406, 411, 413, 415})
+# Protocol-level rejections keep their HTTP status and say VALIDATION_FAILED (CHANGELOG row 6;
+# 408 and 501: the hardening row).
+PROTOCOL_STATUSES = frozenset({405, 406, 408, 411, 413, 415, 501})
 
 
 class ApiError(Exception):

@@ -50,12 +50,13 @@ BASE_APPS = [
 
 MIDDLEWARE = [
     "dlock.middleware.TraceMiddleware",
+    "dlock.middleware.MethodGuardMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "dlock.middleware.RequestGuardMiddleware",
     "django.middleware.common.CommonMiddleware",
     "dlock.middleware.EnvelopeMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "dlock.middleware.PrometheusAfterMiddleware",
 ]
 
 TEMPLATES = [
@@ -149,6 +150,10 @@ ETCD_URL = env_str("ETCD_URL", "http://127.0.0.1:2379")
 # How long a request may wait, from its arrival until a gunicorn worker thread takes it, before
 # it is shed with 503 OVERLOADED (dlock.serving times the wait, dlock.admission sheds).
 SERVER_QUEUE_DEADLINE_MS = env_int("SERVER_QUEUE_DEADLINE_MS", 500, minimum=10)
+# A request's head and body must have arrived within this long of its first byte (of the accept,
+# on a new connection), whatever its pace, or the connection is closed with 408 (dlock.serving:
+# a slow or stalled client never holds a worker thread).
+SERVER_HEADER_TIMEOUT_MS = env_int("SERVER_HEADER_TIMEOUT_MS", 3_000, minimum=100, maximum=60_000)
 
 # Database capacity and deadlines (failure-behavior.md "Capacity and deadlines").
 DB_POOL_MAX = env_int("DB_POOL_MAX", 8, minimum=1)
