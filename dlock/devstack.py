@@ -25,6 +25,8 @@ from pathlib import Path
 
 import requests
 
+from dlock.auth import credentials_entry, new_credential  # issue 15
+
 PROJECT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 DEFAULT_PORTS = {"lockserver": 8081, "payments": 8082, "railproxy": 8083, "railstub": 8084}
@@ -461,6 +463,19 @@ def up(backend: str = "pg") -> dict[str, str]:
         "LOCK_BACKEND": backend,
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
     }
+    # --- issue 15 (credentials): one executor and one operator credential per stack, kept
+    # across `make up`; the roles get only their hashes, stack.env the plaintexts (below).
+    credentials = {
+        var: previous.get(var) or new_credential()
+        for var in ("DLOCK_EXECUTOR_CREDENTIAL", "DLOCK_OPERATOR_CREDENTIAL")
+    }
+    env["DLOCK_CREDENTIALS"] = ",".join(
+        [
+            credentials_entry(credentials["DLOCK_EXECUTOR_CREDENTIAL"], "executor"),
+            credentials_entry(credentials["DLOCK_OPERATOR_CREDENTIAL"], "operator"),
+        ]
+    )
+    # --- end issue 15
     given = {name: os.environ.get(var) for name, var in DB_URL_ENV.items()}
     cluster: PgCluster | None = None
     if any(given.values()) and not all(given.values()):
@@ -506,9 +521,11 @@ def up(backend: str = "pg") -> dict[str, str]:
     for role in DEFAULT_PORTS:
         wait_until(lambda r=role: ready(env[URL_ENV[r]]), timeout=60, what=f"{role} ready")
         say(f"{role:<11} ready on {env[URL_ENV[role]]}")
+    env.update(credentials)  # issue 15: callers read DLOCK_{EXECUTOR,OPERATOR}_CREDENTIAL
     lines = [f"{key}={value}" for key, value in sorted(env.items()) if key != "DJANGO_SECRET_KEY"]
     lines.append(f"DJANGO_SECRET_KEY={env['DJANGO_SECRET_KEY']}")
     (run_dir / "stack.env").write_text("\n".join(lines) + "\n")
+    (run_dir / "stack.env").chmod(0o600)  # issue 15: it holds the plaintext credentials
     say(f"wrote {run_dir / 'stack.env'}")
     return env
 

@@ -33,6 +33,9 @@ class Code(enum.StrEnum):
     OVERLOADED = "OVERLOADED"
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     INTERNAL = "INTERNAL"
+    # Caller credentials, ARCHITECTURE decision 14 (CHANGELOG)
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    FORBIDDEN = "FORBIDDEN"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ CATALOGUE: dict[Code, CodeSpec] = {
     Code.OVERLOADED: CodeSpec(503, True, True, 500),
     Code.DEADLINE_EXCEEDED: CodeSpec(504, True, False),
     Code.INTERNAL: CodeSpec(500, False, False),
+    Code.UNAUTHENTICATED: CodeSpec(401, False, False),
+    Code.FORBIDDEN: CodeSpec(403, False, False),
 }
 
 if set(CATALOGUE) != set(Code):  # pragma: no cover - a new code without a row must not ship

@@ -15,7 +15,8 @@ overload they grow without bound (a 2x open-loop load test measured 12 s medians
 timeouts). The thread that picks a request up publishes how long ago it arrived
 (`thread_queue_wait`): the kernel's receive timestamp (SO_TIMESTAMP) of the bytes that
 completed the request, read by the arrival path below, or when the main loop queued it if the
-kernel has none; `dlock.admission` answers 503 OVERLOADED at once when that exceeds SERVER_QUEUE_DEADLINE_MS.
+kernel has none; `dlock.admission` answers 503 OVERLOADED at once when that exceeds
+SERVER_QUEUE_DEADLINE_MS.
 
 Arrival path: no thread waits for a client. Stock gthread hands a connection to a pool thread as
 soon as a byte arrives, and the thread then blocks reading the rest, so 17 sockets sending half a

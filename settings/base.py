@@ -8,7 +8,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from dlock.roles import SERVICE_NAMES
-from settings.env import env_bool, env_database, env_int, env_str
+from settings.env import env_bool, env_credentials, env_database, env_int, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -56,6 +56,7 @@ MIDDLEWARE = [
     "dlock.middleware.RequestGuardMiddleware",
     "django.middleware.common.CommonMiddleware",
     "dlock.middleware.EnvelopeMiddleware",
+    "dlock.auth.CredentialMiddleware",
     "dlock.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -137,6 +138,10 @@ SPECTACULAR_SETTINGS = {
         "dlock.schema.envelope_errors_hook",
     ],
 }
+
+# Caller credentials (dlock.auth, docs/security.md): SHA-256 hashes only, `scope:sha256hex`
+# entries, several valid at once for rotation. Empty: every /v1 call is 401 (fail closed).
+DLOCK_CREDENTIAL_HASHES = env_credentials("DLOCK_CREDENTIALS")
 
 # Lock semantics (C3 §3.3 / §3.8).
 LOCK_BACKEND = env_str("LOCK_BACKEND", "pg")
