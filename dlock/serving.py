@@ -138,9 +138,12 @@ def _request_complete(buf: bytes | bytearray, *, max_head: int, max_body: int) -
     if method.decode("latin-1") not in KNOWN_METHODS:
         raise _Refused(501, "Not Implemented", "method not implemented")
     length = 0
+    expects_continue = False
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         name = name.strip().lower()
+        if name == b"expect" and value.strip().lower() == b"100-continue":
+            expects_continue = True
         if name == b"transfer-encoding" and value.strip().lower() not in (b"", b"identity"):
             raise _Refused(
                 411,
@@ -154,7 +157,7 @@ def _request_complete(buf: bytes | bytearray, *, max_head: int, max_body: int) -
     if length > max_body:
         raise _Refused(413, "Content Too Large", f"request body exceeds {max_body} bytes")
     if len(buf) < end + 4 + length:
-        raise _Incomplete
+        raise _Incomplete(expects_continue)
     return target.split(b"?", 1)[0].decode("latin-1")
 
 
@@ -230,6 +233,7 @@ class DrainingThreadWorker(ThreadWorker):
         conn.dlock_buf = bytearray(ahead)
         conn.dlock_arrived = time.time() if ahead else None
         conn.dlock_deadline = time.monotonic() + self.header_timeout
+        conn.dlock_continued = False
         self.arrivals[id(conn)] = conn
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_arrival, conn))
         if ahead:
@@ -253,7 +257,11 @@ class DrainingThreadWorker(ThreadWorker):
     def _examine(self, conn, *, eof: bool) -> None:
         try:
             path = _request_complete(conn.dlock_buf, max_head=self.max_head, max_body=self.max_body)
-        except _Incomplete:
+        except _Incomplete as incomplete:
+            if incomplete.args and incomplete.args[0] and not getattr(conn, "dlock_continued", 0):
+                conn.dlock_continued = True  # the client waits for this before its body
+                with contextlib.suppress(OSError):
+                    conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             if eof and conn.dlock_buf:
                 # The client half-closed mid-request: what arrived must not be executed.
                 self._end_arrival(

@@ -1,17 +1,18 @@
 """Caller credentials for the whole suite, set up once before Django reads its settings.
 
 Every server a test starts inherits DLOCK_CREDENTIALS (hashes of the two test credentials), and
-every way a test talks HTTP sends a credential without being asked to: `requests` (any session,
-any helper), Django's test client and `tests.conftest.raw_request`. The operator credential goes
-to L8 (`/v1/locks/<key>/revoke`), the executor one everywhere else. A test that wants to send
-another credential, or none, says so: an explicit `Authorization` header (None or "" for none)
-is left alone.
+every way a test talks HTTP to a dlock `/v1` path sends a credential without being asked to:
+`requests` (any session, any helper), Django's test client and `tests.conftest.raw_request`.
+The operator credential goes to L8 (`/v1/locks/<key>/revoke`), the executor one everywhere
+else. A test that wants to send another credential, or none, says so: an explicit
+`Authorization` header (None or "" for none) is left alone.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from urllib.parse import urlsplit
 
 from dlock.auth import credentials_entry, new_credential
 
@@ -38,8 +39,10 @@ def install() -> None:
 
     def request(self, method, url, *args, headers=None, **kwargs):
         headers = dict(headers or {})
-        if not any(name.lower() == "authorization" for name in headers) and "Authorization" not in (
-            self.headers or {}
+        if (
+            urlsplit(str(url)).path.startswith("/v1/")  # dlock's API only: never etcd's gateway
+            and not any(name.lower() == "authorization" for name in headers)
+            and "Authorization" not in (self.headers or {})
         ):
             headers["Authorization"] = default_authorization(str(url))
         headers = {name: value for name, value in headers.items() if value != ""}

@@ -259,3 +259,19 @@ def test_a_pipelined_partial_request_cannot_hold_a_thread(probe):
     finally:
         for sock in stuck:
             sock.close()
+
+
+def test_expect_100_continue_is_answered_before_the_body_arrives(probe):
+    body = b'{"tag":"expect-continue"}'
+    with socket.create_connection(("127.0.0.1", probe.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /probe/bump/1 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+            b"\r\nExpect: 100-continue\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+            % len(body)
+        )
+        sock.settimeout(1.0)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body)
+        elapsed, answer = _closed_after(sock, 10)
+    assert b"HTTP/1.1 200" in answer
+    assert probe.sql("SELECT count(*) FROM probe_log WHERE tag = 'expect-continue'") == [(1,)]

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from tests import credentials
 from tests.payments.test_live import _seed
 
 pytestmark = pytest.mark.live
@@ -60,6 +61,7 @@ def test_a_truncated_claim_body_is_400_and_the_payout_stays_pending(live_stack):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(
             f"POST /v1/payouts/{payout}/claim HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {credentials.EXECUTOR}\r\n"
             "Content-Type: application/json\r\nContent-Length: 100\r\nX-Fencing-Token: 5\r\n"
             f"X-Owner-Id: truncator\r\nX-Idempotency-Key: payout-{payout}\r\n\r\n".encode()
             + body
