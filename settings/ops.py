@@ -16,6 +16,7 @@ INSTALLED_APPS = [
     "railproxy",
     "railstub",
     "executor",
+    "ops",
     "experiment",
 ]
 MIDDLEWARE = [
