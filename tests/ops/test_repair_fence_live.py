@@ -61,6 +61,14 @@ def _books(stack, account_id: str) -> tuple[int, int]:
         ).fetchone()
 
 
+def _drain(stack, tmp_path) -> None:
+    """`run_executor --until-idle` as a real process; leaves nothing CLAIMED behind."""
+    proc = start_executor(
+        stack, f"exec-repaired-{uuid.uuid4().hex[:6]}", "--until-idle", log_dir=tmp_path
+    )
+    assert proc.wait(120) == 0, proc.log.read_text()[-3000:]
+
+
 def _runaway(stack) -> tuple[str, str]:
     """One payout CLAIMED by a forged token 2^63−1 that also raised the fence and the rail
     high-water mark: no token the lock server can issue passes either."""
@@ -123,9 +131,7 @@ def test_a_runaway_fence_is_lowered_to_the_issued_bound_audited_and_the_payout_t
     assert "# TYPE fence_repaired_total counter" in metrics
 
     # The next legitimate grant is above the bound: the executor recovers the claim and pays.
-    proc = start_executor(ops_stack, f"exec-repaired-{uuid.uuid4().hex[:6]}", "--until-idle",
-                          log_dir=tmp_path)  # fmt: skip
-    assert proc.wait(120) == 0, proc.log.read_text()[-3000:]
+    _drain(ops_stack, tmp_path)
     assert states(ops_stack, [pid]) == {pid: "POSTED"}
     balance, ledger_sum = _books(ops_stack, account_id)
     assert balance == ledger_sum == 4_000
@@ -153,7 +159,7 @@ def test_repair_of_a_healthy_account_is_refused_and_changes_nothing(ops_stack):
     assert _audit(ops_stack, account_id) == []
 
 
-def test_repair_without_a_reason_is_refused_and_changes_nothing(ops_stack):
+def test_repair_without_a_reason_is_refused_and_changes_nothing(ops_stack, tmp_path):
     pid, account_id = _runaway(ops_stack)
 
     missing = _repair(ops_stack, "--account", account_id)
@@ -165,6 +171,8 @@ def test_repair_without_a_reason_is_refused_and_changes_nothing(ops_stack):
     assert _audit(ops_stack, account_id) == []
     # leave the stack drainable for the next test: repair it properly, then pay it
     assert _repair(ops_stack, "--account", account_id, "--reason", "test clean-up").returncode == 0
+    _drain(ops_stack, tmp_path)
+    assert states(ops_stack, [pid]) == {pid: "POSTED"}
 
 
 def test_repair_of_an_unknown_account_is_refused(ops_stack):
