@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
-from dlock.devstack import PROJECT
+PROJECT = Path(__file__).resolve().parents[2]
 
 DATABASE_MODULES = ("django.db", "payments", "railproxy", "railstub", "lockserver", "ops")
 

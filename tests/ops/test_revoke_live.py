@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from dlock.client import LockClient
-from dlock.devstack import free_port, manage
+from tests.conftest import free_port, manage
 from tests.executor.conftest import (
     account_ids,
     fenced_out_count,
