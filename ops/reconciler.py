@@ -165,7 +165,7 @@ def reconcile(*, write: bool = True) -> Report:
     """Read both books, classify, check invariants; write findings (only) when `write`."""
     pay = _with_retries(_read_paydb)
     rail = _with_retries(_read_raildb)
-    report = Report(checked_at=rfc3339_ms(_now()))
+    report = Report(checked_at=rfc3339_ms(_now()) or "")
 
     transfers: dict[str, list[str]] = defaultdict(list)
     for client_ref, rail_reference in rail:
@@ -190,7 +190,7 @@ def reconcile(*, write: bool = True) -> Report:
             {"debitsMinor": pay["debits"], "creditsMinor": pay["credits"]}
         )
 
-    states = Counter()
+    states: Counter[str] = Counter()
     for payout_id, state in pay["payouts"]:
         states[state] += 1
         submissions = subs_by_payout.get(payout_id, [])

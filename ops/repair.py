@@ -103,13 +103,14 @@ def repair_fence(
             )
         new_fence = old_fence
         if fence_high:
-            new_fence = lower_account_fence(
+            lowered = lower_account_fence(
                 cursor, account_id=account_id, expected=old_fence, bound=bound
             )
-            if new_fence != bound:  # cannot happen under the row lock; never write half
+            if lowered != bound:  # cannot happen under the row lock; never write half
                 raise RepairRefused("the account fence moved under its row lock; nothing changed")
+            new_fence = bound
         new_high = old_high
-        if rail_high:
+        if old_high is not None and rail_high:
             new_high = lower_high_water(
                 cursor, account_id=account_id, expected=old_high, bound=bound
             )
