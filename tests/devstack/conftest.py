@@ -39,6 +39,12 @@ def stack_ports() -> dict[str, int]:
 
 
 @pytest.fixture
+def replica_ports() -> dict[str, int]:
+    base = _free_block(len(ROLES), replicas=2)
+    return {role: base + n for n, role in enumerate(ROLES, start=1)}
+
+
+@pytest.fixture
 def run_dir(tmp_path, monkeypatch):
     """The suite's database URLs must not leak in: `up` would use them instead of its own
     private cluster. Whatever a test leaves running is stopped and removed."""
