@@ -17,7 +17,6 @@ INSTALLED_APPS = [
     "railstub",
     "executor",
     "ops",
-    "experiment",
 ]
 MIDDLEWARE = [
     *MIDDLEWARE[:4],
