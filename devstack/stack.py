@@ -288,9 +288,11 @@ def up(
         "DLOCK_REPLICAS": str(topology.replicas),
     }
     # --- issue 15 (credentials): one executor and one operator credential per stack, kept
-    # across `make up`; the roles get only their hashes, stack.env the plaintexts (below).
+    # across `make up` (else the caller's, else new); the roles get only their hashes,
+    # stack.env the plaintexts (below).
+    stored = read_env(run / "stack.env")  # the roles' environment holds only the hashes
     credentials = {
-        var: previous.get(var) or new_credential()
+        var: stored.get(var) or os.environ.get(var) or new_credential()
         for var in ("DLOCK_EXECUTOR_CREDENTIAL", "DLOCK_OPERATOR_CREDENTIAL")
     }
     for var in credentials:
