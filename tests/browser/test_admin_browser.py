@@ -18,6 +18,8 @@ from dlock.roles import SERVICE_NAMES
 from tests.browser.conftest import off_loopback, paydb, requested_urls
 from tests.conftest import ROLES
 
+pytestmark = pytest.mark.live
+
 
 def seed_quarantine(live_stack, classification: str | None, refs: list[str]) -> dict:
     """One RAIL_AMBIGUOUS payout (and its reconciliation) in the live paydb, through manage.py."""
@@ -212,3 +214,39 @@ def test_v1_stays_json_next_to_the_static_files(live_stack):
         assert sneaky.status_code == 404 and sneaky.headers["Content-Type"].startswith(
             "application/json"
         )
+
+
+def test_the_changelist_search_action_and_logout_forms_work_in_the_browser(
+    browser, live_stack, admin_user, payments_url
+):
+    seeded = seed_quarantine(live_stack, "NOT_BOOKED", [])
+    log_in(browser, payments_url, *admin_user)
+    browser.get(f"{payments_url}/admin/payments/quarantinedpayout/")
+    search = browser.find_element(By.ID, "searchbar")
+    search.send_keys(seeded["account"])
+    search.submit()
+    wait_for(browser, "#result_list")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 1 and seeded["payout"] in rows[0].text
+
+    rows[0].find_element(By.CSS_SELECTOR, "input.action-select").click()
+    browser.find_element(
+        By.CSS_SELECTOR, "select[name=action] option[value=resolve_selected]"
+    ).click()
+    browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+    wait_for(browser, "#resolve-form")
+    browser.find_element(By.CSS_SELECTOR, "select[name=resolution] option[value=FAILED]").click()
+    browser.find_element(By.NAME, "note").send_keys("reconciler: no transfer for this payout")
+    browser.find_element(By.ID, "resolve-submit").click()
+
+    wait_for(browser, "ul.messagelist")
+    assert "resolved as FAILED" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+    assert paydb(
+        live_stack, "SELECT state FROM payout WHERE payout_id = %s", (seeded["payout"],)
+    ) == [("FAILED",)]
+    assert books(live_stack, seeded["account"]) == (5_000, 5_000)
+
+    browser.find_element(By.CSS_SELECTOR, "#logout-form button").click()
+    wait_for(browser, "#content")
+    browser.get(f"{payments_url}/admin/")
+    assert "/admin/login/" in browser.current_url
