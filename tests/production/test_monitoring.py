@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from dlock.devstack import PROJECT
+from devstack import PROJECT
 
 MONITORING = PROJECT / "monitoring"
 K8S_MONITORING = PROJECT / "k8s" / "monitoring"
