@@ -174,6 +174,7 @@ class LedgerEntry(models.Model):
 
     class Meta:
         db_table = "ledger_entry"
+        verbose_name_plural = "ledger entries"
         constraints = [
             models.CheckConstraint(
                 condition=Q(amount_minor__gt=0), name="ledger_entry_amount_positive"
