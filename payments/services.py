@@ -6,7 +6,6 @@ never build HTTP responses. The conditional SQL lives in `payments/fenced_sql.py
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import Callable
@@ -15,18 +14,25 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from dlock import idempotency
 from dlock.dbrouter import alias_for
-from dlock.errors import ApiError, Code, not_found, validation_error
+from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
+from dlock.fencing import fenced_out
 from dlock.tracing import current_trace_id
 from payments import fenced_sql
-from payments.models import Account, AccountKind, Payout, PayoutEvent
+from payments.models import (
+    CLAIMABLE_STATES,
+    RESOLUTION_STATES,
+    Account,
+    AccountKind,
+    Payout,
+    PayoutEvent,
+)
 
 # Test-only fault injection: called after the last write of claim/post, inside the
 # transaction, with the operation name. Tests set it to a function that raises; production
 # never sets it. Whatever it raises rolls the whole command back.
 FAULT_HOOK: Callable[[str], None] | None = None
-
-CLAIMABLE_STATES = ("PENDING", "CLAIMED")
 
 
 def _alias() -> str:
@@ -56,43 +62,59 @@ class CommandResult:
 
 
 def _request_hash(operation: str, payout_id: uuid.UUID, body: dict[str, Any]) -> str:
-    canonical = json.dumps(
-        {"operation": operation, "payoutId": str(payout_id), "body": body},
-        sort_keys=True,
-        separators=(",", ":"),
+    return idempotency.request_hash(
+        {"operation": operation, "payoutId": str(payout_id), "body": body}
     )
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replay_or_conflict(cursor, *, operation: str, key: str, token: int, request_hash: str):
+def _replay_or_conflict(
+    cursor, *, operation: str, key: str, token: int, request_hash: str
+) -> CommandResult | None:
     """Serialise on the identity, then answer from its stored record if there is one."""
-    fenced_sql.idempotency_lock(cursor, operation=operation, key=key, token=token)
+    idempotency.lock_identity(cursor, operation=operation, key=key, token=token)
     stored = fenced_sql.idempotency_lookup(cursor, operation=operation, key=key, token=token)
     if stored is None:
         return None
     stored_hash, status, body = stored
-    if stored_hash != request_hash:
-        raise ApiError(
-            Code.IDEMPOTENCY_CONFLICT,
-            "this X-Idempotency-Key and token were used with a different request",
-            details={"idempotencyKey": key, "operation": operation},
-        )
-    if isinstance(body, str):
-        body = json.loads(body)
-    return CommandResult(status=int(status), body=body, replayed=True)
+    idempotency.check_same_request(
+        stored_hash=stored_hash, presented_hash=request_hash, key=key, operation=operation
+    )
+    return CommandResult(status=int(status), body=idempotency.stored_body(body), replayed=True)
 
 
-def _not_claimable(payout_id: uuid.UUID, state: str | None, allowed: tuple[str, ...]) -> ApiError:
-    return ApiError(
-        Code.PAYOUT_NOT_CLAIMABLE,
-        f"payout is {state}; this transition needs {' or '.join(allowed)}",
-        details={"payoutId": str(payout_id), "state": state, "expectedStates": list(allowed)},
+def _fenced_account(
+    cur, *, payout_id: uuid.UUID, token: int, owner_id: str, idempotency_key: str, post: bool
+) -> fenced_sql.FencedAccount:
+    """The fence UPDATE of P2 (strict) or P3 (`<=`); its refusal is 404, 400 or FENCED_OUT."""
+    fence = fenced_sql.fence_account_for_post if post else fenced_sql.fence_account_for_claim
+    account = fence(cur, payout_id=payout_id, token=token, idempotency_key=idempotency_key)
+    if account is not None:
+        return account
+    found = fenced_sql.fence_diagnosis(cur, payout_id=payout_id)
+    if found is None:
+        raise not_found("payout", str(payout_id))
+    idempotency.check_payout_key(presented=idempotency_key, stable=found.idempotency_key)
+    raise fenced_out(
+        resource="account",
+        resource_id=found.account_id,
+        presented=token,
+        highest=found.fence,
+        owner_id=owner_id,
     )
 
 
-def _not_in_state(cur, payout_id: uuid.UUID, allowed: tuple[str, ...]) -> ApiError:
+def _not_in_state(
+    cur, payout_id: uuid.UUID, allowed: tuple[str, ...], *, token: int | None = None
+) -> ApiError:
     """A transition matched no row: answer with the state the payout is in now."""
-    return _not_claimable(payout_id, fenced_sql.payout_state(cur, payout_id=payout_id), allowed)
+    state, claim_token = fenced_sql.payout_state(cur, payout_id=payout_id)
+    return payout_not_claimable(
+        payout_id=str(payout_id),
+        state=state,
+        expected_states=allowed,
+        claim_token=claim_token,
+        presented_token=token,
+    )
 
 
 def _store(cursor, *, operation, key, token, request_hash, payout_id, status, body) -> None:
@@ -162,54 +184,35 @@ def claim_steps(
     )
     if replay is not None:
         return replay, None  # a replayed error is answered from its stored envelope
-    account = fenced_sql.fence_account_for_claim(
-        cur, payout_id=payout_id, token=token, owner_id=owner_id
+    account = _fenced_account(
+        cur,
+        payout_id=payout_id,
+        token=token,
+        owner_id=owner_id,
+        idempotency_key=idempotency_key,
+        post=False,
     )
-    state, amount, reserved = fenced_sql.claim_check(cur, payout_id=payout_id)
+    state, amount, claim_token, reserved = fenced_sql.claim_check(cur, payout_id=payout_id)
     if state != expected_state:
-        raise _not_claimable(payout_id, state, (expected_state,))
-    failure: ApiError | None = None
+        raise payout_not_claimable(
+            payout_id=str(payout_id),
+            state=state,
+            expected_states=(expected_state,),
+            claim_token=claim_token,
+            presented_token=token,
+        )
     available = account.balance_minor - reserved
-    if amount > available:
-        fenced_sql.fail_for_funds(
-            cur,
-            payout_id=payout_id,
-            expected_state=expected_state,
-            token=token,
-            owner_id=owner_id,
-            note=f"insufficient funds: amount {amount} > available {available}",
-        )
-        failure = ApiError(
-            Code.INSUFFICIENT_FUNDS,
-            "available balance does not cover the payout; payout FAILED",
-            details={
-                "payoutId": str(payout_id),
-                "accountId": account.account_id,
-                "amountMinor": amount,
-                "availableMinor": available,
-            },
-        )
-        status, body = failure.status, failure.envelope(current_trace_id())
-    else:
-        moved = fenced_sql.claim_transition(
-            cur,
-            payout_id=payout_id,
-            expected_state=expected_state,
-            token=token,
-            owner_id=owner_id,
-        )
-        if moved is None:  # pragma: no cover - the row is locked by claim_check
-            raise _not_claimable(payout_id, state, (expected_state,))
-        attempt_count, stable_key = moved
-        status = 200
-        body = {
-            "payoutId": str(payout_id),
-            "state": "CLAIMED",
-            "claimToken": token,
-            "accountFence": account.fence,
-            "attemptCount": attempt_count,
-            "idempotencyKey": stable_key,
-        }
+    step = _fail_for_funds if amount > available else _claim_transition
+    status, body, failure = step(
+        cur,
+        payout_id=payout_id,
+        expected_state=expected_state,
+        token=token,
+        owner_id=owner_id,
+        account=account,
+        amount=amount,
+        available=available,
+    )
     _store(
         cur,
         operation=operation,
@@ -221,6 +224,71 @@ def claim_steps(
         body=body,
     )
     return CommandResult(status=status, body=body), failure
+
+
+_Answer = tuple[int, dict[str, Any], ApiError | None]
+
+
+def _fail_for_funds(
+    cur,
+    *,
+    payout_id: uuid.UUID,
+    expected_state: str,
+    token: int,
+    owner_id: str,
+    account: fenced_sql.FencedAccount,
+    amount: int,
+    available: int,
+) -> _Answer:
+    """The claim's 422 branch: the payout becomes FAILED, committed, and the 422 recorded."""
+    fenced_sql.fail_for_funds(
+        cur,
+        payout_id=payout_id,
+        expected_state=expected_state,
+        token=token,
+        owner_id=owner_id,
+        note=f"insufficient funds: amount {amount} > available {available}",
+    )
+    failure = ApiError(
+        Code.INSUFFICIENT_FUNDS,
+        "available balance does not cover the payout; payout FAILED",
+        details={
+            "payoutId": str(payout_id),
+            "accountId": account.account_id,
+            "amountMinor": amount,
+            "availableMinor": available,
+        },
+    )
+    return failure.status, failure.envelope(current_trace_id()), failure
+
+
+def _claim_transition(
+    cur,
+    *,
+    payout_id: uuid.UUID,
+    expected_state: str,
+    token: int,
+    owner_id: str,
+    account: fenced_sql.FencedAccount,
+    amount: int,
+    available: int,
+) -> _Answer:
+    """The claim's 200 branch: expected_state → CLAIMED under this token."""
+    moved = fenced_sql.claim_transition(
+        cur, payout_id=payout_id, expected_state=expected_state, token=token, owner_id=owner_id
+    )
+    if moved is None:  # pragma: no cover - the row is locked by claim_check
+        raise _not_in_state(cur, payout_id, (expected_state,), token=token)
+    attempt_count, stable_key = moved
+    body = {
+        "payoutId": str(payout_id),
+        "state": "CLAIMED",
+        "claimToken": token,
+        "accountFence": account.fence,
+        "attemptCount": attempt_count,
+        "idempotencyKey": stable_key,
+    }
+    return 200, body, None
 
 
 def post_payout(
@@ -273,7 +341,14 @@ def post_steps(
     )
     if replay is not None:
         return replay
-    fenced_sql.fence_account_for_post(cur, payout_id=payout_id, token=token, owner_id=owner_id)
+    _fenced_account(
+        cur,
+        payout_id=payout_id,
+        token=token,
+        owner_id=owner_id,
+        idempotency_key=idempotency_key,
+        post=True,
+    )
     moved = fenced_sql.post_transition(
         cur,
         payout_id=payout_id,
@@ -284,7 +359,7 @@ def post_steps(
         submission_id=submission_id,
     )
     if moved is None:
-        raise _not_in_state(cur, payout_id, ("RAIL_ACKED",))
+        raise _not_in_state(cur, payout_id, ("RAIL_ACKED",), token=token)
     account_id, amount, currency = moved
     posting = _post_to_settlement(
         cur,
@@ -328,7 +403,7 @@ def _post_to_settlement(cur, *, payout_id, account_id, amount, currency, fence):
     )
 
 
-RESOLUTIONS = ("POSTED", "FAILED")
+RESOLUTIONS = RESOLUTION_STATES
 
 
 def resolve_quarantined(
