@@ -10,7 +10,7 @@ from django.db import connections, transaction
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
 from payments import fenced_sql
-from payments.models import Account, Payout, PayoutEvent
+from payments.models import QUARANTINED_OR_TERMINAL, Account, Payout, PayoutEvent
 
 pytestmark = pytest.mark.django_db(databases=["default"])
 
@@ -85,17 +85,26 @@ def test_transition_of_an_unknown_payout_is_false():
         )
 
 
-def test_no_token_bearing_transition_leaves_quarantine():
-    payout = _payout("RAIL_AMBIGUOUS")
+@pytest.mark.parametrize("state", sorted(QUARANTINED_OR_TERMINAL))
+def test_no_token_bearing_transition_leaves_quarantine_and_the_row_stays(state):
+    payout = _payout(state)
     with pytest.raises(ValueError), _cursor() as cur:
         fenced_sql.transition_payout(
             cur,
             payout_id=payout.payout_id,
-            from_states=("RAIL_AMBIGUOUS",),
-            to_state="POSTED",
+            from_states=(state,),
+            to_state="CLAIMED",
             token=9,
             owner_id="w1",
         )
+    row = Payout.objects.get(payout_id=payout.payout_id)
+    assert (row.state, row.claim_token) == (state, None)
+    assert not PayoutEvent.objects.filter(payout_id=payout.payout_id).exists()
+
+
+def test_the_quarantine_set_is_rail_ambiguous_plus_the_terminal_states():
+    assert {"RAIL_AMBIGUOUS", "POSTED", "FAILED", "ABANDONED"} == QUARANTINED_OR_TERMINAL
+    assert fenced_sql.QUARANTINED_OR_TERMINAL is QUARANTINED_OR_TERMINAL  # one definition
 
 
 def test_raise_account_fence_never_lowers_it():
