@@ -174,9 +174,7 @@ def test_intent_of_a_crashed_proxy_is_swept_to_ambiguous_and_never_re_forwarded(
     assert len(rail.transfers(payout.payout_id)) == 1
 
 
-def test_rail_sweep_command_runs_one_sweep(rail_stack):
-    result = rail_stack.manage("rail_sweep")
-    assert "unresolved intent(s) to RAIL_AMBIGUOUS" in result.stdout
+# The `rail_sweep` command and the server-process sweeper: tests/rail/test_rail_sweep.py.
 
 
 def _swallow(call):
