@@ -104,12 +104,10 @@ class ApiError(Exception):
             details = {**(details or {}), "fields": [{"field": "request", "message": self.message}]}
         self.details = details
         spec = CATALOGUE[self.code]
+        self.retry_after_ms: int | None = None
         if spec.retry_after:
-            self.retry_after_ms = int(
-                retry_after_ms if retry_after_ms is not None else spec.default_retry_after_ms
-            )
-        else:
-            self.retry_after_ms = None
+            chosen = retry_after_ms if retry_after_ms is not None else spec.default_retry_after_ms
+            self.retry_after_ms = int(chosen or 0)
         if http_status is not None and http_status not in allowed_statuses(self.code):
             raise ValueError(f"{self.code} is never answered with HTTP {http_status}")
         self.status = http_status or spec.status
