@@ -202,17 +202,31 @@ def claim_steps(
             presented_token=token,
         )
     available = account.balance_minor - reserved
-    step = _fail_for_funds if amount > available else _claim_transition
-    status, body, failure = step(
-        cur,
-        payout_id=payout_id,
-        expected_state=expected_state,
-        token=token,
-        owner_id=owner_id,
-        account=account,
-        amount=amount,
-        available=available,
-    )
+    failure: ApiError | None = None
+    if amount > available:
+        failure = _fail_for_funds(
+            cur,
+            payout_id=payout_id,
+            expected_state=expected_state,
+            token=token,
+            owner_id=owner_id,
+            account_id=account.account_id,
+            amount=amount,
+            available=available,
+        )
+        status, body = failure.status, failure.envelope(current_trace_id())
+    else:
+        status, body = (
+            200,
+            _claim_transition(
+                cur,
+                payout_id=payout_id,
+                expected_state=expected_state,
+                token=token,
+                owner_id=owner_id,
+                account_fence=account.fence,
+            ),
+        )
     _store(
         cur,
         operation=operation,
@@ -226,9 +240,6 @@ def claim_steps(
     return CommandResult(status=status, body=body), failure
 
 
-_Answer = tuple[int, dict[str, Any], ApiError | None]
-
-
 def _fail_for_funds(
     cur,
     *,
@@ -236,11 +247,11 @@ def _fail_for_funds(
     expected_state: str,
     token: int,
     owner_id: str,
-    account: fenced_sql.FencedAccount,
+    account_id: str,
     amount: int,
     available: int,
-) -> _Answer:
-    """The claim's 422 branch: the payout becomes FAILED, committed, and the 422 recorded."""
+) -> ApiError:
+    """The claim's 422 branch: the payout becomes FAILED (committed); the error is recorded."""
     fenced_sql.fail_for_funds(
         cur,
         payout_id=payout_id,
@@ -249,46 +260,36 @@ def _fail_for_funds(
         owner_id=owner_id,
         note=f"insufficient funds: amount {amount} > available {available}",
     )
-    failure = ApiError(
+    return ApiError(
         Code.INSUFFICIENT_FUNDS,
         "available balance does not cover the payout; payout FAILED",
         details={
             "payoutId": str(payout_id),
-            "accountId": account.account_id,
+            "accountId": account_id,
             "amountMinor": amount,
             "availableMinor": available,
         },
     )
-    return failure.status, failure.envelope(current_trace_id()), failure
 
 
 def _claim_transition(
-    cur,
-    *,
-    payout_id: uuid.UUID,
-    expected_state: str,
-    token: int,
-    owner_id: str,
-    account: fenced_sql.FencedAccount,
-    amount: int,
-    available: int,
-) -> _Answer:
-    """The claim's 200 branch: expected_state → CLAIMED under this token."""
+    cur, *, payout_id: uuid.UUID, expected_state: str, token: int, owner_id: str, account_fence: int
+) -> dict[str, Any]:
+    """The claim's 200 branch: expected_state → CLAIMED under this token; the answer's body."""
     moved = fenced_sql.claim_transition(
         cur, payout_id=payout_id, expected_state=expected_state, token=token, owner_id=owner_id
     )
     if moved is None:  # pragma: no cover - the row is locked by claim_check
         raise _not_in_state(cur, payout_id, (expected_state,), token=token)
     attempt_count, stable_key = moved
-    body = {
+    return {
         "payoutId": str(payout_id),
         "state": "CLAIMED",
         "claimToken": token,
-        "accountFence": account.fence,
+        "accountFence": account_fence,
         "attemptCount": attempt_count,
         "idempotencyKey": stable_key,
     }
-    return 200, body, None
 
 
 def post_payout(

@@ -104,17 +104,26 @@ def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -
     return Accepted(body)
 
 
-def _not_recorded(
-    request: SubmissionRequest, admitted: Admitted, answer: RailAnswer, exc: DatabaseError
-) -> ApiError:
+def _log_lost_outcome(
+    event: str, request: SubmissionRequest, admitted: Admitted, answer: RailAnswer, **extra: Any
+) -> None:
+    """An outcome the rail gave that the proxy's record does not (or cannot) carry."""
     log_event(
-        "rail_outcome_not_recorded",
+        event,
         level=logging.ERROR,
         submissionId=str(admitted.submission_id),
         payoutId=str(request.payout_id),
         railOutcome=answer.outcome.value,
         railReference=answer.rail_reference,
-        error=type(exc).__name__,
+        **extra,
+    )
+
+
+def _not_recorded(
+    request: SubmissionRequest, admitted: Admitted, answer: RailAnswer, exc: DatabaseError
+) -> ApiError:
+    _log_lost_outcome(
+        "rail_outcome_not_recorded", request, admitted, answer, error=type(exc).__name__
     )
     return ApiError(
         Code.RAIL_AMBIGUOUS,
@@ -126,13 +135,11 @@ def _not_recorded(
 def _swept_first(
     request: SubmissionRequest, admitted: Admitted, answer: RailAnswer, stored: tuple | None
 ) -> ApiError:
-    log_event(
+    _log_lost_outcome(
         "rail_outcome_after_sweep",
-        level=logging.ERROR,
-        submissionId=str(admitted.submission_id),
-        payoutId=str(request.payout_id),
-        railOutcome=answer.outcome.value,
-        railReference=answer.rail_reference,
+        request,
+        admitted,
+        answer,
         recordedOutcome=stored[0] if stored else None,
     )
     if stored is not None and stored[2] is not None and stored[3] is not None:

@@ -27,27 +27,6 @@ def _events(proc, event: str) -> list[dict]:
     return found
 
 
-def _orphan(rail, payout, *, age: str) -> None:
-    """An intent left PENDING `age` ago by a proxy that died before recording an outcome."""
-    rail.pay("UPDATE payout SET state = 'SUBMITTING' WHERE payout_id = %s", [payout.payout_id])
-    rail.pay(
-        "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
-        " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
-        " outcome, submitted_at)"
-        " VALUES (gen_random_uuid(), %s, %s, %s, 'EUR', %s, 'worker-a', %s, 'h', %s, 'PENDING',"
-        " clock_timestamp() - %s::interval)",
-        [
-            payout.payout_id,
-            payout.account_id,
-            payout.amount_minor,
-            payout.token,
-            payout.key,
-            payout.payout_id,
-            age,
-        ],
-    )
-
-
 def _sweep_event(rail, payout_id: str) -> list[tuple]:
     return rail.pay(
         "SELECT from_state, to_state, token, owner_id FROM payout_event"
@@ -63,7 +42,7 @@ def test_the_sweeper_thread_runs_in_the_rail_proxy_server_process(rail_stack, ra
     assert started[0]["intervalMs"] == 300
 
     orphan = rail.claimed_payout(token=61_000)
-    _orphan(rail, orphan, age="1 hour")
+    rail.orphan_intent(orphan, age="1 hour")
 
     # Nobody runs a command: only the server's own thread can quarantine it.
     rail.wait_for(lambda: rail.payout_state(orphan.payout_id) == "RAIL_AMBIGUOUS")
@@ -80,8 +59,8 @@ def test_rail_sweep_command_quarantines_old_intents_and_leaves_fresh_ones(rail_s
     try:
         old = rail.claimed_payout(token=62_000)
         fresh = rail.claimed_payout(token=62_001)
-        _orphan(rail, old, age="1 hour")
-        _orphan(rail, fresh, age="0 seconds")
+        rail.orphan_intent(old, age="1 hour")
+        rail.orphan_intent(fresh, age="0 seconds")
 
         result = rail_stack.manage("rail_sweep", "--older-than-ms", "60000")
 
