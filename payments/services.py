@@ -1,7 +1,8 @@
 """Payment-resource writes. Each accepted command is one transaction on paydb.
 
 Services take keyword-only typed arguments, own `transaction.atomic`, raise `ApiError` and
-never build HTTP responses. The conditional SQL lives in `payments/fenced_sql.py`.
+never build HTTP responses. The conditional SQL lives in `payments/fenced_sql.py`; seeding
+(accounts, payouts) in `payments/seeding.py`.
 """
 
 from __future__ import annotations
@@ -20,14 +21,24 @@ from dlock.errors import ApiError, Code, not_found, payout_not_claimable, valida
 from dlock.fencing import fenced_out
 from dlock.tracing import current_trace_id
 from payments import fenced_sql
-from payments.models import (
-    CLAIMABLE_STATES,
-    RESOLUTION_STATES,
-    Account,
-    AccountKind,
-    Payout,
-    PayoutEvent,
-)
+from payments.models import CLAIMABLE_STATES, RESOLUTION_STATES, AccountKind, Payout
+from payments.seeding import create_account, create_payout, funding_account_id, seed
+
+# Seeding lives in payments/seeding.py; these names stay importable from here for its callers.
+__all__ = [
+    "CLAIMABLE_STATES",
+    "CommandResult",
+    "claim_payout",
+    "claim_steps",
+    "create_account",
+    "create_payout",
+    "funding_account_id",
+    "post_payout",
+    "post_steps",
+    "resolve_quarantined",
+    "seed",
+    "settlement_account_id",
+]
 
 # Test-only fault injection: called after the last write of claim/post, inside the
 # transaction, with the operation name. Tests set it to a function that raises; production
@@ -46,10 +57,6 @@ def _fault_point(operation: str) -> None:
 
 def settlement_account_id(currency: str) -> str:
     return f"settlement:{currency}"
-
-
-def funding_account_id(currency: str) -> str:
-    return f"funding:{currency}"
 
 
 @dataclass(frozen=True)
@@ -470,113 +477,3 @@ def resolve_quarantined(
             currency=currency,
             fence=locked[1],
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# Seeding (manage.py seed_payouts, tests, benchmarks)
-
-
-def create_account(
-    *, account_id: str, currency: str = "EUR", opening_balance_minor: int = 0
-) -> Account:
-    """A CUSTOMER account; a positive opening balance is a ledger pair from `funding:<cur>`."""
-    if opening_balance_minor < 0:
-        raise validation_error(
-            "opening balance must be >= 0",
-            [{"field": "openingBalanceMinor", "message": ">= 0"}],
-        )
-    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
-        account = Account.objects.using(_alias()).create(
-            account_id=account_id, currency=currency, kind=AccountKind.CUSTOMER
-        )
-        if opening_balance_minor > 0:
-            funding = funding_account_id(currency)
-            fenced_sql.ensure_account(
-                cur, account_id=funding, currency=currency, kind=AccountKind.FUNDING
-            )
-            fenced_sql.post_ledger(
-                cur,
-                payout_id=None,
-                debit_account=funding,
-                credit_account=account_id,
-                amount=opening_balance_minor,
-                fence=0,
-            )
-    account.refresh_from_db(using=_alias())
-    return account
-
-
-def _pending_payout(
-    *,
-    payout_id: uuid.UUID,
-    account: Account,
-    amount_minor: int,
-    beneficiary_ref: str | None = None,
-) -> Payout:
-    """A new (unsaved) PENDING payout in the account's currency, with its stable idempotency key."""
-    return Payout(
-        payout_id=payout_id,
-        account=account,
-        amount_minor=amount_minor,
-        currency=account.currency,
-        beneficiary_ref=beneficiary_ref or f"ben-{payout_id.hex[:12]}",
-        state="PENDING",
-        idempotency_key=f"payout-{payout_id}",
-    )
-
-
-def create_payout(
-    *,
-    account_id: str,
-    amount_minor: int,
-    beneficiary_ref: str | None = None,
-    payout_id: uuid.UUID | None = None,
-    owner_id: str = "seed",
-) -> Payout:
-    """A PENDING payout with its stable idempotency key and its first payout_event row."""
-    payout_id = payout_id or uuid.uuid4()
-    with transaction.atomic(using=_alias()):
-        account = Account.objects.using(_alias()).get(account_id=account_id)
-        payout = _pending_payout(
-            payout_id=payout_id,
-            account=account,
-            amount_minor=amount_minor,
-            beneficiary_ref=beneficiary_ref,
-        )
-        payout.save(using=_alias(), force_insert=True)
-        PayoutEvent.objects.using(_alias()).create(
-            payout=payout, from_state=None, to_state="PENDING", token=None, owner_id=owner_id
-        )
-    return payout
-
-
-def seed(
-    *,
-    accounts: int,
-    payouts_per_account: int,
-    balance_minor: int,
-    amount_minor: int,
-    currency: str = "EUR",
-) -> dict[str, list[str]]:
-    """Accounts with opening balances and PENDING payouts (one transaction per account)."""
-    account_ids: list[str] = []
-    payout_ids: list[str] = []
-    for _ in range(accounts):
-        with transaction.atomic(using=_alias()):
-            account = create_account(
-                account_id=f"acct-{uuid.uuid4().hex[:16]}",
-                currency=currency,
-                opening_balance_minor=balance_minor,
-            )
-            ids = [uuid.uuid4() for _ in range(payouts_per_account)]
-            Payout.objects.using(_alias()).bulk_create(
-                _pending_payout(payout_id=pid, account=account, amount_minor=amount_minor)
-                for pid in ids
-            )
-            PayoutEvent.objects.using(_alias()).bulk_create(
-                PayoutEvent(payout_id=pid, from_state=None, to_state="PENDING", owner_id="seed")
-                for pid in ids
-            )
-        account_ids.append(account.account_id)
-        payout_ids.extend(str(pid) for pid in ids)
-    return {"accounts": account_ids, "payouts": payout_ids}
