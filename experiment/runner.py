@@ -557,7 +557,7 @@ def revoke(stack: StackHandle, arm: str, key: str, token: int | None, pay_url: s
             conn.execute(NAIVE_REVOKE, (key,))
         return ""
     from dlock.client import FencedOut, LockClient, NotFound
-    from executor.revoke import protected_account, push_floor
+    from ops.revoke import protected_account, push_floor
 
     client = LockClient(stack.url("lockserver"), owner_id="fencing-experiment")
     try:
