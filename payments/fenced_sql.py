@@ -6,7 +6,8 @@ transition plus its history row as one round trip. The row count (or RETURNING r
 the caller raises. Every function takes a Django cursor on `connections[alias_for("payments")]`
 and must run inside the caller's `transaction.atomic(using=alias_for("payments"))`.
 
-Exported for other apps (docs/briefs/INTERFACES.md): `transition_payout`, `raise_account_fence`.
+Exported for other apps (docs/briefs/INTERFACES.md): `transition_payout`, `raise_account_fence`
+(None for an unknown account; `payments.operator.push_fence_floor` raises NOT_FOUND).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dlock.errors import ApiError, Code
 from payments.models import QUARANTINED_OR_TERMINAL, RESERVING_STATES
 
 # ---------------------------------------------------------------------------------------------
@@ -230,18 +230,15 @@ def transition_payout(
     return cursor.fetchone() is not None
 
 
-def raise_account_fence(cursor, *, account_id: str, floor: int) -> int:
+def raise_account_fence(cursor, *, account_id: str, floor: int) -> int | None:
     """fence = GREATEST(fence, floor); returns the stored fence (operator revoke push, L8).
 
-    NOT_FOUND if the account does not exist (nothing to fence; no row is created).
+    None if the account does not exist (nothing to fence; no row is created): the caller
+    raises (payments.operator.push_fence_floor).
     """
     cursor.execute(RAISE_ACCOUNT_FENCE_SQL, {"account_id": account_id, "floor": floor})
     row = cursor.fetchone()
-    if row is None:
-        raise ApiError(
-            Code.NOT_FOUND, "account not found", details={"resource": "account", "id": account_id}
-        )
-    return int(row[0])
+    return int(row[0]) if row else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
 from payments import fenced_sql
 from payments.models import QUARANTINED_OR_TERMINAL, Account, Payout, PayoutEvent
+from payments.operator import push_fence_floor
 
 pytestmark = pytest.mark.django_db(databases=["default"])
 
@@ -116,7 +117,14 @@ def test_raise_account_fence_never_lowers_it():
     assert Account.objects.get(account_id=account_id).fence == 50
 
 
-def test_raise_account_fence_of_an_unknown_account_is_not_found():
+def test_raise_account_fence_of_an_unknown_account_returns_none_and_creates_nothing():
+    with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
+        assert fenced_sql.raise_account_fence(cur, account_id="nobody", floor=5) is None
+    assert not Account.objects.filter(account_id="nobody").exists()
+
+
+def test_the_revoke_push_of_an_unknown_account_is_not_found():
     with pytest.raises(ApiError) as caught, _cursor() as cur:
-        fenced_sql.raise_account_fence(cur, account_id="nobody", floor=5)
+        push_fence_floor(cur, account_id="nobody", floor=5)
     assert caught.value.code is Code.NOT_FOUND
+    assert caught.value.details == {"resource": "account", "id": "nobody"}
