@@ -143,10 +143,18 @@ def test_the_verdict_is_inconclusive_when_nothing_was_fenced_or_nothing_paid_twi
         "invariant_violation_count": 0,
         "reconciler": {"exit_code": 0, "unexplained_violations": []},
         "fenced_out_sum": 0,
+        "fenced_out_classification": {"explained": 0, "unexplained": 0},
     }
+    two = {"explained": 2, "unexplained": 0, "explained_events": [], "unexplained_events": []}
     assert verdict({"fenced": arm, "naive": {"duplicates_caused": 0}})[0] == 3
     assert (
-        verdict({"fenced": {**arm, "fenced_out_sum": 2}, "naive": {"duplicates_caused": 1}})[0] == 0
+        verdict(
+            {
+                "fenced": {**arm, "fenced_out_sum": 2, "fenced_out_classification": two},
+                "naive": {"duplicates_caused": 1},
+            }
+        )[0]
+        == 0
     )
     assert verdict({"fenced": {**arm, "duplicates_caused": 1}})[0] == 1
 
