@@ -264,3 +264,53 @@ class QuarantinedPayout(Payout):
         proxy = True
         verbose_name = "quarantined payout"
         verbose_name_plural = "quarantine (RAIL_AMBIGUOUS)"
+
+
+class FenceRepair(models.Model):
+    """Audit of one `manage.py repair_fence` (ops): an operator lowered a fence no legitimate
+    token could pass to the highest token the lock server had issued. Append-only."""
+
+    repair_id = models.BigAutoField(primary_key=True)
+    account_id = models.CharField(max_length=64)
+    operator = models.CharField(max_length=128)
+    reason = models.TextField()
+    lock_backend = models.CharField(max_length=8)
+    issued_bound = models.BigIntegerField()  # highest token the lock server had issued
+    old_fence = models.BigIntegerField()
+    new_fence = models.BigIntegerField()
+    old_rail_high_water = models.BigIntegerField(null=True)  # None: the proxy had no row
+    new_rail_high_water = models.BigIntegerField(null=True)
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "fence_repair"
+        indexes = [models.Index(fields=["account_id", "at"], name="fence_repair_account_at")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(new_fence__lte=models.F("old_fence")),
+                name="fence_repair_never_raises",
+            ),
+            models.CheckConstraint(condition=~Q(reason=""), name="fence_repair_reason_given"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.account_id}: {self.old_fence} → {self.new_fence} by {self.operator}"
+
+
+class ReconcileRun(models.Model):
+    """One `manage.py reconcile` run's result, exported by payments' /metrics
+    (payments/reconcile_metrics.py) so the reconciler's verdict reaches Prometheus."""
+
+    run_id = models.BigAutoField(primary_key=True)
+    ok = models.BooleanField()
+    violations = models.IntegerField()
+    classified = models.IntegerField()  # payouts given a classification this run
+    counts = models.JSONField(default=dict)
+    finished_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "reconcile_run"
+        indexes = [models.Index(fields=["finished_at"], name="reconcile_run_finished_at")]
+
+    def __str__(self) -> str:
+        return f"reconcile {self.finished_at}: {'ok' if self.ok else 'BROKEN'}"

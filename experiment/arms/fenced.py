@@ -130,7 +130,7 @@ class FencedArm:
         `manage.py revoke_lock` does, done in-process: a fresh manage.py needs ~2 s to start,
         longer than a CI lease). Returns a note when there was nothing left to revoke."""
         from dlock.client import FencedOut, LockClient, NotFound
-        from executor.revoke import protected_account, push_floor
+        from ops.revoke import protected_account, push_floor
 
         client = LockClient(ctx.stack.url("lockserver"), owner_id="fencing-experiment")
         try:
