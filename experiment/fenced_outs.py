@@ -14,7 +14,8 @@ resource) is **explained** when both hold:
    its last renewal ≥ the lease TTL, less a small tolerance for logging after the grant);
 2. a scheduled fault overlapped the section and can make a section outlive its lease: a pause
    or kill of that very worker, or a window that slows every worker (rail latency, rail
-   failures that hold the connection, a restart of a service role or of PostgreSQL).
+   failures that hold the connection, a restart of a service role or of PostgreSQL; on an HA
+   stack an etcd leader kill, a loss of quorum, a replica kill).
 
 Anything else is **unexplained**, with the reason. Server-side fenced-outs no executor logged
 (counted by /metrics or the proxy's FENCED rows) are attributed to a kill -9 of a worker in
@@ -30,7 +31,15 @@ from datetime import datetime
 from pathlib import Path
 
 # Fault kinds that slow every worker's section, and kinds that hit one worker.
-SLOWING = ("rail_latency", "rail_failures", "restart", "pg_restart")
+SLOWING = (
+    "rail_latency",
+    "rail_failures",
+    "restart",
+    "pg_restart",
+    "etcd_leader_kill",
+    "quorum_loss",
+    "replica_kill",
+)
 PER_WORKER = ("pause", "kill")
 REVOKE = "revoke"
 

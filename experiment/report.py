@@ -105,6 +105,14 @@ def table(report: dict) -> str:
                 f"  - {e.get('owner', '?')} token {e.get('token', '?')} {e['resource']}: {e['why']}"
                 for e in unexplained[:5]
             ]
+        recovery = arms[name].get("recovery") or []
+        if recovery:
+            lines.append(f"{name}: time until the next POSTED payout after each fault:")
+            lines += [
+                f"  - {r['kind']} {r['target']} @{r['start']:.1f}s: "
+                + ("never" if r["next_posted_after_s"] is None else f"{r['next_posted_after_s']}s")
+                for r in recovery
+            ]
         violations = arms[name]["invariant_violations"][:5]
         if violations:
             lines.append(f"{name}: first invariant violations:")

@@ -16,21 +16,26 @@ import json
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from experiment.arms import ARMS, Arm, ArmContext, arm_named
+from experiment import ha
+from experiment.arms import Arm, ArmContext, arm_named
 from experiment.arms.fenced import fenced_out_in_logs, seed_fenced
+from experiment.config import CI_PRESET, ExperimentConfig
 from experiment.fenced_outs import Fault
 from experiment.measure import CounterScraper, collect, state_counts
 from experiment.rail import HOLD_MS, RailConfigurator
 from experiment.schedule import (
+    ETCD_LEADER_KILL,
+    HA_FAULTS,
     KILL,
     PAUSE,
     PG_RESTART,
+    QUORUM_LOSS,
     RAIL_WINDOWS,
+    REPLICA_KILL,
     RESTART,
     FaultEvent,
     build_schedule,
@@ -40,15 +45,6 @@ from experiment.stack import MissingPiece, StackHandle
 from experiment.verdict import unexplained_findings, verdict
 from experiment.workers import WorkerPool, proc_state
 
-# A CI-sized run: both arms in well under two minutes on two cores (seed 7 shows both effects).
-CI_PRESET = {
-    "executors": 3,
-    "accounts": 3,  # with 2, a freshly armed executor can starve on contention for seconds
-    "payouts": 54,
-    "duration": 20.0,
-    "lease_ms": 1500,
-    "drain_timeout": 30.0,
-}
 REVOKE = "revoke"
 # Kept importable from here (bench, demo and older callers).
 unexplained = unexplained_findings
@@ -63,44 +59,6 @@ __all__ = [
     "seed_fenced",
     "verdict",
 ]
-
-
-@dataclass
-class ExperimentConfig:
-    seed: int = 7
-    executors: int = 4
-    payouts: int = 240
-    accounts: int = 0  # 0 = as many as executors (contention: workers share accounts)
-    duration: float = 40.0
-    lease_ms: int = 2000
-    base_latency_ms: int | None = None  # None = paced so the work spans the fault phase
-    amount_minor: int = 1_000
-    drain_timeout: float = 60.0
-    arm: str = "both"
-    out: Path = Path(".run/experiment")
-    pg_restart: bool = True
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-
-    @property
-    def base_latency(self) -> int:
-        """The rail's latency outside fault windows. Paced so K workers need ~85 % of the fault
-        phase for the workload (faults must hit work in flight), capped at 40 % of the lease."""
-        if self.base_latency_ms is not None:
-            return self.base_latency_ms
-        per_payout = self.executors * 0.85 * self.duration / max(1, self.payouts)
-        return int(max(0.0, min(per_payout - 0.1, 0.4 * self.lease_ms / 1000)) * 1000)
-
-    @property
-    def n_accounts(self) -> int:
-        # Half as many accounts as workers: a lease that lapses is taken over at once.
-        return self.accounts or max(2, self.executors // 2)
-
-    @property
-    def per_account(self) -> int:
-        return max(1, self.payouts // self.n_accounts)
-
-    def arms(self) -> list[str]:
-        return list(ARMS) if self.arm == "both" else [self.arm]
 
 
 Progress = Callable[[str, float, dict[str, int], dict[str, float], str], None]
@@ -169,6 +127,14 @@ class ArmRun:
         self.stopping = False
         self.revokes: list[tuple[FaultEvent, str]] = []  # (event, victim owner) awaiting its stop
         self.t0 = time.monotonic()
+        # Faults that run in the background until healed: kind -> action(event).
+        self.actions: dict[str, Callable[[FaultEvent], object]] = {
+            RESTART: lambda e: stack.restart_role(e.target),
+            PG_RESTART: lambda _e: stack.restart_pg(),
+            ETCD_LEADER_KILL: lambda _e: ha.kill_etcd_leader(stack),
+            QUORUM_LOSS: lambda e: ha.lose_quorum(stack, e.seconds),
+            REPLICA_KILL: lambda e: ha.kill_replica(stack, e.target),
+        }
 
     def clock(self) -> float:
         return time.monotonic() - self.t0
@@ -238,10 +204,8 @@ class ArmRun:
         elif event.kind == KILL:
             self.pool.kill(int(event.target))
             self.windows.append({"kind": KILL, "target": event.target, "start": now, "end": now})
-        elif event.kind == RESTART:
-            self._background(event, lambda role=event.target: self.stack.restart_role(role))
-        elif event.kind == PG_RESTART:
-            self._background(event, self.stack.restart_pg)
+        elif event.kind in self.actions:
+            self._background(event, lambda e=event: self.actions[e.kind](e))
         return True  # rail windows are applied by the loop, from the schedule
 
     def _heal_and_drain(self) -> None:
@@ -265,7 +229,7 @@ class ArmRun:
 
     # -- background work ------------------------------------------------------------------
     def _background(
-        self, event: FaultEvent, action: Callable[[], None], record: dict | None = None
+        self, event: FaultEvent, action: Callable[[], object], record: dict | None = None
     ) -> None:
         """Run a fault's action in a thread; `record` (its window in the report) gets the times."""
         record = record if record is not None else {}
@@ -387,6 +351,20 @@ class ArmRun:
         faults += [Fault(kind=KILL, start=t, end=t, owner=owner) for t, owner in self.pool.kills]
         return faults
 
+    def _recovery(self, windows: list[dict]) -> list[dict]:
+        """Per service fault (HA faults, restarts, kills): seconds until the next POSTED payout."""
+        kinds = (*HA_FAULTS, RESTART, PG_RESTART, KILL)
+        return [
+            {
+                "kind": w["kind"],
+                "target": w["target"],
+                "start": round(w["start"], 2),
+                "next_posted_after_s": ha.time_to_next_posted(self.series, w["start"]),
+            }
+            for w in sorted(windows, key=lambda w: w["start"])
+            if w["kind"] in kinds
+        ]
+
     def _result(self) -> dict:
         windows = self._closed_windows()
         truth = collect(
@@ -421,6 +399,7 @@ class ArmRun:
                 "notes": self.notes,
             },
             "windows": windows,
+            "recovery": self._recovery(windows),
             "series": self.series,
             "accounts": self.seeded["accounts"],
         }
@@ -456,6 +435,11 @@ def run(
             workers=config.executors,
             lease_ms=config.lease_ms,
             pg_restart=config.pg_restart and stack.pg_cluster is not None,
+            ha=config.ha,
+        )
+    if config.ha and not ha.is_ha(stack.env):
+        raise MissingPiece(
+            "the HA experiment needs `make up LOCK_BACKEND=etcd ETCD_MEMBERS=3 REPLICAS=2`"
         )
     if check:
         for name in config.arms():

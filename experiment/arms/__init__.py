@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from subprocess import Popen
 
+    from experiment.config import ExperimentConfig
     from experiment.fenced_outs import Fault
-    from experiment.runner import ExperimentConfig
     from experiment.stack import StackHandle
     from experiment.workers import Worker
 

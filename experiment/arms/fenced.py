@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from subprocess import Popen
 
     from experiment.arms import ArmContext
+    from experiment.config import ExperimentConfig
     from experiment.fenced_outs import Fault
-    from experiment.runner import ExperimentConfig
     from experiment.stack import StackHandle
     from experiment.workers import Worker
 
@@ -54,10 +54,10 @@ class BackendWatch:
     (`lock_acquire_total{backend=…}` rising, restarts included)."""
 
     def __init__(self) -> None:
-        self.last: dict[str, float] = {}
+        self.last: dict[tuple[str, str], float] = {}
         self.seen: set[str] = set()
 
-    def observe(self, text: str | None, *, baseline: bool = False) -> None:
+    def observe(self, source: str, text: str | None, *, baseline: bool = False) -> None:
         if text is None:
             return
         now: dict[str, float] = {}
@@ -66,13 +66,13 @@ class BackendWatch:
             if match:
                 now[match["backend"]] = now.get(match["backend"], 0.0) + float(match[2])
         for backend, value in now.items():
-            before = self.last.get(backend)
+            before = self.last.get((source, backend))
             rose = value > before if before is not None else value > 0 and not baseline
             if before is not None and value < before:
                 rose = value > 0  # restarted: anything counted since is new
             if rose:
                 self.seen.add(backend)
-            self.last[backend] = value
+            self.last[(source, backend)] = value
 
 
 class FencedArm:
@@ -103,13 +103,17 @@ class FencedArm:
 
     def start_sampling(self, ctx: ArmContext) -> None:
         for role in FENCING_ROLES:
-            self.fenced_out.scrape(role, ctx.stack.url(role), baseline=True)
-        self.backends.observe(scrape(ctx.stack.url("lockserver")), baseline=True)
+            for url in ctx.stack.urls(role):  # every replica counts its own
+                self.fenced_out.scrape(url, url, baseline=True)
+        for url in ctx.stack.urls("lockserver"):
+            self.backends.observe(url, scrape(url), baseline=True)
 
     def sample(self, ctx: ArmContext) -> dict[str, float]:
         for role in FENCING_ROLES:
-            self.fenced_out.scrape(role, ctx.stack.url(role))
-        self.backends.observe(scrape(ctx.stack.url("lockserver")))
+            for url in ctx.stack.urls(role):
+                self.fenced_out.scrape(url, url)
+        for url in ctx.stack.urls("lockserver"):
+            self.backends.observe(url, scrape(url))
         return dict(self.fenced_out.total)
 
     def held_lock(self, ctx: ArmContext, worker: Worker) -> tuple[str, int | None] | None:

@@ -11,6 +11,8 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from experiment.fenced_outs import Fault, FencedOutEvent, classify, events_from_logs
+from experiment.ha import is_ha, time_to_next_posted
+from experiment.schedule import HA_FAULTS, build_schedule
 from experiment.verdict import verdict
 
 LEASE_S = 1.5
@@ -171,3 +173,45 @@ def test_a_lock_server_serving_on_another_backend_fails_the_run():
 def test_fenced_outs_that_were_never_classified_fail_the_run():
     arm = fenced_arm({"explained": 0, "unexplained": 0}, fenced_out_classification=None)
     assert verdict({"fenced": arm})[0] == 1
+
+
+def test_the_ha_schedule_adds_leader_kill_quorum_loss_and_a_replica_kill_per_role():
+    plain = build_schedule(seed=9, duration=60, workers=4, lease_ms=2000)
+    with_ha = build_schedule(seed=9, duration=60, workers=4, lease_ms=2000, ha=True)
+    added = [e for e in with_ha if e.kind in HA_FAULTS]
+    assert [e for e in with_ha if e.kind not in HA_FAULTS] == plain  # the rest is unchanged
+    assert [e.kind for e in added].count("etcd_leader_kill") == 1
+    (quorum,) = [e for e in added if e.kind == "quorum_loss"]
+    assert quorum.seconds >= 5
+    assert sorted(e.target for e in added if e.kind == "replica_kill") == [
+        "lockserver",
+        "payments",
+        "railproxy",
+    ]
+    assert all(0 < e.at < 60 for e in added)
+
+
+def test_an_ha_fault_that_slowed_a_stale_writer_explains_its_fenced_out():
+    quorum = Fault(kind="quorum_loss", start=10.0, end=16.0)
+    stale = event(owner="fenced-w3", at=16.5, granted_at=9.5, valid_from=9.5)
+    assert classify([stale], [quorum], lease_s=LEASE_S)["explained"] == 1
+
+
+def test_the_time_to_the_next_posted_payout_is_read_from_the_series():
+    series = [{"t": 0.5, "POSTED": 3}, {"t": 1.0, "POSTED": 4}, {"t": 1.5, "POSTED": 4}]
+    series += [{"t": 2.0, "POSTED": 4}, {"t": 4.5, "POSTED": 6}]
+    assert time_to_next_posted(series, 1.2) == 3.3
+    assert time_to_next_posted(series, 0.7) == 0.3
+    assert time_to_next_posted(series, 5.0) is None
+
+
+def test_the_ha_experiment_refuses_a_stack_without_three_members_and_two_replicas():
+    from devstack import URL_ENV
+
+    single = {"LOCK_BACKEND": "etcd", "DLOCK_ETCD_PORTS": "2379:2380"}
+    single |= {URL_ENV[r]: "http://127.0.0.1:8081" for r in ("lockserver", "payments", "railproxy")}
+    assert not is_ha(single)
+    assert not is_ha({**single, "DLOCK_ETCD_PORTS": "1:2,3:4,5:6"})
+    both = {URL_ENV[r]: "http://127.0.0.1:8081,http://127.0.0.1:8181" for r in URL_ENV}
+    assert is_ha({**single, **both, "DLOCK_ETCD_PORTS": "1:2,3:4,5:6"})
+    assert not is_ha({**single, **both, "DLOCK_ETCD_PORTS": "1:2,3:4,5:6", "LOCK_BACKEND": "pg"})
