@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING
 
 import requests
 
-from devstack import URL_ENV, EtcdServer, etcd_cluster, restart_role, state_root
+from devstack import (
+    URL_ENV,
+    EtcdServer,
+    etcd_cluster,
+    etcd_healthy,
+    restart_role,
+    state_root,
+    wait_until,
+)
 from devstack.common import REPLICATED_ROLES
 from experiment.stack import MissingPiece
 
@@ -77,6 +85,12 @@ def start_member(stack: StackHandle, member: EtcdServer) -> None:
     _pidfile(stack, member).write_text(str(member.process.pid))
 
 
+def wait_quorum(stack: StackHandle, timeout: float = 30) -> None:
+    """Until every member answers healthy again (a healed cluster)."""
+    for member in members(stack):
+        wait_until(lambda m=member: etcd_healthy(m.url), timeout=timeout, what=f"{member.name}")
+
+
 def kill_etcd_leader(stack: StackHandle) -> str:
     """kill -9 the etcd leader; start it again after MEMBER_DOWN_S. Returns its name."""
     cluster = members(stack)
@@ -86,6 +100,7 @@ def kill_etcd_leader(stack: StackHandle) -> str:
     kill_member(stack, victim)
     time.sleep(MEMBER_DOWN_S)
     start_member(stack, victim)
+    wait_quorum(stack)
     return victim.name
 
 
@@ -99,6 +114,7 @@ def lose_quorum(stack: StackHandle, seconds: float) -> list[str]:
     time.sleep(seconds)
     for member in victims:
         start_member(stack, member)
+    wait_quorum(stack)
     return [m.name for m in victims]
 
 
