@@ -99,9 +99,23 @@ def build_schedule(
     ]
     if pg_restart:
         events.append(FaultEvent(at=when(0.6 * duration, 0.8 * duration), kind=PG_RESTART))
-    # Rail windows. Duplicate acks early (they slow nobody); latency above the lease TTL (below
-    # the proxy's 8 s read timeout) and failures in the middle, after the first pauses had
-    # rivals running at full speed. Windows may overlap; the rail's config is their merge.
+    events += rail_windows(rng, duration, lease_ms, start)
+    if ha:
+        events += ha_faults(rng, duration)
+    return sorted(events, key=lambda e: (e.at, e.kind, e.target))
+
+
+def rail_windows(
+    rng: random.Random, duration: float, lease_ms: int, start: float
+) -> list[FaultEvent]:
+    """Duplicate acks early (they slow nobody); latency above the lease TTL (below the proxy's
+    8 s read timeout) and failures in the middle, after the first pauses had rivals running at
+    full speed. Windows may overlap; the rail's config is their merge."""
+
+    def when(lo: float, hi: float) -> float:
+        return round(rng.uniform(lo, hi), 2)
+
+    events: list[FaultEvent] = []
     window = max(2.0, 0.18 * duration)
     events.append(
         FaultEvent(
@@ -129,9 +143,7 @@ def build_schedule(
             params={"failure_rate": 0.3},
         )
     )
-    if ha:
-        events += ha_faults(rng, duration)
-    return sorted(events, key=lambda e: (e.at, e.kind, e.target))
+    return events
 
 
 def ha_faults(rng: random.Random, duration: float) -> list[FaultEvent]:
