@@ -9,7 +9,8 @@ how a credential is rotated (add the new hash, move callers, drop the old one). 
 id is the first 12 hex digits of its hash: safe to log and to store with a session.
 
 Missing or unknown credential: 401 UNAUTHENTICATED; known but without the endpoint's scope: 403
-FORBIDDEN. Health, metrics, the schema and the docs pages stay open (`OPEN_ROUTES`).
+FORBIDDEN. Health, metrics, the schema and the docs pages stay open (`OPEN_ROUTES`). The
+middleware that applies this is `dlock.middleware.CredentialMiddleware`.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ import hmac
 import os
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
 
 from dlock.errors import ApiError, Code
+
+if TYPE_CHECKING:  # the client library imports this module: no Django HTTP machinery
+    from django.http import HttpRequest
 
 # settings.env.CREDENTIAL_SCOPES validates DLOCK_CREDENTIALS against the same names.
 SCOPES = frozenset({"executor", "operator"})
@@ -35,7 +39,7 @@ OPERATOR_ROUTES = frozenset({"lock-revoke"})
 OPEN_ROUTES = frozenset({"schema", "swagger-ui", "redoc"})
 CREDENTIAL_ENV = {"executor": "DLOCK_EXECUTOR_CREDENTIAL", "operator": "DLOCK_OPERATOR_CREDENTIAL"}
 CREDENTIAL_PREFIX = "dlk_"
-_CHALLENGE = 'Bearer realm="dlock", Basic realm="dlock"'
+CHALLENGE = 'Bearer realm="dlock", Basic realm="dlock"'
 
 
 @dataclass(frozen=True)
@@ -113,47 +117,6 @@ def request_principal(request: HttpRequest) -> Principal:
     if principal is None:  # a view reached without the middleware: fail closed
         raise ApiError(Code.UNAUTHENTICATED, "Authorization: Bearer <credential> is required")
     return principal
-
-
-class CredentialMiddleware:
-    """Every /v1 route but the docs needs a credential with its scope, before the view runs.
-
-    In process_view (the route is resolved, so the scope is the route's, not a path guess); an
-    unknown route stays 404. The rail stub stands in for a third party and stays open.
-    """
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        return self.get_response(request)
-
-    def process_view(self, request: HttpRequest, view_func, view_args, view_kwargs):
-        # Imported here: the hashing helpers above are used before Django is configured
-        # (devstack, the test harness), and the handlers module needs DRF.
-        from dlock.handlers import error_response
-
-        if settings.ROLE == "railstub":
-            return None
-        scope = required_scope(request)
-        if scope is None:
-            return None
-        try:
-            principal = authenticate(request)
-        except ApiError as error:
-            response = error_response(error)
-            response["WWW-Authenticate"] = _CHALLENGE
-            return response
-        if scope not in principal.scopes:
-            return error_response(
-                ApiError(
-                    Code.FORBIDDEN,
-                    f"this credential lacks the {scope} scope",
-                    details={"requiredScope": scope},
-                )
-            )
-        request.dlock_principal = principal
-        return None
 
 
 def authorization_header(scope: str = "executor") -> dict[str, str]:

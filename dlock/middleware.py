@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django_prometheus import middleware as prometheus
 
+from dlock import auth
 from dlock.errors import PROTOCOL_STATUSES, ApiError, Code
 from dlock.handlers import error_response, render_exception
 from dlock.parsers import too_large
@@ -192,3 +193,40 @@ def envelope_for_status(status: int, response: HttpResponse | None = None) -> Ap
     if status < 500:
         return ApiError(Code.VALIDATION_FAILED, "request rejected")
     return ApiError(Code.INTERNAL, "internal error; see the service log for this traceId")
+
+
+class CredentialMiddleware:
+    """Every /v1 route but the docs needs a credential with its scope, before the view runs.
+
+    In process_view (the route is resolved, so the scope is the route's, not a path guess); an
+    unknown route stays 404. The rail stub stands in for a third party and stays open.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_view(self, request: HttpRequest, view_func, view_args, view_kwargs):
+        if settings.ROLE == "railstub":
+            return None
+        scope = auth.required_scope(request)
+        if scope is None:
+            return None
+        try:
+            principal = auth.authenticate(request)
+        except ApiError as error:
+            response = error_response(error)
+            response["WWW-Authenticate"] = auth.CHALLENGE
+            return response
+        if scope not in principal.scopes:
+            return error_response(
+                ApiError(
+                    Code.FORBIDDEN,
+                    f"this credential lacks the {scope} scope",
+                    details={"requiredScope": scope},
+                )
+            )
+        request.dlock_principal = principal
+        return None
