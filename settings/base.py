@@ -219,6 +219,8 @@ LOCK_RETRY_BUDGET = env_int("LOCK_RETRY_BUDGET", 20, minimum=1)
 LOCK_RETRY_WINDOW_MS = env_int("LOCK_RETRY_WINDOW_MS", 10_000, minimum=100)
 # Reaper period: expiry events, session retention, live gauges.
 LOCK_HOUSEKEEPING_MS = env_int("LOCK_HOUSEKEEPING_MS", 1_000, minimum=50)
+# retryAfterMillis of 503 NOT_LEADER when the etcd store is unreachable or has no leader.
+LOCK_NOT_LEADER_RETRY_MS = env_int("LOCK_NOT_LEADER_RETRY_MS", 1_000, minimum=10, maximum=60_000)
 
 # Service URLs for clients of our own hops (executor, revoke_lock, experiment; issue 7).
 LOCK_SERVER_URL = env_str("LOCK_SERVER_URL", "http://127.0.0.1:8081")

@@ -1,6 +1,6 @@
 """The PostgreSQL lock backend (lock.backend=pg): lockdb tables, tokens from fencing_token_seq.
 
-Statements live in `lockserver.fenced_sql`; this module owns the transactions, the waiting and
+Statements live in `lockserver.backends.pg_sql`; this module owns the transactions, the waiting and
 the mapping of "no row" answers to C3 codes. Hot paths are single autocommit statements:
 acquire (granted), renew, release. Every expiry is decided by the database clock.
 """
@@ -24,7 +24,7 @@ from dlock.errors import ApiError, Code, not_found
 from dlock.logs import log_event
 from dlock.metrics import lock_live_grants, lock_live_sessions
 from dlock.timefmt import rfc3339_ms
-from lockserver import fenced_sql as sql
+from lockserver.backends import pg_sql as sql
 from lockserver.backends.base import (
     GrantRecord,
     HeartbeatRecord,
@@ -49,7 +49,7 @@ logger = logging.getLogger("dlock.lockserver")
 
 
 class _PreparingCursor:
-    """Every statement of lockserver.fenced_sql is a fixed text: prepare it (per connection)."""
+    """Every statement of backends.pg_sql is a fixed text: prepare it (per connection)."""
 
     def __init__(self, cursor: psycopg.Cursor) -> None:
         self._cursor = cursor
