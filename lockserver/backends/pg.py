@@ -25,6 +25,7 @@ from dlock.logs import log_event
 from dlock.metrics import lock_live_grants, lock_live_sessions
 from dlock.timefmt import rfc3339_ms
 from lockserver.backends import pg_sql as sql
+from lockserver.backends import token_sql
 from lockserver.backends.base import (
     GrantRecord,
     HeartbeatRecord,
@@ -46,6 +47,7 @@ from lockserver.errors import (
 from lockserver.pg_listener import KeyListener
 
 logger = logging.getLogger("dlock.lockserver")
+INT64_MAX = 2**63 - 1
 
 
 class _PreparingCursor:
@@ -70,6 +72,7 @@ class PgLockBackend:
             budget=settings.LOCK_RETRY_BUDGET, window_ms=settings.LOCK_RETRY_WINDOW_MS
         )
         self._floor_applied = False
+        self._floor_refusal_logged = False
         self._floor_guard = threading.Lock()
         params = dict(connections[self.alias].get_connection_params())
         for name in ("cursor_factory", "context", "prepare_threshold"):
@@ -142,6 +145,9 @@ class PgLockBackend:
         return None
 
     def _ensure_token_floor(self) -> None:
+        """Before the first token: the sequence above LOCK_TOKEN_FLOOR and above the deployment's
+        token high water (tokens an etcd period issued), so no token is ever issued twice or
+        below one a resource has seen. Until it is done, every call answers 503 NOT_LEADER."""
         if self._floor_applied:
             return
         with self._floor_guard:
@@ -149,9 +155,32 @@ class PgLockBackend:
                 return
             floor = settings.LOCK_TOKEN_FLOOR
             with self._atomic() as cursor:
-                last = sql.apply_token_floor(cursor, floor=floor)
-            log_event("token_floor_checked", backend=self.name, floor=floor, lastToken=last)
+                high_water, _ = token_sql.read_high_water(cursor)
+                target = max(floor, high_water)
+                if target >= INT64_MAX:
+                    raise self._floor_refused(target)
+                last = token_sql.apply_token_floor(cursor, floor=target)
+                token_sql.raise_high_water(cursor, token=last, backend=self.name)
+            log_event(
+                "token_floor_checked",
+                backend=self.name,
+                floor=floor,
+                highWater=high_water,
+                lastToken=last,
+            )
             self._floor_applied = True
+
+    def _floor_refused(self, target: int) -> ApiError:
+        if not self._floor_refusal_logged:
+            self._floor_refusal_logged = True
+            log_event(
+                "token_floor_refused",
+                level=logging.ERROR,
+                backend=self.name,
+                floor=target,
+                reason="no int64 token exceeds the deployment's token high water",
+            )
+        return ApiError(Code.NOT_LEADER, "the token floor cannot be made safe on this store")
 
     def _release_connection(self) -> None:
         """Give the pooled connection back before blocking: a waiter holds no DB slot."""
@@ -410,6 +439,7 @@ class PgLockBackend:
                     expiredAt=rfc3339_ms(expired_at),
                 )
             sql.purge(cursor, retention_ms=settings.LOCK_SESSION_RETENTION_MS)
+            token_sql.mirror_sequence(cursor)
             sessions, grants = sql.live_counts(cursor)
         lock_live_sessions.labels(backend=self.name).set(sessions)
         lock_live_grants.labels(backend=self.name).set(grants)

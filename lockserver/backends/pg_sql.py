@@ -474,29 +474,6 @@ def live_counts(cursor) -> tuple[int, int]:
     return tuple(cursor.fetchone())
 
 
-# --------------------------------------------------------------------------- token source
-
-# Serialises floor appliers (two lock-servers starting together): the second one reads the
-# sequence after the first one's setval, so it can never move the sequence backwards.
-FLOOR_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('fencing_token_seq floor'))"
-APPLY_FLOOR_SQL = """
-SELECT CASE WHEN (CASE WHEN is_called THEN last_value ELSE last_value - 1 END) < %(floor)s
-            THEN setval('fencing_token_seq', %(floor)s, true)
-            ELSE last_value END
-FROM fencing_token_seq
-"""
-
-
-def apply_token_floor(cursor, *, floor: int) -> int:
-    """Advance fencing_token_seq so the next token is > floor; never moves it backwards.
-
-    Call inside one transaction. Returns the sequence's last value afterwards.
-    """
-    cursor.execute(FLOOR_LOCK_SQL)
-    cursor.execute(APPLY_FLOOR_SQL, {"floor": floor})
-    return int(cursor.fetchone()[0])
-
-
 def in_recovery(cursor) -> bool:
     cursor.execute("SELECT pg_is_in_recovery()")
     return bool(cursor.fetchone()[0])

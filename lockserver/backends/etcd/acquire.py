@@ -13,6 +13,7 @@ from lockserver.backends.base import GrantRecord
 from lockserver.backends.etcd.common import FRESH_LEASE_S, store_call, ttl_seconds
 from lockserver.backends.etcd.grants import GrantsMixin
 from lockserver.backends.etcd.keys import _deadline_passed, _dump, _from_ms, _ms, _now
+from lockserver.backends.etcd.tokens import TokenFloorUnavailable
 from lockserver.budget import RetryBudget
 from lockserver.errors import contention_exceeded, owner_mismatch
 from lockserver.etcd_client import EtcdUnavailable, KeyValue, TxnResult, compare, delete, get, put
@@ -99,6 +100,11 @@ class AcquireMixin(GrantsMixin):
             return None, result
         if _deadline_passed(result.responses[3].first()):
             self._undo_if_session_lapsed(key, session_id, result.revision)
+        try:
+            self._reserve(offset + result.revision)
+        except TokenFloorUnavailable:
+            self._withdraw(key, session_id, result.revision)  # nobody saw it
+            raise
         grant = GrantRecord(
             key=key,
             owner_id=owner,
@@ -143,16 +149,20 @@ class AcquireMixin(GrantsMixin):
             )
         return None
 
+    def _withdraw(self, key: str, session_id: uuid.UUID, revision: int) -> None:
+        """Delete the grant this process created at `revision`, before anyone learned of it."""
+        self.client.txn(
+            [compare(self._lock_key(key), "MOD", "EQUAL", revision)],
+            [delete(self._lock_key(key)), delete(self._held_key(session_id, key))],
+        )
+
     def _undo_if_session_lapsed(self, key: str, session_id: uuid.UUID, revision: int) -> None:
         """We granted on a session whose deadline had passed, before etcd swept its key: if etcd
         now deletes it, withdraw the grant (nobody saw it) and answer 410 as pg would."""
         try:
             self._live_session(session_id)
         except ApiError:
-            self.client.txn(
-                [compare(self._lock_key(key), "MOD", "EQUAL", revision)],
-                [delete(self._lock_key(key)), delete(self._held_key(session_id, key))],
-            )
+            self._withdraw(key, session_id, revision)
             # ... and the "ever seen" mark, if this grant is what created it (L7 answers 404
             # for a key never granted, as pg does when the acquire is refused)
             self.client.txn(

@@ -51,6 +51,9 @@ class EtcdLockBackend(AcquireMixin, HousekeepingMixin):
         self._offset: int | None = None
         self._owners: dict[uuid.UUID, str] = {}
         self._offset_guard = threading.Lock()
+        self._ceiling = -1
+        self._ceiling_guard = threading.Lock()
+        self._unavailable_logged = False
         self._retention_lease: tuple[int, float] | None = None  # (lease id, created monotonic)
         self._retention_guard = threading.Lock()
         self.adopt_pg_sequence = (

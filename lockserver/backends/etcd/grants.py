@@ -257,6 +257,8 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 ],
             )
             if result.succeeded:
+                # the floor may reach a resource's fence (revoke_lock pushes it): cover it too
+                self._reserve(offset + result.revision)
                 return RevocationRecord(
                     key=key,
                     revoked_token=revoked,
