@@ -260,15 +260,10 @@ class PgLockBackend:
                 if not session.live:
                     raise session_expired(session_id)
                 if state.live and state.session_id == session_id:
-                    # Re-acquire by the holding session: the same grant, unchanged (idempotent).
-                    return GrantRecord(
-                        key,
-                        state.owner_id,
-                        session_id,
-                        state.fencing_token,
-                        state.acquired_at,
-                        state.expires_at,
-                    )
+                    rotated = self._rotate(key, session_id, state.fencing_token, ttl_ms)
+                    if rotated is not None:
+                        return rotated
+                    continue  # released, lapsed or revoked meanwhile: an ordinary attempt
                 if not state.live and free_retries < 3:
                     free_retries += 1
                     continue  # freed between our two statements: try again at once
@@ -312,6 +307,34 @@ class PgLockBackend:
             if waiter_id is not None:
                 with contextlib.suppress(Exception), self._cursor() as cursor:
                     sql.remove_waiter(cursor, waiter_id=waiter_id)
+
+    def _rotate(
+        self, key: str, session_id: uuid.UUID, token: int, ttl_ms: int
+    ) -> GrantRecord | None:
+        """Re-acquire by the holding session: a new grant with a new, higher token (never the
+        same one: a caller whose release was lost must not present a token twice, issue 16)."""
+        with self._cursor() as cursor:
+            grant = sql.rotate(cursor, key=key, session_id=session_id, token=token, ttl_ms=ttl_ms)
+        if grant is None:
+            return None
+        log_event(
+            "lock_released",
+            backend=self.name,
+            key=key,
+            fencingToken=token,
+            ownerId=grant.owner_id,
+            sessionId=str(session_id),
+            cause="reacquired",
+            supersededBy=grant.fencing_token,
+        )
+        return GrantRecord(
+            key,
+            grant.owner_id,
+            session_id,
+            grant.fencing_token,
+            grant.acquired_at,
+            grant.expires_at,
+        )
 
     def _granted(self, acquired: sql.Acquired, session_id: uuid.UUID) -> GrantRecord:
         grant = acquired.grant

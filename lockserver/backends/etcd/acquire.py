@@ -31,7 +31,7 @@ class AcquireMixin(GrantsMixin):
 
         Raises the session codes when our session is gone. A holder whose session died is
         removed (guarded by its ModRevision) and the attempt repeats. The holder's own session
-        asking again gets its grant back unchanged (as on pg: re-acquire is idempotent).
+        asking again gets a new grant with a new, higher token (as on pg).
         """
         seconds = ttl_seconds(ttl_ms)
         owner = self._session_owner(session_id)
@@ -125,7 +125,8 @@ class AcquireMixin(GrantsMixin):
             return None  # released (or swept) since our txn: try again
         holder_sid = holder.json()["sessionId"]
         if holder_session is not None and holder_sid == str(session_id):
-            return self._grant_record(key, holder), None, None, revision
+            self._end_own_grant(key, session_id, holder)
+            return None  # the next create issues a new, higher token
         if holder_session is not None:
             return None, holder, holder_session, revision
         # the holder's session expired: its grant is released (lazily, here)
@@ -148,6 +149,32 @@ class AcquireMixin(GrantsMixin):
                 cause="session_expired",
             )
         return None
+
+    def _end_own_grant(self, key: str, session_id: uuid.UUID, holder: KeyValue) -> None:
+        """Re-acquire by the holding session: end its grant so the next create issues a new,
+        higher token (never the same one twice, issue 16). etcd cannot delete and create one key
+        in a txn, so another session may win the key in between, as after a release."""
+        lock_key = self._lock_key(key)
+        ended = self.client.txn(
+            [compare(lock_key, "MOD", "EQUAL", holder.mod_revision)],
+            [
+                delete(lock_key),
+                delete(self._held_key(session_id, key)),
+                put(self._k("seen", key), "1"),
+            ],
+        )
+        if not ended.succeeded:
+            return  # renewed, released or taken over meanwhile: the caller looks again
+        self._revoke_quietly(holder.lease)
+        log_event(
+            "lock_released",
+            backend=self.name,
+            key=key,
+            fencingToken=self._token(holder),
+            ownerId=holder.json()["ownerId"],
+            sessionId=str(session_id),
+            cause="reacquired",
+        )
 
     def _withdraw(self, key: str, session_id: uuid.UUID, revision: int) -> None:
         """Delete the grant this process created at `revision`, before anyone learned of it."""
