@@ -140,8 +140,13 @@ def delete(key: str, *, prev_kv: bool = False) -> dict[str, Any]:
     return {"request_delete_range": body}
 
 
-def get(key: str, *, prefix: bool = False, count_only: bool = False) -> dict[str, Any]:
+def get(
+    key: str, *, prefix: bool = False, count_only: bool = False, revision: int = 0
+) -> dict[str, Any]:
+    """A range op; `revision` > 0 reads the key as it was at that revision (until compacted)."""
     body: dict[str, Any] = {"key": _b64(key)}
+    if revision:
+        body["revision"] = str(revision)
     if prefix:
         body["range_end"] = _b64(prefix_end(key))
     if count_only:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -354,3 +355,28 @@ def test_session_metadata_outlives_the_sessions_expiry_by_at_least_the_retention
     meta = backend._read_meta(session.session_id)
     assert _remaining_s(etcd_server, meta.lease) >= 60 + backend.retention_s - 2
     backend.close()
+
+
+def test_a_replayed_expiry_watch_reports_only_the_grant_that_expired_once(backend, caplog):
+    # issue 16 item 6: the watcher reconnecting from an old revision sees a released grant's
+    # deletion long after its recorded deadline passed; it must not call that an expiry
+    start = backend.client.read().revision
+    session = backend.open_session(owner_id="w", ttl_ms=10_000)
+    released_key, lapsed_key, revoked_key = key(), key(), key()
+    sid = session.session_id
+    released = backend.acquire(
+        key=released_key, session_id=sid, owner_id=None, ttl_ms=1_000, wait_ms=0
+    )
+    backend.release(key=released_key, session_id=sid, token=released.fencing_token)
+    backend.acquire(key=revoked_key, session_id=sid, owner_id=None, ttl_ms=1_000, wait_ms=0)
+    backend.revoke(key=revoked_key, operator="oncall", reason="stuck worker", expected_token=None)
+    lapsed = backend.acquire(key=lapsed_key, session_id=sid, owner_id=None, ttl_ms=1_000, wait_ms=0)
+    deadline = time.monotonic() + 10
+    while backend.client.range(backend._lock_key(lapsed_key)).first() is not None:
+        assert time.monotonic() < deadline, "etcd never expired the grant's lease"
+        time.sleep(0.1)
+    time.sleep(0.2)
+    caplog.set_level(logging.INFO, logger="dlock.events")
+    backend.log_expiries(after_revision=start, idle_timeout_s=1.0)
+    expired = [r for r in caplog.records if getattr(r, "event", None) == "lock_expired"]
+    assert [(r.key, r.fencingToken) for r in expired] == [(lapsed_key, lapsed.fencing_token)]

@@ -136,7 +136,7 @@ class AcquireMixin(GrantsMixin):
                 compare(lock_key, "MOD", "EQUAL", holder.mod_revision),
                 compare(self._sess_key(holder_sid), "CREATE", "EQUAL", 0),
             ],
-            [delete(lock_key), delete(self._held_key(holder_sid, key))],
+            [delete(lock_key), delete(self._held_key(holder_sid, key)), self._ended(key)],
         )
         if taken.succeeded:
             log_event(

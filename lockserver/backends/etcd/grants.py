@@ -158,6 +158,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 delete(lock_key, prev_kv=True),
                 delete(self._held_key(session_id, key)),
                 get(self._sess_key(session_id)),
+                self._ended(key),
             ],
             [get(lock_key)],
         )
@@ -180,7 +181,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 compare(lock_key, "MOD", "EQUAL", kv.mod_revision),
                 compare(self._sess_key(holder_sid), "CREATE", "GREATER", 0),
             ],
-            [delete(lock_key), delete(self._held_key(holder_sid, key))],
+            [delete(lock_key), delete(self._held_key(holder_sid, key)), self._ended(key)],
         )
         if not slow.succeeded:
             raise self._lost(key)
@@ -253,6 +254,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 [
                     delete(lock_key),
                     delete(self._held_key(value["sessionId"], key)),
+                    self._ended(key),
                     put(self._k("revocation", str(revocation_id)), _dump(audit)),
                 ],
             )

@@ -9,7 +9,9 @@ Layout under settings.ETCD_PREFIX (default `dlock/`); lock keys match [a-zA-Z0-9
   lock/{key}          the grant: attached to a lease of its own (TTL = the grant's ttlMillis);
                       token = offset + create_revision (the ModRevision of the creating put)
   held/{sid}/{key}    index of a session's grants (same lease, same txn as the grant)
-  seen/{key}          the key was granted at least once (L7 answers 404 otherwise)
+  seen/{key}          the key was granted at least once (L7 answers 404 otherwise); re-put in
+                      every txn that ends a grant on purpose, so a deletion of lock/{key} at a
+                      revision where seen/{key} was not written is an expiry
   wait/{key}/{id}     a blocked acquire (waiterCount, waiter cap); on a short lease of its own
   revocation/{id}     L8 audit record (operator, reason, revoked token, new floor)
   meta/token_offset   the token offset, persisted so token = offset + revision > LOCK_TOKEN_FLOOR
@@ -31,7 +33,7 @@ import json
 import uuid
 from typing import Any
 
-from lockserver.etcd_client import KeyValue
+from lockserver.etcd_client import KeyValue, put
 
 INT64_MAX = 2**63 - 1
 
@@ -79,6 +81,11 @@ class KeySpace:
 
     def _held_prefix(self, sid: uuid.UUID | str) -> str:
         return self._k("held", str(sid)) + "/"
+
+    def _ended(self, key: str) -> dict[str, Any]:
+        """Put in every txn that ends a grant on purpose (release, revoke, takeover, re-acquire):
+        `seen/{key}` modified at the deletion's revision tells the expiry watcher "not expired"."""
+        return put(self._k("seen", key), "1")
 
     def _wait_prefix(self, key: str) -> str:
         return self._k("wait", key) + "/"
