@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -12,6 +14,7 @@ import requests
 
 from dlock.errors import ApiError, Code
 from lockserver.backends.etcd import EtcdLockBackend
+from lockserver.etcd_client import put
 
 pytestmark = pytest.mark.etcd
 
@@ -380,3 +383,75 @@ def test_a_replayed_expiry_watch_reports_only_the_grant_that_expired_once(backen
     backend.log_expiries(after_revision=start, idle_timeout_s=1.0)
     expired = [r for r in caplog.records if getattr(r, "event", None) == "lock_expired"]
     assert [(r.key, r.fencingToken) for r in expired] == [(lapsed_key, lapsed.fencing_token)]
+
+
+def _backdate(backend, etcd_key: str) -> None:
+    """What a leader change does: etcd keeps the key's lease alive past the deadline recorded in
+    its value. Here: the value says the deadline passed 100 ms ago, the lease has seconds left."""
+    kv = backend.client.range(etcd_key).first()
+    value = {**kv.json(), "expiresAt": int(time.time() * 1000) - 100}
+    backend.client.txn([], [put(etcd_key, json.dumps(value), kv.lease)])
+
+
+def test_a_grant_past_its_recorded_deadline_goes_to_the_next_caller_whatever_the_lease(backend):
+    lock = key()
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    other = backend.open_session(owner_id="other", ttl_ms=30_000)
+    grant = backend.acquire(
+        key=lock, session_id=holder.session_id, owner_id=None, ttl_ms=20_000, wait_ms=0
+    )
+    _backdate(backend, backend._lock_key(lock))
+    started = time.monotonic()
+    taken = backend.acquire(
+        key=lock, session_id=other.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
+    )
+    assert time.monotonic() - started < 1.5
+    assert taken.fencing_token > grant.fencing_token and taken.owner_id == "other"
+    error = code_of(
+        lambda: backend.renew(
+            key=lock, session_id=holder.session_id, token=grant.fencing_token, ttl_ms=None
+        )
+    )
+    assert error.code == Code.LOCK_LOST
+
+
+def test_a_session_past_its_recorded_deadline_loses_its_grant_and_cannot_heartbeat(backend):
+    lock = key()
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    other = backend.open_session(owner_id="other", ttl_ms=30_000)
+    grant = backend.acquire(
+        key=lock, session_id=holder.session_id, owner_id=None, ttl_ms=20_000, wait_ms=0
+    )
+    _backdate(backend, backend._sess_key(holder.session_id))
+    taken = backend.acquire(
+        key=lock, session_id=other.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
+    )
+    assert taken.fencing_token > grant.fencing_token
+    error = code_of(lambda: backend.heartbeat(session_id=holder.session_id, owner_id="holder"))
+    assert error.code == Code.SESSION_EXPIRED
+
+
+def test_a_contended_answer_never_points_into_the_past(backend):
+    lock = key()
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    other = backend.open_session(owner_id="other", ttl_ms=30_000)
+    backend.acquire(key=lock, session_id=holder.session_id, owner_id=None, ttl_ms=2_000, wait_ms=0)
+    seen = []
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        try:
+            backend.acquire(
+                key=lock, session_id=other.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
+            )
+            break  # the grant lapsed and went to us
+        except ApiError as exc:
+            assert exc.code == Code.LOCK_CONTENDED
+            now = dt.datetime.now(dt.UTC)
+            expires = dt.datetime.fromisoformat(exc.details["expiresAt"].replace("Z", "+00:00"))
+            seen.append(exc)
+            assert expires > now - dt.timedelta(milliseconds=50), exc.details
+            assert exc.retry_after_ms > 0
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the holder's grant never lapsed")
+    assert seen

@@ -120,35 +120,47 @@ class AcquireMixin(GrantsMixin):
     ) -> tuple[GrantRecord | None, KeyValue | None, KeyValue | None, int] | None:
         """After a refused create: the answer of _try_grant, or None to try again (the key was
         freed, or its lapsed holder was removed here)."""
-        holder, holder_session, revision = self._holder(key)
+        holder, holder_session, revision, lapsed = self._holder_state(key)
         if holder is None:
             return None  # released (or swept) since our txn: try again
         holder_sid = holder.json()["sessionId"]
-        if holder_session is not None and holder_sid == str(session_id):
+        if not lapsed and holder_sid == str(session_id):
             self._end_own_grant(key, session_id, holder)
             return None  # the next create issues a new, higher token
-        if holder_session is not None:
+        if not lapsed:
             return None, holder, holder_session, revision
-        # the holder's session expired: its grant is released (lazily, here)
+        self._take_over(key, holder, holder_session)
+        return None
+
+    def _take_over(self, key: str, holder: KeyValue, holder_session: KeyValue | None) -> None:
+        """Remove a grant that is no longer live: its session is gone, or its own or its
+        session's recorded deadline passed (whatever etcd's leases say). Guarded by the
+        ModRevisions we judged, so a renew or heartbeat in between keeps it alive."""
         lock_key = self._lock_key(key)
+        holder_sid = holder.json()["sessionId"]
+        sess_key = self._sess_key(holder_sid)
         taken = self.client.txn(
             [
                 compare(lock_key, "MOD", "EQUAL", holder.mod_revision),
-                compare(self._sess_key(holder_sid), "CREATE", "EQUAL", 0),
+                compare(sess_key, "CREATE", "EQUAL", 0)
+                if holder_session is None
+                else compare(sess_key, "MOD", "EQUAL", holder_session.mod_revision),
             ],
             [delete(lock_key), delete(self._held_key(holder_sid, key)), self._ended(key)],
         )
-        if taken.succeeded:
-            log_event(
-                "lock_expired",
-                backend=self.name,
-                key=key,
-                fencingToken=self._token(holder),
-                ownerId=holder.json()["ownerId"],
-                sessionId=holder_sid,
-                cause="session_expired",
-            )
-        return None
+        if not taken.succeeded:
+            return
+        self._revoke_quietly(holder.lease)
+        session_lapsed = holder_session is None or _deadline_passed(holder_session)
+        log_event(
+            "lock_expired",
+            backend=self.name,
+            key=key,
+            fencingToken=self._token(holder),
+            ownerId=holder.json()["ownerId"],
+            sessionId=holder_sid,
+            cause="session_expired" if session_lapsed else "deadline_passed",
+        )
 
     def _end_own_grant(self, key: str, session_id: uuid.UUID, holder: KeyValue) -> None:
         """Re-acquire by the holding session: end its grant so the next create issues a new,

@@ -61,27 +61,35 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             logger.info("could not revoke unused lease %s (it expires on its own)", lease)
 
     def _holder(self, key: str) -> tuple[KeyValue | None, KeyValue | None, int]:
-        """(grant, its session's key or None, revision), once etcd has had its say.
+        """(grant, its session's key, revision); the session is None when the grant is not live
+        (its session is gone, or its own or its session's recorded deadline has passed)."""
+        kv, sess, revision, lapsed = self._holder_state(key)
+        return kv, None if lapsed else sess, revision
+
+    def _holder_state(self, key: str) -> tuple[KeyValue | None, KeyValue | None, int, bool]:
+        """(grant, its session's key or None, revision, lapsed), once etcd has had its say.
 
         The deadlines recorded in both values are never earlier than etcd's own expiry of the
-        leases, so when one has passed by our clock etcd has already decided and deletes the
-        key at its next lease sweep (every 500 ms). Rather than answer from a key about to
-        vanish, wait for that deletion (a watch, at most EXPIRY_GRACE_S); if the key is still
-        there afterwards, etcd's verdict (alive) stands.
+        leases, so when one has passed by our clock etcd has normally decided and deletes the
+        key at its next lease sweep (every 500 ms): wait for that deletion (a watch, at most
+        EXPIRY_GRACE_S). If the key is still there afterwards, the recorded deadline is
+        authoritative all the same (lapsed=True): etcd renews every lease to its full TTL when
+        a new leader is elected, and a grant must never outlive its reported expiresAt by more
+        than about a second (issue 16 item 4).
         """
         lock_key = self._lock_key(key)
         for settled in (False, True):
             kv = self.client.range(lock_key).first()
             if kv is None:
-                return None, None, 0
+                return None, None, 0, True
             sess_key = self._sess_key(kv.json()["sessionId"])
             read = self.client.read(get(sess_key))
             sess = read.responses[0].first()
             if sess is None:
-                return kv, None, read.revision
+                return kv, None, read.revision, True
             lapsed = [k for k, v in ((lock_key, kv), (sess_key, sess)) if _deadline_passed(v)]
             if settled or not lapsed:
-                return kv, sess, read.revision
+                return kv, sess, read.revision, bool(lapsed)
             self.client.wait_for_change(
                 lapsed, after_revision=read.revision, timeout_s=EXPIRY_GRACE_S
             )

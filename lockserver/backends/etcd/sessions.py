@@ -131,9 +131,12 @@ class SessionsMixin(KeySpace):
         read = self.client.read(
             get(self._meta_key(session_id)),
             get(self._held_prefix(session_id), prefix=True),
+            get(self._sess_key(session_id)),
         )
         meta = read.responses[0].first()
         record = self._owned_record(meta, session_id, owner_id)
+        if _deadline_passed(read.responses[2].first()):
+            raise session_expired(session_id)  # a lease etcd renewed past it revives nothing
         held_lock_count = self._live_grant_count(read.responses[1].kvs)
         if self.client.lease_keepalive(record["lease"]) <= 0:
             raise session_expired(session_id)
@@ -233,8 +236,10 @@ class SessionsMixin(KeySpace):
             sess = read.responses[0].first()
             if sess is None:
                 raise self._session_gone(session_id, read.responses[1].first())
-            if settled or not _deadline_passed(sess):
+            if not _deadline_passed(sess):
                 return sess
+            if settled:  # the recorded deadline is authoritative, whatever the lease says
+                raise session_expired(session_id)
             self.client.wait_for_change(
                 [sess_key], after_revision=read.revision, timeout_s=EXPIRY_GRACE_S
             )
