@@ -4,17 +4,25 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-LOCK_BACKEND ?= pg
+# Empty = whatever the running stack uses, else pg (so `make experiment` after
+# `make up LOCK_BACKEND=etcd` stays on etcd). ETCD_MEMBERS / REPLICAS: empty = running, else 1.
+LOCK_BACKEND ?=
+ETCD_MEMBERS ?=
+REPLICAS ?=
+UP_ARGS = $(if $(LOCK_BACKEND),--backend $(LOCK_BACKEND)) \
+	$(if $(ETCD_MEMBERS),--etcd-members $(ETCD_MEMBERS)) $(if $(REPLICAS),--replicas $(REPLICAS))
 PYTEST_ARGS ?=
 
-.PHONY: help venv sysdeps test up down status demo bench experiment lint format clean
+.PHONY: help venv sysdeps test up down status demo bench experiment experiment-ha lint format clean
 
 help:
 	@echo "make demo   - bring the stack up and run the fencing demo (the main job)"
 	@echo "make test   - run the test suite against real PostgreSQL and etcd"
-	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd)"
+	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd ETCD_MEMBERS=N REPLICAS=N)"
+	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
-	@echo "make lint   - ruff check + format check"
+	@echo "make experiment-ha - the fencing experiment on 3 etcd members and 2 replicas per role"
+	@echo "make lint   - ruff check + format check, import-linter (layers), mypy"
 
 $(STAMP): requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,16 +39,16 @@ test: venv sysdeps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 up: venv sysdeps
-	$(BIN)/python -m dlock.devstack up --backend $(LOCK_BACKEND)
+	$(BIN)/python -m devstack up $(UP_ARGS)
 
 down:
-	@if [ -x $(BIN)/python ]; then $(BIN)/python -m dlock.devstack down; else echo "[dlock] nothing to stop"; fi
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m devstack down; else echo "[dlock] nothing to stop"; fi
 
 status: venv
-	$(BIN)/python -m dlock.devstack status
+	$(BIN)/python -m devstack status
 
 demo: up
-	$(BIN)/python -m dlock.demo
+	$(BIN)/python -m devstack.demo
 
 # The redis-server package is needed only here (python-redis-lock baseline).
 bench: venv
@@ -48,16 +56,32 @@ bench: venv
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # e.g. make experiment EXPERIMENT_ARGS="--seed 11 --executors 6 --payouts 400"
+# The experiment is tooling, not an app of any role: settings.tooling = ops + `experiment`.
 experiment: up
-	set -a; . .run/stack.env; set +a; ROLE=ops $(BIN)/python manage.py fencing_experiment $(EXPERIMENT_ARGS)
+	set -a; . .run/stack.env; set +a; echo "[dlock] experiment on the running stack: LOCK_BACKEND=$$LOCK_BACKEND"; \
+	ROLE=ops DJANGO_SETTINGS_MODULE=settings.tooling $(BIN)/python -m django fencing_experiment $(EXPERIMENT_ARGS)
+
+# The HA experiment: 3 etcd members, 2 replicas of every server role, etcd leader kill, quorum loss
+# and replica kills added to the fault schedule.
+experiment-ha: venv sysdeps
+	$(MAKE) up LOCK_BACKEND=etcd ETCD_MEMBERS=3 REPLICAS=2
+	set -a; . .run/stack.env; set +a; ROLE=ops DJANGO_SETTINGS_MODULE=settings.tooling \
+	$(BIN)/python -m django fencing_experiment --ha $(EXPERIMENT_ARGS)
+
+# mypy's Django plugin imports settings.ops: it needs URLs, never a connection.
+LINT_ENV := DJANGO_DEBUG=true PAY_DATABASE_URL=postgres://lint@127.0.0.1:1/lint \
+	LOCK_DATABASE_URL=postgres://lint@127.0.0.1:1/lint RAIL_DATABASE_URL=postgres://lint@127.0.0.1:1/lint
 
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	@echo "[dlock] mypy: coming with the merge"
 
 format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-clean: down
-	rm -rf .run
+# Everything `make up` made, wherever it lives (as root the databases are in /tmp/dlock-<hash>/).
+clean:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m devstack clean; else rm -rf .run; fi

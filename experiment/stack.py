@@ -7,9 +7,7 @@ callables in. The experiment never assumes which.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -18,16 +16,16 @@ from pathlib import Path
 
 import requests
 
-from dlock.devstack import (
+from devstack import (
     PROJECT,
     PYTHON,
     URL_ENV,
     PgCluster,
     RoleProcess,
     StackError,
-    _pid_alive,
-    _read_env,
+    read_env,
     ready,
+    restart_role,
     wait_until,
 )
 
@@ -46,7 +44,11 @@ class StackHandle:
     run_dir: Path = field(default_factory=lambda: PROJECT / ".run")
 
     def url(self, role: str) -> str:
-        return self.env[URL_ENV[role]].rstrip("/")
+        """The role's first URL (an HA stack lists every replica, comma-separated)."""
+        return self.urls(role)[0]
+
+    def urls(self, role: str) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.env[URL_ENV[role]].split(",") if u.strip()]
 
     def restart_pg(self) -> None:
         if self.pg_cluster is None:
@@ -69,54 +71,31 @@ class StackHandle:
         )
 
     def check_ready(self) -> None:
-        down = [role for role in ROLES if not ready(self.url(role))]
+        down = [f"{role} ({url})" for role in ROLES for url in self.urls(role) if not ready(url)]
         if down:
-            raise MissingPiece(
-                "not ready: " + ", ".join(f"{r} ({self.url(r)})" for r in down) + " — run `make up`"
-            )
+            raise MissingPiece("not ready: " + ", ".join(down) + " — run `make up`")
 
     def wait_ready(self, timeout: float = 60) -> None:
         for role in ROLES:
-            wait_until(lambda r=role: ready(self.url(r)), timeout=timeout, what=f"{role} ready")
+            for url in self.urls(role):
+                wait_until(lambda u=url: ready(u), timeout=timeout, what=f"{role} {url} ready")
 
 
 def from_stack_env(run_dir: Path | None = None) -> StackHandle:
     """The stack `make up` started (`.run/stack.env`, pids under `.run/pids`)."""
     run_dir = Path(run_dir or os.environ.get("DLOCK_RUN_DIR", PROJECT / ".run"))
-    env = _read_env(run_dir / "stack.env")
+    env = read_env(run_dir / "stack.env")
     if not env:
         raise MissingPiece(f"no {run_dir / 'stack.env'}: run `make up` first")
 
     def restart(role: str) -> None:
-        pidfile = run_dir / "pids" / f"{role}.pid"
-        if pidfile.exists():
-            pid = int(pidfile.read_text() or 0)
-            if pid and _pid_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGTERM)
-                deadline = time.monotonic() + 20
-                while _pid_alive(pid) and time.monotonic() < deadline:
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, os.WNOHANG)
-                    time.sleep(0.1)
-                if _pid_alive(pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGKILL)
-        port = int(env[URL_ENV[role]].rsplit(":", 1)[1])
-        wait_until(lambda: not _port_busy(port), timeout=15, what=f"port {port} to free")
-        proc = RoleProcess(role, port, env, run_dir / "logs" / f"{role}.log").start(wait=True)
-        pidfile.write_text(str(proc.process.pid))
+        # exactly the argv and environment the role was started with (its .run/roles record)
+        restart_role(role, run=run_dir)
 
     cluster = None
     if env.get("DLOCK_PG_DATADIR"):
         cluster = PgCluster(Path(env["DLOCK_PG_DATADIR"]), int(env["DLOCK_PG_PORT"]))
     return StackHandle(env=env, restart_role=restart, pg_cluster=cluster, run_dir=run_dir)
-
-
-def _port_busy(port: int) -> bool:
-    from dlock.devstack import port_open
-
-    return port_open(port)
 
 
 def scrape(url: str, timeout: float = 1.0) -> str | None:
@@ -141,7 +120,7 @@ def private_stack(
     import secrets
     import shutil
 
-    from dlock.devstack import DATABASES, DB_URL_ENV, free_port, migrate_all, private_datadir
+    from devstack import DATABASES, DB_URL_ENV, free_port, migrate_all, private_datadir
 
     run_dir.mkdir(parents=True, exist_ok=True)
     # As root the cluster runs as `postgres`, which must reach its datadir (under /tmp then).

@@ -16,7 +16,7 @@ INSTALLED_APPS = [
     "railproxy",
     "railstub",
     "executor",
-    "experiment",
+    "ops",
 ]
 MIDDLEWARE = [
     *MIDDLEWARE[:4],

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from dlock.devstack import free_port
+from devstack import free_port
 from tests.lockserver.conftest import new_key, start_lock_server
 
 pytestmark = [pytest.mark.etcd, pytest.mark.live]
