@@ -4,7 +4,7 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("lockserver", "0002_fencing_token_seq")]
+    dependencies = [("lockserver", "0003_token_high_water")]
 
     operations = [
         migrations.RunSQL(
