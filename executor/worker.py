@@ -38,6 +38,8 @@ from dlock.client import (
     LockContended,
     LockLost,
     LockSession,
+    NotLeader,
+    Overloaded,
     PayoutNotClaimable,
     RailAmbiguous,
     RailUnavailable,
@@ -103,6 +105,13 @@ class Executor:
         self.hands_off: set[str] = set()
         self.progressed = False  # since the loop last looked
         self.round_progress = False  # since the last P1 refresh
+        # A dependency (lock server, payment resource) did not answer the last call: the run
+        # is waiting out an outage, not idle (issue 16: --until-idle must not give up on it).
+        self.outage = False
+        # key → the highest fencing token this process has presented to a resource under it.
+        # A grant whose token is not above it (a re-acquire after a release that timed out
+        # hands the same grant back) is never used for another payout: a false FENCED_OUT.
+        self.presented: dict[str, int] = {}
 
     # -- loop ----------------------------------------------------------------------------
 
@@ -122,7 +131,9 @@ class Executor:
         """Loop until stopped, `max_payouts` sections ran, or (until_idle) nothing is left.
 
         until_idle also gives up after `idle_timeout_s` without progress (e.g. a payout stuck
-        CLAIMED behind an unavailable rail), so a batch run always ends.
+        CLAIMED behind an unavailable rail), so a batch run always ends. Time spent in an outage
+        (a dependency not answering) counts as neither idleness nor lack of progress: the run
+        waits it out instead of exiting with work left.
         """
         log_event("executor_started", ownerId=self.owner_id, lockTtlMs=self.lock_ttl_ms)
         last_progress = time.monotonic()
@@ -131,12 +142,13 @@ class Executor:
                 if max_payouts is not None and self.sections >= max_payouts:
                     break
                 worked = self.run_one_payout()
-                if self.progressed:
+                if self.progressed or self.outage:
                     last_progress = time.monotonic()
                     self.progressed = False
                 if worked and self.queue:
                     continue
-                if until_idle and (not worked or time.monotonic() - last_progress > idle_timeout_s):
+                idle = not worked and not self.outage
+                if until_idle and (idle or time.monotonic() - last_progress > idle_timeout_s):
                     break
                 if not worked or not self.round_progress:
                     # Nothing to do, or a round of only contention: don't spin on the lock server.
@@ -186,10 +198,12 @@ class Executor:
                 for c in self.api.list_payouts(state, max_items=LIST_PAGE)
             ]
         except DlockError as exc:
+            self._note_outage(exc)
             log_event(
                 "executor_list_failed", level=logging.WARNING, ownerId=self.owner_id, error=str(exc)
             )
             return
+        self.outage = False
         oldest = min((c.created_at for c in pending if c.created_at), default=None)
         payout_backlog_age.set(
             (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
@@ -220,16 +234,20 @@ class Executor:
         key = f"payout:{candidate.account_id}"
         fields: dict[str, Any] = {"payoutId": candidate.payout_id, "ownerId": self.owner_id}
         try:
-            session = self._session()
-            grant = session.acquire(key, self.lock_ttl_ms, 0, retry=self.acquire_retry)
+            grant = self._fresh_grant(key)
         except (LockContended, ContentionExceeded):
             return self._skip("lock_contended", fields)
         except (SessionUnknown, SessionExpired) as exc:
             log_event("executor_session_lost", level=logging.WARNING, error=str(exc), **fields)
             return self._skip("lock_lost", fields)
         except DlockError as exc:
+            self._note_outage(exc)
             log_event("executor_lock_failed", level=logging.WARNING, error=str(exc), **fields)
             return self._skip("error", fields)
+        if grant is None:
+            log_event("executor_token_reused", level=logging.WARNING, key=key, **fields)
+            return self._skip("lock_lost", fields)
+        self.outage = False
         self.sections += 1
         fields["token"] = grant.token
         log_event("executor_section_started", key=key, state=candidate.state, **fields)
@@ -263,6 +281,37 @@ class Executor:
             grant.release()
         return self._count(outcome, fields)
 
+    def _fresh_grant(self, key: str) -> Grant | None:
+        """A grant on `key` whose token this process has never presented, or None.
+
+        A release that timed out leaves the grant held by this session, and the server hands
+        the same grant (same token) back to the next acquire: presenting it for another payout
+        would be refused by the fence as stale (a false FENCED_OUT, issue 16.3). Such a grant is
+        released for real and acquired once more; a second reused token gives up on the key.
+        """
+        for _ in range(2):
+            grant = self._session().acquire(key, self.lock_ttl_ms, 0, retry=self.acquire_retry)
+            if grant.token > self.presented.get(key, 0):
+                return grant
+            log_event(
+                "executor_grant_reacquired",
+                key=key,
+                token=grant.token,
+                presented=self.presented[key],
+                ownerId=self.owner_id,
+            )
+            grant.release()
+        return None
+
+    def _present(self, grant: Grant) -> None:
+        """Record that `grant.token` is about to reach a resource (before each protected write)."""
+        self.presented[grant.key] = max(grant.token, self.presented.get(grant.key, 0))
+
+    def _note_outage(self, exc: DlockError) -> None:
+        """A dependency that did not answer, or answered 503, is an outage to wait out."""
+        if isinstance(exc, (ServiceUnreachable, NotLeader, Overloaded)):
+            self.outage = True
+
     def _checkpoint(self, grant: Grant, phase: str, fields: dict[str, Any]) -> None:
         """Between steps: honour a stop request, re-check the grant, then the pause hook."""
         if self.stop_requested.is_set():
@@ -278,6 +327,7 @@ class Executor:
         fields["state"] = state
         if state in CLAIMABLE:
             self._checkpoint(grant, "before_claim", fields)
+            self._present(grant)
             try:
                 self.api.claim(candidate.payout_id, token=grant.token, expected_state=state)
             except InsufficientFunds:
@@ -300,6 +350,7 @@ class Executor:
             self._checkpoint(grant, "before_post", fields)
         else:
             grant.ensure_valid()
+        self._present(grant)
         self.api.post(
             candidate.payout_id,
             token=grant.token,
@@ -321,6 +372,7 @@ class Executor:
 
     def _submit(self, grant: Grant, payout: dict[str, Any], fields: dict[str, Any]):
         """Present the payout to the rail once. Returns the ACKED submission or an outcome."""
+        self._present(grant)
         try:
             submission = self.api.submit(payout, token=grant.token)
         except RailAmbiguous as exc:
