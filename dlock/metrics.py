@@ -56,6 +56,12 @@ requests_shed = Counter(
     "Requests answered 503 OVERLOADED before Django: older than SERVER_QUEUE_DEADLINE_MS "
     "when a worker thread took them (dlock.admission).",
 )
+BACKOFF_REASONS = ("fenced_out", "not_claimable", "duplicate", "error", "token_reused")
+executor_backoff = Counter(
+    "executor_backoff",
+    "Back-off steps the executor took on an account it could not progress, by reason.",
+    ["reason"],
+)
 lock_live_sessions = Gauge("lock_live_sessions", "Unexpired lock-server sessions.", ["backend"])
 lock_live_grants = Gauge("lock_live_grants", "Unexpired lock grants.", ["backend"])
 
@@ -67,6 +73,8 @@ def _zero_series() -> None:
         rail_submission.labels(outcome=outcome)
     for outcome in EXECUTE_OUTCOMES:
         payout_execute.labels(outcome=outcome)
+    for reason in BACKOFF_REASONS:
+        executor_backoff.labels(reason=reason)
     for backend in LOCK_BACKENDS:
         lock_live_sessions.labels(backend=backend)
         lock_live_grants.labels(backend=backend)

@@ -53,6 +53,7 @@ from dlock.logs import log_event
 from dlock.metrics import payout_backlog_age, payout_execute
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id
 from executor.api import Api, Candidate
+from executor.backoff import AccountBackoff
 from executor.pause import PausePlan
 
 RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
@@ -62,6 +63,8 @@ NO_PROGRESS = ("lock_contended", "lock_lost", "error", "abandoned", "skipped")
 # Not executions, so not counted in payout_execute_total (logged as payout_executed).
 UNCOUNTED = ("abandoned", "skipped")
 CLAIMABLE = ("PENDING", "CLAIMED")
+# `--until-idle` with only backed-off work left: the run did not finish its work (issue 19.2).
+EXIT_BACKED_OFF = 3
 
 
 class Abandon(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -84,6 +87,7 @@ class Executor:
         batch: int = 10,
         pause: PausePlan | None = None,
         acquire_retry: RetryPolicy | None = None,
+        backoff: AccountBackoff | None = None,
     ) -> None:
         self.owner_id = owner_id
         self.lock_ttl_ms = lock_ttl_ms
@@ -112,6 +116,9 @@ class Executor:
         # A grant whose token is not above it (a re-acquire after a release that timed out
         # hands the same grant back) is never used for another payout: a false FENCED_OUT.
         self.presented: dict[str, int] = {}
+        self.backoff = backoff or AccountBackoff()
+        # payoutId → accountId the last listing skipped for back-off
+        self.backed_off: dict[str, str] = {}
 
     # -- loop ----------------------------------------------------------------------------
 
@@ -137,6 +144,7 @@ class Executor:
         """
         log_event("executor_started", ownerId=self.owner_id, lockTtlMs=self.lock_ttl_ms)
         last_progress = time.monotonic()
+        code = 0
         try:
             while not self.stop_requested.is_set():
                 if max_payouts is not None and self.sections >= max_payouts:
@@ -147,21 +155,36 @@ class Executor:
                     self.progressed = False
                 if worked and self.queue:
                     continue
-                idle = not worked and not self.outage
+                idle = not worked and not self.outage and not self.backed_off
+                if until_idle and not worked and self.backed_off:
+                    stuck = self.backoff.stuck()
+                    if all(account in stuck for account in self.backed_off.values()):
+                        code = EXIT_BACKED_OFF
+                        break
                 if until_idle and (idle or time.monotonic() - last_progress > idle_timeout_s):
+                    code = EXIT_BACKED_OFF if self.backed_off else 0
                     break
                 if not worked or not self.round_progress:
                     # Nothing to do, or a round of only contention: don't spin on the lock server.
                     self.stop_requested.wait(self.idle_sleep_s)
         finally:
             self.close()
+        stuck = self.backoff.stuck()
         log_event(
             "executor_stopped",
+            level=logging.ERROR if code else logging.INFO,
             ownerId=self.owner_id,
             sections=self.sections,
             outcomes=self.outcomes,
+            exitCode=code,
+            # what an operator must look at: payouts left behind, and why
+            backedOff={
+                pid: stuck.get(account, "backing off") for pid, account in self.backed_off.items()
+            }
+            if code
+            else {},
         )
-        return 0
+        return code
 
     def close(self) -> None:
         if self.session is not None:
@@ -211,6 +234,13 @@ class Executor:
         self.round_progress = False
         pending = [c for c in pending if c.payout_id not in self.hands_off]
         recover = [c for c in recover if c.payout_id not in self.hands_off]
+        self.backed_off = {
+            c.payout_id: c.account_id
+            for c in recover + pending
+            if self.backoff.blocked(c.account_id)
+        }
+        pending = [c for c in pending if not self.backoff.blocked(c.account_id)]
+        recover = [c for c in recover if not self.backoff.blocked(c.account_id)]
         random.shuffle(pending)
         random.shuffle(recover)
         # A short queue, refreshed often: a long one goes stale while other executors work it.
@@ -232,7 +262,11 @@ class Executor:
     def execute(self, candidate: Candidate) -> str:
         """Run one payout's critical section; returns the outcome label it counted."""
         key = f"payout:{candidate.account_id}"
-        fields: dict[str, Any] = {"payoutId": candidate.payout_id, "ownerId": self.owner_id}
+        fields: dict[str, Any] = {
+            "payoutId": candidate.payout_id,
+            "accountId": candidate.account_id,
+            "ownerId": self.owner_id,
+        }
         try:
             grant = self._fresh_grant(key)
         except (LockContended, ContentionExceeded):
@@ -428,6 +462,9 @@ class Executor:
             payout_execute.labels(outcome=outcome).inc()
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         log_event("payout_executed", outcome=outcome, **fields)
+        self.backoff.note(
+            account_id=fields["accountId"], payout_id=fields["payoutId"], outcome=outcome
+        )
         return outcome
 
 

@@ -8,6 +8,7 @@ grant is released, the session closed, and the process exits 0.
 from __future__ import annotations
 
 import signal
+import sys
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -58,8 +59,10 @@ class Command(BaseCommand):
         )
         signal.signal(signal.SIGTERM, executor.request_stop)
         signal.signal(signal.SIGINT, executor.request_stop)
-        executor.run(
+        code = executor.run(
             max_payouts=options["max_payouts"],
             until_idle=options["until_idle"],
             idle_timeout_s=options["idle_timeout_s"],
         )
+        if code:
+            sys.exit(code)  # --until-idle left backed-off payouts (named in the last log line)
