@@ -5,7 +5,7 @@ No id (payout, account, session, key) is ever a label (NFR-09).
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 FENCED_RESOURCES = ("account", "ledger", "rail")
 RAIL_OUTCOMES = ("acked", "fenced", "duplicate", "timeout", "declined", "not_sent", "replayed")
@@ -56,6 +56,15 @@ requests_shed = Counter(
     "Requests answered 503 OVERLOADED before Django: older than SERVER_QUEUE_DEADLINE_MS "
     "when a worker thread took them (dlock.admission).",
 )
+executor_inflight = Gauge(
+    "executor_inflight", "Executor critical sections in flight in this process right now."
+)
+payout_execute_seconds = Histogram(
+    "payout_execute_seconds",
+    "Executor section duration, pick to posted or final state, by outcome.",
+    ["outcome"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
 BACKOFF_REASONS = ("fenced_out", "not_claimable", "duplicate", "error", "token_reused")
 executor_backoff = Counter(
     "executor_backoff",
@@ -73,6 +82,8 @@ def _zero_series() -> None:
         rail_submission.labels(outcome=outcome)
     for outcome in EXECUTE_OUTCOMES:
         payout_execute.labels(outcome=outcome)
+    for outcome in EXECUTE_OUTCOMES:
+        payout_execute_seconds.labels(outcome=outcome)
     for reason in BACKOFF_REASONS:
         executor_backoff.labels(reason=reason)
     for backend in LOCK_BACKENDS:

@@ -26,7 +26,7 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
-from dlock.budgets import BUDGETS
+from dlock.budgets import BACKOFF_INITIAL_S, BUDGETS
 from dlock.client import (
     ContentionExceeded,
     DlockError,
@@ -48,12 +48,14 @@ from dlock.client import (
     SessionExpired,
     SessionUnknown,
     ValidationFailed,
+    retry_delay_s,
 )
 from dlock.logs import log_event
 from dlock.metrics import payout_backlog_age, payout_execute
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id
 from executor.api import Api, Candidate
 from executor.backoff import AccountBackoff
+from executor.dispatch import Dispatcher
 from executor.pause import PausePlan
 
 RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
@@ -72,7 +74,8 @@ class Abandon(Exception):  # noqa: N818 - a control-flow signal, not an error
 
 
 class Executor:
-    """One worker process's loop. Thread-compatible, not thread-safe: one loop per instance."""
+    """One worker process: one lock session, up to `concurrency` sections in flight (one per
+    account). `execute()` is thread-safe for distinct accounts; `run()` is one loop per instance."""
 
     def __init__(
         self,
@@ -88,6 +91,8 @@ class Executor:
         pause: PausePlan | None = None,
         acquire_retry: RetryPolicy | None = None,
         backoff: AccountBackoff | None = None,
+        concurrency: int = 1,
+        drain_budget_s: float = 20.0,
     ) -> None:
         self.owner_id = owner_id
         self.lock_ttl_ms = lock_ttl_ms
@@ -117,6 +122,14 @@ class Executor:
         # hands the same grant back) is never used for another payout: a false FENCED_OUT.
         self.presented: dict[str, int] = {}
         self.backoff = backoff or AccountBackoff()
+        self.concurrency = concurrency
+        self.drain_budget_s = drain_budget_s
+        self._mutex = threading.Lock()  # the session, counters and outcomes
+        self.contended_until: dict[str, float] = {}  # accountId → monotonic time
+        self.slow_until = 0.0  # a 503/429 asked the whole process to slow down until then
+        self.next_refresh = 0.0
+        self.exit_code = 0
+        self.EXIT_BACKED_OFF = EXIT_BACKED_OFF
         # payoutId → accountId the last listing skipped for back-off
         self.backed_off: dict[str, str] = {}
 
@@ -137,36 +150,26 @@ class Executor:
     ) -> int:
         """Loop until stopped, `max_payouts` sections ran, or (until_idle) nothing is left.
 
+        Up to `concurrency` sections run at once, on distinct accounts (`executor.dispatch`).
         until_idle also gives up after `idle_timeout_s` without progress (e.g. a payout stuck
         CLAIMED behind an unavailable rail), so a batch run always ends. Time spent in an outage
         (a dependency not answering) counts as neither idleness nor lack of progress: the run
-        waits it out instead of exiting with work left.
+        waits it out instead of exiting with work left. Returns the exit code: 0, or
+        EXIT_BACKED_OFF when only backed-off work was left.
         """
-        log_event("executor_started", ownerId=self.owner_id, lockTtlMs=self.lock_ttl_ms)
-        last_progress = time.monotonic()
-        code = 0
+        log_event(
+            "executor_started",
+            ownerId=self.owner_id,
+            lockTtlMs=self.lock_ttl_ms,
+            concurrency=self.concurrency,
+        )
+        dispatcher = Dispatcher(
+            self, concurrency=self.concurrency, drain_budget_s=self.drain_budget_s
+        )
         try:
-            while not self.stop_requested.is_set():
-                if max_payouts is not None and self.sections >= max_payouts:
-                    break
-                worked = self.run_one_payout()
-                if self.progressed or self.outage:
-                    last_progress = time.monotonic()
-                    self.progressed = False
-                if worked and self.queue:
-                    continue
-                idle = not worked and not self.outage and not self.backed_off
-                if until_idle and not worked and self.backed_off:
-                    stuck = self.backoff.stuck()
-                    if all(account in stuck for account in self.backed_off.values()):
-                        code = EXIT_BACKED_OFF
-                        break
-                if until_idle and (idle or time.monotonic() - last_progress > idle_timeout_s):
-                    code = EXIT_BACKED_OFF if self.backed_off else 0
-                    break
-                if not worked or not self.round_progress:
-                    # Nothing to do, or a round of only contention: don't spin on the lock server.
-                    self.stop_requested.wait(self.idle_sleep_s)
+            code = dispatcher.run(
+                max_payouts=max_payouts, until_idle=until_idle, idle_timeout_s=idle_timeout_s
+            )
         finally:
             self.close()
         stuck = self.backoff.stuck()
@@ -187,13 +190,14 @@ class Executor:
         return code
 
     def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
-            self.session = None
+        with self._mutex:
+            if self.session is not None:
+                self.session.close()
+                self.session = None
 
     def run_one_payout(self) -> bool:
         """One critical section on the next candidate. False when there was nothing to try."""
-        candidate = self.next_candidate()
+        candidate = self.pick()
         if candidate is None:
             return False
         trace = set_trace_id(new_trace_id())
@@ -205,13 +209,34 @@ class Executor:
 
     # -- step 1: pick --------------------------------------------------------------------
 
-    def next_candidate(self) -> Candidate | None:
-        if not self.queue:
-            self.refresh()
-        return self.queue.popleft() if self.queue else None
+    def pick(
+        self, *, busy_accounts: set[str] = frozenset(), busy_payouts: set[str] = frozenset()
+    ) -> Candidate | None:
+        """The next candidate on an account with nothing in flight here and no contention
+        delay running. The P1 listing is re-read only when the queue ran dry, and, after a
+        listing that found nothing, not more often than every idle_sleep."""
+        now = time.monotonic()
+        for candidate in list(self.queue):
+            if candidate.account_id in busy_accounts:
+                continue
+            if self.contended_until.get(candidate.account_id, 0.0) > now:
+                continue
+            self.queue.remove(candidate)
+            return candidate
+        if self.queue or now < self.next_refresh:
+            return None
+        self.refresh(busy_payouts)
+        found = bool(self.queue)
+        self.next_refresh = now if found else now + self.idle_sleep_s
+        return self.pick(busy_accounts=busy_accounts) if found else None
 
-    def refresh(self) -> None:
-        """Fill the queue from P1: recovery first, then PENDING, each shuffled."""
+    def deferred(self) -> bool:
+        """Candidates wait only for a contention delay (not idle: the key frees soon)."""
+        now = time.monotonic()
+        return any(self.contended_until.get(c.account_id, 0.0) > now for c in self.queue)
+
+    def refresh(self, busy_payouts: set[str] = frozenset()) -> None:
+        """Fill the queue from P1: recovery first, then PENDING, spread over accounts."""
         try:
             # One page each (oldest first): enough to fill a short queue and see the backlog age.
             pending = self.api.list_payouts("PENDING", max_items=LIST_PAGE)
@@ -232,8 +257,9 @@ class Executor:
             (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
         )
         self.round_progress = False
-        pending = [c for c in pending if c.payout_id not in self.hands_off]
-        recover = [c for c in recover if c.payout_id not in self.hands_off]
+        skip = self.hands_off | busy_payouts
+        pending = [c for c in pending if c.payout_id not in skip]
+        recover = [c for c in recover if c.payout_id not in skip]
         self.backed_off = {
             c.payout_id: c.account_id
             for c in recover + pending
@@ -246,18 +272,21 @@ class Executor:
         # A short queue, refreshed often: a long one goes stale while other executors work it.
         # Recovery first, but at most half of it: in-flight CLAIMED rows of live executors
         # show up here too (they are contended and skipped), and must not starve PENDING.
-        picked = recover[: max(1, self.batch // 2)]
-        self.queue.extend((picked + pending)[: self.batch])
+        batch = max(self.batch, 2 * self.concurrency)
+        picked = recover[: max(1, batch // 2)]
+        self.queue.extend(_spread((picked + pending)[: batch * 2])[:batch])
 
     # -- steps 2–7: one critical section -------------------------------------------------
 
     def _session(self) -> LockSession:
-        if self.session is not None and self.session.lost is None:
+        """The process's one lock session (one heartbeat), reopened once it was lost."""
+        with self._mutex:
+            if self.session is not None and self.session.lost is None:
+                return self.session
+            if self.session is not None:
+                self.session.close()
+            self.session = self.locks.open_session(self.session_ttl_ms)
             return self.session
-        if self.session is not None:
-            self.session.close()
-        self.session = self.locks.open_session(self.session_ttl_ms)
-        return self.session
 
     def execute(self, candidate: Candidate) -> str:
         """Run one payout's critical section; returns the outcome label it counted."""
@@ -269,7 +298,8 @@ class Executor:
         }
         try:
             grant = self._fresh_grant(key)
-        except (LockContended, ContentionExceeded):
+        except (LockContended, ContentionExceeded) as exc:
+            self._contended(candidate.account_id, exc)
             return self._skip("lock_contended", fields)
         except (SessionUnknown, SessionExpired) as exc:
             log_event("executor_session_lost", level=logging.WARNING, error=str(exc), **fields)
@@ -277,12 +307,14 @@ class Executor:
         except DlockError as exc:
             self._note_outage(exc)
             log_event("executor_lock_failed", level=logging.WARNING, error=str(exc), **fields)
-            return self._skip("error", fields)
+            # an outage is waited out by the loop, not held against the account
+            return self._count("error", fields, refusal=not self.outage)
         if grant is None:
             log_event("executor_token_reused", level=logging.WARNING, key=key, **fields)
             return self._skip("lock_lost", fields)
         self.outage = False
-        self.sections += 1
+        with self._mutex:
+            self.sections += 1
         fields["token"] = grant.token
         log_event("executor_section_started", key=key, state=candidate.state, **fields)
         try:
@@ -308,6 +340,7 @@ class Executor:
             log_event("executor_not_claimable", details=exc.details, **fields)
         except DlockError as exc:
             outcome = "error"
+            self._slow_down(exc)
             log_event(
                 "executor_error", level=logging.WARNING, code=exc.code, error=str(exc), **fields
             )
@@ -345,6 +378,20 @@ class Executor:
         """A dependency that did not answer, or answered 503, is an outage to wait out."""
         if isinstance(exc, (ServiceUnreachable, NotLeader, Overloaded)):
             self.outage = True
+        self._slow_down(exc)
+
+    def _slow_down(self, exc: DlockError) -> None:
+        """A 503/429 from any service slows the whole process: no new section until then."""
+        if exc.status not in (429, 503):
+            return
+        delay = retry_delay_s(exc, BACKOFF_INITIAL_S * 2, cap_s=5.0) * (0.5 + random.random())
+        self.slow_until = max(self.slow_until, time.monotonic() + delay)
+
+    def _contended(self, account_id: str, exc: DlockError) -> None:
+        """Another process holds the key: leave the account for a jittered retryAfterMillis."""
+        delay = retry_delay_s(exc, BACKOFF_INITIAL_S, cap_s=5.0) * (1.0 + random.random())
+        self.contended_until[account_id] = time.monotonic() + delay
+        self._slow_down(exc)  # CONTENTION_EXCEEDED is a 429
 
     def _checkpoint(self, grant: Grant, phase: str, fields: dict[str, Any]) -> None:
         """Between steps: honour a stop request, re-check the grant, then the pause hook."""
@@ -418,7 +465,8 @@ class Executor:
                 self._ambiguous(fields, {"reason": "executor read timeout"})
                 return "ambiguous"
             return "error"  # nothing reached the proxy; payout stays CLAIMED for recovery
-        except RailUnavailable:
+        except RailUnavailable as exc:
+            self._slow_down(exc)
             return "error"  # nothing presented; payout back to CLAIMED, a later grant retries
         except ValidationFailed as exc:
             log_event("executor_rail_rejected", details=exc.details, **fields)
@@ -455,17 +503,33 @@ class Executor:
     def _skip(self, outcome: str, fields: dict[str, Any]) -> str:
         return self._count(outcome, fields)
 
-    def _count(self, outcome: str, fields: dict[str, Any]) -> str:
+    def _count(self, outcome: str, fields: dict[str, Any], *, refusal: bool = True) -> str:
         if outcome not in NO_PROGRESS:
             self.progressed = self.round_progress = True
         if outcome not in UNCOUNTED:
             payout_execute.labels(outcome=outcome).inc()
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        with self._mutex:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         log_event("payout_executed", outcome=outcome, **fields)
-        self.backoff.note(
-            account_id=fields["accountId"], payout_id=fields["payoutId"], outcome=outcome
-        )
+        if refusal:
+            self.backoff.note(
+                account_id=fields["accountId"], payout_id=fields["payoutId"], outcome=outcome
+            )
         return outcome
+
+
+def _spread(candidates: list[Candidate]) -> list[Candidate]:
+    """Round-robin over accounts (order kept within each): N slots start on N accounts."""
+    by_account: dict[str, deque[Candidate]] = {}
+    for candidate in candidates:
+        by_account.setdefault(candidate.account_id, deque()).append(candidate)
+    spread: list[Candidate] = []
+    while by_account:
+        for account in list(by_account):
+            spread.append(by_account[account].popleft())
+            if not by_account[account]:
+                del by_account[account]
+    return spread
 
 
 def _acked_submission(payout: dict[str, Any]) -> dict[str, Any] | None:

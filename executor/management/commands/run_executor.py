@@ -1,4 +1,4 @@
-"""`manage.py run_executor --owner-id ID [--max-payouts N] [--until-idle] [--metrics-port P]`.
+"""`manage.py run_executor --owner-id ID [--concurrency N] [--max-payouts N] [--until-idle]`.
 
 The payout worker (ROLE=executor: no database, HTTP only). Steps are in `executor.worker`.
 SIGTERM/SIGINT stop taking payouts; the current section finishes or is safely abandoned, the
@@ -31,6 +31,19 @@ class Command(BaseCommand):
             default=30.0,
             help="with --until-idle: give up after this long without progress",
         )
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=settings.EXECUTOR_CONCURRENCY,
+            help="payouts in flight at once, each on its own account (default "
+            "EXECUTOR_CONCURRENCY, 1)",
+        )
+        parser.add_argument(
+            "--drain-budget-s",
+            type=float,
+            default=settings.EXECUTOR_DRAIN_BUDGET_S,
+            help="on SIGTERM, how long in-flight sections may take to finish or abandon",
+        )
         parser.add_argument("--metrics-port", type=int, default=None)
         parser.add_argument("--metrics-addr", default="0.0.0.0")  # noqa: S104 - scraped in-pod
         parser.add_argument("--lock-ttl-ms", type=int, default=settings.LOCK_DEFAULT_TTL_MS)
@@ -44,6 +57,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if options["max_payouts"] is not None and options["max_payouts"] < 1:
             raise CommandError("--max-payouts must be at least 1")
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if options["drain_budget_s"] <= 0:
+            raise CommandError("--drain-budget-s must be positive")
         if options["metrics_port"]:
             from prometheus_client import start_http_server
 
@@ -56,6 +73,8 @@ class Command(BaseCommand):
             lock_ttl_ms=options["lock_ttl_ms"],
             session_ttl_ms=options["session_ttl_ms"],
             pause=pause,
+            concurrency=options["concurrency"],
+            drain_budget_s=options["drain_budget_s"],
         )
         signal.signal(signal.SIGTERM, executor.request_stop)
         signal.signal(signal.SIGINT, executor.request_stop)
