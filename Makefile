@@ -4,7 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-LOCK_BACKEND ?= pg
+# Empty = whatever the running stack uses, else pg (so `make experiment` after
+# `make up LOCK_BACKEND=etcd` stays on etcd). ETCD_MEMBERS / REPLICAS: empty = running, else 1.
+LOCK_BACKEND ?=
+ETCD_MEMBERS ?=
+REPLICAS ?=
+UP_ARGS = $(if $(LOCK_BACKEND),--backend $(LOCK_BACKEND)) \
+	$(if $(ETCD_MEMBERS),--etcd-members $(ETCD_MEMBERS)) $(if $(REPLICAS),--replicas $(REPLICAS))
 PYTEST_ARGS ?=
 
 .PHONY: help venv sysdeps test up down status demo bench experiment lint format clean
@@ -12,7 +18,8 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - bring the stack up and run the fencing demo (the main job)"
 	@echo "make test   - run the test suite against real PostgreSQL and etcd"
-	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd)"
+	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd ETCD_MEMBERS=N REPLICAS=N)"
+	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
 	@echo "make lint   - ruff check + format check"
 
@@ -31,16 +38,16 @@ test: venv sysdeps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 up: venv sysdeps
-	$(BIN)/python -m dlock.devstack up --backend $(LOCK_BACKEND)
+	$(BIN)/python -m devstack up $(UP_ARGS)
 
 down:
-	@if [ -x $(BIN)/python ]; then $(BIN)/python -m dlock.devstack down; else echo "[dlock] nothing to stop"; fi
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m devstack down; else echo "[dlock] nothing to stop"; fi
 
 status: venv
-	$(BIN)/python -m dlock.devstack status
+	$(BIN)/python -m devstack status
 
 demo: up
-	$(BIN)/python -m dlock.demo
+	$(BIN)/python -m devstack.demo
 
 # The redis-server package is needed only here (python-redis-lock baseline).
 bench: venv
@@ -48,8 +55,10 @@ bench: venv
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # e.g. make experiment EXPERIMENT_ARGS="--seed 11 --executors 6 --payouts 400"
+# The experiment is tooling, not an app of any role: settings.tooling = ops + `experiment`.
 experiment: up
-	set -a; . .run/stack.env; set +a; ROLE=ops $(BIN)/python manage.py fencing_experiment $(EXPERIMENT_ARGS)
+	set -a; . .run/stack.env; set +a; echo "[dlock] experiment on the running stack: LOCK_BACKEND=$$LOCK_BACKEND"; \
+	ROLE=ops DJANGO_SETTINGS_MODULE=settings.tooling $(BIN)/python -m django fencing_experiment $(EXPERIMENT_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
@@ -59,5 +68,6 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-clean: down
-	rm -rf .run
+# Everything `make up` made, wherever it lives (as root the databases are in /tmp/dlock-<hash>/).
+clean:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m devstack clean; else rm -rf .run; fi

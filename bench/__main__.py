@@ -20,7 +20,7 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dlock.devstack import PROJECT
+from devstack import PROJECT
 
 PARTS = ("fsync", "lockserver", "redis_lock", "payments", "e2e")
 MODULES = {name: f"bench.{name}" for name in PARTS}

@@ -41,7 +41,7 @@ def _answer(start_response, status: str, body: dict | None):
 
 def application(environ, start_response):
     method, path = environ["REQUEST_METHOD"], environ["PATH_INFO"]
-    if path == "/health/ready":  # what dlock.devstack.RoleProcess waits for
+    if path == "/health/ready":  # what devstack.RoleProcess waits for
         return _answer(start_response, "200 OK", {"status": "UP"})
     length = int(environ.get("CONTENT_LENGTH") or 0)
     body = json.loads(environ["wsgi.input"].read(length)) if length else {}

@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.proc import cpu_seconds, rss_kib
-from dlock.devstack import PROJECT, PgCluster, RoleProcess, free_port, manage, say
+from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage, say
 
 CLIENT_TIMEOUT_S = 15.0
 # The production deadlines of the lock server (k8s/lock-server.yaml).

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import requests
 
-from dlock.devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
+from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
 
 DURATION_S = float(os.environ.get("BENCH_LOCK_ETCD_SECONDS", "5"))
 WARMUP_S = 0.5

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.proc import cpu_seconds
-from dlock.devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
+from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
 from lockserver import fenced_sql
 
 DURATION_S = float(os.environ.get("BENCH_LOCKSERVER_SECONDS", "5"))

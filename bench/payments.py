@@ -30,7 +30,7 @@ from pathlib import Path
 import psycopg
 import requests
 
-from dlock.devstack import PgCluster, RoleProcess, free_port, manage
+from devstack import PgCluster, RoleProcess, free_port, manage
 
 DURATION_S = float(os.environ.get("BENCH_PAYMENTS_SECONDS", "5"))
 WARMUP_S = 0.5

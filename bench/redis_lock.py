@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from dlock.devstack import free_port, wait_until
+from devstack import free_port, wait_until
 
 CLIENTS = (1, 8, 32)
 CONFIGS = {

@@ -7,9 +7,7 @@ callables in. The experiment never assumes which.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -18,16 +16,16 @@ from pathlib import Path
 
 import requests
 
-from dlock.devstack import (
+from devstack import (
     PROJECT,
     PYTHON,
     URL_ENV,
     PgCluster,
     RoleProcess,
     StackError,
-    _pid_alive,
-    _read_env,
+    read_env,
     ready,
+    restart_role,
     wait_until,
 )
 
@@ -83,40 +81,18 @@ class StackHandle:
 def from_stack_env(run_dir: Path | None = None) -> StackHandle:
     """The stack `make up` started (`.run/stack.env`, pids under `.run/pids`)."""
     run_dir = Path(run_dir or os.environ.get("DLOCK_RUN_DIR", PROJECT / ".run"))
-    env = _read_env(run_dir / "stack.env")
+    env = read_env(run_dir / "stack.env")
     if not env:
         raise MissingPiece(f"no {run_dir / 'stack.env'}: run `make up` first")
 
     def restart(role: str) -> None:
-        pidfile = run_dir / "pids" / f"{role}.pid"
-        if pidfile.exists():
-            pid = int(pidfile.read_text() or 0)
-            if pid and _pid_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGTERM)
-                deadline = time.monotonic() + 20
-                while _pid_alive(pid) and time.monotonic() < deadline:
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, os.WNOHANG)
-                    time.sleep(0.1)
-                if _pid_alive(pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGKILL)
-        port = int(env[URL_ENV[role]].rsplit(":", 1)[1])
-        wait_until(lambda: not _port_busy(port), timeout=15, what=f"port {port} to free")
-        proc = RoleProcess(role, port, env, run_dir / "logs" / f"{role}.log").start(wait=True)
-        pidfile.write_text(str(proc.process.pid))
+        # exactly the argv and environment the role was started with (its .run/roles record)
+        restart_role(role, run=run_dir)
 
     cluster = None
     if env.get("DLOCK_PG_DATADIR"):
         cluster = PgCluster(Path(env["DLOCK_PG_DATADIR"]), int(env["DLOCK_PG_PORT"]))
     return StackHandle(env=env, restart_role=restart, pg_cluster=cluster, run_dir=run_dir)
-
-
-def _port_busy(port: int) -> bool:
-    from dlock.devstack import port_open
-
-    return port_open(port)
 
 
 def scrape(url: str, timeout: float = 1.0) -> str | None:
@@ -141,7 +117,7 @@ def private_stack(
     import secrets
     import shutil
 
-    from dlock.devstack import DATABASES, DB_URL_ENV, free_port, migrate_all, private_datadir
+    from devstack import DATABASES, DB_URL_ENV, free_port, migrate_all, private_datadir
 
     run_dir.mkdir(parents=True, exist_ok=True)
     # As root the cluster runs as `postgres`, which must reach its datadir (under /tmp then).

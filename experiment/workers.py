@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlock.devstack import PROJECT, PYTHON, free_port
+from devstack import PROJECT, PYTHON, free_port
 
 
 def proc_state(pid: int) -> str:

@@ -16,7 +16,6 @@ INSTALLED_APPS = [
     "railproxy",
     "railstub",
     "executor",
-    "experiment",
 ]
 MIDDLEWARE = [
     *MIDDLEWARE[:4],

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dlock.devstack import (
+from devstack import (
     DB_URL_ENV,
     URL_ENV,
     EtcdServer,

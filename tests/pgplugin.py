@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from dlock.devstack import PgCluster, free_port
+from devstack import PgCluster, free_port
 
 _cluster: PgCluster | None = None
 _container = None

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
+from devstack import PROJECT
 from dlock.budgets import BUDGETS, Chain, inward_chains
-from dlock.devstack import PROJECT
 
 PROBE = """
 import importlib, json, sys

@@ -15,6 +15,7 @@ import uuid
 import pytest
 import requests
 
+from devstack import RoleProcess, free_port, wait_until
 from dlock.budgets import BUDGETS
 from dlock.client import (
     ContentionExceeded,
@@ -29,7 +30,6 @@ from dlock.client import (
     SessionUnknown,
     call,
 )
-from dlock.devstack import RoleProcess, free_port, wait_until
 from dlock.tracing import reset_trace_id, set_trace_id
 
 pytestmark = pytest.mark.live

@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
+from devstack import wait_until
 from dlock.client import LockClient, LockContended, LockLost, RetryPolicy
-from dlock.devstack import wait_until
 from tests.lockserver.conftest import start_lock_server
 
 pytestmark = [pytest.mark.live, pytest.mark.etcd]

@@ -15,7 +15,7 @@ import pytest
 import requests
 from psycopg import sql
 
-from dlock.devstack import PROJECT, PYTHON, RoleProcess, free_port, wait_until
+from devstack import PROJECT, PYTHON, RoleProcess, free_port, wait_until
 from tests.conftest import LiveStack, start_stack, stop_stack
 
 # Short leases so takeovers happen within a test; the proxy's rail read timeout short so an

@@ -15,7 +15,7 @@ from datetime import datetime
 import pytest
 import requests
 
-from dlock.devstack import wait_until
+from devstack import wait_until
 from tests.executor.conftest import (
     account_ids,
     paydb,

@@ -16,8 +16,8 @@ import uuid
 import pytest
 import requests
 
+from devstack import wait_until
 from dlock.client import Grant, LockClient, ServiceUnreachable
-from dlock.devstack import wait_until
 from executor.worker import Executor
 from tests.executor.conftest import (
     account_ids,

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from dlock.devstack import PROJECT, PYTHON
+from devstack import PROJECT, PYTHON
 from executor.pause import PausePlan
 
 

@@ -14,8 +14,8 @@ import uuid
 import pytest
 import requests
 
+from devstack import free_port, manage, wait_until
 from dlock.client import LockClient
-from dlock.devstack import free_port, manage, wait_until
 from tests.executor.conftest import (
     account_ids,
     fenced_out_count,

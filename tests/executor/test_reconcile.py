@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.db.models import F
 from django.utils import timezone
 
-from dlock.devstack import free_port, manage
+from devstack import free_port, manage
 from executor.reconciler import metrics_text, reconcile, render_text
 from payments import services
 from payments.models import Account, LedgerEntry, Payout, PayoutReconciliation

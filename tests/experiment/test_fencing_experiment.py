@@ -167,7 +167,7 @@ def test_make_demo_without_a_stack_fails_loudly_and_says_what_to_do(tmp_path):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "dlock.demo"],
+        [sys.executable, "-m", "devstack.demo"],
         env={**os.environ, "DLOCK_RUN_DIR": str(tmp_path)},
         capture_output=True,
         text=True,

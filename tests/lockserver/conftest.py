@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from dlock.devstack import RoleProcess, free_port, manage
+from devstack import RoleProcess, free_port, manage
 from tests.conftest import _create_db, fresh_etcd
 
 PROJECT = Path(__file__).resolve().parents[2]

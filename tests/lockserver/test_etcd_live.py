@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dlock.devstack import RoleProcess, StackError, free_port
+from devstack import RoleProcess, StackError, free_port
 from lockserver.backends.etcd import EtcdLockBackend
 from tests.lockserver.conftest import assert_error, new_key, start_lock_server
 

@@ -1,6 +1,6 @@
 """etcd-specific: token continuity across stores (the floor/offset) and an etcd outage.
 
-Uses private etcd servers (dlock.devstack.EtcdServer), never the shared one, because these
+Uses private etcd servers (devstack.EtcdServer), never the shared one, because these
 tests stop them or need a store with no history.
 """
 
@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from dlock.devstack import EtcdServer, free_port, wait_until
+from devstack import EtcdServer, free_port, wait_until
 from dlock.errors import ApiError, Code
 from lockserver.backends.etcd import EtcdLockBackend, TokenFloorError
 from lockserver.etcd_client import EtcdClient, EtcdUnavailable

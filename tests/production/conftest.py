@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dlock.devstack import RoleProcess, free_port
+from devstack import RoleProcess, free_port
 from tests.conftest import _create_db
 from tests.production.probe_urls import SCHEMA
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from dlock.devstack import wait_until
+from devstack import wait_until
 from dlock.serving import SO_TIMESTAMP, arrived_seconds_ago
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 import requests
 
-from dlock.devstack import RoleProcess, free_port, manage, wait_until
+from devstack import RoleProcess, free_port, manage, wait_until
 from tests.conftest import _create_db
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from dlock.devstack import wait_until
+from devstack import wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import requests
 
-from dlock.devstack import PROJECT, free_port
+from devstack import PROJECT, free_port
 from tests.conftest import raw_request
 
 pytestmark = pytest.mark.live

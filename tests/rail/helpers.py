@@ -7,7 +7,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
-from dlock.devstack import RoleProcess, free_port
+from devstack import RoleProcess, free_port
 from tests.conftest import LiveStack
 
 

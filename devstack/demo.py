@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from dlock.devstack import PROJECT
+from devstack.common import PROJECT
 
 DEMO = {
     "seed": 7,

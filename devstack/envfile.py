@@ -1,0 +1,43 @@
+"""`.run/stack.env`: the `KEY=value` file every script, test and README step reads."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from devstack.common import PROJECT
+
+
+def run_dir(path: Path | str | None = None) -> Path:
+    """The stack's run directory: `path`, else $DLOCK_RUN_DIR, else `.run/` in the checkout."""
+    return Path(path or os.environ.get("DLOCK_RUN_DIR") or PROJECT / ".run")
+
+
+def read_env(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.startswith("#"):
+                key, value = line.split("=", 1)
+                values[key] = value
+    return values
+
+
+def write_env(path: Path, env: dict[str, str]) -> None:
+    """Sorted lines, the secret key last; written whole (rename) so a reader never sees half."""
+    lines = [f"{key}={value}" for key, value in sorted(env.items()) if key != "DJANGO_SECRET_KEY"]
+    if "DJANGO_SECRET_KEY" in env:
+        lines.append(f"DJANGO_SECRET_KEY={env['DJANGO_SECRET_KEY']}")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def secret_key(run: Path) -> str:
+    path = run / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(48))
+        path.chmod(0o600)
+    return path.read_text().strip()

@@ -1,0 +1,57 @@
+"""A dev stack of the tests' own: `devstack.up` on free ports in a temporary run directory."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from devstack import DB_URL_ENV, ROLES, clean
+
+
+def _free_block(size: int, *, replicas: int = 1) -> int:
+    """A base port whose base+1..base+size (and +100 for replicas) are all free."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1] // 10 * 10
+        if base + size + 100 * replicas > 65000:
+            continue
+        wanted = [base + n + 100 * r for n in range(1, size + 1) for r in range(replicas)]
+        if all(_bindable(port) for port in wanted):
+            return base
+    raise RuntimeError("no free block of ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def stack_ports() -> dict[str, int]:
+    base = _free_block(len(ROLES))
+    return {role: base + n for n, role in enumerate(ROLES, start=1)}
+
+
+@pytest.fixture
+def replica_ports() -> dict[str, int]:
+    base = _free_block(len(ROLES), replicas=2)
+    return {role: base + n for n, role in enumerate(ROLES, start=1)}
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    """The suite's database URLs must not leak in: `up` would use them instead of its own
+    private cluster. Whatever a test leaves running is stopped and removed."""
+    for var in DB_URL_ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("LOCK_BACKEND", raising=False)
+    monkeypatch.delenv("ETCD_URL", raising=False)
+    run = tmp_path / "run"
+    yield run
+    clean(run=run)
