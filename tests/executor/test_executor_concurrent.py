@@ -175,3 +175,39 @@ def test_sigterm_with_n_in_flight_drains_releases_and_exits_zero(exec_stack, rai
     rail("--reset")
     _drain_rest(exec_stack, tmp_path, ids)
     assert set(rail_requests(exec_stack, ids).values()) == {1}
+
+
+def test_sigstop_of_a_concurrent_process_past_its_lease_is_fenced_out_and_pays_nothing_twice(
+    exec_stack, tmp_path
+):
+    seeded = seed(exec_stack, accounts=4, per_account=1, balance=100_000, amount=100)
+    ids = payout_ids(seeded)
+    stale = start_executor(
+        exec_stack,
+        _owner("exec-stale-conc"),
+        "--until-idle",
+        "--concurrency",
+        "4",
+        pause="before_submit:stop",  # the whole process freezes, every section with it
+        log_dir=tmp_path,
+    )
+    stale.wait_stopped()
+    time.sleep(2.5)  # past its 2 s leases and session
+    fresh = start_executor(exec_stack, _owner("exec-fresh-conc"), "--until-idle", log_dir=tmp_path)
+    assert fresh.wait(120) == 0, fresh.log.read_text()[-3000:]
+    assert set(states(exec_stack, ids).values()) == {"POSTED"}
+    stale.process.send_signal(signal.SIGCONT)
+    assert stale.wait(60) == 0, stale.log.read_text()[-3000:]
+    (paused,) = stale.events("executor_paused")
+    fenced = stale.events("executor_fenced_out")
+    # the paused section had passed ensure_valid(): its submit is refused by the fence (so is
+    # any other section frozen between its check and its write); the rest stop on LockLost
+    assert paused["payoutId"] in {f["payoutId"] for f in fenced}
+    assert 1 <= len(fenced) <= 4
+    for event in fenced:
+        assert event["details"]["presentedToken"] < event["details"]["highestToken"]
+    outcomes = [e["outcome"] for e in stale.events("payout_executed")]
+    assert "posted" not in outcomes
+    assert set(rail_requests(exec_stack, ids).values()) == {1}  # nothing presented twice
+    assert set(states(exec_stack, ids).values()) == {"POSTED"}
+    _books_balanced(exec_stack, account_ids(seeded))
