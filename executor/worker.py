@@ -23,7 +23,6 @@ import random
 import threading
 import time
 from collections import deque
-from datetime import UTC, datetime
 from typing import Any
 
 from dlock.budgets import BACKOFF_INITIAL_S, BUDGETS
@@ -51,15 +50,14 @@ from dlock.client import (
     retry_delay_s,
 )
 from dlock.logs import log_event
-from dlock.metrics import payout_backlog_age, payout_execute
+from dlock.metrics import payout_execute
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id
 from executor.api import Api, Candidate
 from executor.backoff import AccountBackoff
 from executor.dispatch import Dispatcher
 from executor.pause import PausePlan
+from executor.picking import LIST_PAGE, RECOVERABLE, Picker  # noqa: F401 - re-exported
 
-RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
-LIST_PAGE = 100
 # Outcomes after which the payout is exactly where it was: waiting on someone else.
 NO_PROGRESS = ("lock_contended", "lock_lost", "error", "abandoned", "skipped")
 # Not executions, so not counted in payout_execute_total (logged as payout_executed).
@@ -73,7 +71,7 @@ class Abandon(Exception):  # noqa: N818 - a control-flow signal, not an error
     """Stop requested mid-section before anything irreversible: release and leave."""
 
 
-class Executor:
+class Executor(Picker):
     """One worker process: one lock session, up to `concurrency` sections in flight (one per
     account). `execute()` is thread-safe for distinct accounts; `run()` is one loop per instance."""
 
@@ -206,75 +204,6 @@ class Executor:
         finally:
             reset_trace_id(trace)
         return True
-
-    # -- step 1: pick --------------------------------------------------------------------
-
-    def pick(
-        self, *, busy_accounts: set[str] = frozenset(), busy_payouts: set[str] = frozenset()
-    ) -> Candidate | None:
-        """The next candidate on an account with nothing in flight here and no contention
-        delay running. The P1 listing is re-read only when the queue ran dry, and, after a
-        listing that found nothing, not more often than every idle_sleep."""
-        now = time.monotonic()
-        for candidate in list(self.queue):
-            if candidate.account_id in busy_accounts:
-                continue
-            if self.contended_until.get(candidate.account_id, 0.0) > now:
-                continue
-            self.queue.remove(candidate)
-            return candidate
-        if self.queue or now < self.next_refresh:
-            return None
-        self.refresh(busy_payouts)
-        found = bool(self.queue)
-        self.next_refresh = now if found else now + self.idle_sleep_s
-        return self.pick(busy_accounts=busy_accounts) if found else None
-
-    def deferred(self) -> bool:
-        """Candidates wait only for a contention delay (not idle: the key frees soon)."""
-        now = time.monotonic()
-        return any(self.contended_until.get(c.account_id, 0.0) > now for c in self.queue)
-
-    def refresh(self, busy_payouts: set[str] = frozenset()) -> None:
-        """Fill the queue from P1: recovery first, then PENDING, spread over accounts."""
-        try:
-            # One page each (oldest first): enough to fill a short queue and see the backlog age.
-            pending = self.api.list_payouts("PENDING", max_items=LIST_PAGE)
-            recover = [
-                c
-                for state in RECOVERABLE
-                for c in self.api.list_payouts(state, max_items=LIST_PAGE)
-            ]
-        except DlockError as exc:
-            self._note_outage(exc)
-            log_event(
-                "executor_list_failed", level=logging.WARNING, ownerId=self.owner_id, error=str(exc)
-            )
-            return
-        self.outage = False
-        oldest = min((c.created_at for c in pending if c.created_at), default=None)
-        payout_backlog_age.set(
-            (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
-        )
-        self.round_progress = False
-        skip = self.hands_off | busy_payouts
-        pending = [c for c in pending if c.payout_id not in skip]
-        recover = [c for c in recover if c.payout_id not in skip]
-        self.backed_off = {
-            c.payout_id: c.account_id
-            for c in recover + pending
-            if self.backoff.blocked(c.account_id)
-        }
-        pending = [c for c in pending if not self.backoff.blocked(c.account_id)]
-        recover = [c for c in recover if not self.backoff.blocked(c.account_id)]
-        random.shuffle(pending)
-        random.shuffle(recover)
-        # A short queue, refreshed often: a long one goes stale while other executors work it.
-        # Recovery first, but at most half of it: in-flight CLAIMED rows of live executors
-        # show up here too (they are contended and skipped), and must not starve PENDING.
-        batch = max(self.batch, 2 * self.concurrency)
-        picked = recover[: max(1, batch // 2)]
-        self.queue.extend(_spread((picked + pending)[: batch * 2])[:batch])
 
     # -- steps 2–7: one critical section -------------------------------------------------
 
@@ -516,20 +445,6 @@ class Executor:
                 account_id=fields["accountId"], payout_id=fields["payoutId"], outcome=outcome
             )
         return outcome
-
-
-def _spread(candidates: list[Candidate]) -> list[Candidate]:
-    """Round-robin over accounts (order kept within each): N slots start on N accounts."""
-    by_account: dict[str, deque[Candidate]] = {}
-    for candidate in candidates:
-        by_account.setdefault(candidate.account_id, deque()).append(candidate)
-    spread: list[Candidate] = []
-    while by_account:
-        for account in list(by_account):
-            spread.append(by_account[account].popleft())
-            if not by_account[account]:
-                del by_account[account]
-    return spread
 
 
 def _acked_submission(payout: dict[str, Any]) -> dict[str, Any] | None:
