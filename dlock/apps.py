@@ -6,4 +6,8 @@ class DlockConfig(AppConfig):
     verbose_name = "dlock shared kernel"
 
     def ready(self) -> None:
-        from dlock import metrics  # noqa: F401  (declares every series at 0)
+        from django.conf import settings
+
+        from dlock import metrics
+
+        metrics.register_role_metrics(settings.ROLE, backend=settings.LOCK_BACKEND)

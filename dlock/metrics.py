@@ -1,11 +1,14 @@
 """Every dlock metric, declared once; each labelled series exists at 0 from start-up.
 
-No id (payout, account, session, key) is ever a label (NFR-09).
+No id (payout, account, session, key) is ever a label (NFR-09). Declared unregistered: each role
+exports only its own domain series (`register_role_metrics`, called once from DlockConfig.ready),
+next to the process and request metrics every role has, so `min()`/`avg()` over a metric never
+mixes in zeros from roles that cannot move it.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 FENCED_RESOURCES = ("account", "ledger", "rail")
 RAIL_OUTCOMES = ("acked", "fenced", "duplicate", "timeout", "declined", "not_sent", "replayed")
@@ -34,50 +37,103 @@ lock_fenced_out = Counter(
     "lock_fenced_out",
     "Writes rejected because a newer fencing token already touched the resource.",
     ["resource"],
+    registry=None,
 )
 rail_duplicate_attempted = Counter(
     "rail_duplicate_attempted",
     "Submissions refused because the payout already has a rail submission record.",
+    registry=None,
 )
 rail_submission = Counter(
-    "rail_submission", "Rail submissions by outcome (recorded by the rail proxy).", ["outcome"]
+    "rail_submission",
+    "Rail submissions by outcome (recorded by the rail proxy).",
+    ["outcome"],
+    registry=None,
 )
 payout_execute = Counter(
-    "payout_execute", "Executor critical sections by final outcome.", ["outcome"]
+    "payout_execute", "Executor critical sections by final outcome.", ["outcome"], registry=None
 )
 payout_backlog_age = Gauge(
-    "payout_backlog_age_seconds", "Age of the oldest PENDING payout the executor last saw."
+    "payout_backlog_age_seconds",
+    "Age of the oldest PENDING payout the executor last saw.",
+    registry=None,
 )
 lock_acquire = Counter(
-    "lock_acquire", "Lock acquire calls by backend and outcome.", ["backend", "outcome"]
+    "lock_acquire",
+    "Lock acquire calls by backend and outcome.",
+    ["backend", "outcome"],
+    registry=None,
 )
 requests_shed = Counter(
     "dlock_requests_shed",
     "Requests answered 503 OVERLOADED before Django: older than SERVER_QUEUE_DEADLINE_MS "
     "when a worker thread took them (dlock.admission).",
+    registry=None,
 )
 executor_inflight = Gauge(
-    "executor_inflight", "Executor critical sections in flight in this process right now."
+    "executor_inflight",
+    "Executor critical sections in flight in this process right now.",
+    registry=None,
 )
 payout_execute_seconds = Histogram(
     "payout_execute_seconds",
     "Executor section duration, pick to posted or final state, by outcome.",
     ["outcome"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    registry=None,
 )
 BACKOFF_REASONS = ("fenced_out", "not_claimable", "duplicate", "error", "token_reused")
 executor_backoff = Counter(
     "executor_backoff",
     "Back-off steps the executor took on an account it could not progress, by reason.",
     ["reason"],
+    registry=None,
 )
-lock_live_sessions = Gauge("lock_live_sessions", "Unexpired lock-server sessions.", ["backend"])
-lock_live_grants = Gauge("lock_live_grants", "Unexpired lock grants.", ["backend"])
+lock_live_sessions = Gauge(
+    "lock_live_sessions", "Unexpired lock-server sessions.", ["backend"], registry=None
+)
+lock_live_grants = Gauge("lock_live_grants", "Unexpired lock grants.", ["backend"], registry=None)
 
 
-def _zero_series() -> None:
-    for resource in FENCED_RESOURCES:
-        lock_fenced_out.labels(resource=resource)
+# Which role moves which series (ops runs every app in one process: the suite, management commands).
+FENCED_BY_ROLE = {
+    "payments": ("account", "ledger"),
+    "railproxy": ("rail",),
+    "ops": FENCED_RESOURCES,
+}
+ROLE_METRICS = {
+    "lockserver": (lock_acquire, lock_live_sessions, lock_live_grants, requests_shed),
+    "payments": (lock_fenced_out, requests_shed),
+    "railproxy": (lock_fenced_out, rail_duplicate_attempted, rail_submission, requests_shed),
+    "railstub": (requests_shed,),
+    "executor": (
+        payout_execute,
+        payout_backlog_age,
+        executor_inflight,
+        payout_execute_seconds,
+        executor_backoff,
+    ),
+}
+ROLE_METRICS["ops"] = tuple(dict.fromkeys(m for ms in ROLE_METRICS.values() for m in ms))
+_registered: set[int] = set()
+
+
+def register_role_metrics(
+    role: str, *, backend: str, registry: CollectorRegistry = REGISTRY
+) -> None:
+    """Export this role's domain series, each at 0 from start-up: `lock_acquire_total` and the
+    live gauges only for the configured lock backend, `lock_fenced_out_total` only for the
+    resources this role fences. Idempotent per registry."""
+    if id(registry) in _registered:
+        return
+    _registered.add(id(registry))
+    chosen = ROLE_METRICS.get(role, ())
+    for metric in chosen:
+        registry.register(metric)
+    backends = LOCK_BACKENDS if role == "ops" else (backend,)
+    if lock_fenced_out in chosen:
+        for resource in FENCED_BY_ROLE.get(role, ()):
+            lock_fenced_out.labels(resource=resource)
     for outcome in RAIL_OUTCOMES:
         rail_submission.labels(outcome=outcome)
     for outcome in EXECUTE_OUTCOMES:
@@ -86,11 +142,8 @@ def _zero_series() -> None:
         payout_execute_seconds.labels(outcome=outcome)
     for reason in BACKOFF_REASONS:
         executor_backoff.labels(reason=reason)
-    for backend in LOCK_BACKENDS:
-        lock_live_sessions.labels(backend=backend)
-        lock_live_grants.labels(backend=backend)
+    for name in backends:
+        lock_live_sessions.labels(backend=name)
+        lock_live_grants.labels(backend=name)
         for outcome in ACQUIRE_OUTCOMES:
-            lock_acquire.labels(backend=backend, outcome=outcome)
-
-
-_zero_series()
+            lock_acquire.labels(backend=name, outcome=outcome)

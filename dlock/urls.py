@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import mimetypes
-
 from django.conf import settings
-from django.contrib.staticfiles import finders
-from django.http import FileResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
@@ -18,24 +14,11 @@ from dlock import health
 from dlock.errors import ApiError, Code
 from dlock.handlers import error_response
 
-# Only the assets the docs pages and the browsable API need; served by the role itself, so the
-# docs work without a CDN or a separate static server (a few hundred KB, cached by the browser).
-STATIC_PREFIXES = ("drf_spectacular_sidecar/", "rest_framework/")
-
-
-@require_safe
-def static_asset(request, asset: str):
-    found = finders.find(asset) if asset.startswith(STATIC_PREFIXES) and ".." not in asset else None
-    if not found:
-        return error_response(ApiError(Code.NOT_FOUND, "no such resource or route"))
-    content_type = mimetypes.guess_type(found)[0] or "application/octet-stream"
-    response = FileResponse(open(found, "rb"), content_type=content_type)  # noqa: SIM115
-    response["Cache-Control"] = "public, max-age=86400"
-    return response
-
 
 def api_docs_patterns() -> list:
-    """/v1/schema (OpenAPI 3 of this role's URLconf), /v1/docs (Swagger UI), /v1/redoc."""
+    """/v1/schema (OpenAPI 3 of this role's URLconf), /v1/docs (Swagger UI), /v1/redoc.
+
+    Their assets (and the admin's) are served by whitenoise from the app directories."""
     title = {"TITLE": f"dlock {settings.SERVICE_NAME}"}
     return [
         path(
@@ -45,9 +28,22 @@ def api_docs_patterns() -> list:
             ),
             name="schema",
         ),
-        path("v1/docs", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
-        path("v1/redoc", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
-        path(f"{settings.STATIC_URL.strip('/')}/<path:asset>", static_asset, name="static-asset"),
+        path(
+            "v1/docs",
+            SpectacularSwaggerView.as_view(
+                url_name="schema", title=f"dlock {settings.SERVICE_NAME} — Swagger UI"
+            ),
+            name="swagger-ui",
+        ),
+        path(
+            "v1/redoc",
+            SpectacularRedocView.as_view(
+                url_name="schema",
+                title=f"dlock {settings.SERVICE_NAME} — Redoc",
+                template_name="dlock/redoc.html",
+            ),
+            name="redoc",
+        ),
     ]
 
 

@@ -1,17 +1,24 @@
 """Staff admin: read-only books, the payout timeline, and the RAIL_AMBIGUOUS quarantine.
 
-Nothing here writes a row directly: the only write is the quarantine's resolve action, which
-goes through `payments.services.resolve_quarantined` (state machine + ledger in one transaction).
+Nothing here writes a row directly: the only write is the quarantine's resolve (a page per payout
+and a changelist action), which goes through the guarded `payments.resolve.resolve_payout`
+(the reconciler must back the resolution, or the operator overrides with a written reason).
+Every time is shown to the second, in UTC.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
 
 from dlock.errors import ApiError
-from payments import services
 from payments.models import (
     Account,
     LedgerEntry,
@@ -20,6 +27,16 @@ from payments.models import (
     PayoutReconciliation,
     QuarantinedPayout,
 )
+from payments.resolve import OVERRIDE_REASON_MIN, resolve_payout
+from railproxy.models import RailSubmission
+
+
+def utc(value: dt.datetime | None) -> str:
+    """2026-12-01 03:00:07.123 UTC: an operator compares these with the rail's statement."""
+    if value is None:
+        return "—"
+    value = value.astimezone(dt.UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond // 1000:03d} UTC"
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -37,9 +54,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Account)
 class AccountAdmin(ReadOnlyAdmin):
-    list_display = ("account_id", "kind", "currency", "balance_minor", "fence", "updated_at")
+    list_display = ("account_id", "kind", "currency", "balance_minor", "fence", "updated_at_utc")
     list_filter = ("kind", "currency")
     search_fields = ("account_id",)
+
+    @admin.display(description="updated at (UTC)", ordering="updated_at")
+    def updated_at_utc(self, obj):
+        return utc(obj.updated_at)
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -57,16 +78,24 @@ class ReadOnlyInline(admin.TabularInline):
 
 class PayoutEventInline(ReadOnlyInline):
     model = PayoutEvent
-    fields = ("at", "from_state", "to_state", "token", "owner_id", "note")
+    fields = ("at_utc", "from_state", "to_state", "token", "owner_id", "note")
     readonly_fields = fields
     ordering = ("at", "id")
+
+    @admin.display(description="at (UTC)")
+    def at_utc(self, obj):
+        return utc(obj.at)
 
 
 class LedgerEntryInline(ReadOnlyInline):
     model = LedgerEntry
     fk_name = "payout"
-    fields = ("entry_id", "account", "direction", "amount_minor", "fence", "posted_at")
+    fields = ("entry_id", "account", "direction", "amount_minor", "fence", "posted_at_utc")
     readonly_fields = fields
+
+    @admin.display(description="posted at (UTC)")
+    def posted_at_utc(self, obj):
+        return utc(obj.posted_at)
 
 
 @admin.register(Payout)
@@ -79,12 +108,16 @@ class PayoutAdmin(ReadOnlyAdmin):
         "state",
         "attempt_count",
         "claim_token",
-        "created_at",
+        "created_at_utc",
     )
     list_filter = ("state", "currency")
     search_fields = ("payout_id", "account__account_id", "rail_reference")
     ordering = ("-created_at",)
     inlines = (PayoutEventInline, LedgerEntryInline)
+
+    @admin.display(description="created at (UTC)", ordering="created_at")
+    def created_at_utc(self, obj):
+        return utc(obj.created_at)
 
 
 @admin.register(LedgerEntry)
@@ -96,22 +129,38 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
         "amount_minor",
         "fence",
         "payout",
-        "posted_at",
+        "posted_at_utc",
     )
     list_filter = ("direction",)
     search_fields = ("account__account_id", "payout__payout_id")
     ordering = ("-posted_at",)
+
+    @admin.display(description="posted at (UTC)", ordering="posted_at")
+    def posted_at_utc(self, obj):
+        return utc(obj.posted_at)
 
 
 class ResolveForm(forms.Form):
     resolution = forms.ChoiceField(
         choices=[("POSTED", "POSTED — the rail booked it once"), ("FAILED", "FAILED — not booked")]
     )
+    rail_reference = forms.CharField(
+        required=False,
+        max_length=128,
+        help_text="For POSTED: the reference on the rail's statement (default: the one the "
+        "reconciler found).",
+    )
     note = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Required: what you checked (rail statement, references) and why.",
     )
-    rail_reference = forms.CharField(required=False, max_length=128)
+    override = forms.BooleanField(
+        required=False,
+        label="Override the reconciler",
+        help_text=f"Resolve although the reconciler's latest finding does not support it; the "
+        f"note must then give the reason (at least {OVERRIDE_REASON_MIN} characters). Logged "
+        "at WARNING.",
+    )
 
     def clean_note(self):
         note = self.cleaned_data["note"].strip()
@@ -119,10 +168,23 @@ class ResolveForm(forms.Form):
             raise forms.ValidationError("a note is required")
         return note
 
+    def clean(self):
+        cleaned = super().clean()
+        note = cleaned.get("note") or ""
+        if cleaned.get("override") and len(note) < OVERRIDE_REASON_MIN:
+            self.add_error(
+                "note", f"an override needs a reason of at least {OVERRIDE_REASON_MIN} characters"
+            )
+        return cleaned
+
 
 @admin.register(QuarantinedPayout)
 class QuarantineAdmin(admin.ModelAdmin):
-    """RAIL_AMBIGUOUS payouts with the reconciler's classification (payout_reconciliation)."""
+    """RAIL_AMBIGUOUS payouts with the reconciler's classification (payout_reconciliation).
+
+    The detail page is view-only (no Save): it shows the classification, the rail references,
+    every rail submission attempt and the event timeline; "Resolve…" opens the guarded form.
+    """
 
     list_display = (
         "payout_id",
@@ -134,13 +196,13 @@ class QuarantineAdmin(admin.ModelAdmin):
         "rail_transfers",
         "rail_references",
         "checked_at",
-        "updated_at",
+        "updated_at_utc",
     )
     list_select_related = ("reconciliation",)
     search_fields = ("payout_id", "account__account_id")
     ordering = ("updated_at",)
-    inlines = (PayoutEventInline,)
     actions = ("resolve_selected",)
+    change_form_template = "admin/payments/quarantine_change_form.html"
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(state="RAIL_AMBIGUOUS")
@@ -154,8 +216,17 @@ class QuarantineAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    def save_model(self, request, obj, form, change):
-        """Never save a payout from a form; resolution goes through the service."""
+    def has_change_permission(self, request, obj=None):
+        # The changelist's resolve action needs "change"; a payout's own page never saves.
+        return obj is None and super().has_change_permission(request)
+
+    def get_urls(self):
+        resolve = path(
+            "<path:object_id>/resolve/",
+            self.admin_site.admin_view(self.resolve_view),
+            name="payments_quarantinedpayout_resolve",
+        )
+        return [resolve, *super().get_urls()]
 
     def _recon(self, obj) -> PayoutReconciliation | None:
         try:
@@ -178,37 +249,77 @@ class QuarantineAdmin(admin.ModelAdmin):
         recon = self._recon(obj)
         return ", ".join(map(str, recon.rail_references or [])) if recon else ""
 
-    @admin.display(description="checked at")
+    @admin.display(description="checked at (UTC)")
     def checked_at(self, obj):
         recon = self._recon(obj)
-        return recon.checked_at if recon else None
+        return utc(recon.checked_at) if recon else None
 
-    @admin.action(description="Resolve selected quarantined payouts…", permissions=["change"])
-    def resolve_selected(self, request, queryset):
-        form = ResolveForm(request.POST if "apply" in request.POST else None)
-        if "apply" in request.POST and form.is_valid():
-            resolved = 0
-            for payout in queryset:
-                try:
-                    services.resolve_quarantined(
-                        payout_id=payout.payout_id,
-                        resolution=form.cleaned_data["resolution"],
-                        operator=request.user.get_username(),
-                        note=form.cleaned_data["note"],
-                        rail_reference=form.cleaned_data["rail_reference"] or None,
-                    )
-                    resolved += 1
-                except ApiError as exc:
-                    self.message_user(
-                        request, f"{payout.payout_id}: {exc.code} {exc.message}", messages.ERROR
-                    )
-            if resolved:
-                self.message_user(
-                    request,
-                    f"{resolved} payout(s) resolved as {form.cleaned_data['resolution']}",
-                    messages.SUCCESS,
-                )
-            return None
+    @admin.display(description="updated at (UTC)", ordering="updated_at")
+    def updated_at_utc(self, obj):
+        return utc(obj.updated_at)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        payout = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if payout is not None:
+            context.update(self._evidence(payout))
+            context["resolve_url"] = reverse(
+                "admin:payments_quarantinedpayout_resolve", args=[payout.pk]
+            )
+        return super().change_view(request, object_id, form_url, extra_context=context)
+
+    def _evidence(self, payout) -> dict:
+        """What an operator needs to decide: the reconciler's finding, the submission attempts
+        (presented token, outcome, times), and the timeline; every time in UTC to the second."""
+        recon = self._recon(payout)
+        submissions = RailSubmission.objects.filter(payout_id=payout.payout_id).order_by(
+            "submitted_at"
+        )
+        events = PayoutEvent.objects.filter(payout_id=payout.payout_id).order_by("at", "id")
+        return {
+            "recon": recon,
+            "recon_checked_at": utc(recon.checked_at) if recon else None,
+            "recon_references": ", ".join(map(str, recon.rail_references or [])) if recon else "",
+            "submissions": [
+                {"row": s, "submitted_at": utc(s.submitted_at), "resolved_at": utc(s.resolved_at)}
+                for s in submissions
+            ],
+            "events": [{"row": e, "at": utc(e.at)} for e in events],
+        }
+
+    def resolve_view(self, request, object_id):
+        """One payout's resolve form: GET shows it with the evidence, POST resolves (guarded)."""
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        payout = get_object_or_404(self.get_queryset(request), pk=object_id)
+        form = ResolveForm(request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid() and self._resolve(request, payout, form):
+            return HttpResponseRedirect(reverse("admin:payments_quarantinedpayout_changelist"))
+        return self._form_page(request, [payout], form, evidence=self._evidence(payout))
+
+    def _resolve(self, request, payout, form) -> bool:
+        data = form.cleaned_data
+        try:
+            done = resolve_payout(
+                payout_id=payout.payout_id,
+                resolution=data["resolution"],
+                user=request.user,
+                note=data["note"],
+                rail_reference=data["rail_reference"] or None,
+                override=data["override"],
+            )
+        except ApiError as exc:
+            self.message_user(request, f"{payout.payout_id}: {exc.message}", messages.ERROR)
+            return False
+        suffix = " (override)" if done.override else ""
+        self.message_user(
+            request,
+            f"{payout.payout_id} resolved as {done.to_state}{suffix}",
+            messages.WARNING if done.override else messages.SUCCESS,
+        )
+        return True
+
+    def _form_page(self, request, payouts, form, *, evidence=None, action=False):
         return TemplateResponse(
             request,
             "admin/payments/resolve.html",
@@ -216,8 +327,19 @@ class QuarantineAdmin(admin.ModelAdmin):
                 **self.admin_site.each_context(request),
                 "title": "Resolve quarantined payouts",
                 "opts": self.model._meta,
-                "payouts": queryset,
+                "payouts": payouts,
                 "form": form,
+                "evidence": evidence,
+                "from_action": action,
                 "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
             },
         )
+
+    @admin.action(description="Resolve selected quarantined payouts…", permissions=["change"])
+    def resolve_selected(self, request, queryset):
+        form = ResolveForm(request.POST if "apply" in request.POST else None)
+        if "apply" in request.POST and form.is_valid():
+            for payout in queryset:
+                self._resolve(request, payout, form)
+            return None  # back to the changelist, with one message per payout
+        return self._form_page(request, list(queryset), form, action=True)

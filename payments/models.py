@@ -24,14 +24,21 @@ class PayoutState(models.TextChoices):
     RAIL_AMBIGUOUS = "RAIL_AMBIGUOUS"
 
 
+# The one definition of each set of payout states (ARCHITECTURE §3), as plain strings: payments
+# and the rail proxy import these, and SQL binds them as parameters instead of spelling them out.
+ALL_STATES: tuple[str, ...] = tuple(s.value for s in PayoutState)
 # Payouts whose amount is committed but not yet debited (ARCHITECTURE §4 "available balance").
-RESERVING_STATES = (
-    PayoutState.CLAIMED,
-    PayoutState.SUBMITTING,
-    PayoutState.RAIL_ACKED,
-    PayoutState.RAIL_AMBIGUOUS,
-)
-TERMINAL_STATES = (PayoutState.POSTED, PayoutState.FAILED, PayoutState.ABANDONED)
+RESERVING_STATES: tuple[str, ...] = ("CLAIMED", "SUBMITTING", "RAIL_ACKED", "RAIL_AMBIGUOUS")
+TERMINAL_STATES: tuple[str, ...] = ("POSTED", "FAILED", "ABANDONED")
+# No automated (token-bearing) transition leaves these (ARCHITECTURE §3).
+QUARANTINED_OR_TERMINAL: frozenset[str] = frozenset({"RAIL_AMBIGUOUS", *TERMINAL_STATES})
+# P2 `expectedState`: a fresh claim, or a recovery re-claim of a CLAIMED payout.
+CLAIMABLE_STATES: tuple[str, ...] = ("PENDING", "CLAIMED")
+# Where an operator may resolve a RAIL_AMBIGUOUS payout to.
+RESOLUTION_STATES: tuple[str, ...] = ("POSTED", "FAILED")
+
+if not {*RESERVING_STATES, *QUARANTINED_OR_TERMINAL, *CLAIMABLE_STATES} <= set(ALL_STATES):
+    raise RuntimeError("a payout state set names a state PayoutState lacks")  # pragma: no cover
 
 
 class AccountKind(models.TextChoices):
@@ -174,6 +181,7 @@ class LedgerEntry(models.Model):
 
     class Meta:
         db_table = "ledger_entry"
+        verbose_name_plural = "ledger entries"
         constraints = [
             models.CheckConstraint(
                 condition=Q(amount_minor__gt=0), name="ledger_entry_amount_positive"
@@ -264,3 +272,53 @@ class QuarantinedPayout(Payout):
         proxy = True
         verbose_name = "quarantined payout"
         verbose_name_plural = "quarantine (RAIL_AMBIGUOUS)"
+
+
+class FenceRepair(models.Model):
+    """Audit of one `manage.py repair_fence` (ops): an operator lowered a fence no legitimate
+    token could pass to the highest token the lock server had issued. Append-only."""
+
+    repair_id = models.BigAutoField(primary_key=True)
+    account_id = models.CharField(max_length=64)
+    operator = models.CharField(max_length=128)
+    reason = models.TextField()
+    lock_backend = models.CharField(max_length=8)
+    issued_bound = models.BigIntegerField()  # highest token the lock server had issued
+    old_fence = models.BigIntegerField()
+    new_fence = models.BigIntegerField()
+    old_rail_high_water = models.BigIntegerField(null=True)  # None: the proxy had no row
+    new_rail_high_water = models.BigIntegerField(null=True)
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "fence_repair"
+        indexes = [models.Index(fields=["account_id", "at"], name="fence_repair_account_at")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(new_fence__lte=models.F("old_fence")),
+                name="fence_repair_never_raises",
+            ),
+            models.CheckConstraint(condition=~Q(reason=""), name="fence_repair_reason_given"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.account_id}: {self.old_fence} → {self.new_fence} by {self.operator}"
+
+
+class ReconcileRun(models.Model):
+    """One `manage.py reconcile` run's result, exported by payments' /metrics
+    (payments/reconcile_metrics.py) so the reconciler's verdict reaches Prometheus."""
+
+    run_id = models.BigAutoField(primary_key=True)
+    ok = models.BooleanField()
+    violations = models.IntegerField()
+    classified = models.IntegerField()  # payouts given a classification this run
+    counts = models.JSONField(default=dict)
+    finished_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "reconcile_run"
+        indexes = [models.Index(fields=["finished_at"], name="reconcile_run_finished_at")]
+
+    def __str__(self) -> str:
+        return f"reconcile {self.finished_at}: {'ok' if self.ok else 'BROKEN'}"

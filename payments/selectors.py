@@ -203,3 +203,54 @@ def get_account(*, account_id: str) -> dict[str, Any]:
         "updatedAt": rfc3339_ms(row[4]),
         "ledgerSumMinor": int(row[5]),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Payout reads other apps need (reconciler, rail-proxy admission, experiment, bench). The
+# `payout` table is this app's: nobody else spells its SQL. Each takes a DB-API cursor — a
+# Django cursor or a plain psycopg one — so a caller keeps its own transaction and snapshot
+# (the reconciler's REPEATABLE READ, the proxy's admission transaction, a tool's own URL).
+# Raw SQL because callers run them on cursors of their own, not through this app's ORM alias.
+
+PAYOUT_STATE_COUNTS_SQL = """
+SELECT state, count(*) FROM payout WHERE payout_id = ANY(%(payout_ids)s::uuid[]) GROUP BY state
+"""
+PAYOUTS_IN_STATES_SQL = """
+SELECT payout_id::text, state FROM payout WHERE state = ANY(%(states)s)
+"""
+PAYOUT_SUMMARIES_SQL = """
+SELECT payout_id::text, account_id, state, amount_minor FROM payout
+ WHERE payout_id = ANY(%(payout_ids)s::uuid[])
+"""
+PAYOUT_FOR_SUBMISSION_SQL = """
+SELECT account_id, amount_minor, currency, beneficiary_ref, state, claim_token,
+       claim_owner_id, idempotency_key
+  FROM payout WHERE payout_id = %(payout_id)s
+"""
+
+
+def payout_state_counts(cursor: Any, *, payout_ids: list[str]) -> dict[str, int]:
+    """How many of these payouts are in each state (states with none are absent)."""
+    cursor.execute(PAYOUT_STATE_COUNTS_SQL, {"payout_ids": [str(p) for p in payout_ids]})
+    return {state: int(count) for state, count in cursor.fetchall()}
+
+
+def payouts_in_states(cursor: Any, *, states: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+    """(payoutId, state) of every payout in one of `states`."""
+    cursor.execute(PAYOUTS_IN_STATES_SQL, {"states": list(states)})
+    return [(payout_id, state) for payout_id, state in cursor.fetchall()]
+
+
+def payout_summaries(cursor: Any, *, payout_ids: list[str]) -> list[tuple[str, str, str, int]]:
+    """(payoutId, accountId, state, amountMinor) of these payouts."""
+    cursor.execute(PAYOUT_SUMMARIES_SQL, {"payout_ids": [str(p) for p in payout_ids]})
+    return [(pid, account, state, int(amount)) for pid, account, state, amount in cursor.fetchall()]
+
+
+def payout_for_submission(cursor: Any, *, payout_id: Any, for_update: bool = False) -> tuple | None:
+    """(accountId, amountMinor, currency, beneficiaryRef, state, claimToken, claimOwnerId,
+    idempotencyKey), or None. `for_update` row-locks it (rail-proxy admission step 3: the
+    payout cannot move while the intent row is written)."""
+    query = PAYOUT_FOR_SUBMISSION_SQL + (" FOR UPDATE" if for_update else "")
+    cursor.execute(query, {"payout_id": str(payout_id)})
+    return cursor.fetchone()

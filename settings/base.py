@@ -53,6 +53,9 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "dlock.middleware.RequestGuardMiddleware",
+    # Static files of every installed app (admin, rest_framework, drf_spectacular_sidecar),
+    # straight from the app directories (no collectstatic); /v1 never reaches it.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.common.CommonMiddleware",
     "dlock.middleware.EnvelopeMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
@@ -80,6 +83,9 @@ TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
 USE_I18N = False
 STATIC_URL = "/static/"
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = False
+WHITENOISE_MAX_AGE = 86400
 APPEND_SLASH = False
 
 # Second listener for monitoring (settings/gunicorn.py): only /metrics and /health/* answer there.
@@ -91,7 +97,9 @@ DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
 
 # Security headers (no TLS here: it terminates in front of the pods).
 SECURE_CONTENT_TYPE_NOSNIFF = True
-SECURE_REFERRER_POLICY = "no-referrer"
+# same-origin, not no-referrer: with no-referrer Chromium sends `Origin: null` on form POSTs and
+# Django's CSRF origin check refuses every admin login. Nothing leaves for another origin.
+SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True

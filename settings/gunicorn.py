@@ -73,3 +73,6 @@ proc_name = f"dlock-{_role}"
 # Behind a Kubernetes Service there is no proxy whose headers we trust.
 forwarded_allow_ips = ""
 when_ready = drain_on_sigint
+# gunicorn's control socket (gunicornc) is off: nothing uses it, and its default path under
+# $HOME is read-only in the image (it logged "Control server error: [Errno 30]" on every start).
+control_socket_disable = True

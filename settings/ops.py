@@ -16,6 +16,7 @@ INSTALLED_APPS = [
     "railproxy",
     "railstub",
     "executor",
+    "ops",
 ]
 MIDDLEWARE = [
     *MIDDLEWARE[:4],

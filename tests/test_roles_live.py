@@ -11,8 +11,8 @@ import sys
 import pytest
 import requests
 
-from devstack import PROJECT, RoleProcess, free_port
-from tests.conftest import ROLES, raw_request
+from devstack import PROJECT, RoleProcess, free_port, migrate_all
+from tests.conftest import ROLES, create_live_databases, raw_request
 
 pytestmark = pytest.mark.live
 
@@ -70,18 +70,68 @@ def test_requests_refused_by_the_http_parser_still_get_the_envelope(
     assert re.fullmatch(r"[0-9a-f]{32}", envelope["traceId"])
 
 
-@pytest.mark.parametrize("role", ["payments", "railproxy"])
-def test_fenced_out_series_exist_at_zero_from_start_up(live_stack, role, tmp_path):
-    # A fresh process: the shared stack's counters have seen other tests' fenced writes.
-    proc = RoleProcess(role, free_port(), live_stack.env, tmp_path / f"{role}.log").start()
+# Each role's own domain series, at 0 from start-up; everything else is another role's.
+OWN_SERIES = {
+    "lockserver": [
+        'lock_acquire_total{backend="pg",outcome="granted"} 0.0',
+        'lock_acquire_total{backend="pg",outcome="not_leader"} 0.0',
+        'lock_live_sessions{backend="pg"}',
+        "dlock_requests_shed_total 0.0",
+    ],
+    "payments": [
+        'lock_fenced_out_total{resource="account"} 0.0',
+        'lock_fenced_out_total{resource="ledger"} 0.0',
+        'payouts_in_state{state="RAIL_AMBIGUOUS"} 0.0',
+        'payouts_in_state{state="PENDING"} 0.0',
+        "dlock_requests_shed_total 0.0",
+    ],
+    "railproxy": [
+        'lock_fenced_out_total{resource="rail"} 0.0',
+        "rail_duplicate_attempted_total 0.0",
+        'rail_submission_total{outcome="acked"} 0.0',
+        "dlock_requests_shed_total 0.0",
+    ],
+    "railstub": ["dlock_requests_shed_total 0.0"],
+}
+FOREIGN_SERIES = {
+    "lockserver": ["lock_fenced_out", "rail_", "payout_", "payouts_in_state", 'backend="etcd"'],
+    "payments": ['resource="rail"', "rail_", "payout_execute", "payout_backlog", "lock_acquire"],
+    "railproxy": ['resource="account"', 'resource="ledger"', "payout_", "payouts_in", "lock_acq"],
+    "railstub": ["lock_", "rail_", "payout_", "payouts_in_state"],
+}
+
+
+@pytest.fixture(scope="module")
+def empty_env(live_stack):
+    """The live stack's settings over fresh, empty databases (payouts_in_state reads paydb)."""
+    env = {**live_stack.env, **create_live_databases("metrics")}
+    migrate_all(env)
+    return env
+
+
+def _is(line: str, foreign: str) -> bool:
+    return foreign in line if "=" in foreign else line.startswith(foreign)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_role_exports_only_its_own_domain_series_at_zero_from_start_up(
+    empty_env, role, tmp_path
+):
+    # A fresh process: the shared stack's counters have seen other tests' work.
+    env = empty_env
+    proc = RoleProcess(role, free_port(), env, tmp_path / f"{role}.log").start()
     try:
         text = requests.get(f"{proc.url}/metrics", timeout=5).text
     finally:
         proc.stop()
-    for resource in ("account", "ledger", "rail"):
-        assert f'lock_fenced_out_total{{resource="{resource}"}} 0.0' in text
-    assert "rail_duplicate_attempted_total 0.0" in text
-    assert 'payout_execute_total{outcome="ambiguous"} 0.0' in text
+    for series in OWN_SERIES[role]:
+        assert series in text, series
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    for foreign in FOREIGN_SERIES[role]:
+        assert not [line for line in samples if _is(line, foreign)], foreign
+    # Process and request metrics are every role's.
+    assert "process_cpu_seconds_total" in text
+    assert "django_http_requests_before_middlewares_total" in text
 
 
 def test_readiness_and_requests_fail_closed_when_the_database_is_unreachable(tmp_path):

@@ -89,6 +89,10 @@ def test_resolve_action_without_a_note_changes_nothing(client, staff):
 
 def test_resolve_action_posts_with_the_ledger_and_records_the_operator(client, staff):
     acct, p = _ambiguous(700)
+    # The guard (payments.resolve): POSTED needs the reconciler's BOOKED_ONCE and its reference.
+    PayoutReconciliation.objects.create(
+        payout=p, classification="BOOKED_ONCE", rail_transfer_count=1, rail_references=["RR-77"]
+    )
     response = _resolve_action(
         client,
         p,

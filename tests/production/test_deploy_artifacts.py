@@ -351,3 +351,172 @@ def test_the_healthcheck_script_passes_for_roles_without_a_listener():
     assert result.returncode == 0
     result = subprocess.run([sys.executable, str(script)], env={"ROLE": "railstub", "PORT": "1"})
     assert result.returncode == 1
+
+
+# ------------------------------------------------- issue 14: image and manifests a platform expects
+
+
+def test_the_image_is_world_readable_whatever_the_umask_and_compiles_bytecode_at_build():
+    final = _stages()[-1]
+    copy_app = next(i for i, line in enumerate(final) if line.startswith("COPY") and "/app" in line)
+    user = next(i for i, line in enumerate(final) if line.startswith("USER "))
+    between = " ".join(final[copy_app + 1 : user])
+    assert re.search(r"chmod -R a\+rX\S* /app /opt/venv", between)
+    assert re.search(r"python -m compileall .*/app .*/opt/venv", between)
+    # chmod after compileall, so the __pycache__ directories are readable too.
+    assert between.index("compileall") < between.index("chmod")
+
+
+def test_gunicorns_control_socket_is_off_on_every_role(monkeypatch):
+    import runpy
+
+    for role in SERVER_ROLES.values():
+        monkeypatch.setenv("ROLE", role)
+        config = runpy.run_path(str(PROJECT / "settings" / "gunicorn.py"))
+        assert config["control_socket_disable"] is True
+
+
+def test_the_executor_has_probes_on_its_metrics_server():
+    container = pod_template(named("Deployment", "executor"))["spec"]["containers"][0]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/metrics", "port": "http-metrics"}
+    assert "http-metrics" in {p["name"] for p in container["ports"]}
+    entrypoint = (PROJECT / "scripts" / "container-entrypoint.sh").read_text()
+    assert '--metrics-port "${METRICS_PORT:-9100}"' in entrypoint
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [w for w in WORKLOADS if w["spec"].get("replicas", 1) > 1],
+    ids=lambda w: f"{w['kind']}/{w['metadata']['name']}",
+)
+def test_every_multi_replica_workload_spreads_over_nodes_and_zones(workload):
+    template = pod_template(workload)
+    constraints = template["spec"]["topologySpreadConstraints"]
+    assert {c["topologyKey"] for c in constraints} == {
+        "kubernetes.io/hostname",
+        "topology.kubernetes.io/zone",
+    }
+    for constraint in constraints:
+        assert constraint["maxSkew"] == 1
+        assert selects(constraint["labelSelector"], template["metadata"]["labels"])
+
+
+def test_the_migrate_job_cleans_up_after_itself_and_cannot_hang_a_rollout():
+    spec = named("Job", "migrate")["spec"]
+    assert 0 < spec["activeDeadlineSeconds"] <= 3600
+    assert spec["ttlSecondsAfterFinished"] > 0
+    docs = (PROJECT / "docs" / "operations.md").read_text()
+    assert "kubectl -n dlock wait --for=condition=complete job/migrate" in docs
+
+
+OPERATOR_JOB = PROJECT / "k8s" / "operator" / "job.yaml"
+ALLOWED_RESTRICTED_VOLUMES = {
+    "configMap",
+    "emptyDir",
+    "projected",
+    "secret",
+    "downwardAPI",
+    "persistentVolumeClaim",
+    "ephemeral",
+    "csi",
+}
+
+
+def restricted_violations(pod_spec: dict) -> list[str]:
+    """The Pod Security Standard "restricted" (v1.25+) checks that apply to our pods."""
+    found = []
+    pod_ctx = pod_spec.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod_spec.get(key):
+            found.append(key)
+    for volume in pod_spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= ALLOWED_RESTRICTED_VOLUMES:
+            found.append(f"volume {volume['name']}: {kinds}")
+    for container in pod_spec.get("initContainers", []) + pod_spec["containers"]:
+        ctx = container.get("securityContext", {})
+        name = container["name"]
+        if ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")) is not True:
+            found.append(f"{name}: runAsNonRoot")
+        if ctx.get("runAsUser", pod_ctx.get("runAsUser")) == 0:
+            found.append(f"{name}: runAsUser 0")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name}: allowPrivilegeEscalation")
+        if ctx.get("privileged"):
+            found.append(f"{name}: privileged")
+        caps = ctx.get("capabilities", {})
+        if caps.get("drop") != ["ALL"] or set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{name}: capabilities")
+        seccomp = ctx.get("seccompProfile", pod_ctx.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{name}: seccompProfile")
+        if any(p.get("hostPort") for p in container.get("ports", [])):
+            found.append(f"{name}: hostPort")
+    return found
+
+
+def test_every_pod_and_the_operator_job_pass_restricted_pod_security():
+    assert (
+        named("Namespace", "dlock")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        == "restricted"
+    )
+    (job,) = [d for d in yaml.safe_load_all(OPERATOR_JOB.read_text()) if d]
+    for workload in [*WORKLOADS, job]:
+        assert restricted_violations(pod_template(workload)["spec"]) == [], workload["metadata"]
+    # What ROLE=ops needs (settings/ops.py): the secret key and all three databases.
+    container = pod_template(job)["spec"]["containers"][0]
+    env = env_of(container)
+    assert env["ROLE"]["value"] == "ops"
+    for var in ("DJANGO_SECRET_KEY", "LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"):
+        assert env[var]["valueFrom"]["secretKeyRef"]["name"] == "dlock-secrets", var
+    assert container["envFrom"] == [{"configMapRef": {"name": "dlock-settings"}}]
+    # The operator label is the one the NetworkPolicies let reach lock-server and paydb.
+    assert pod_template(job)["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+    assert job["spec"]["backoffLimit"] == 0
+
+
+def test_restricted_pod_security_check_catches_a_root_pod():
+    bad = {"containers": [{"name": "x", "securityContext": {"runAsUser": 0}}]}
+    assert {"x: runAsNonRoot", "x: runAsUser 0", "x: capabilities"} <= set(
+        restricted_violations(bad)
+    )
+
+
+# The oldest Kubernetes the manifests are documented for (docs/operations.md) and the newest.
+K8S_VERSIONS = ("1.25.0", "1.37.0")
+BUILTIN_FILES = [
+    *sorted((PROJECT / "k8s").glob("*.yaml")),
+    *sorted((PROJECT / "k8s" / "operator").glob("*.yaml")),
+]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_manifest_validates_strictly_against_the_kubernetes_schemas(version):
+    import kubernetes_validate
+
+    checked = 0
+    for path in BUILTIN_FILES:
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                # Strict: an unknown or misspelt field is an error, not silently dropped.
+                kubernetes_validate.validate(doc, version, strict=True)
+                checked += 1
+    assert checked >= 20
+
+
+def test_strict_validation_rejects_a_misspelt_field():
+    import kubernetes_validate
+
+    job = next(d for d in yaml.safe_load_all(OPERATOR_JOB.read_text()) if d)
+    job["spec"]["ttlSecondsAfterFinish"] = 60
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, K8S_VERSIONS[0], strict=True)
+
+
+def test_the_docs_state_the_minimum_kubectl_and_kustomize_versions():
+    docs = (PROJECT / "docs" / "operations.md").read_text()
+    assert re.search(r"kubectl\s*(>=|≥)\s*1\.25", docs)
+    assert re.search(r"kustomize\s*(>=|≥)\s*v?4\.5\.7", docs)

@@ -33,7 +33,7 @@ def test_json_answers_carry_the_security_headers_errors_included(probe):
         assert response.headers["X-Frame-Options"] == "DENY"
         assert response.headers["Cache-Control"] == "no-store"
         assert "default-src 'none'" in response.headers["Content-Security-Policy"]
-        assert response.headers["Referrer-Policy"] == "no-referrer"
+        assert response.headers["Referrer-Policy"] == "same-origin"
 
 
 def test_the_browsable_api_answers_a_browser_on_get_and_errors_stay_json(probe):

@@ -1,5 +1,9 @@
 """`manage.py run_executor --owner-id ID [--concurrency N] [--max-payouts N] [--until-idle]`.
 
+`--metrics-port` (default: EXECUTOR_METRICS_PORT, 0 = off) serves /metrics from start-up to
+exit; `--metrics-linger-s` keeps serving that long after a `--until-idle` run is done, so a
+short run's final counters still reach a scrape (Prometheus scrapes every 15-30 s).
+
 The payout worker (ROLE=executor: no database, HTTP only). Steps are in `executor.worker`.
 SIGTERM/SIGINT stop taking payouts; the current section finishes or is safely abandoned, the
 grant is released, the session closed, and the process exits 0.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -16,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from dlock.headers import validate_owner_id
 from executor.pause import PausePlan
 from executor.worker import Executor
+from settings.env import env_int
 
 
 class Command(BaseCommand):
@@ -44,7 +50,14 @@ class Command(BaseCommand):
             default=settings.EXECUTOR_DRAIN_BUDGET_S,
             help="on SIGTERM, how long in-flight sections may take to finish or abandon",
         )
-        parser.add_argument("--metrics-port", type=int, default=None)
+        parser.add_argument(
+            "--metrics-port", type=int, default=env_int("EXECUTOR_METRICS_PORT", 0, minimum=0)
+        )
+        parser.add_argument(
+            "--metrics-linger-s",
+            type=float,
+            default=float(env_int("EXECUTOR_METRICS_LINGER_S", 0, minimum=0)),
+        )
         parser.add_argument("--metrics-addr", default="0.0.0.0")  # noqa: S104 - scraped in-pod
         parser.add_argument("--lock-ttl-ms", type=int, default=settings.LOCK_DEFAULT_TTL_MS)
         parser.add_argument("--session-ttl-ms", type=int, default=settings.LOCK_SESSION_TTL_MS)
@@ -83,5 +96,10 @@ class Command(BaseCommand):
             until_idle=options["until_idle"],
             idle_timeout_s=options["idle_timeout_s"],
         )
+        if options["metrics_port"] and options["metrics_linger_s"] > 0:
+            done = threading.Event()
+            signal.signal(signal.SIGTERM, lambda *_: done.set())
+            signal.signal(signal.SIGINT, lambda *_: done.set())
+            done.wait(options["metrics_linger_s"])  # a SIGTERM still ends it at once
         if code:
             sys.exit(code)  # --until-idle left backed-off payouts (named in the last log line)

@@ -1,7 +1,7 @@
 """`manage.py revoke_lock KEY --operator NAME --reason TEXT [--expected-token N] [--no-push]`.
 
 Calls L8 and prints the outcome. For `payout:{accountId}` keys, with paydb reachable, pushes the
-new token floor to the account fence and the rail high-water mark (executor.revoke) so the
+new token floor to the account fence and the rail high-water mark (ops.revoke) so the
 evicted holder is fenced out immediately. Exit 0 revoked, 1 refused by the lock server, 2 revoked
 but the push failed, 3 no answer from the lock server (not reached: nothing revoked; or the request
 was sent and the answer lost: outcome unknown, check L7).
@@ -17,7 +17,7 @@ from django.db import DatabaseError
 
 from dlock.client import DlockError, LockClient, ServiceUnreachable
 from dlock.errors import ApiError
-from executor.revoke import PushResult, protected_account, push_floor
+from ops.revoke import PushResult, protected_account, push_floor
 
 
 class Command(BaseCommand):

@@ -11,8 +11,10 @@ an orphan):
     every POSTED payout has exactly one ACKED submission and exactly one booked transfer; no
     booked transfer lacks a submission.
 
-Writes only its findings (`payout_reconciliation`, one row per classified payout).
-Raw SQL because it reads two apps' tables across two databases in one snapshot each.
+Writes only its findings (`payout_reconciliation`, one row per classified payout) and the run's
+verdict (`reconcile_run`, exported by payments' /metrics as `reconcile_ok` and
+`reconcile_last_run_timestamp_seconds`). Raw SQL because it reads two apps' tables across two
+databases in one snapshot each; the `payout` reads go through payments.selectors.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from django.db import OperationalError, connections, transaction
 from dlock.budgets import BUDGETS
 from dlock.dbrouter import alias_for
 from dlock.timefmt import rfc3339_ms
+from payments.operator import record_reconcile_run
+from payments.selectors import payouts_in_states
 
 FORWARDED_OUTCOMES = ("PENDING", "ACKED", "TIMEOUT", "DECLINED")
 
@@ -43,10 +47,7 @@ SELECT COALESCE(SUM(amount_minor) FILTER (WHERE direction = 'DEBIT'), 0),
        COALESCE(SUM(amount_minor) FILTER (WHERE direction = 'CREDIT'), 0)
   FROM ledger_entry
 """
-PAYOUTS_SQL = """
-SELECT payout_id::text, state FROM payout
- WHERE state IN ('SUBMITTING', 'RAIL_AMBIGUOUS', 'POSTED')
-"""
+RECONCILED_STATES = ("SUBMITTING", "RAIL_AMBIGUOUS", "POSTED")
 SUBMISSIONS_SQL = """
 SELECT payout_id::text, client_ref, outcome, rail_reference FROM rail_submission
  WHERE outcome = ANY(%(outcomes)s)
@@ -140,8 +141,7 @@ def _read_paydb() -> dict[str, Any]:
         accounts = cursor.fetchall()
         cursor.execute(TOTALS_SQL)
         debits, credits = cursor.fetchone()
-        cursor.execute(PAYOUTS_SQL)
-        payouts = cursor.fetchall()
+        payouts = payouts_in_states(cursor, states=RECONCILED_STATES)
         cursor.execute(SUBMISSIONS_SQL, {"outcomes": list(FORWARDED_OUTCOMES)})
         submissions = cursor.fetchall()
     return {
@@ -165,7 +165,7 @@ def reconcile(*, write: bool = True) -> Report:
     """Read both books, classify, check invariants; write findings (only) when `write`."""
     pay = _with_retries(_read_paydb)
     rail = _with_retries(_read_raildb)
-    report = Report(checked_at=rfc3339_ms(_now()))
+    report = Report(checked_at=rfc3339_ms(_now()) or "")
 
     transfers: dict[str, list[str]] = defaultdict(list)
     for client_ref, rail_reference in rail:
@@ -190,7 +190,7 @@ def reconcile(*, write: bool = True) -> Report:
             {"debitsMinor": pay["debits"], "creditsMinor": pay["credits"]}
         )
 
-    states = Counter()
+    states: Counter[str] = Counter()
     for payout_id, state in pay["payouts"]:
         states[state] += 1
         submissions = subs_by_payout.get(payout_id, [])
@@ -230,14 +230,22 @@ def reconcile(*, write: bool = True) -> Report:
         "railTransfers": len(rail),
         "violations": sum(len(v) for v in violations.values()),
     }
-    if write and report.classifications:
+    if write:
         _write_findings(report)
     return report
 
 
 def _write_findings(report: Report) -> None:
+    """The classifications and the run's verdict, in one paydb transaction."""
     alias = alias_for("payments")
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        record_reconcile_run(
+            cursor,
+            ok=report.ok,
+            violations=report.counts["violations"],
+            classified=len(report.classifications),
+            counts=json.dumps(report.counts, sort_keys=True),
+        )
         for payout_id, finding in report.classifications.items():
             cursor.execute(
                 UPSERT_SQL,

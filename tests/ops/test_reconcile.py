@@ -12,7 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from devstack import free_port, manage
-from executor.reconciler import metrics_text, reconcile, render_text
+from ops.reconciler import metrics_text, reconcile, render_text
 from payments import services
 from payments.models import Account, LedgerEntry, Payout, PayoutReconciliation
 from railproxy.models import RailSubmission

@@ -15,6 +15,8 @@ from typing import Any
 from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
+from payments.operator import push_fence_floor
+from railproxy.operator import push_high_water_floor
 
 PAYOUT_KEY = re.compile(r"payout:(?P<account>.+)")
 
@@ -60,10 +62,7 @@ def push_floor(*, account_id: str, floor: int, pay_database_url: str | None = No
         return _push(cursor, account_id=account_id, floor=floor)
 
 
-def _push(cursor, *, account_id: str, floor: int) -> PushResult:
-    from payments.fenced_sql import raise_account_fence
-    from railproxy.fenced_sql import raise_high_water
-
-    fence = raise_account_fence(cursor, account_id=account_id, floor=floor)
-    high_water = raise_high_water(cursor, account_id=account_id, floor=floor)
+def _push(cursor: Any, *, account_id: str, floor: int) -> PushResult:
+    fence = push_fence_floor(cursor, account_id=account_id, floor=floor)
+    high_water = push_high_water_floor(cursor, account_id=account_id, floor=floor)
     return PushResult(account_id, account_fence=fence, rail_high_water=high_water)

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from executor.reconciler import metrics_text, reconcile, render_text
+from ops.reconciler import metrics_text, reconcile, render_text
 
 
 def _default_metrics_file() -> Path:

@@ -1,0 +1,1 @@
+"""ops app: operator tooling over every database (reconciler, revoke, fence repair)."""
