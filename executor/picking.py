@@ -10,6 +10,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,10 @@ class Picker:
     # -- step 1: pick --------------------------------------------------------------------
 
     def pick(
-        self, *, busy_accounts: set[str] = frozenset(), busy_payouts: set[str] = frozenset()
+        self,
+        *,
+        busy_accounts: AbstractSet[str] = frozenset(),
+        busy_payouts: AbstractSet[str] = frozenset(),
     ) -> Candidate | None:
         """The next candidate on an account with nothing in flight here and no contention
         delay running. The P1 listing is re-read only when the queue ran dry, and, after a
@@ -73,7 +77,7 @@ class Picker:
         now = time.monotonic()
         return any(self.contended_until.get(c.account_id, 0.0) > now for c in self.queue)
 
-    def refresh(self, busy_payouts: set[str] = frozenset()) -> None:
+    def refresh(self, busy_payouts: AbstractSet[str] = frozenset()) -> None:
         """Fill the queue from P1: recovery first, then PENDING, spread over accounts."""
         try:
             # One page each (oldest first): enough to fill a short queue and see the backlog age.

@@ -15,7 +15,7 @@ from dlock.http import Reply
 
 def _catalogue_retry_safe(code: str | None) -> bool:
     """The C3 §3.2 verdict from the one catalogue (dlock.errors); unknown codes fail closed."""
-    return code in Code.__members__ and CATALOGUE[Code(code)].retry_safe
+    return code is not None and code in Code.__members__ and CATALOGUE[Code(code)].retry_safe
 
 
 class DlockError(Exception):
