@@ -222,11 +222,16 @@ LOCK_TOKEN_FLOOR = env_int("LOCK_TOKEN_FLOOR", 0, minimum=0)
 LOCK_SESSION_RETENTION_MS = env_int("LOCK_SESSION_RETENTION_MS", 86_400_000, minimum=60_000)
 # Server-side acquire waits (waitMillis): at most this many waiters per key ...
 LOCK_MAX_WAITERS_PER_KEY = env_int("LOCK_MAX_WAITERS_PER_KEY", 8, minimum=1)
+# ... at most this many waiting acquires per process (each holds a worker thread; beyond it:
+# 429 CONTENTION_EXCEEDED at once), well below GUNICORN_THREADS (32 for the lock server) ...
+LOCK_MAX_WAITS_PER_PROCESS = env_int("LOCK_MAX_WAITS_PER_PROCESS", 16, minimum=1)
 # ... and at most LOCK_RETRY_BUDGET contended attempts per (session, key) per window.
 LOCK_RETRY_BUDGET = env_int("LOCK_RETRY_BUDGET", 20, minimum=1)
 LOCK_RETRY_WINDOW_MS = env_int("LOCK_RETRY_WINDOW_MS", 10_000, minimum=100)
 # Reaper period: expiry events, session retention, live gauges.
 LOCK_HOUSEKEEPING_MS = env_int("LOCK_HOUSEKEEPING_MS", 1_000, minimum=50)
+# retryAfterMillis of 503 NOT_LEADER when the etcd store is unreachable or has no leader.
+LOCK_NOT_LEADER_RETRY_MS = env_int("LOCK_NOT_LEADER_RETRY_MS", 1_000, minimum=10, maximum=60_000)
 
 # Service URLs for clients of our own hops (executor, revoke_lock, experiment; issue 7).
 LOCK_SERVER_URL = env_str("LOCK_SERVER_URL", "http://127.0.0.1:8081")
