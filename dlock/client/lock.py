@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
+from dlock.auth import authorization_header
 from dlock.budgets import BACKOFF_INITIAL_S, BUDGETS, CLIENT_SAFETY_MARGIN, heartbeat_window_s
 from dlock.client.errors import (
     DlockError,
@@ -303,7 +304,11 @@ class LockClient:
         if expected_token is not None:
             body["expectedToken"] = expected_token
         return self._request(
-            "POST", f"/v1/locks/{_key_path(key)}/revoke", hop=BUDGETS["lock.revoke"], json_body=body
+            "POST",
+            f"/v1/locks/{_key_path(key)}/revoke",
+            hop=BUDGETS["lock.revoke"],
+            json_body=body,
+            headers=authorization_header("operator"),  # L8 needs the operator scope
         ).body
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Reply:

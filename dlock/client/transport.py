@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from dlock.auth import authorization_header
 from dlock.budgets import Budget
 from dlock.client.errors import (
     DlockError,
@@ -107,6 +108,9 @@ def call(
     trace_id: str | None = None,
 ) -> Reply:
     """One exchange; a non-2xx becomes its typed DlockError, no response ServiceUnreachable."""
+    # The caller's credential (DLOCK_EXECUTOR_CREDENTIAL) unless the caller chose one: revoke
+    # sends the operator's.
+    headers = {**authorization_header("executor"), **(headers or {})}
     try:
         reply = exchange(
             method,
