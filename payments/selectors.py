@@ -10,12 +10,11 @@ import uuid
 from typing import Any
 
 from django.db import connections
-from django.db.models import Q
 
 from dlock.dbrouter import alias_for
 from dlock.errors import not_found, validation_error
 from dlock.timefmt import rfc3339_ms
-from payments.models import Payout, PayoutState
+from payments.models import PayoutState
 
 LIMIT_MIN, LIMIT_MAX, LIMIT_DEFAULT = 1, 500, 100
 _CURSOR_VERSION = 1
@@ -70,29 +69,42 @@ def decode_cursor(raw: str, *, state: str, account: str) -> tuple[dt.datetime, u
     return created_at, payout_id
 
 
+LIST_COLUMNS = (
+    "payout_id",
+    "account_id",
+    "amount_minor",
+    "currency",
+    "state",
+    "attempt_count",
+    "created_at",
+)
+# Plain SQL: ORM query compilation was ~6 % of payment-resource CPU under the e2e load. The
+# row comparison is the keyset condition created_at > t OR (created_at = t AND payout_id > id).
+LIST_SQL = (
+    f"SELECT {', '.join(LIST_COLUMNS)} FROM payout {{where}}"
+    " ORDER BY created_at, payout_id LIMIT %(limit)s"
+)
+
+
 def list_payouts(
     *, state: str | None, account_id: str | None, limit: int, cursor: str | None
 ) -> dict[str, Any]:
     """P1 page: items ordered by (createdAt, payoutId), and nextCursor when more may follow."""
-    qs = Payout.objects.using(_alias()).all()
+    where, params = [], {"limit": limit + 1}
     if state:
-        qs = qs.filter(state=state)
+        where.append("state = %(state)s")
+        params["state"] = state
     if account_id:
-        qs = qs.filter(account_id=account_id)
+        where.append("account_id = %(account_id)s")
+        params["account_id"] = account_id
     if cursor:
         after_at, after_id = decode_cursor(cursor, state=state or "", account=account_id or "")
-        qs = qs.filter(Q(created_at__gt=after_at) | Q(created_at=after_at, payout_id__gt=after_id))
-    rows = list(
-        qs.order_by("created_at", "payout_id").values(
-            "payout_id",
-            "account_id",
-            "amount_minor",
-            "currency",
-            "state",
-            "attempt_count",
-            "created_at",
-        )[: limit + 1]
-    )
+        where.append("(created_at, payout_id) > (%(after_at)s, %(after_id)s)")
+        params.update(after_at=after_at, after_id=str(after_id))
+    sql = LIST_SQL.format(where=f"WHERE {' AND '.join(where)}" if where else "")
+    with connections[_alias()].cursor() as cur:
+        cur.execute(sql, params)
+        rows = [dict(zip(LIST_COLUMNS, row, strict=True)) for row in cur.fetchall()]
     page, more = rows[:limit], len(rows) > limit
     body: dict[str, Any] = {
         "items": [
