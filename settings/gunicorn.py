@@ -91,6 +91,15 @@ limit_request_line = 4094  # the longest path is /v1/locks/<128-char key>/acquir
 limit_request_fields = 50
 limit_request_field_size = 4096  # header values are also validated by dlock.headers
 
+# The worker's heartbeat touches a file in worker_tmp_dir on every event-loop turn; on a disk or
+# overlay filesystem that is a metadata write each time, in memory it is not (gunicorn's own
+# advice for containers).
+# gunicorn makes its file there with mkstemp and unlinks it at once.
+_shm = "/dev/shm"  # noqa: S108 - see above
+worker_tmp_dir = os.environ.get("GUNICORN_WORKER_TMP_DIR") or (
+    _shm if os.path.isdir(_shm) and os.access(_shm, os.W_OK) else None
+)
+
 accesslog = None  # request logs come from the app (JSON, without bodies)
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOGLEVEL", "warning")
