@@ -25,7 +25,9 @@ def _int(name: str, default: int) -> int:
 # emptyDir in Kubernetes); unset, a fresh one under $TMPDIR. It must be in the environment before
 # anything imports prometheus_client (the workers are forked from this master), so it is set here,
 # before the imports below, and emptied: files left by an earlier master would be summed in.
+# One directory per pod (per master): never share it between roles or pods.
 workers = _int("GUNICORN_WORKERS", 1)
+_own_multiproc = workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 if workers > 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     _multiproc = Path(
         os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix=f"dlock-{_role}-")
@@ -42,6 +44,14 @@ def child_exit(server, worker) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server) -> None:
+    """Remove the metrics directory this master made for itself (not one it was given)."""
+    if _own_multiproc:
+        import shutil
+
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 
 
 from dlock.serving import drain_on_sigint  # noqa: E402 - after PROMETHEUS_MULTIPROC_DIR is set
