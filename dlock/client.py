@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from dlock.auth import authorization_header  # issue 15: credentials
 from dlock.budgets import (
     BACKOFF_INITIAL_S,
     BACKOFF_MAX_S,
@@ -283,6 +284,9 @@ def call(
     trace_id: str | None = None,
 ) -> Reply:
     """One exchange; a non-2xx becomes its typed DlockError, no response ServiceUnreachable."""
+    # issue 15 (credentials): the caller's credential from DLOCK_EXECUTOR_CREDENTIAL unless
+    # the caller chose one (revoke sends the operator's).
+    headers = {**authorization_header("executor"), **(headers or {})}
     try:
         reply = exchange(
             method,
@@ -801,7 +805,11 @@ class LockClient:
         if expected_token is not None:
             body["expectedToken"] = expected_token
         return self._request(
-            "POST", f"/v1/locks/{_key_path(key)}/revoke", hop=BUDGETS["lock.revoke"], json_body=body
+            "POST",
+            f"/v1/locks/{_key_path(key)}/revoke",
+            hop=BUDGETS["lock.revoke"],
+            json_body=body,
+            headers=authorization_header("operator"),  # issue 15: L8 needs the operator scope
         ).body
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Reply:

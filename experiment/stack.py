@@ -44,7 +44,11 @@ class StackHandle:
     run_dir: Path = field(default_factory=lambda: PROJECT / ".run")
 
     def url(self, role: str) -> str:
-        return self.env[URL_ENV[role]].rstrip("/")
+        """The role's first URL (an HA stack lists every replica, comma-separated)."""
+        return self.urls(role)[0]
+
+    def urls(self, role: str) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.env[URL_ENV[role]].split(",") if u.strip()]
 
     def restart_pg(self) -> None:
         if self.pg_cluster is None:
@@ -67,15 +71,14 @@ class StackHandle:
         )
 
     def check_ready(self) -> None:
-        down = [role for role in ROLES if not ready(self.url(role))]
+        down = [f"{role} ({url})" for role in ROLES for url in self.urls(role) if not ready(url)]
         if down:
-            raise MissingPiece(
-                "not ready: " + ", ".join(f"{r} ({self.url(r)})" for r in down) + " — run `make up`"
-            )
+            raise MissingPiece("not ready: " + ", ".join(down) + " — run `make up`")
 
     def wait_ready(self, timeout: float = 60) -> None:
         for role in ROLES:
-            wait_until(lambda r=role: ready(self.url(r)), timeout=timeout, what=f"{role} ready")
+            for url in self.urls(role):
+                wait_until(lambda u=url: ready(u), timeout=timeout, what=f"{role} {url} ready")
 
 
 def from_stack_env(run_dir: Path | None = None) -> StackHandle:
@@ -84,6 +87,9 @@ def from_stack_env(run_dir: Path | None = None) -> StackHandle:
     env = read_env(run_dir / "stack.env")
     if not env:
         raise MissingPiece(f"no {run_dir / 'stack.env'}: run `make up` first")
+    for var in ("DLOCK_EXECUTOR_CREDENTIAL", "DLOCK_OPERATOR_CREDENTIAL"):  # issue 15
+        if env.get(var):
+            os.environ.setdefault(var, env[var])  # the runner's in-process lock client
 
     def restart(role: str) -> None:
         # exactly the argv and environment the role was started with (its .run/roles record)
@@ -101,6 +107,22 @@ def scrape(url: str, timeout: float = 1.0) -> str | None:
     except requests.RequestException:
         return None
     return resp.text if resp.status_code == 200 else None
+
+
+def _credentials() -> dict[str, str]:
+    """An executor and an operator credential (this process's, else fresh ones, which this
+    process then uses too: the runner calls the lock server in-process), and their hashes."""
+    from dlock.auth import credentials_entry, new_credential
+
+    executor = os.environ.setdefault("DLOCK_EXECUTOR_CREDENTIAL", new_credential())
+    operator = os.environ.setdefault("DLOCK_OPERATOR_CREDENTIAL", new_credential())
+    return {
+        "DLOCK_EXECUTOR_CREDENTIAL": executor,
+        "DLOCK_OPERATOR_CREDENTIAL": operator,
+        "DLOCK_CREDENTIALS": (
+            f"{credentials_entry(executor, 'executor')},{credentials_entry(operator, 'operator')}"
+        ),
+    }
 
 
 __all__ = ["MissingPiece", "StackError", "StackHandle", "from_stack_env", "scrape"]
@@ -133,6 +155,7 @@ def private_stack(
         "LOCK_BACKEND": "pg",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         **{DB_URL_ENV[name]: cluster.create_database(name) for name in DATABASES},
+        **_credentials(),  # issue 15: callers and roles of this throwaway stack
         **(extra_env or {}),
     }
     ports = {role: free_port() for role in ROLES}

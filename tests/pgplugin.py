@@ -64,6 +64,10 @@ os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(48))
 os.environ["DJANGO_DEBUG"] = "false"
 os.environ.setdefault("ROLE", "ops")
 
+from tests import credentials  # noqa: E402 - after the environment it extends
+
+credentials.install()
+
 
 def server_url(dbname: str) -> str:
     return _with_db(SERVER_URL, dbname)
