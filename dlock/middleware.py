@@ -23,7 +23,7 @@ class TraceMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         trace_id = trace_id_from_traceparent(request.headers.get("traceparent")) or new_trace_id()
-        request.trace_id = trace_id
+        request.trace_id = trace_id  # type: ignore[attr-defined]  # per-request attribute
         token = set_trace_id(trace_id)
         try:
             response = self.get_response(request)
@@ -228,5 +228,5 @@ class CredentialMiddleware:
                     details={"requiredScope": scope},
                 )
             )
-        request.dlock_principal = principal
+        request.dlock_principal = principal  # type: ignore[attr-defined]  # per-request attribute
         return None

@@ -41,6 +41,7 @@ import time
 from collections import OrderedDict
 from concurrent import futures
 from functools import partial
+from typing import Any
 
 from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
@@ -165,7 +166,7 @@ class DrainingThreadWorker(ThreadWorker):
     def init_process(self) -> None:
         util.write_error = write_envelope_error  # in the worker process only (see above)
         # Connections whose request is still arriving, oldest deadline first.
-        self.arrivals: OrderedDict[int, object] = OrderedDict()
+        self.arrivals: OrderedDict[int, Any] = OrderedDict()  # gunicorn TConn
         self.monitoring_pool = futures.ThreadPoolExecutor(
             max_workers=MONITORING_THREADS, thread_name_prefix="dlock-monitoring"
         )

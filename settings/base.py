@@ -261,7 +261,7 @@ RAIL_SWEEP_ENABLED = env_bool("RAIL_SWEEP_ENABLED", True)
 # or leaderless member answers 503 NOT_LEADER within about a second, never a hang.
 ETCD_PREFIX = env_str("ETCD_PREFIX", "dlock/")
 ETCD_CONNECT_TIMEOUT_MS = env_int("ETCD_CONNECT_TIMEOUT_MS", 500, minimum=10, maximum=10_000)
-ETCD_REQUEST_TIMEOUT_MS = env_int("ETCD_REQUEST_TIMEOUT_MS", 2_000, minimum=10, maximum=30_000)
+ETCD_REQUEST_TIMEOUT_MS = env_int("ETCD_REQUEST_TIMEOUT_MS", 400, minimum=10, maximum=30_000)
 # On etcd, the PostgreSQL backend's last token (lockdb's fencing_token_seq, when present) is a
 # floor too, so a pg → etcd switch keeps tokens increasing even without LOCK_TOKEN_FLOOR.
 LOCK_TOKEN_FLOOR_FROM_PG = env_bool("LOCK_TOKEN_FLOOR_FROM_PG", True)
