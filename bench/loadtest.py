@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench import credentials
 from bench.proc import cpu_seconds, rss_kib
 from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage, say
 
@@ -54,13 +55,16 @@ class Client:
         self._slots: asyncio.Semaphore | None = None
         self.opened = 0
         self.sequence = 0
+        auth = credentials.headers()  # issue 15: L1 needs the executor credential
+        self.authorization = "".join(f"{name}: {value}\r\n" for name, value in auth.items())
 
     def _request(self) -> bytes:
         self.sequence += 1
         body = json.dumps({"ownerId": f"load-{self.sequence % 10_000}", "ttlMillis": 1000}).encode()
         head = (
             f"POST /v1/sessions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"{self.authorization}\r\n"
         )
         return head.encode() + body
 
@@ -259,6 +263,7 @@ def run(out_dir: Path, *, seconds: float = 4.0, overload_s: float = 12.0, compar
             "DJANGO_DEBUG": "false",
             "LOCK_BACKEND": "pg",
             **SERVER_ENV,
+            **credentials.server_env(),  # issue 15 credentials, decision 15 proof keys
         }
         manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
         report: dict = {"server_env": SERVER_ENV, "cpus": os.cpu_count()}

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import requests
 
+from bench import credentials
 from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
 
 DURATION_S = float(os.environ.get("BENCH_LOCK_ETCD_SECONDS", "5"))
@@ -92,13 +93,13 @@ def _http_pair_factory(base_url: str) -> Callable[[int], Callable[[], None]]:
         resp = http.post(
             f"{base_url}/v1/sessions",
             json={"ownerId": owner, "ttlMillis": 60_000},
-            headers={"X-Owner-Id": owner},
+            headers={"X-Owner-Id": owner, **credentials.headers()},
             timeout=5,
         )
         resp.raise_for_status()
         session_id = resp.json()["sessionId"]
         key = f"bench:etcd-http-{index}-{uuid.uuid4().hex[:6]}"
-        headers = {"X-Owner-Id": owner}
+        headers = {"X-Owner-Id": owner, **credentials.headers()}
 
         def pair() -> None:
             acquired = http.post(
@@ -109,11 +110,10 @@ def _http_pair_factory(base_url: str) -> Callable[[int], Callable[[], None]]:
             )
             if acquired.status_code != 200:
                 raise RuntimeError(f"acquire answered {acquired.status_code}")
-            token = acquired.json()["fencingToken"]
             released = http.delete(
                 f"{base_url}/v1/locks/{key}",
                 params={"sessionId": session_id},
-                headers={**headers, "X-Fencing-Token": str(token)},
+                headers={**headers, **credentials.headers(acquired.json())},
                 timeout=5,
             )
             if released.status_code != 204:
@@ -174,6 +174,7 @@ def run(
             "ETCD_URL": etcd.url,
             "LOCK_DATABASE_URL": lock_database_url,
             "DLOCK_LOG_LEVEL": "WARNING",
+            **credentials.server_env(),  # issue 15 credentials, decision 15 proof keys
         }
         manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
         server = RoleProcess("lockserver", free_port(), env, work / "lockserver.log").start()
@@ -181,6 +182,8 @@ def run(
         # the backend reads django.conf.settings (defaults in settings/base.py); no setup()
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings.ops")
         os.environ.setdefault("DJANGO_SECRET_KEY", env["DJANGO_SECRET_KEY"])
+        for name in ("LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"):
+            os.environ.setdefault(name, lock_database_url)  # settings.ops wants all three URLs
         from lockserver.backends.etcd import EtcdLockBackend
 
         direct = EtcdLockBackend(

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import credentials
 from bench.proc import cpu_seconds
 from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
 from lockserver.backends import pg_sql as fenced_sql
@@ -126,11 +127,11 @@ def _http_pair_factory(port: int) -> Callable[[int], Callable[[], None]]:
             response = conn.getresponse()
             return response.status, response.read()
 
-        status, raw = call("POST", "/v1/sessions", {"ownerId": owner, "ttlMillis": 60_000}, {})
+        headers = {"X-Owner-Id": owner, **credentials.headers()}
+        status, raw = call("POST", "/v1/sessions", {"ownerId": owner, "ttlMillis": 60_000}, headers)
         assert status == 201, raw
         session_id = json.loads(raw)["sessionId"]
         key = f"bench:http:{index}:{uuid.uuid4().hex[:8]}"
-        headers = {"X-Owner-Id": owner}
 
         def pair() -> None:
             status, raw = call(
@@ -139,12 +140,12 @@ def _http_pair_factory(port: int) -> Callable[[int], Callable[[], None]]:
             if status != 200:
                 code = json.loads(raw).get("code") if raw.startswith(b"{") else ""
                 raise RuntimeError(f"acquire {status} {code}")
-            token = json.loads(raw)["fencingToken"]
+            grant = json.loads(raw)
             status, raw = call(
                 "DELETE",
                 f"/v1/locks/{key}?sessionId={session_id}",
                 None,
-                {**headers, "X-Fencing-Token": str(token)},
+                {**headers, **credentials.headers(grant)},
             )
             if status != 204:
                 code = json.loads(raw).get("code") if raw.startswith(b"{") else ""
@@ -203,6 +204,7 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
             "LOCK_DATABASE_URL": db_url,
             "DLOCK_LOG_LEVEL": "WARNING",  # per-request INFO events off, as in bench.lock_etcd
             "LOCK_RETRY_BUDGET": "1000000",
+            **credentials.server_env(),  # issue 15 credentials, decision 15 proof keys
         }
         manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
         server = RoleProcess("lockserver", free_port(), env, work / "lockserver.log").start()

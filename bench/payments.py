@@ -30,6 +30,7 @@ from pathlib import Path
 import psycopg
 import requests
 
+from bench import credentials
 from devstack import PgCluster, RoleProcess, free_port, manage
 
 DURATION_S = float(os.environ.get("BENCH_PAYMENTS_SECONDS", "5"))
@@ -161,6 +162,7 @@ def _http_pairs(base: str, db_url: str, placed) -> Callable[[int], Callable[[], 
         def pair() -> float:
             payout_id, token = take(), next(tokens)
             headers = {
+                **credentials.headers(),
                 "X-Fencing-Token": str(token),
                 "X-Owner-Id": owner,
                 "X-Idempotency-Key": f"payout-{payout_id}",
@@ -260,6 +262,7 @@ def run(
             "DJANGO_DEBUG": "false",
             "PAY_DATABASE_URL": db_url,
             "DLOCK_LOG_LEVEL": "WARNING",
+            **credentials.server_env(),  # issue 15 credentials, decision 15 proof keys
         }
         manage(["migrate", "--no-input", "-v", "0"], env, role="payments")
         server = RoleProcess("payments", free_port(), env, work / "payments.log").start()

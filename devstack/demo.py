@@ -1,9 +1,9 @@
 """`make demo`: the main job. `make up` has started the stack; this runs a short fenced experiment.
 
 Steps: check the stack and the commands it needs (fail loudly, naming the missing piece) → seed
-accounts and payouts → run four real executors against a slow, flaky, duplicate-acking rail while
-pausing (SIGSTOP past the lease), killing and restarting workers and services → reconcile →
-print the report and where to look next (admin, browsable API, /metrics, the JSON report).
+accounts and payouts → run two real executor processes, four payouts in flight each (issue 17),
+against a slow, flaky, duplicate-acking rail while pausing (SIGSTOP past the lease), killing and
+restarting workers and services → reconcile → print the report and where to look next (admin, browsable API, /metrics, the JSON report).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from devstack.common import PROJECT
 
 DEMO = {
     "seed": 7,
-    "executors": 4,
+    "executors": 2,
+    "executor_concurrency": 4,  # issue 17: 2 processes × 4 payouts in flight
     "payouts": 96,
     "duration": 30.0,
     "lease_ms": 2000,
@@ -72,7 +73,8 @@ def main() -> int:
     config = ExperimentConfig(arm="fenced", out=out, **DEMO)
     banner("dlock demo: pay payouts while we try hard to make the system pay twice")
     print(
-        f"{config.executors} executors, {config.payouts} payouts, lease {config.lease_ms} ms, "
+        f"{config.executors} executors × {config.executor_concurrency} payouts in flight,"
+        f" {config.payouts} payouts, lease {config.lease_ms} ms, "
         f"{config.duration:.0f} s of faults: executors SIGSTOPped past their lease in every phase,"
         " kill -9, restarts of the rail proxy, payments and lock server, a PostgreSQL restart,"
         " a rail slower than the lease, failing and duplicate-acking. Then a drain and the"

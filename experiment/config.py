@@ -11,7 +11,8 @@ from experiment.arms import ARMS
 # A CI-sized run: both arms in well under two minutes on two cores (seed 7 shows both effects).
 CI_PRESET = {
     "executors": 3,
-    "accounts": 3,  # with 2, a freshly armed executor can starve on contention for seconds
+    "executor_concurrency": 2,  # issue 17: every executor keeps up to 2 payouts in flight
+    "accounts": 4,  # with fewer, a freshly armed executor can starve on contention for seconds
     "payouts": 54,
     "duration": 20.0,
     "lease_ms": 1500,
@@ -23,8 +24,11 @@ CI_PRESET = {
 class ExperimentConfig:
     seed: int = 7
     executors: int = 4
+    # issue 17: payouts in flight per executor process (`run_executor --concurrency`); the
+    # naive arm's workers stay one payout at a time (their point is what a lease alone allows).
+    executor_concurrency: int = 4
     payouts: int = 240
-    accounts: int = 0  # 0 = as many as executors (contention: workers share accounts)
+    accounts: int = 0  # 0 = derived from the sections in flight (n_accounts)
     duration: float = 40.0
     lease_ms: int = 2000
     base_latency_ms: int | None = None  # None = paced so the work spans the fault phase
@@ -42,13 +46,18 @@ class ExperimentConfig:
         phase for the workload (faults must hit work in flight), capped at 40 % of the lease."""
         if self.base_latency_ms is not None:
             return self.base_latency_ms
-        per_payout = self.executors * 0.85 * self.duration / max(1, self.payouts)
+        per_payout = self.parallel * 0.85 * self.duration / max(1, self.payouts)
         return int(max(0.0, min(per_payout - 0.1, 0.4 * self.lease_ms / 1000)) * 1000)
 
     @property
     def n_accounts(self) -> int:
-        # Half as many accounts as workers: a lease that lapses is taken over at once.
-        return self.accounts or max(2, self.executors // 2)
+        # Half as many accounts as sections in flight: a lease that lapses is taken over at once.
+        return self.accounts or max(2, self.executors * self.executor_concurrency // 2)
+
+    @property
+    def parallel(self) -> int:
+        """Sections that can be in flight at once: one per account at most (the account lock)."""
+        return max(1, min(self.executors * self.executor_concurrency, self.n_accounts))
 
     @property
     def per_account(self) -> int:

@@ -19,7 +19,8 @@ resource) is **explained** when both hold:
 
 Anything else is **unexplained**, with the reason. Server-side fenced-outs no executor logged
 (counted by /metrics or the proxy's FENCED rows) are attributed to a kill -9 of a worker in
-the middle of that write, at most one per kill; the rest are unexplained.
+the middle of that write, at most one per payout it had in flight (its `--concurrency`) per
+kill; the rest are unexplained.
 """
 
 from __future__ import annotations
@@ -120,9 +121,11 @@ def classify(
     lease_s: float,
     unseen: dict[str, int] | None = None,
     kills: int = 0,
+    per_kill: int = 1,
 ) -> dict:
     """Every fenced-out, explained or unexplained. `unseen`: per resource, fenced-outs counted
-    server-side that no executor logged (attributed to kills, at most one each)."""
+    server-side that no executor logged (attributed to kills, at most `per_kill` each: a
+    process with N payouts in flight can be killed in the middle of N writes)."""
     faults = list(faults)
     explained: list[dict] = []
     unexplained: list[dict] = []
@@ -130,7 +133,7 @@ def classify(
         ok, why = classify_one(event, faults, lease_s=lease_s)
         entry = {**asdict(event), "why": why}
         (explained if ok else unexplained).append(entry)
-    kills_left = kills
+    kills_left = kills * max(1, per_kill)
     for resource, n in sorted((unseen or {}).items()):
         for _ in range(n):
             entry = {"resource": resource, "source": "server-side count, no executor log line"}
@@ -163,6 +166,9 @@ def events_from_logs(logdir: Path, *, wall0: float) -> list[FencedOutEvent]:
     (`executor_section_started`) and last renewal (`executor_renewed`), same owner and token."""
     events: list[FencedOutEvent] = []
     for path in sorted(logdir.glob("*.log")):
+        # A section is (owner, token): tokens are unique across keys (PostgreSQL's sequence,
+        # etcd's revision), so the interleaved lines of one concurrent executor's sections
+        # (issue 17: one owner id, several sections at once) never mix.
         granted: dict[tuple[str, object], tuple[float | None, str]] = {}
         renewed: dict[tuple[str, object], float | None] = {}
         for line in path.read_text(errors="replace").splitlines():

@@ -90,7 +90,8 @@ def table(report: dict) -> str:
     config = report["config"]
     lines.append("")
     lines.append(
-        f"seed={config['seed']} executors={config['executors']} payouts={config['payouts']} "
+        f"seed={config['seed']} executors={config['executors']}"
+        f"x{config.get('executor_concurrency', 1)} in flight payouts={config['payouts']} "
         f"duration={config['duration']}s lease={config['lease_ms']}ms "
         f"faults={len(report['schedule'])} (replay: --seed {config['seed']})"
         f" lock backend={report.get('lock_backend', '?')}"

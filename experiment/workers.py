@@ -234,11 +234,20 @@ class WorkerPool:
             self.exits.append((worker.owner_id, worker.process.returncode))
 
 
-def spawn_executor(env: dict[str, str], logdir: Path, extra_env: dict[str, str] | None = None):
-    """The real executor (issue 7): `ROLE=executor manage.py run_executor --owner-id ID`."""
+def spawn_executor(
+    env: dict[str, str],
+    logdir: Path,
+    extra_env: dict[str, str] | None = None,
+    *,
+    concurrency: int | None = None,
+):
+    """The real executor (issue 7): `ROLE=executor manage.py run_executor --owner-id ID`, with
+    `--concurrency N` when given (issue 17: N payouts in flight in one process)."""
 
     def spawn(owner: str, port: int | None, armed: dict | None = None) -> subprocess.Popen:
         argv = [PYTHON, str(PROJECT / "manage.py"), "run_executor", "--owner-id", owner]
+        if concurrency is not None:
+            argv += ["--concurrency", str(concurrency)]
         if port:
             argv += ["--metrics-port", str(port)]
         log = open(logdir / f"{owner}.log", "ab")  # noqa: SIM115 - handed to the child

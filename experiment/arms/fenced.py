@@ -99,7 +99,9 @@ class FencedArm:
             "LOCK_DEFAULT_TTL_MS": str(lease_ms),
             "LOCK_SESSION_TTL_MS": str(max(lease_ms, 1000)),
         }
-        return spawn_executor(ctx.stack.env, ctx.logdir, env)
+        return spawn_executor(
+            ctx.stack.env, ctx.logdir, env, concurrency=ctx.config.executor_concurrency
+        )
 
     def start_sampling(self, ctx: ArmContext) -> None:
         for role in FENCING_ROLES:
@@ -177,7 +179,12 @@ class FencedArm:
         seen = {r: sum(1 for e in events if e.resource == r) for r in total}
         unseen = {r: int(n - seen[r]) for r, n in total.items() if n > seen[r]}
         classification = classify(
-            events, faults, lease_s=ctx.config.lease_ms / 1000, unseen=unseen, kills=kills
+            events,
+            faults,
+            lease_s=ctx.config.lease_ms / 1000,
+            unseen=unseen,
+            kills=kills,
+            per_kill=ctx.config.executor_concurrency,
         )
         return {
             "reconciler": reconcile,

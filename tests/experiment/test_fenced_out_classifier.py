@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from experiment.fenced_outs import Fault, FencedOutEvent, classify, events_from_logs
 from experiment.ha import is_ha, time_to_next_posted
 from experiment.schedule import HA_FAULTS, build_schedule
@@ -120,6 +122,47 @@ def test_events_are_read_from_the_executors_logs_with_their_grant_and_renewal(tm
         "rail",
     )
     assert (found.granted_at, found.valid_from, found.at) == (1.0, 2.0, 4.5)
+
+
+def test_a_concurrent_executors_sections_are_told_apart_and_attributed_to_its_pause(tmp_path):
+    """Issue 17: one process, one owner id, several sections at once, their lines interleaved.
+    Each fenced-out gets its own section's grant and renewal; the process's pause explains the
+    stale one, and the young one (renewed just before) stays unexplained."""
+    wall0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+    owner = "fenced-w1-r1"
+
+    def line(name: str, seconds: float, **fields) -> str:
+        ts = (wall0 + timedelta(seconds=seconds)).isoformat()
+        return json.dumps({"event": name, "ts": ts, "ownerId": owner, **fields})
+
+    (tmp_path / f"{owner}.log").write_text(
+        "\n".join(
+            [
+                line("executor_section_started", 3.0, token=50, key="payout:a", payoutId="p1"),
+                line("executor_section_started", 3.1, token=51, key="payout:b", payoutId="p2"),
+                line("executor_section_started", 3.2, token=52, key="payout:c", payoutId="p3"),
+                line("executor_renewed", 8.9, token=52, payoutId="p3"),
+                line("executor_fenced_out", 9.2, token=51, payoutId="p2", details={}),
+                line("executor_fenced_out", 9.3, token=52, payoutId="p3", details={}),
+            ]
+        )
+    )
+    found = {e.token: e for e in events_from_logs(tmp_path, wall0=wall0.timestamp())}
+    assert set(found) == {51, 52}
+    assert found[51].key == "payout:b" and found[52].key == "payout:c"
+    assert found[51].granted_at == found[51].valid_from == pytest.approx(3.1)
+    assert (found[52].granted_at, found[52].valid_from) == (pytest.approx(3.2), pytest.approx(8.9))
+    result = classify(found.values(), SCHEDULE, lease_s=LEASE_S)
+    assert (result["explained"], result["unexplained"]) == (1, 1)
+    assert result["explained_events"][0]["token"] == 51
+    assert "pause fenced-w1-r1" in result["explained_events"][0]["why"]
+    assert result["unexplained_events"][0]["token"] == 52
+    assert "not stale" in result["unexplained_events"][0]["why"]
+
+
+def test_a_killed_concurrent_executor_explains_one_unlogged_fenced_out_per_slot():
+    result = classify([], SCHEDULE, lease_s=LEASE_S, unseen={"rail": 5}, kills=1, per_kill=4)
+    assert (result["explained"], result["unexplained"]) == (4, 1)
 
 
 def fenced_arm(classification: dict, **overrides) -> dict:

@@ -135,6 +135,50 @@ class TestCiSizedExperiment:
         assert fenced["lock_backend_observed"] == ["pg"]
         assert report["arms"]["naive"]["fenced_out_classification"] is None
 
+    def test_the_fenced_arm_ran_concurrent_executors_whose_sections_overlapped(
+        self, private, ci_run
+    ):
+        """Issue 17 §7: every executor process keeps several payouts in flight (the CI preset's
+        --concurrency 2), seen in the payment resource's own payout_event rows: one owner's
+        claim→post sections overlap in time, never two of one account, and the claims above
+        (0 duplicates, every fenced-out explained, verdict 0) hold for that same run."""
+        code, report, config = ci_run
+        _base, stack = private
+        assert config.executor_concurrency == CI_PRESET["executor_concurrency"] > 1
+        assert report["config"]["executor_concurrency"] == config.executor_concurrency
+        with psycopg.connect(stack.env["PAY_DATABASE_URL"]) as conn:
+            rows = conn.execute(
+                "SELECT e.payout_id::text, e.to_state, e.at, e.owner_id, e.token, p.account_id"
+                " FROM payout_event e JOIN payout p USING (payout_id)"
+                " WHERE e.owner_id LIKE 'fenced-%' AND e.to_state IN ('CLAIMED', 'POSTED')"
+                " ORDER BY e.id"
+            ).fetchall()
+        claimed: dict[tuple[str, str, int], object] = {}
+        sections: dict[str, list[tuple[object, object, str]]] = {}
+        for payout_id, to_state, at, owner, token, account in rows:
+            if to_state == "CLAIMED":
+                claimed[(payout_id, owner, token)] = at
+            elif (payout_id, owner, token) in claimed:  # claimed and posted in one section
+                start = claimed[(payout_id, owner, token)]
+                sections.setdefault(owner, []).append((start, at, account))
+        assert sections, "no fenced executor claimed and posted a payout in one section"
+        deepest = 0
+        for owner, spans in sections.items():
+            for i, (a_start, a_end, a_account) in enumerate(spans):
+                for b_start, b_end, b_account in spans[i + 1 :]:
+                    if a_start < b_end and b_start < a_end:
+                        assert a_account != b_account, (owner, a_account, "overlapped itself")
+            points = sorted([(s, 1) for s, _, _ in spans] + [(e, -1) for _, e, _ in spans])
+            depth = 0
+            for _, step in points:
+                depth += step
+                deepest = max(deepest, depth)
+        assert 1 < deepest <= config.executor_concurrency, deepest
+        fenced = report["arms"]["fenced"]
+        assert fenced["duplicates_caused"] == 0
+        assert fenced["fenced_out_classification"]["unexplained"] == 0
+        assert code == 0, report["verdict"]
+
     def test_the_verdict_is_success_and_the_report_and_chart_are_written(self, ci_run):
         code, report, config = ci_run
         assert code == 0, report["verdict"]

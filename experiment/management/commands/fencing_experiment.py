@@ -26,6 +26,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--seed", type=int, default=7)
         parser.add_argument("--executors", type=int, default=None)
+        parser.add_argument(
+            "--executor-concurrency",
+            type=int,
+            default=None,
+            help="payouts in flight per executor process (run_executor --concurrency; default 4,"
+            " --ci 2)",
+        )
         parser.add_argument("--payouts", type=int, default=None)
         parser.add_argument("--duration", type=float, default=None, help="fault phase, seconds")
         parser.add_argument("--lease-ms", type=int, default=None)
@@ -58,11 +65,13 @@ class Command(BaseCommand):
             out=options["out"] or Path(settings.BASE_DIR) / ".run" / "experiment",
             **preset,
         )
-        for name in ("executors", "payouts", "duration", "lease_ms"):
+        for name in ("executors", "executor_concurrency", "payouts", "duration", "lease_ms"):
             if options[name] is not None:
                 setattr(config, name, options[name])
         if config.executors < 2:
             raise CommandError("--executors must be at least 2 (stale writers need a rival)")
+        if config.executor_concurrency < 1:
+            raise CommandError("--executor-concurrency must be at least 1")
         stop = None
         try:
             if options["private_stack"]:
