@@ -3,7 +3,8 @@
 Steps: check the stack and the commands it needs (fail loudly, naming the missing piece) → seed
 accounts and payouts → run two real executor processes, four payouts in flight each (issue 17),
 against a slow, flaky, duplicate-acking rail while pausing (SIGSTOP past the lease), killing and
-restarting workers and services → reconcile → print the report and where to look next (admin, browsable API, /metrics, the JSON report).
+restarting workers and services → reconcile → print the report and where to look next (admin,
+browsable API, /metrics, the JSON report).
 """
 
 from __future__ import annotations
