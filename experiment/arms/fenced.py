@@ -119,17 +119,30 @@ class FencedArm:
         return dict(self.fenced_out.total)
 
     def held_lock(self, ctx: ArmContext, worker: Worker) -> tuple[str, int | None] | None:
-        """The executor's log names the key of its last section and the token it paused with."""
-        key, token = None, None
+        """The lock the stopped executor holds, from its log: the section its pause hook stopped
+        in (`executor_paused`), else its last section still open (started, no
+        `payout_executed` yet; a concurrent executor has several), else its last section."""
+        started: dict[object, tuple[str, int | None]] = {}
+        still_open: dict[object, tuple[str, int | None]] = {}
+        paused: tuple[str, int | None] | None = None
+        last: tuple[str, int | None] | None = None
         path = ctx.logdir / f"{worker.owner_id}.log"
         for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue
-            if entry.get("event") == "executor_section_started":
-                key, token = entry.get("key"), entry.get("token")
-        return (key, token) if key else None
+            event, token = entry.get("event"), entry.get("token")
+            if event == "executor_section_started" and entry.get("key"):
+                section = (str(entry["key"]), token if isinstance(token, int) else None)
+                started[token] = still_open[token] = last = section
+            elif event == "payout_executed":
+                still_open.pop(token, None)
+            elif event == "executor_paused" and token in started:
+                paused = started[token]
+        if paused is not None:
+            return paused
+        return list(still_open.values())[-1] if still_open else last
 
     def revoke(self, ctx: ArmContext, *, key: str, token: int | None, owner: str) -> str:
         """L8 plus the push of the new floor to the account fence and the rail high-water (what

@@ -258,3 +258,44 @@ def test_the_ha_experiment_refuses_a_stack_without_three_members_and_two_replica
     both = {URL_ENV[r]: "http://127.0.0.1:8081,http://127.0.0.1:8181" for r in URL_ENV}
     assert is_ha({**single, **both, "DLOCK_ETCD_PORTS": "1:2,3:4,5:6"})
     assert not is_ha({**single, **both, "DLOCK_ETCD_PORTS": "1:2,3:4,5:6", "LOCK_BACKEND": "pg"})
+
+
+def test_the_lock_a_paused_concurrent_executor_holds_is_the_section_it_paused_in(tmp_path):
+    """Issue 17: the revoke goes to the stopped section's key and token, not to whichever
+    section the process started last (it has several; some already ended)."""
+    from types import SimpleNamespace
+
+    from experiment.arms import ArmContext
+    from experiment.arms.fenced import FencedArm
+    from experiment.config import ExperimentConfig
+
+    owner = "fenced-w0-r1"
+
+    def line(name: str, **fields) -> str:
+        return json.dumps({"event": name, "ownerId": owner, **fields})
+
+    log = tmp_path / f"{owner}.log"
+    ctx = ArmContext(stack=None, config=ExperimentConfig(), run_id="r", logdir=tmp_path)  # type: ignore[arg-type]
+    worker = SimpleNamespace(owner_id=owner)
+    log.write_text(
+        "\n".join(
+            [
+                line("executor_section_started", token=60, key="payout:a"),
+                line("executor_section_started", token=61, key="payout:b"),
+                line("executor_paused", token=60, phase="before_submit"),
+                line("executor_section_started", token=62, key="payout:c"),
+                line("payout_executed", token=62, outcome="posted"),
+            ]
+        )
+    )
+    assert FencedArm().held_lock(ctx, worker) == ("payout:a", 60)
+    log.write_text(
+        "\n".join(
+            [
+                line("executor_section_started", token=70, key="payout:a"),
+                line("executor_section_started", token=71, key="payout:b"),
+                line("payout_executed", token=71, outcome="posted"),
+            ]
+        )
+    )
+    assert FencedArm().held_lock(ctx, worker) == ("payout:a", 70)
