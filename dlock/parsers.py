@@ -9,13 +9,15 @@ so Django's own limit never fires for DRF views).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 from rest_framework.parsers import BaseParser
 
 from dlock.errors import ApiError, Code
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 def _reject_constant(name: str) -> Any:
