@@ -92,7 +92,8 @@ def list_payouts(
     *, state: str | None, account_id: str | None, limit: int, cursor: str | None
 ) -> dict[str, Any]:
     """P1 page: items ordered by (createdAt, payoutId), and nextCursor when more may follow."""
-    where, params = [], {"limit": limit + 1}
+    where: list[str] = []
+    params: dict[str, Any] = {"limit": limit + 1}
     if state:
         where.append("state = %(state)s")
         params["state"] = state
