@@ -71,6 +71,15 @@ def main() -> int:
     except MissingPiece as exc:
         print(f"[dlock] demo cannot start: {exc}", file=sys.stderr)
         return 1
+    # The revoke fault pushes the new floor through ops.revoke (Django models): this process
+    # needs what `make experiment` gives `python -m django fencing_experiment`.
+    for name, value in stack.env.items():
+        os.environ.setdefault(name, value)
+    os.environ.setdefault("ROLE", "ops")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings.tooling")
+    import django
+
+    django.setup()
     config = ExperimentConfig(arm="fenced", out=out, **DEMO)
     banner("dlock demo: pay payouts while we try hard to make the system pay twice")
     print(
