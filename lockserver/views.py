@@ -10,6 +10,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from dlock import proof
 from dlock.errors import validation_error
 from dlock.headers import fencing_token, owner_id, validate_owner_id
 from dlock.serializers import (
@@ -99,6 +100,7 @@ def grant_body(grant: GrantRecord) -> dict:
         "ownerId": grant.owner_id,
         "sessionId": str(grant.session_id),
         "fencingToken": grant.fencing_token,
+        "fencingProof": proof.sign(key=grant.key, token=grant.fencing_token),
         "acquiredAt": rfc3339_ms(grant.acquired_at),
         "expiresAt": rfc3339_ms(grant.expires_at),
     }
@@ -221,6 +223,7 @@ class RenewView(APIView):
         data = _parse(RenewInput, request.data)
         sid = parse_uuid(data["sessionId"], field="sessionId")
         ttl = data.get("ttlMillis")
+        proof.require(request, key=key, token=token)
         grant = services.renew(
             key=key, session_id=sid, token=token, ttl_ms=None if ttl is None else _clamp_ttl(ttl)
         )
@@ -269,6 +272,7 @@ class LockView(APIView):
                 [{"field": "sessionId", "message": "required"}],
             )
         sid: uuid.UUID = parse_uuid(raw, field="sessionId")
+        proof.require(request, key=key, token=token)
         services.release(key=key, session_id=sid, token=token)
         return Response(status=status.HTTP_204_NO_CONTENT)
 

@@ -9,6 +9,8 @@ import uuid
 import pytest
 import requests
 
+from tests.payments.factories import fence_proof
+
 pytestmark = pytest.mark.live
 
 TIMEOUT = 5
@@ -33,12 +35,13 @@ def _fenced_total(base: str, resource: str = "account") -> float:
     return float(match.group(1))
 
 
-def _claim(base, payout_id, token, owner="w1", expected="PENDING"):
+def _claim(base, payout_id, token, owner="w1", expected="PENDING", *, account):
     return requests.post(
         f"{base}/v1/payouts/{payout_id}/claim",
         json={"expectedState": expected},
         headers={
             "X-Fencing-Token": str(token),
+            "X-Fencing-Proof": fence_proof(account, token),
             "X-Owner-Id": owner,
             "X-Idempotency-Key": f"payout-{payout_id}",
         },
@@ -54,9 +57,10 @@ def test_claim_fenced_out_and_replay_over_real_http(live_stack):
     newer = 9_000_000_000 + uuid.uuid4().int % 1_000_000_000
     before = _fenced_total(base)
 
-    won = _claim(base, first, newer)
-    replay = _claim(base, first, newer)
-    fenced = _claim(base, second, newer - 5, owner="paused-worker")
+    acct = seeded["accounts"][0]
+    won = _claim(base, first, newer, account=acct)
+    replay = _claim(base, first, newer, account=acct)
+    fenced = _claim(base, second, newer - 5, owner="paused-worker", account=acct)
 
     assert won.status_code == 200 and won.json()["accountFence"] == newer
     assert replay.status_code == 200 and replay.headers["Idempotent-Replayed"] == "true"
@@ -76,7 +80,7 @@ def test_claim_fenced_out_and_replay_over_real_http(live_stack):
 def test_metrics_carry_no_payout_or_account_ids(live_stack):
     base = live_stack.url("payments")
     seeded = _seed(live_stack, payouts=1)
-    _claim(base, seeded["payouts"][0], 1)  # whatever the answer, ids must not become labels
+    _claim(base, seeded["payouts"][0], 1, account=seeded["accounts"][0])  # whatever the answer, ids must not become labels
     text = requests.get(f"{base}/metrics", timeout=TIMEOUT).text
     assert seeded["payouts"][0] not in text and seeded["accounts"][0] not in text
     assert re.search(r"payout_id|account_id", text) is None
