@@ -9,7 +9,6 @@ import uuid
 from prometheus_client import REGISTRY
 
 from dlock import proof
-
 from payments import services
 from payments.models import Account, IdempotencyRecord, LedgerEntry, Payout, PayoutEvent
 

@@ -80,7 +80,9 @@ def test_claim_fenced_out_and_replay_over_real_http(live_stack):
 def test_metrics_carry_no_payout_or_account_ids(live_stack):
     base = live_stack.url("payments")
     seeded = _seed(live_stack, payouts=1)
-    _claim(base, seeded["payouts"][0], 1, account=seeded["accounts"][0])  # whatever the answer, ids must not become labels
+    _claim(
+        base, seeded["payouts"][0], 1, account=seeded["accounts"][0]
+    )  # whatever the answer, ids must not become labels
     text = requests.get(f"{base}/metrics", timeout=TIMEOUT).text
     assert seeded["payouts"][0] not in text and seeded["accounts"][0] not in text
     assert re.search(r"payout_id|account_id", text) is None
