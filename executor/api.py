@@ -115,9 +115,15 @@ class Api:
 
     # -- protected writes ----------------------------------------------------------------
 
-    def _write(self, url: str, body: dict[str, Any], *, token: int, key: str, hop: str) -> Any:
+    def _write(
+        self, url: str, body: dict[str, Any], *, token: int, proof: str, key: str, hop: str
+    ) -> Any:
         budget = BUDGETS[hop]
-        headers = {"X-Fencing-Token": str(token), "X-Idempotency-Key": key}
+        headers = {
+            "X-Fencing-Token": str(token),
+            "X-Fencing-Proof": proof,
+            "X-Idempotency-Key": key,
+        }
         attempt = 0
         while True:
             try:
@@ -135,18 +141,21 @@ class Api:
                 attempt += 1
                 self.sleep(BACKOFF_INITIAL_S)
 
-    def claim(self, payout_id: str, *, token: int, expected_state: str) -> dict[str, Any]:
+    def claim(
+        self, payout_id: str, *, token: int, proof: str, expected_state: str
+    ) -> dict[str, Any]:
         """P2: PENDING/CLAIMED → CLAIMED under `token` (account fence strictly below it)."""
         return self._write(
             f"{self.payments_url}/v1/payouts/{payout_id}/claim",
             {"expectedState": expected_state},
             token=token,
+            proof=proof,
             key=idempotency_key(payout_id),
             hop="payments.write",
         )
 
     def post(
-        self, payout_id: str, *, token: int, rail_reference: str, submission_id: str
+        self, payout_id: str, *, token: int, proof: str, rail_reference: str, submission_id: str
     ) -> dict[str, Any]:
         """P3: RAIL_ACKED → POSTED with the two ledger legs (account fence ≤ token)."""
         return self._write(
@@ -157,11 +166,12 @@ class Api:
                 "railOutcome": "ACKED",
             },
             token=token,
+            proof=proof,
             key=idempotency_key(payout_id),
             hop="payments.write",
         )
 
-    def submit(self, payout: dict[str, Any], *, token: int) -> dict[str, Any]:
+    def submit(self, payout: dict[str, Any], *, token: int, proof: str) -> dict[str, Any]:
         """Rail proxy submission: presented once, never retried, whatever happens."""
         payout_id = str(payout["payoutId"])
         body = {
@@ -179,6 +189,7 @@ class Api:
             json_body=body,
             headers={
                 "X-Fencing-Token": str(token),
+                "X-Fencing-Proof": proof,
                 "X-Idempotency-Key": payout.get("idempotencyKey") or idempotency_key(payout_id),
             },
         ).body

@@ -279,7 +279,9 @@ class Executor:
         if state in CLAIMABLE:
             self._checkpoint(grant, "before_claim", fields)
             try:
-                self.api.claim(candidate.payout_id, token=grant.token, expected_state=state)
+                self.api.claim(
+                    candidate.payout_id, token=grant.token, proof=grant.proof, expected_state=state
+                )
             except InsufficientFunds:
                 return "failed"
             self._hop("claim", fields)
@@ -303,6 +305,7 @@ class Executor:
         self.api.post(
             candidate.payout_id,
             token=grant.token,
+            proof=grant.proof,
             rail_reference=str(submission["railReference"]),
             submission_id=str(submission["submissionId"]),
         )
@@ -322,7 +325,7 @@ class Executor:
     def _submit(self, grant: Grant, payout: dict[str, Any], fields: dict[str, Any]):
         """Present the payout to the rail once. Returns the ACKED submission or an outcome."""
         try:
-            submission = self.api.submit(payout, token=grant.token)
+            submission = self.api.submit(payout, token=grant.token, proof=grant.proof)
         except RailAmbiguous as exc:
             self._ambiguous(fields, exc.details)
             return "ambiguous"
