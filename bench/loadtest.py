@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.proc import cpu_seconds, rss_kib
-from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage, say
+from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage, new_proof_keys, say
 
 CLIENT_TIMEOUT_S = 15.0
 # The production deadlines of the lock server (k8s/lock-server.yaml).
@@ -256,6 +256,7 @@ def run(out_dir: Path, *, seconds: float = 4.0, overload_s: float = 12.0, compar
         env = {
             "LOCK_DATABASE_URL": cluster.create_database("lockdb"),
             "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
+            "DLOCK_PROOF_KEYS": new_proof_keys(),
             "DJANGO_DEBUG": "false",
             "LOCK_BACKEND": "pg",
             **SERVER_ENV,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import requests
 
-from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
+from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage, new_proof_keys
 
 DURATION_S = float(os.environ.get("BENCH_LOCK_ETCD_SECONDS", "5"))
 WARMUP_S = 0.5
@@ -109,11 +109,15 @@ def _http_pair_factory(base_url: str) -> Callable[[int], Callable[[], None]]:
             )
             if acquired.status_code != 200:
                 raise RuntimeError(f"acquire answered {acquired.status_code}")
-            token = acquired.json()["fencingToken"]
+            grant = acquired.json()
             released = http.delete(
                 f"{base_url}/v1/locks/{key}",
                 params={"sessionId": session_id},
-                headers={**headers, "X-Fencing-Token": str(token)},
+                headers={
+                    **headers,
+                    "X-Fencing-Token": str(grant["fencingToken"]),
+                    "X-Fencing-Proof": grant["fencingProof"],
+                },
                 timeout=5,
             )
             if released.status_code != 204:
@@ -169,6 +173,7 @@ def run(
             lock_database_url = cluster.create_database("bench_lockdb")
         env = {
             "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(48),
+            "DLOCK_PROOF_KEYS": os.environ.get("DLOCK_PROOF_KEYS") or new_proof_keys(),
             "DJANGO_DEBUG": "false",
             "LOCK_BACKEND": "etcd",
             "ETCD_URL": etcd.url,

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.proc import cpu_seconds
-from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
+from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage, new_proof_keys
 from lockserver import fenced_sql
 
 DURATION_S = float(os.environ.get("BENCH_LOCKSERVER_SECONDS", "5"))
@@ -139,12 +139,16 @@ def _http_pair_factory(port: int) -> Callable[[int], Callable[[], None]]:
             if status != 200:
                 code = json.loads(raw).get("code") if raw.startswith(b"{") else ""
                 raise RuntimeError(f"acquire {status} {code}")
-            token = json.loads(raw)["fencingToken"]
+            grant = json.loads(raw)
             status, raw = call(
                 "DELETE",
                 f"/v1/locks/{key}?sessionId={session_id}",
                 None,
-                {**headers, "X-Fencing-Token": str(token)},
+                {
+                    **headers,
+                    "X-Fencing-Token": str(grant["fencingToken"]),
+                    "X-Fencing-Proof": grant["fencingProof"],
+                },
             )
             if status != 204:
                 code = json.loads(raw).get("code") if raw.startswith(b"{") else ""
@@ -198,6 +202,7 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
         db_url = cluster.create_database("bench_lockdb")
         env = {
             "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(48),
+            "DLOCK_PROOF_KEYS": os.environ.get("DLOCK_PROOF_KEYS") or new_proof_keys(),
             "DJANGO_DEBUG": "false",
             "LOCK_BACKEND": "pg",
             "LOCK_DATABASE_URL": db_url,

@@ -86,9 +86,10 @@ def _mac(secret: bytes, key: str, token: int) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def sign(*, key: str, token: int) -> str:
-    """The proof for (key, token), made with the ring's first (signing) key."""
-    kid, secret = _ring()[0]
+def sign(*, key: str, token: int, ring: KeyRing | None = None) -> str:
+    """The proof for (key, token), made with the first (signing) key of `ring`, by default
+    the configured DLOCK_PROOF_KEYS (a tool outside Django passes its parsed ring)."""
+    kid, secret = (ring or _ring())[0]
     return f"{VERSION}.{kid}.{_mac(secret, key, token)}"
 
 
