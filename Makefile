@@ -13,7 +13,7 @@ UP_ARGS = $(if $(LOCK_BACKEND),--backend $(LOCK_BACKEND)) \
 	$(if $(ETCD_MEMBERS),--etcd-members $(ETCD_MEMBERS)) $(if $(REPLICAS),--replicas $(REPLICAS))
 PYTEST_ARGS ?=
 
-.PHONY: help venv sysdeps test up down status demo bench experiment lint format clean
+.PHONY: help venv sysdeps test up down status demo bench experiment experiment-ha lint format clean
 
 help:
 	@echo "make demo   - bring the stack up and run the fencing demo (the main job)"
@@ -21,7 +21,8 @@ help:
 	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd ETCD_MEMBERS=N REPLICAS=N)"
 	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
-	@echo "make lint   - ruff check + format check"
+	@echo "make experiment-ha - the fencing experiment on 3 etcd members and 2 replicas per role"
+	@echo "make lint   - ruff check + format check, import-linter (layers), mypy"
 
 $(STAMP): requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,9 +61,22 @@ experiment: up
 	set -a; . .run/stack.env; set +a; echo "[dlock] experiment on the running stack: LOCK_BACKEND=$$LOCK_BACKEND"; \
 	ROLE=ops DJANGO_SETTINGS_MODULE=settings.tooling $(BIN)/python -m django fencing_experiment $(EXPERIMENT_ARGS)
 
+# The HA experiment: 3 etcd members, 2 replicas of every server role, etcd leader kill, quorum loss
+# and replica kills added to the fault schedule.
+experiment-ha: venv sysdeps
+	$(MAKE) up LOCK_BACKEND=etcd ETCD_MEMBERS=3 REPLICAS=2
+	set -a; . .run/stack.env; set +a; ROLE=ops DJANGO_SETTINGS_MODULE=settings.tooling \
+	$(BIN)/python -m django fencing_experiment --ha $(EXPERIMENT_ARGS)
+
+# mypy's Django plugin imports settings.ops: it needs URLs, never a connection.
+LINT_ENV := DJANGO_DEBUG=true PAY_DATABASE_URL=postgres://lint@127.0.0.1:1/lint \
+	LOCK_DATABASE_URL=postgres://lint@127.0.0.1:1/lint RAIL_DATABASE_URL=postgres://lint@127.0.0.1:1/lint
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	@echo "[dlock] mypy: coming with the merge"
 
 format: venv
 	$(BIN)/ruff format .

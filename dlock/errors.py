@@ -71,6 +71,17 @@ if set(CATALOGUE) != set(Code):  # pragma: no cover - a new code without a row m
 # Protocol-level rejections keep their HTTP status and say VALIDATION_FAILED (CHANGELOG row 6).
 PROTOCOL_STATUSES = frozenset({405, 406, 411, 413, 415})
 
+# Every other status a code may answer besides its catalogue row; each entry is a CHANGELOG row.
+STATUS_OVERRIDES: dict[Code, frozenset[int]] = {
+    # A rail decline: C3 §3.5 "422 REJECTED→VALIDATION_FAILED" (CHANGELOG row 8).
+    Code.VALIDATION_FAILED: PROTOCOL_STATUSES | {422},
+}
+
+
+def allowed_statuses(code: Code) -> frozenset[int]:
+    """The HTTP statuses `code` may be answered with: its catalogue row plus its overrides."""
+    return frozenset({CATALOGUE[code].status}) | STATUS_OVERRIDES.get(code, frozenset())
+
 
 class ApiError(Exception):
     """A typed failure: one C3 code, a human message, optional per-code details."""
@@ -93,14 +104,12 @@ class ApiError(Exception):
             details = {**(details or {}), "fields": [{"field": "request", "message": self.message}]}
         self.details = details
         spec = CATALOGUE[self.code]
+        self.retry_after_ms: int | None = None
         if spec.retry_after:
-            self.retry_after_ms = int(
-                retry_after_ms if retry_after_ms is not None else spec.default_retry_after_ms
-            )
-        else:
-            self.retry_after_ms = None
-        if http_status is not None and http_status not in PROTOCOL_STATUSES:
-            raise ValueError(f"status override {http_status} is not a protocol status")
+            chosen = retry_after_ms if retry_after_ms is not None else spec.default_retry_after_ms
+            self.retry_after_ms = int(chosen or 0)
+        if http_status is not None and http_status not in allowed_statuses(self.code):
+            raise ValueError(f"{self.code} is never answered with HTTP {http_status}")
         self.status = http_status or spec.status
         self.headers = headers or {}
         # Set only when replaying a recorded answer: render it with its original traceId.
@@ -138,3 +147,28 @@ def validation_error(message: str, fields: list[dict[str, str]] | None = None) -
 def not_found(what: str, ident: str | None = None) -> ApiError:
     details = {"resource": what, "id": ident} if ident is not None else {"resource": what}
     return ApiError(Code.NOT_FOUND, f"{what} not found", details=details)
+
+
+def payout_not_claimable(
+    *,
+    payout_id: str,
+    state: str | None,
+    expected_states: tuple[str, ...] | list[str],
+    claim_token: int | None,
+    presented_token: int | None,
+    message: str | None = None,
+) -> ApiError:
+    """409 PAYOUT_NOT_CLAIMABLE with its one details shape, wherever a payout refuses a move:
+    payoutId, state (now), expectedStates, claimToken (now), presentedToken (None: no token)."""
+    expected = list(expected_states)
+    return ApiError(
+        Code.PAYOUT_NOT_CLAIMABLE,
+        message or f"payout is {state}; this transition needs {' or '.join(expected)}",
+        details={
+            "payoutId": payout_id,
+            "state": state,
+            "expectedStates": expected,
+            "claimToken": claim_token,
+            "presentedToken": presented_token,
+        },
+    )

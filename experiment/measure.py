@@ -164,6 +164,43 @@ def collect(
         requests = conn.execute(REQUESTS, (list(ref_to_payout),)).fetchall()
 
     state_of = {pid: state for pid, _a, state, _m in payouts}
+    counted = _count_presented(state_of, subs, requests, transfers, ref_to_payout)
+    violations = _invariant_violations(arm, payouts, balances, entries, counted)
+    caused, presented = counted["caused"], counted["presented"]
+    rail_dups, outcomes, histogram = counted["rail_dups"], counted["outcomes"], counted["histogram"]
+    paid_twice, money_out = counted["paid_twice"], counted["money_out"]
+    debits = sum(m for _p, d, m in entries if d == "DEBIT")
+    ambiguous = [pid for pid, state in state_of.items() if state == "RAIL_AMBIGUOUS"]
+    classification = Counter(recon.get(pid, "UNCLASSIFIED") for pid in ambiguous)
+    return {
+        "payouts": len(payouts),
+        "by_state": dict(Counter(state_of.values())),
+        "submission_outcomes": dict(outcomes),
+        "presented_attempts_histogram": {str(k): v for k, v in sorted(histogram.items())},
+        "duplicates_caused": len(caused),
+        "duplicate_payout_ids": caused[:20],
+        "paid_twice_by_us": len(paid_twice),
+        "presented_attempts_total": sum(presented.values()),
+        "rail_duplicate_acks": sum(rail_dups.values()),
+        "rail_duplicate_payout_ids": sorted(rail_dups),
+        "rail_transfers": len(transfers),
+        "money_out_minor": money_out,
+        "ledger_debits_minor": debits,
+        "ambiguous": len(ambiguous),
+        "ambiguous_classification": dict(classification),
+        "invariant_violations": violations[:50],
+        "invariant_violation_count": len(violations),
+    }
+
+
+def _count_presented(
+    state_of: dict[str, str],
+    subs: list[tuple],
+    requests: list[tuple],
+    transfers: list[tuple],
+    ref_to_payout: dict[str, str],
+) -> dict:
+    """Presented attempts, bookings and the rail's own duplicates, per payout."""
     # Presented attempts, from our side (submission rows) and from the rail's own request log;
     # the larger count wins (a request the rail saw is presented whatever we recorded).
     ours: Counter[str] = Counter()
@@ -197,6 +234,23 @@ def collect(
     paid_twice = sorted(pid for pid in state_of if booked_own[pid] > 1)
     histogram = Counter(presented[pid] for pid in state_of)
 
+    return {
+        "outcomes": outcomes,
+        "presented": presented,
+        "booked_own": booked_own,
+        "rail_dups": rail_dups,
+        "caused": caused,
+        "paid_twice": paid_twice,
+        "histogram": histogram,
+        "money_out": money_out,
+    }
+
+
+def _invariant_violations(
+    arm: str, payouts: list[tuple], balances: list[tuple], entries: list[tuple], counted: dict
+) -> list[str]:
+    """The books (balance = ledger sum, debits = credits) and one booking per POSTED payout."""
+    booked_own, presented, caused = counted["booked_own"], counted["presented"], counted["caused"]
     debits = sum(m for _p, d, m in entries if d == "DEBIT")
     credits = sum(m for _p, d, m in entries if d == "CREDIT")
     per_payout_debit: dict[str, int] = defaultdict(int)
@@ -223,24 +277,4 @@ def collect(
             f"payout {pid} paid more than once: {presented[pid]} presented,"
             f" {booked_own[pid]} booked"
         )
-    ambiguous = [pid for pid, state in state_of.items() if state == "RAIL_AMBIGUOUS"]
-    classification = Counter(recon.get(pid, "UNCLASSIFIED") for pid in ambiguous)
-    return {
-        "payouts": len(payouts),
-        "by_state": dict(Counter(state_of.values())),
-        "submission_outcomes": dict(outcomes),
-        "presented_attempts_histogram": {str(k): v for k, v in sorted(histogram.items())},
-        "duplicates_caused": len(caused),
-        "duplicate_payout_ids": caused[:20],
-        "paid_twice_by_us": len(paid_twice),
-        "presented_attempts_total": sum(presented.values()),
-        "rail_duplicate_acks": sum(rail_dups.values()),
-        "rail_duplicate_payout_ids": sorted(rail_dups),
-        "rail_transfers": len(transfers),
-        "money_out_minor": money_out,
-        "ledger_debits_minor": debits,
-        "ambiguous": len(ambiguous),
-        "ambiguous_classification": dict(classification),
-        "invariant_violations": violations[:50],
-        "invariant_violation_count": len(violations),
-    }
+    return violations

@@ -12,25 +12,30 @@ switch. Tables are private to the experiment (`experiment_naive_*` in paydb, cre
 keyed by run id). The worker is a plain process (`python -m experiment.naive ...`) without Django
 so it starts fast and can be SIGSTOPped, killed and restarted like the real executor.
 
-Phase pause hook (how the fault schedule pauses a worker in a chosen phase of its critical
-section): before each phase boundary the worker looks for `<pause-dir>/<owner>.pause`; when the
-file names the phase it is at, the worker deletes it and SIGSTOPs itself. The orchestrator sees
-the stopped process and SIGCONTs it after the scheduled pause.
+Phase pause hook: the executor's own (`executor.pause`, `DLOCK_EXECUTOR_PAUSE_AT=<phase>:stop`),
+at the same three points of the critical section — right after the local "is my lease still
+valid?" check and before the write it guards (`before_claim`, `before_submit`, `before_post`).
+The worker SIGSTOPs itself there and logs `executor_paused`; the orchestrator sees the stopped
+process and SIGCONTs it after the scheduled pause. One hook, one spelling, for both arms.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import psycopg
 import requests
 
+from dlock.logs import JsonFormatter, log_event
+from executor.pause import PausePlan
+
+# The experiment's names for the phases of a critical section (the schedule's vocabulary).
 PHASES = ("locked", "claimed", "submitted", "posted")
 
 DDL = """
@@ -201,32 +206,28 @@ class NaiveWorker:
         run_id: str,
         owner_id: str,
         lease_ms: int,
-        pause_dir: Path | None,
-        until_idle: bool,
+        pause: PausePlan | None = None,
+        until_idle: bool = False,
     ) -> None:
         self.conn = psycopg.connect(pay_url, autocommit=True, connect_timeout=3)
         self.rail_url = rail_url.rstrip("/")
         self.run_id = run_id
         self.owner = owner_id
         self.lease_ms = lease_ms
-        self.pause_dir = pause_dir
+        self.pause = pause or PausePlan(None)
         self.until_idle = until_idle
         self.stopping = False
         self.http = requests.Session()
 
-    # -- the pause hook ------------------------------------------------------------------
-    def phase(self, name: str, key: str = "") -> None:
-        if self.pause_dir is None:
-            return
-        request = self.pause_dir / f"{self.owner}.pause"
-        try:
-            wanted = request.read_text().strip()
-        except FileNotFoundError:
-            return
-        if wanted == name:
-            request.unlink(missing_ok=True)
-            (self.pause_dir / f"{self.owner}.paused").write_text(f"{name} {key}".strip())
-            os.kill(os.getpid(), signal.SIGSTOP)
+    # -- the pause hook (executor.pause) ---------------------------------------------------
+    def phase(self, name: str, key: str) -> None:
+        self.pause.at(name, wait=self._wait, key=key, ownerId=self.owner)
+
+    def _wait(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return self.stopping
 
     # -- one payout ----------------------------------------------------------------------
     def run_one(self) -> bool:
@@ -242,8 +243,9 @@ class NaiveWorker:
         if not got:
             return True
         deadline = time.monotonic() + self.lease_ms * 0.7 / 1000
+        log_event("naive_section_started", key=key, ownerId=self.owner)
         try:
-            self.phase("locked", key)
+            self.phase("before_claim", key)
             row = self.conn.execute(
                 NEXT_PAYOUT, {"run": self.run_id, "account": account}
             ).fetchone()
@@ -254,7 +256,8 @@ class NaiveWorker:
                 return True
             if time.monotonic() > deadline:  # "my lease is still valid" — checked, then acted on
                 return True
-            self.phase("claimed", key)  # a pause here, between the check and the act, is the bug
+            # A pause here, between the check and the act, is the bug.
+            self.phase("before_submit", key)
             attempt = self.conn.execute(
                 RECORD_ATTEMPT, {"run": self.run_id, "payout": payout, "owner": self.owner}
             ).fetchone()[0]
@@ -262,7 +265,7 @@ class NaiveWorker:
             self.conn.execute(RESOLVE_ATTEMPT, {"attempt": attempt, "outcome": outcome, "ref": ref})
             if outcome == "NOT_SENT":
                 return True  # nothing presented: the payout stays CLAIMED and is retried
-            self.phase("submitted", key)
+            self.phase("before_post", key)
             state = {"ACKED": "POSTED", "DECLINED": "FAILED"}.get(outcome, "RAIL_AMBIGUOUS")
             with self.conn.transaction():
                 moved = self.conn.execute(
@@ -278,7 +281,6 @@ class NaiveWorker:
                     }
                     self.conn.execute(DEBIT, params)
                     self.conn.execute(LEDGER, params)
-            self.phase("posted", key)
             return True
         finally:
             self.conn.execute(RELEASE_LEASE, {"key": key, "owner": self.owner})
@@ -335,16 +337,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--owner-id", required=True)
     parser.add_argument("--lease-ms", type=int, default=2000)
-    parser.add_argument("--pause-dir", type=Path)
     parser.add_argument("--until-idle", action="store_true")
     args = parser.parse_args(argv)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(JsonFormatter(service="naive-worker"))
+    events = logging.getLogger("dlock.events")
+    events.addHandler(handler)
+    events.setLevel(logging.INFO)
     worker = NaiveWorker(
         pay_url=args.pay_url,
         rail_url=args.rail_url,
         run_id=args.run_id,
         owner_id=args.owner_id,
         lease_ms=args.lease_ms,
-        pause_dir=args.pause_dir,
+        pause=PausePlan.from_env(),
         until_idle=args.until_idle,
     )
 

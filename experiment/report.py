@@ -18,12 +18,28 @@ def _dict(d: dict | None) -> str:
     return " ".join(f"{k}={int(v) if isinstance(v, float) else v}" for k, v in d.items()) or "0"
 
 
+def _classified(classification: dict | None, no_fences: bool) -> str:
+    if no_fences:
+        return "n/a"
+    if classification is None:
+        return "not classified"
+    return f"{classification['explained']} | {classification['unexplained']}"
+
+
+def _backend(arm: dict) -> str:
+    served = arm.get("lock_backend_observed")
+    if served is None:
+        return "n/a (no lock server)"
+    return f"{arm.get('lock_backend', '?')} | {','.join(served) or '-'}"
+
+
 def rows(arm: dict) -> dict[str, str]:
     by_state = arm["by_state"]
     in_flight = {s: by_state[s] for s in IN_FLIGHT if by_state.get(s)}
     recon = arm.get("reconciler")
     pauses = Counter(p["phase"] for p in arm["faults"]["pauses"])
     return {
+        "lock backend (stack | served)": _backend(arm),
         "payouts": str(arm["payouts"]),
         **{f"  {state}": str(by_state.get(state, 0)) for state in STATES},
         "  still in flight": _dict(in_flight) if in_flight else "0",
@@ -43,6 +59,9 @@ def rows(arm: dict) -> dict[str, str]:
             "n/a"
             if arm.get("fenced_out_scraped") is None
             else f"{_dict(arm['fenced_out_scraped'])} | {_dict(arm['fenced_out_executor_logs'])}"
+        ),
+        "  explained | UNEXPLAINED by the schedule": _classified(
+            arm.get("fenced_out_classification"), arm["fenced_out_total"] is None
         ),
         "rail submissions by outcome": _dict(arm["submission_outcomes"]),
         "ambiguous (quarantined)": str(arm["ambiguous"]),
@@ -74,10 +93,26 @@ def table(report: dict) -> str:
         f"seed={config['seed']} executors={config['executors']} payouts={config['payouts']} "
         f"duration={config['duration']}s lease={config['lease_ms']}ms "
         f"faults={len(report['schedule'])} (replay: --seed {config['seed']})"
+        f" lock backend={report.get('lock_backend', '?')}"
     )
     for line in report["verdict"]["lines"]:
         lines.append(line)
     for name in names:
+        unexplained = (arms[name].get("fenced_out_classification") or {}).get("unexplained_events")
+        if unexplained:
+            lines.append(f"{name}: fenced-outs the schedule does not explain (first 5):")
+            lines += [
+                f"  - {e.get('owner', '?')} token {e.get('token', '?')} {e['resource']}: {e['why']}"
+                for e in unexplained[:5]
+            ]
+        recovery = arms[name].get("recovery") or []
+        if recovery:
+            lines.append(f"{name}: time until the next POSTED payout after each fault:")
+            lines += [
+                f"  - {r['kind']} {r['target']} @{r['start']:.1f}s: "
+                + ("never" if r["next_posted_after_s"] is None else f"{r['next_posted_after_s']}s")
+                for r in recovery
+            ]
         violations = arms[name]["invariant_violations"][:5]
         if violations:
             lines.append(f"{name}: first invariant violations:")

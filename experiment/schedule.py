@@ -24,6 +24,12 @@ RAIL_LATENCY = "rail_latency"  # rail slower than the lease TTL
 RAIL_FAILURES = "rail_failures"  # 5xx, drop before booking, drop after booking
 DUPLICATE_ACK = "duplicate_ack"  # the rail books a repeated clientRef twice on its own
 
+# HA faults (issue 16 §7), only on a stack of 3 etcd members and 2 replicas per role.
+ETCD_LEADER_KILL = "etcd_leader_kill"  # kill -9 the etcd leader, start it again 2 s later
+QUORUM_LOSS = "quorum_loss"  # kill -9 two of three etcd members for `seconds` (≥ 5)
+REPLICA_KILL = "replica_kill"  # kill -9 the second replica of a role, start it again
+HA_FAULTS = (ETCD_LEADER_KILL, QUORUM_LOSS, REPLICA_KILL)
+
 RAIL_WINDOWS = (RAIL_LATENCY, RAIL_FAILURES, DUPLICATE_ACK)
 RESTART_ROLES = ("railproxy", "payments", "lockserver")
 
@@ -41,9 +47,16 @@ class FaultEvent:
 
 
 def build_schedule(
-    *, seed: int, duration: float, workers: int, lease_ms: int, pg_restart: bool = True
+    *,
+    seed: int,
+    duration: float,
+    workers: int,
+    lease_ms: int,
+    pg_restart: bool = True,
+    ha: bool = False,
 ) -> list[FaultEvent]:
-    """Every fault kind at least once; pauses cycle through every phase of the critical section."""
+    """Every fault kind at least once; pauses cycle through every phase of the critical section.
+    `ha` adds the HA faults (drawn after the others, so the rest of the schedule is the same)."""
     rng = random.Random(seed)
     lease_s = lease_ms / 1000
     events: list[FaultEvent] = []
@@ -86,9 +99,23 @@ def build_schedule(
     ]
     if pg_restart:
         events.append(FaultEvent(at=when(0.6 * duration, 0.8 * duration), kind=PG_RESTART))
-    # Rail windows. Duplicate acks early (they slow nobody); latency above the lease TTL (below
-    # the proxy's 8 s read timeout) and failures in the middle, after the first pauses had
-    # rivals running at full speed. Windows may overlap; the rail's config is their merge.
+    events += rail_windows(rng, duration, lease_ms, start)
+    if ha:
+        events += ha_faults(rng, duration)
+    return sorted(events, key=lambda e: (e.at, e.kind, e.target))
+
+
+def rail_windows(
+    rng: random.Random, duration: float, lease_ms: int, start: float
+) -> list[FaultEvent]:
+    """Duplicate acks early (they slow nobody); latency above the lease TTL (below the proxy's
+    8 s read timeout) and failures in the middle, after the first pauses had rivals running at
+    full speed. Windows may overlap; the rail's config is their merge."""
+
+    def when(lo: float, hi: float) -> float:
+        return round(rng.uniform(lo, hi), 2)
+
+    events: list[FaultEvent] = []
     window = max(2.0, 0.18 * duration)
     events.append(
         FaultEvent(
@@ -116,7 +143,25 @@ def build_schedule(
             params={"failure_rate": 0.3},
         )
     )
-    return sorted(events, key=lambda e: (e.at, e.kind, e.target))
+    return events
+
+
+def ha_faults(rng: random.Random, duration: float) -> list[FaultEvent]:
+    """The etcd leader killed early, quorum lost for ≥ 5 s mid-run, one replica of each role
+    killed in the second half — apart from each other, so each recovery is measured alone."""
+    outage = round(max(5.0, 0.12 * duration), 2)
+    events = [
+        FaultEvent(at=round(rng.uniform(0.15, 0.25) * duration, 2), kind=ETCD_LEADER_KILL),
+        FaultEvent(
+            at=round(rng.uniform(0.35, 0.45) * duration, 2), kind=QUORUM_LOSS, seconds=outage
+        ),
+    ]
+    roles = list(RESTART_ROLES)
+    rng.shuffle(roles)
+    for n, role in enumerate(roles):
+        at = (0.62 + 0.08 * n + rng.uniform(0, 0.04)) * duration
+        events.append(FaultEvent(at=round(at, 2), kind=REPLICA_KILL, target=role))
+    return events
 
 
 def rail_config_at(

@@ -45,7 +45,11 @@ class StackHandle:
     run_dir: Path = field(default_factory=lambda: PROJECT / ".run")
 
     def url(self, role: str) -> str:
-        return self.env[URL_ENV[role]].rstrip("/")
+        """The role's first URL (an HA stack lists every replica, comma-separated)."""
+        return self.urls(role)[0]
+
+    def urls(self, role: str) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.env[URL_ENV[role]].split(",") if u.strip()]
 
     def restart_pg(self) -> None:
         if self.pg_cluster is None:
@@ -68,15 +72,14 @@ class StackHandle:
         )
 
     def check_ready(self) -> None:
-        down = [role for role in ROLES if not ready(self.url(role))]
+        down = [f"{role} ({url})" for role in ROLES for url in self.urls(role) if not ready(url)]
         if down:
-            raise MissingPiece(
-                "not ready: " + ", ".join(f"{r} ({self.url(r)})" for r in down) + " — run `make up`"
-            )
+            raise MissingPiece("not ready: " + ", ".join(down) + " — run `make up`")
 
     def wait_ready(self, timeout: float = 60) -> None:
         for role in ROLES:
-            wait_until(lambda r=role: ready(self.url(r)), timeout=timeout, what=f"{role} ready")
+            for url in self.urls(role):
+                wait_until(lambda u=url: ready(u), timeout=timeout, what=f"{role} {url} ready")
 
 
 def from_stack_env(run_dir: Path | None = None) -> StackHandle:

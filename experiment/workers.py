@@ -12,6 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devstack import PROJECT, PYTHON, free_port
+from executor.pause import ENV as PAUSE_ENV
+
+# The schedule's phases -> the shared pause hook's phases (executor.pause). A pause "posted"
+# (after the post) has no hook in either worker: it is a SIGSTOP from outside.
+PHASE_HOOKS = {
+    "locked": "before_claim",
+    "claimed": "before_submit",
+    "submitted": "before_post",
+    "posted": "",
+}
 
 
 def proc_state(pid: int) -> str:
@@ -35,7 +45,6 @@ class Worker:
     pause_phase: str = ""
     stopped_at: float | None = None
     resume_at: float | None = None
-    held_key: str = ""  # the lease a naive worker held when it stopped itself
     armed: bool = False  # started with DLOCK_EXECUTOR_PAUSE_AT and not stopped yet
 
 
@@ -49,20 +58,20 @@ class PauseRecord:
 
 @dataclass
 class WorkerPool:
-    """K workers; `spawn(owner_id, metrics_port)` starts one. Pauses use the phase hook when the
-    worker has one (`hooked`), else a SIGSTOP from outside at the scheduled time."""
+    """K workers; `spawn(owner_id, metrics_port, extra_env)` starts one. A phase pause uses the
+    one pause hook both arms share (`executor.pause`); a phase without a hook is a SIGSTOP from
+    outside at the scheduled time."""
 
     arm: str
     size: int
     spawn: Callable[..., subprocess.Popen]
-    pause_dir: Path
     clock: Callable[[], float]
-    # How a phase pause reaches the worker: "file" (the naive worker's runtime hook), "respawn"
-    # (replace the victim by a fresh executor armed with DLOCK_EXECUTOR_PAUSE_AT=<phase>:stop,
-    # which stops itself at that phase of its first payout), or "outside" (SIGSTOP right now).
-    hook: str = "file"
-    phase_map: dict[str, str] = field(default_factory=dict)  # our phase -> the worker's phase
-    hook_grace: float = 3.0  # how long a phase pause may wait for the worker to reach the phase
+    # How a phase pause reaches the worker: "respawn" (replace the victim by a fresh worker armed
+    # with DLOCK_EXECUTOR_PAUSE_AT=<phase>:stop, which stops itself at that phase of its first
+    # payout), or "outside" (SIGSTOP right now).
+    hook: str = "respawn"
+    phase_map: dict[str, str] = field(default_factory=lambda: dict(PHASE_HOOKS))
+    hook_grace: float = 20.0  # how long a phase pause may wait for the worker to reach the phase
     retiring: list[subprocess.Popen] = field(default_factory=list)
     fallback: bool = True  # stop from outside when a phase pause is not reached in time
     last_paused: str = ""  # owner id of the worker the last pause went to
@@ -72,7 +81,6 @@ class WorkerPool:
     exits: list[tuple[str, int]] = field(default_factory=list)
 
     def start(self) -> None:
-        self.pause_dir.mkdir(parents=True, exist_ok=True)
         for i in range(self.size):
             self._spawn(i, 0)
 
@@ -106,22 +114,20 @@ class WorkerPool:
         worker = self._victim(index)
         if worker is None:
             return False
-        target = self.phase_map.get(phase, phase) if self.phase_map else phase
+        target = self.phase_map.get(phase, phase)
         if self.hook == "respawn" and target:
             # The old process finishes (or abandons) its section on SIGTERM and exits.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.process.pid, signal.SIGTERM)
             self.retiring.append(worker.process)
-            env = {"DLOCK_EXECUTOR_PAUSE_AT": f"{target}:stop"}
+            env = {PAUSE_ENV: f"{target}:stop"}
             worker = self._spawn(worker.index, worker.generation + 1, env)
             worker.armed = True
         worker.pause_requested_at = self.clock()
         worker.pause_seconds = seconds
         worker.pause_phase = phase
         self.last_paused = worker.owner_id
-        if self.hook == "file":
-            (self.pause_dir / f"{worker.owner_id}.pause").write_text(phase)
-        elif self.hook == "outside" or not target:
+        if self.hook == "outside" or not target:
             self._stop_now(worker, "any")
         return True
 
@@ -153,7 +159,6 @@ class WorkerPool:
         self._spawn(worker.index, worker.generation + 1)
 
     def _clear_pause(self, worker: Worker) -> None:
-        (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
         if worker.stopped_at is not None and self.pauses:
             for record in reversed(self.pauses):
                 if record.worker == worker.owner_id and record.end is None:
@@ -166,19 +171,14 @@ class WorkerPool:
         now = self.clock()
         for worker in list(self.workers.values()):
             if worker.stopped_at is None and worker.pause_requested_at is not None:
-                marker = self.pause_dir / f"{worker.owner_id}.paused"
                 if proc_state(worker.process.pid) == "T":
-                    said = marker.read_text().split() if marker.exists() else []
-                    marker.unlink(missing_ok=True)
-                    worker.held_key = said[1] if len(said) > 1 else ""
-                    self._stopped(worker, said[0] if said else worker.pause_phase)
+                    self._stopped(worker, worker.pause_phase)
                 elif now - worker.pause_requested_at > self.hook_grace:
                     if self.hook == "respawn":
                         # Still armed: it stops itself whenever it reaches the phase; stop
                         # counting it as paused so the next pause can go ahead.
                         worker.pause_requested_at = None
                     elif self.fallback:
-                        (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
                         self._stop_now(worker, "any")
             if worker.stopped_at is None and worker.pause_requested_at is None:
                 if proc_state(worker.process.pid) == "T":  # stopped with no request: never leave it
@@ -199,11 +199,10 @@ class WorkerPool:
 
     def resume_all(self) -> None:
         """SIGCONT every stopped worker. Armed-but-not-yet-stopped executors keep their request
-        (they stop in their phase and tick() resumes them on time); file requests are dropped."""
+        (they stop in their phase and tick() resumes them on time)."""
         for worker in self.workers.values():
             if worker.stopped_at is None and proc_state(worker.process.pid) == "T":
                 self._stopped(worker, worker.pause_phase or "any")  # stopped itself just now
-            (self.pause_dir / f"{worker.owner_id}.pause").unlink(missing_ok=True)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.process.pid, signal.SIGCONT)
             if worker.stopped_at is not None:
@@ -255,10 +254,10 @@ def spawn_executor(env: dict[str, str], logdir: Path, extra_env: dict[str, str] 
     return spawn
 
 
-def spawn_naive(
-    *, pay_url: str, rail_url: str, run_id: str, lease_ms: int, pause_dir: Path, logdir: Path
-):
-    def spawn(owner: str, _port: int | None, _armed: dict | None = None) -> subprocess.Popen:
+def spawn_naive(*, pay_url: str, rail_url: str, run_id: str, lease_ms: int, logdir: Path):
+    """The naive worker (`python -m experiment.naive`), armed like the executor when asked."""
+
+    def spawn(owner: str, _port: int | None, armed: dict | None = None) -> subprocess.Popen:
         argv = [
             PYTHON,
             "-m",
@@ -273,14 +272,12 @@ def spawn_naive(
             owner,
             "--lease-ms",
             str(lease_ms),
-            "--pause-dir",
-            str(pause_dir),
         ]
         log = open(logdir / f"{owner}.log", "ab")  # noqa: SIM115 - handed to the child
         return subprocess.Popen(
             argv,
             cwd=PROJECT,
-            env={**os.environ},
+            env={**os.environ, **(armed or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

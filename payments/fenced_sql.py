@@ -6,21 +6,16 @@ transition plus its history row as one round trip. The row count (or RETURNING r
 the caller raises. Every function takes a Django cursor on `connections[alias_for("payments")]`
 and must run inside the caller's `transaction.atomic(using=alias_for("payments"))`.
 
-Exported for other apps (docs/briefs/INTERFACES.md): `transition_payout`, `raise_account_fence`.
+Exported for other apps (docs/briefs/INTERFACES.md): `transition_payout`, `raise_account_fence`
+(None for an unknown account; `payments.operator.push_fence_floor` raises NOT_FOUND).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
-from dlock.errors import ApiError, Code
-from dlock.logs import log_event
-from dlock.metrics import FENCED_RESOURCES, lock_fenced_out
-
-# RAIL_AMBIGUOUS and the terminal states accept no automated (token-bearing) transition.
-QUARANTINED_OR_TERMINAL = frozenset({"RAIL_AMBIGUOUS", "POSTED", "FAILED", "ABANDONED"})
+from payments.models import QUARANTINED_OR_TERMINAL, RESERVING_STATES
 
 # ---------------------------------------------------------------------------------------------
 # SQL
@@ -49,12 +44,14 @@ UPDATE account SET fence = GREATEST(fence, %(floor)s), updated_at = clock_timest
 RETURNING fence
 """
 
-# P2: first write of a grant; strictly newer than anything that touched the account.
+# P2: first write of a grant; strictly newer than anything that touched the account. Only
+# under the payout's own stable idempotency key (C3 §3.1), so a foreign key writes nothing.
 CLAIM_FENCE_SQL = """
 UPDATE account a
    SET fence = %(token)s, updated_at = clock_timestamp()
   FROM payout p
  WHERE p.payout_id = %(payout_id)s AND a.account_id = p.account_id AND a.fence < %(token)s
+   AND p.idempotency_key = %(key)s
 RETURNING a.account_id, a.fence, a.balance_minor
 """
 
@@ -64,12 +61,13 @@ UPDATE account a
    SET fence = %(token)s, updated_at = clock_timestamp()
   FROM payout p
  WHERE p.payout_id = %(payout_id)s AND a.account_id = p.account_id AND a.fence <= %(token)s
+   AND p.idempotency_key = %(key)s
 RETURNING a.account_id, a.fence, a.balance_minor
 """
 
-# Zero rows from a fence UPDATE: which payout/account, and what fence beat us.
+# Zero rows from a fence UPDATE: which payout/account, what fence beat us, which key it has.
 FENCE_DIAGNOSIS_SQL = """
-SELECT p.account_id, a.fence
+SELECT p.account_id, a.fence, p.idempotency_key
   FROM payout p JOIN account a ON a.account_id = p.account_id
  WHERE p.payout_id = %(payout_id)s
 """
@@ -77,10 +75,10 @@ SELECT p.account_id, a.fence
 # Runs after the account row is locked by the fence UPDATE, so every other claim/post on this
 # account is serialised behind us and the reservation sum is current (ARCHITECTURE §4).
 CLAIM_CHECK_SQL = """
-SELECT p.state, p.amount_minor,
+SELECT p.state, p.amount_minor, p.claim_token,
        COALESCE((SELECT SUM(r.amount_minor) FROM payout r
                   WHERE r.account_id = p.account_id
-                    AND r.state IN ('CLAIMED', 'SUBMITTING', 'RAIL_ACKED', 'RAIL_AMBIGUOUS')
+                    AND r.state = ANY(%(reserving)s::varchar[])
                     AND r.payout_id <> p.payout_id), 0) AS reserved
   FROM payout p
  WHERE p.payout_id = %(payout_id)s
@@ -141,7 +139,7 @@ WITH old AS (
 SELECT account_id, amount_minor, currency FROM moved
 """
 
-PAYOUT_STATE_SQL = "SELECT state FROM payout WHERE payout_id = %(payout_id)s"
+PAYOUT_STATE_SQL = "SELECT state, claim_token FROM payout WHERE payout_id = %(payout_id)s"
 
 ENSURE_ACCOUNT_SQL = """
 INSERT INTO account (account_id, currency, kind, balance_minor, fence, updated_at)
@@ -176,8 +174,6 @@ SELECT legs.entry_id, legs.direction, legs.amount_minor, legs.fence,
   FROM legs
  ORDER BY legs.direction DESC
 """
-
-IDEMPOTENCY_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(identity)s, 0))"
 
 IDEMPOTENCY_LOOKUP_SQL = """
 SELECT request_hash, status, body FROM idempotency_record
@@ -234,51 +230,15 @@ def transition_payout(
     return cursor.fetchone() is not None
 
 
-def raise_account_fence(cursor, *, account_id: str, floor: int) -> int:
+def raise_account_fence(cursor, *, account_id: str, floor: int) -> int | None:
     """fence = GREATEST(fence, floor); returns the stored fence (operator revoke push, L8).
 
-    NOT_FOUND if the account does not exist (nothing to fence; no row is created).
+    None if the account does not exist (nothing to fence; no row is created): the caller
+    raises (payments.operator.push_fence_floor).
     """
     cursor.execute(RAISE_ACCOUNT_FENCE_SQL, {"account_id": account_id, "floor": floor})
     row = cursor.fetchone()
-    if row is None:
-        raise ApiError(
-            Code.NOT_FOUND, "account not found", details={"resource": "account", "id": account_id}
-        )
-    return int(row[0])
-
-
-# ---------------------------------------------------------------------------------------------
-# The fenced-out signal: built, logged and counted in this one place.
-
-
-def fenced_out(
-    *, resource: str, resource_id: str, presented: int, highest: int, owner_id: str
-) -> ApiError:
-    """The 409 FENCED_OUT error; emits `fenced_out` and lock_fenced_out_total exactly once."""
-    if resource not in FENCED_RESOURCES:
-        raise ValueError(f"unknown fenced resource {resource!r}")
-    log_event(
-        "fenced_out",
-        level=logging.WARNING,
-        resource=resource,
-        resourceId=resource_id,
-        presentedToken=presented,
-        highestToken=highest,
-        ownerId=owner_id,
-    )
-    lock_fenced_out.labels(resource=resource).inc()
-    return ApiError(
-        Code.FENCED_OUT,
-        "a newer fencing token has written this resource; abort the critical section",
-        details={
-            "presentedToken": presented,
-            "highestToken": highest,
-            "resourceType": resource,
-            "resourceId": resource_id,
-            "ownerId": owner_id,
-        },
-    )
+    return int(row[0]) if row else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,46 +252,57 @@ class FencedAccount:
     balance_minor: int
 
 
-def _fence_account(cursor, sql: str, *, payout_id, token: int, owner_id: str) -> FencedAccount:
-    params = {"payout_id": str(payout_id), "token": token}
-    cursor.execute(sql, params)
+@dataclass(frozen=True)
+class FenceDiagnosis:
+    """Why a fence UPDATE matched no row: the payout's account, its fence, the payout's key."""
+
+    account_id: str
+    fence: int
+    idempotency_key: str
+
+
+def _fence_account(
+    cursor, sql: str, *, payout_id, token: int, idempotency_key: str
+) -> FencedAccount | None:
+    cursor.execute(sql, {"payout_id": str(payout_id), "token": token, "key": idempotency_key})
     row = cursor.fetchone()
-    if row is not None:
-        return FencedAccount(row[0], int(row[1]), int(row[2]))
-    cursor.execute(FENCE_DIAGNOSIS_SQL, params)
-    found = cursor.fetchone()
-    if found is None:
-        raise ApiError(
-            Code.NOT_FOUND, "payout not found", details={"resource": "payout", "id": str(payout_id)}
-        )
-    raise fenced_out(
-        resource="account",
-        resource_id=found[0],
-        presented=token,
-        highest=int(found[1]),
-        owner_id=owner_id,
-    )
+    return FencedAccount(row[0], int(row[1]), int(row[2])) if row else None
 
 
-def fence_account_for_claim(cursor, *, payout_id, token: int, owner_id: str) -> FencedAccount:
-    """Strict `fence < token` on the payout's account; FENCED_OUT / NOT_FOUND otherwise."""
+def fence_account_for_claim(
+    cursor, *, payout_id, token: int, idempotency_key: str
+) -> FencedAccount | None:
+    """Strict `fence < token` on the payout's account under the payout's own key; None if no
+    row moved (unknown payout, foreign key or fenced: `fence_diagnosis` says which)."""
     return _fence_account(
-        cursor, CLAIM_FENCE_SQL, payout_id=payout_id, token=token, owner_id=owner_id
+        cursor, CLAIM_FENCE_SQL, payout_id=payout_id, token=token, idempotency_key=idempotency_key
     )
 
 
-def fence_account_for_post(cursor, *, payout_id, token: int, owner_id: str) -> FencedAccount:
-    """`fence <= token` on the payout's account (CHANGELOG row 5); FENCED_OUT otherwise."""
+def fence_account_for_post(
+    cursor, *, payout_id, token: int, idempotency_key: str
+) -> FencedAccount | None:
+    """`fence <= token` (CHANGELOG row 5) under the payout's own key; None if no row moved."""
     return _fence_account(
-        cursor, POST_FENCE_SQL, payout_id=payout_id, token=token, owner_id=owner_id
+        cursor, POST_FENCE_SQL, payout_id=payout_id, token=token, idempotency_key=idempotency_key
     )
 
 
-def claim_check(cursor, *, payout_id) -> tuple[str, int, int]:
-    """(state, amount, reserved by the account's other in-flight payouts); row locked."""
-    cursor.execute(CLAIM_CHECK_SQL, {"payout_id": str(payout_id)})
-    state, amount, reserved = cursor.fetchone()
-    return state, int(amount), int(reserved)
+def fence_diagnosis(cursor, *, payout_id) -> FenceDiagnosis | None:
+    """After a fence UPDATE matched nothing: what stopped it; None for an unknown payout."""
+    cursor.execute(FENCE_DIAGNOSIS_SQL, {"payout_id": str(payout_id)})
+    row = cursor.fetchone()
+    return FenceDiagnosis(row[0], int(row[1]), row[2]) if row else None
+
+
+def claim_check(cursor, *, payout_id) -> tuple[str, int, int | None, int]:
+    """(state, amount, claim token, reserved by the account's other in-flight payouts); the
+    payout row locked."""
+    cursor.execute(
+        CLAIM_CHECK_SQL, {"payout_id": str(payout_id), "reserving": list(RESERVING_STATES)}
+    )
+    state, amount, claim_token, reserved = cursor.fetchone()
+    return state, int(amount), claim_token, int(reserved)
 
 
 def claim_transition(
@@ -396,10 +367,11 @@ def post_transition(
     return (row[0], int(row[1]), row[2]) if row else None
 
 
-def payout_state(cursor, *, payout_id) -> str | None:
+def payout_state(cursor, *, payout_id) -> tuple[str | None, int | None]:
+    """(state, claim token) of the payout now; (None, None) for an unknown payout."""
     cursor.execute(PAYOUT_STATE_SQL, {"payout_id": str(payout_id)})
     row = cursor.fetchone()
-    return row[0] if row else None
+    return (row[0], row[1]) if row else (None, None)
 
 
 def ensure_account(cursor, *, account_id: str, currency: str, kind: str) -> None:
@@ -443,13 +415,11 @@ def lock_account(cursor, *, account_id: str) -> tuple[str, int, int] | None:
     return (row[0], int(row[1]), int(row[2])) if row else None
 
 
-def idempotency_lock(cursor, *, operation: str, key: str, token: int) -> None:
-    """Serialise concurrent requests of one identity, so a duplicate in flight replays rather
-    than racing the fence (a concurrent same-token claim would otherwise read as FENCED_OUT)."""
-    cursor.execute(IDEMPOTENCY_LOCK_SQL, {"identity": f"{operation}\x1f{key}\x1f{token}"})
-
-
-def idempotency_lookup(cursor, *, operation: str, key: str, token: int):
+def idempotency_lookup(
+    cursor, *, operation: str, key: str, token: int
+) -> tuple[str, int, Any] | None:
+    """(request_hash, status, body) recorded for the identity, or None. Callers hold the
+    identity's lock (dlock.idempotency.lock_identity) so the answer cannot change under them."""
     cursor.execute(IDEMPOTENCY_LOOKUP_SQL, {"operation": operation, "key": key, "token": token})
     return cursor.fetchone()
 

@@ -24,14 +24,21 @@ class PayoutState(models.TextChoices):
     RAIL_AMBIGUOUS = "RAIL_AMBIGUOUS"
 
 
+# The one definition of each set of payout states (ARCHITECTURE §3), as plain strings: payments
+# and the rail proxy import these, and SQL binds them as parameters instead of spelling them out.
+ALL_STATES: tuple[str, ...] = tuple(s.value for s in PayoutState)
 # Payouts whose amount is committed but not yet debited (ARCHITECTURE §4 "available balance").
-RESERVING_STATES = (
-    PayoutState.CLAIMED,
-    PayoutState.SUBMITTING,
-    PayoutState.RAIL_ACKED,
-    PayoutState.RAIL_AMBIGUOUS,
-)
-TERMINAL_STATES = (PayoutState.POSTED, PayoutState.FAILED, PayoutState.ABANDONED)
+RESERVING_STATES: tuple[str, ...] = ("CLAIMED", "SUBMITTING", "RAIL_ACKED", "RAIL_AMBIGUOUS")
+TERMINAL_STATES: tuple[str, ...] = ("POSTED", "FAILED", "ABANDONED")
+# No automated (token-bearing) transition leaves these (ARCHITECTURE §3).
+QUARANTINED_OR_TERMINAL: frozenset[str] = frozenset({"RAIL_AMBIGUOUS", *TERMINAL_STATES})
+# P2 `expectedState`: a fresh claim, or a recovery re-claim of a CLAIMED payout.
+CLAIMABLE_STATES: tuple[str, ...] = ("PENDING", "CLAIMED")
+# Where an operator may resolve a RAIL_AMBIGUOUS payout to.
+RESOLUTION_STATES: tuple[str, ...] = ("POSTED", "FAILED")
+
+if not {*RESERVING_STATES, *QUARANTINED_OR_TERMINAL, *CLAIMABLE_STATES} <= set(ALL_STATES):
+    raise RuntimeError("a payout state set names a state PayoutState lacks")  # pragma: no cover
 
 
 class AccountKind(models.TextChoices):

@@ -181,7 +181,8 @@ claim = extend_schema(
         200: PayoutClaimed,
         **errors(
             {
-                400: "INVALID_TOKEN or VALIDATION_FAILED",
+                400: "INVALID_TOKEN or VALIDATION_FAILED (also when X-Idempotency-Key is not "
+                "the payout's stable idempotencyKey; nothing is written)",
                 404: "NOT_FOUND: no such payout",
                 409: "FENCED_OUT (+details.presentedToken, highestToken, resourceType, "
                 "resourceId, ownerId) or PAYOUT_NOT_CLAIMABLE",
@@ -201,7 +202,8 @@ post = extend_schema(
         200: PayoutPosted,
         **errors(
             {
-                400: "INVALID_TOKEN or VALIDATION_FAILED",
+                400: "INVALID_TOKEN or VALIDATION_FAILED (also when X-Idempotency-Key is not "
+                "the payout's stable idempotencyKey; nothing is written)",
                 404: "NOT_FOUND: no such payout",
                 409: "FENCED_OUT or PAYOUT_NOT_CLAIMABLE (not in RAIL_ACKED)",
                 422: "IDEMPOTENCY_CONFLICT",

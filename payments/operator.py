@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlock.errors import not_found
 from payments.fenced_sql import raise_account_fence
 
 ACCOUNT_FENCE_FOR_UPDATE_SQL = (
@@ -38,7 +39,10 @@ RETURNING run_id
 def push_fence_floor(cursor: Any, *, account_id: str, floor: int) -> int:
     """fence = GREATEST(fence, floor); the stored fence (revoke push, L8). NOT_FOUND if no
     such account."""
-    return raise_account_fence(cursor, account_id=account_id, floor=floor)
+    fence = raise_account_fence(cursor, account_id=account_id, floor=floor)
+    if fence is None:
+        raise not_found("account", account_id)
+    return fence
 
 
 def lock_account_fence(cursor: Any, *, account_id: str) -> int | None:

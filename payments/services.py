@@ -1,12 +1,12 @@
 """Payment-resource writes. Each accepted command is one transaction on paydb.
 
 Services take keyword-only typed arguments, own `transaction.atomic`, raise `ApiError` and
-never build HTTP responses. The conditional SQL lives in `payments/fenced_sql.py`.
+never build HTTP responses. The conditional SQL lives in `payments/fenced_sql.py`; seeding
+(accounts, payouts) in `payments/seeding.py`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import Callable
@@ -15,18 +15,35 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from dlock import idempotency
 from dlock.dbrouter import alias_for
-from dlock.errors import ApiError, Code, not_found, validation_error
+from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
+from dlock.fencing import fenced_out
 from dlock.tracing import current_trace_id
 from payments import fenced_sql
-from payments.models import Account, AccountKind, Payout, PayoutEvent
+from payments.models import CLAIMABLE_STATES, RESOLUTION_STATES, AccountKind, Payout
+from payments.seeding import create_account, create_payout, funding_account_id, seed
+
+# Seeding lives in payments/seeding.py; these names stay importable from here for its callers.
+__all__ = [
+    "CLAIMABLE_STATES",
+    "CommandResult",
+    "claim_payout",
+    "claim_steps",
+    "create_account",
+    "create_payout",
+    "funding_account_id",
+    "post_payout",
+    "post_steps",
+    "resolve_quarantined",
+    "seed",
+    "settlement_account_id",
+]
 
 # Test-only fault injection: called after the last write of claim/post, inside the
 # transaction, with the operation name. Tests set it to a function that raises; production
 # never sets it. Whatever it raises rolls the whole command back.
 FAULT_HOOK: Callable[[str], None] | None = None
-
-CLAIMABLE_STATES = ("PENDING", "CLAIMED")
 
 
 def _alias() -> str:
@@ -42,10 +59,6 @@ def settlement_account_id(currency: str) -> str:
     return f"settlement:{currency}"
 
 
-def funding_account_id(currency: str) -> str:
-    return f"funding:{currency}"
-
-
 @dataclass(frozen=True)
 class CommandResult:
     """What a fenced command answered: fresh, or replayed from its idempotency record."""
@@ -56,43 +69,59 @@ class CommandResult:
 
 
 def _request_hash(operation: str, payout_id: uuid.UUID, body: dict[str, Any]) -> str:
-    canonical = json.dumps(
-        {"operation": operation, "payoutId": str(payout_id), "body": body},
-        sort_keys=True,
-        separators=(",", ":"),
+    return idempotency.request_hash(
+        {"operation": operation, "payoutId": str(payout_id), "body": body}
     )
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replay_or_conflict(cursor, *, operation: str, key: str, token: int, request_hash: str):
+def _replay_or_conflict(
+    cursor, *, operation: str, key: str, token: int, request_hash: str
+) -> CommandResult | None:
     """Serialise on the identity, then answer from its stored record if there is one."""
-    fenced_sql.idempotency_lock(cursor, operation=operation, key=key, token=token)
+    idempotency.lock_identity(cursor, operation=operation, key=key, token=token)
     stored = fenced_sql.idempotency_lookup(cursor, operation=operation, key=key, token=token)
     if stored is None:
         return None
     stored_hash, status, body = stored
-    if stored_hash != request_hash:
-        raise ApiError(
-            Code.IDEMPOTENCY_CONFLICT,
-            "this X-Idempotency-Key and token were used with a different request",
-            details={"idempotencyKey": key, "operation": operation},
-        )
-    if isinstance(body, str):
-        body = json.loads(body)
-    return CommandResult(status=int(status), body=body, replayed=True)
+    idempotency.check_same_request(
+        stored_hash=stored_hash, presented_hash=request_hash, key=key, operation=operation
+    )
+    return CommandResult(status=int(status), body=idempotency.stored_body(body), replayed=True)
 
 
-def _not_claimable(payout_id: uuid.UUID, state: str | None, allowed: tuple[str, ...]) -> ApiError:
-    return ApiError(
-        Code.PAYOUT_NOT_CLAIMABLE,
-        f"payout is {state}; this transition needs {' or '.join(allowed)}",
-        details={"payoutId": str(payout_id), "state": state, "expectedStates": list(allowed)},
+def _fenced_account(
+    cur, *, payout_id: uuid.UUID, token: int, owner_id: str, idempotency_key: str, post: bool
+) -> fenced_sql.FencedAccount:
+    """The fence UPDATE of P2 (strict) or P3 (`<=`); its refusal is 404, 400 or FENCED_OUT."""
+    fence = fenced_sql.fence_account_for_post if post else fenced_sql.fence_account_for_claim
+    account = fence(cur, payout_id=payout_id, token=token, idempotency_key=idempotency_key)
+    if account is not None:
+        return account
+    found = fenced_sql.fence_diagnosis(cur, payout_id=payout_id)
+    if found is None:
+        raise not_found("payout", str(payout_id))
+    idempotency.check_payout_key(presented=idempotency_key, stable=found.idempotency_key)
+    raise fenced_out(
+        resource="account",
+        resource_id=found.account_id,
+        presented=token,
+        highest=found.fence,
+        owner_id=owner_id,
     )
 
 
-def _not_in_state(cur, payout_id: uuid.UUID, allowed: tuple[str, ...]) -> ApiError:
+def _not_in_state(
+    cur, payout_id: uuid.UUID, allowed: tuple[str, ...], *, token: int | None = None
+) -> ApiError:
     """A transition matched no row: answer with the state the payout is in now."""
-    return _not_claimable(payout_id, fenced_sql.payout_state(cur, payout_id=payout_id), allowed)
+    state, claim_token = fenced_sql.payout_state(cur, payout_id=payout_id)
+    return payout_not_claimable(
+        payout_id=str(payout_id),
+        state=state,
+        expected_states=allowed,
+        claim_token=claim_token,
+        presented_token=token,
+    )
 
 
 def _store(cursor, *, operation, key, token, request_hash, payout_id, status, body) -> None:
@@ -162,54 +191,49 @@ def claim_steps(
     )
     if replay is not None:
         return replay, None  # a replayed error is answered from its stored envelope
-    account = fenced_sql.fence_account_for_claim(
-        cur, payout_id=payout_id, token=token, owner_id=owner_id
+    account = _fenced_account(
+        cur,
+        payout_id=payout_id,
+        token=token,
+        owner_id=owner_id,
+        idempotency_key=idempotency_key,
+        post=False,
     )
-    state, amount, reserved = fenced_sql.claim_check(cur, payout_id=payout_id)
+    state, amount, claim_token, reserved = fenced_sql.claim_check(cur, payout_id=payout_id)
     if state != expected_state:
-        raise _not_claimable(payout_id, state, (expected_state,))
-    failure: ApiError | None = None
+        raise payout_not_claimable(
+            payout_id=str(payout_id),
+            state=state,
+            expected_states=(expected_state,),
+            claim_token=claim_token,
+            presented_token=token,
+        )
     available = account.balance_minor - reserved
+    failure: ApiError | None = None
     if amount > available:
-        fenced_sql.fail_for_funds(
+        failure = _fail_for_funds(
             cur,
             payout_id=payout_id,
             expected_state=expected_state,
             token=token,
             owner_id=owner_id,
-            note=f"insufficient funds: amount {amount} > available {available}",
-        )
-        failure = ApiError(
-            Code.INSUFFICIENT_FUNDS,
-            "available balance does not cover the payout; payout FAILED",
-            details={
-                "payoutId": str(payout_id),
-                "accountId": account.account_id,
-                "amountMinor": amount,
-                "availableMinor": available,
-            },
+            account_id=account.account_id,
+            amount=amount,
+            available=available,
         )
         status, body = failure.status, failure.envelope(current_trace_id())
     else:
-        moved = fenced_sql.claim_transition(
-            cur,
-            payout_id=payout_id,
-            expected_state=expected_state,
-            token=token,
-            owner_id=owner_id,
+        status, body = (
+            200,
+            _claim_transition(
+                cur,
+                payout_id=payout_id,
+                expected_state=expected_state,
+                token=token,
+                owner_id=owner_id,
+                account_fence=account.fence,
+            ),
         )
-        if moved is None:  # pragma: no cover - the row is locked by claim_check
-            raise _not_claimable(payout_id, state, (expected_state,))
-        attempt_count, stable_key = moved
-        status = 200
-        body = {
-            "payoutId": str(payout_id),
-            "state": "CLAIMED",
-            "claimToken": token,
-            "accountFence": account.fence,
-            "attemptCount": attempt_count,
-            "idempotencyKey": stable_key,
-        }
     _store(
         cur,
         operation=operation,
@@ -221,6 +245,58 @@ def claim_steps(
         body=body,
     )
     return CommandResult(status=status, body=body), failure
+
+
+def _fail_for_funds(
+    cur,
+    *,
+    payout_id: uuid.UUID,
+    expected_state: str,
+    token: int,
+    owner_id: str,
+    account_id: str,
+    amount: int,
+    available: int,
+) -> ApiError:
+    """The claim's 422 branch: the payout becomes FAILED (committed); the error is recorded."""
+    fenced_sql.fail_for_funds(
+        cur,
+        payout_id=payout_id,
+        expected_state=expected_state,
+        token=token,
+        owner_id=owner_id,
+        note=f"insufficient funds: amount {amount} > available {available}",
+    )
+    return ApiError(
+        Code.INSUFFICIENT_FUNDS,
+        "available balance does not cover the payout; payout FAILED",
+        details={
+            "payoutId": str(payout_id),
+            "accountId": account_id,
+            "amountMinor": amount,
+            "availableMinor": available,
+        },
+    )
+
+
+def _claim_transition(
+    cur, *, payout_id: uuid.UUID, expected_state: str, token: int, owner_id: str, account_fence: int
+) -> dict[str, Any]:
+    """The claim's 200 branch: expected_state → CLAIMED under this token; the answer's body."""
+    moved = fenced_sql.claim_transition(
+        cur, payout_id=payout_id, expected_state=expected_state, token=token, owner_id=owner_id
+    )
+    if moved is None:  # pragma: no cover - the row is locked by claim_check
+        raise _not_in_state(cur, payout_id, (expected_state,), token=token)
+    attempt_count, stable_key = moved
+    return {
+        "payoutId": str(payout_id),
+        "state": "CLAIMED",
+        "claimToken": token,
+        "accountFence": account_fence,
+        "attemptCount": attempt_count,
+        "idempotencyKey": stable_key,
+    }
 
 
 def post_payout(
@@ -273,7 +349,14 @@ def post_steps(
     )
     if replay is not None:
         return replay
-    fenced_sql.fence_account_for_post(cur, payout_id=payout_id, token=token, owner_id=owner_id)
+    _fenced_account(
+        cur,
+        payout_id=payout_id,
+        token=token,
+        owner_id=owner_id,
+        idempotency_key=idempotency_key,
+        post=True,
+    )
     moved = fenced_sql.post_transition(
         cur,
         payout_id=payout_id,
@@ -284,7 +367,7 @@ def post_steps(
         submission_id=submission_id,
     )
     if moved is None:
-        raise _not_in_state(cur, payout_id, ("RAIL_ACKED",))
+        raise _not_in_state(cur, payout_id, ("RAIL_ACKED",), token=token)
     account_id, amount, currency = moved
     posting = _post_to_settlement(
         cur,
@@ -328,7 +411,7 @@ def _post_to_settlement(cur, *, payout_id, account_id, amount, currency, fence):
     )
 
 
-RESOLUTIONS = ("POSTED", "FAILED")
+RESOLUTIONS = RESOLUTION_STATES
 
 
 def resolve_quarantined(
@@ -394,113 +477,3 @@ def resolve_quarantined(
             currency=currency,
             fence=locked[1],
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# Seeding (manage.py seed_payouts, tests, benchmarks)
-
-
-def create_account(
-    *, account_id: str, currency: str = "EUR", opening_balance_minor: int = 0
-) -> Account:
-    """A CUSTOMER account; a positive opening balance is a ledger pair from `funding:<cur>`."""
-    if opening_balance_minor < 0:
-        raise validation_error(
-            "opening balance must be >= 0",
-            [{"field": "openingBalanceMinor", "message": ">= 0"}],
-        )
-    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
-        account = Account.objects.using(_alias()).create(
-            account_id=account_id, currency=currency, kind=AccountKind.CUSTOMER
-        )
-        if opening_balance_minor > 0:
-            funding = funding_account_id(currency)
-            fenced_sql.ensure_account(
-                cur, account_id=funding, currency=currency, kind=AccountKind.FUNDING
-            )
-            fenced_sql.post_ledger(
-                cur,
-                payout_id=None,
-                debit_account=funding,
-                credit_account=account_id,
-                amount=opening_balance_minor,
-                fence=0,
-            )
-    account.refresh_from_db(using=_alias())
-    return account
-
-
-def _pending_payout(
-    *,
-    payout_id: uuid.UUID,
-    account: Account,
-    amount_minor: int,
-    beneficiary_ref: str | None = None,
-) -> Payout:
-    """A new (unsaved) PENDING payout in the account's currency, with its stable idempotency key."""
-    return Payout(
-        payout_id=payout_id,
-        account=account,
-        amount_minor=amount_minor,
-        currency=account.currency,
-        beneficiary_ref=beneficiary_ref or f"ben-{payout_id.hex[:12]}",
-        state="PENDING",
-        idempotency_key=f"payout-{payout_id}",
-    )
-
-
-def create_payout(
-    *,
-    account_id: str,
-    amount_minor: int,
-    beneficiary_ref: str | None = None,
-    payout_id: uuid.UUID | None = None,
-    owner_id: str = "seed",
-) -> Payout:
-    """A PENDING payout with its stable idempotency key and its first payout_event row."""
-    payout_id = payout_id or uuid.uuid4()
-    with transaction.atomic(using=_alias()):
-        account = Account.objects.using(_alias()).get(account_id=account_id)
-        payout = _pending_payout(
-            payout_id=payout_id,
-            account=account,
-            amount_minor=amount_minor,
-            beneficiary_ref=beneficiary_ref,
-        )
-        payout.save(using=_alias(), force_insert=True)
-        PayoutEvent.objects.using(_alias()).create(
-            payout=payout, from_state=None, to_state="PENDING", token=None, owner_id=owner_id
-        )
-    return payout
-
-
-def seed(
-    *,
-    accounts: int,
-    payouts_per_account: int,
-    balance_minor: int,
-    amount_minor: int,
-    currency: str = "EUR",
-) -> dict[str, list[str]]:
-    """Accounts with opening balances and PENDING payouts (one transaction per account)."""
-    account_ids: list[str] = []
-    payout_ids: list[str] = []
-    for _ in range(accounts):
-        with transaction.atomic(using=_alias()):
-            account = create_account(
-                account_id=f"acct-{uuid.uuid4().hex[:16]}",
-                currency=currency,
-                opening_balance_minor=balance_minor,
-            )
-            ids = [uuid.uuid4() for _ in range(payouts_per_account)]
-            Payout.objects.using(_alias()).bulk_create(
-                _pending_payout(payout_id=pid, account=account, amount_minor=amount_minor)
-                for pid in ids
-            )
-            PayoutEvent.objects.using(_alias()).bulk_create(
-                PayoutEvent(payout_id=pid, from_state=None, to_state="PENDING", owner_id="seed")
-                for pid in ids
-            )
-        account_ids.append(account.account_id)
-        payout_ids.extend(str(pid) for pid in ids)
-    return {"accounts": account_ids, "payouts": payout_ids}

@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from dlock.idempotency import stored_body
+
 # ---------------------------------------------------------------------------------------------
 # SQL
 
@@ -70,10 +72,6 @@ SELECT account_id, amount_minor, currency, beneficiary_ref, state, claim_token,
   FROM payout WHERE payout_id = %(payout_id)s
 """
 PAYOUT_FOR_UPDATE_SQL = PAYOUT_SQL + " FOR UPDATE"
-
-# Serialises requests of one idempotency identity, so an identical request in flight replays
-# instead of racing to step 1 and being fenced by its own twin.
-IDENTITY_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(identity)s, 7001))"
 
 REPLAY_LOOKUP_SQL = """
 SELECT submission_id, outcome, request_hash, response_status, response_body
@@ -144,11 +142,6 @@ class PayoutRow:
     idempotency_key: str
 
 
-def _json(value):
-    """The stored answer text as a dict in its original key order (None stays None)."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
-
-
 def _text(body: dict | None) -> str | None:
     """An answer as its wire bytes: the separators of dlock.rendering.json_response and of the
     error envelope (ApiError.envelope_bytes), so the stored text is what was sent."""
@@ -203,15 +196,13 @@ def payout(cursor, *, payout_id, for_update: bool = False) -> PayoutRow | None:
     return PayoutRow(*row) if row else None
 
 
-def lock_identity(cursor, *, key: str, token: int) -> None:
-    cursor.execute(IDENTITY_LOCK_SQL, {"identity": f"rail:{key}:{token}"})
-
-
 def replay_lookup(cursor, *, key: str, token: int):
-    """(submission_id, outcome, request_hash, response_status, response_body) or None."""
+    """(submission_id, outcome, request_hash, response_status, response_body) or None. Callers
+    hold the identity's lock (dlock.idempotency.lock_identity): an identical request in flight
+    then replays instead of racing to step 1 and being fenced by its own twin."""
     cursor.execute(REPLAY_LOOKUP_SQL, {"key": key, "token": token})
     row = cursor.fetchone()
-    return (*row[:4], _json(row[4])) if row else None
+    return (*row[:4], stored_body(row[4])) if row else None
 
 
 def insert_submission(
@@ -293,7 +284,7 @@ def submission(cursor, *, submission_id):
     """(outcome, rail_reference, response_status, response_body) of one row."""
     cursor.execute(SUBMISSION_SQL, {"submission_id": str(submission_id)})
     row = cursor.fetchone()
-    return (*row[:3], _json(row[3])) if row else None
+    return (*row[:3], stored_body(row[3])) if row else None
 
 
 def stale_intents(cursor, *, older_than_s: float, limit: int = 100) -> list[tuple]:

@@ -1,8 +1,10 @@
-"""The background sweeper of the rail-proxy server process (never in management commands).
+"""The sweep: intents nobody recorded an outcome for become TIMEOUT, their payouts RAIL_AMBIGUOUS.
 
-At start-up and every RAIL_SWEEP_INTERVAL_MS: `services.sweep_unresolved_intents()`. Any number
-of proxy processes may sweep at once: rows are taken FOR UPDATE SKIP LOCKED and resolved by a
-conditional UPDATE, so each intent is quarantined exactly once.
+`sweep_unresolved_intents()` is one sweep (also `manage.py rail_sweep`). The background
+sweeper thread runs it in the rail-proxy server process only (never in management commands),
+at start-up and every RAIL_SWEEP_INTERVAL_MS. Any number of proxy processes may sweep at once:
+rows are taken FOR UPDATE SKIP LOCKED and resolved by a conditional UPDATE, so each intent is
+quarantined exactly once.
 """
 
 from __future__ import annotations
@@ -12,9 +14,17 @@ import sys
 import threading
 
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 
+from dlock import metrics
+from dlock.errors import ApiError, Code
 from dlock.logs import log_event
+from payments.fenced_sql import transition_payout
+from railproxy import fenced_sql
+from railproxy.models import Outcome
+from railproxy.submission import alias, stored_error
+
+SWEEP_OWNER = "rail-proxy:sweep"
 
 _started = threading.Event()
 _stop = threading.Event()
@@ -40,8 +50,6 @@ def maybe_start() -> bool:
 
 
 def sweep_once() -> int:
-    from railproxy.services import sweep_unresolved_intents
-
     try:
         swept = sweep_unresolved_intents()
         if swept:
@@ -60,3 +68,68 @@ def _loop() -> None:
     while not _stop.is_set():
         sweep_once()
         _stop.wait(interval)
+
+
+def sweep_unresolved_intents(*, older_than_s: float | None = None) -> int:
+    """Every intent PENDING for longer than the rail read timeout (+ margin) → TIMEOUT and its
+    payout → RAIL_AMBIGUOUS. Never re-forwarded, by anyone, under any token. Returns the count.
+    """
+    if older_than_s is None:
+        older_than_s = (
+            settings.RAIL_CONNECT_TIMEOUT_MS
+            + settings.RAIL_READ_TIMEOUT_MS
+            + settings.RAIL_SWEEP_MARGIN_MS
+        ) / 1000
+    using = alias()
+    swept = 0
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        for submission_id, payout_id, account_id, token, owner_id in fenced_sql.stale_intents(
+            cursor, older_than_s=older_than_s
+        ):
+            error = ApiError(
+                Code.RAIL_AMBIGUOUS,
+                "the attempt was forwarded (or about to be) and its outcome was never recorded; "
+                "the payout is quarantined (RAIL_AMBIGUOUS), never resubmit",
+                details={
+                    "submissionId": str(submission_id),
+                    "payoutId": str(payout_id),
+                    "outcome": "TIMEOUT",
+                    "reason": "sweep",
+                },
+            )
+            if (
+                fenced_sql.resolve_submission(
+                    cursor,
+                    submission_id=submission_id,
+                    outcome=Outcome.TIMEOUT,
+                    detail="sweep",
+                    rail_reference=None,
+                    response_status=error.status,
+                    response_body=stored_error(error),
+                )
+                is None
+            ):
+                continue
+            transition_payout(
+                cursor,
+                payout_id=payout_id,
+                from_states=("SUBMITTING",),
+                to_state="RAIL_AMBIGUOUS",
+                token=None,
+                owner_id=SWEEP_OWNER,
+                note=f"intent {submission_id} unresolved for over {older_than_s:.1f}s",
+            )
+            swept += 1
+            metrics.rail_submission.labels(outcome="timeout").inc()
+            log_event(
+                "rail_ambiguous",
+                level=logging.WARNING,
+                submissionId=str(submission_id),
+                payoutId=str(payout_id),
+                accountId=account_id,
+                presentedToken=token,
+                ownerId=owner_id,
+                outcome="TIMEOUT",
+                reason="sweep",
+            )
+    return swept

@@ -13,10 +13,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.core.management import CommandError, call_command
 
 from experiment.measure import CounterScraper
+from experiment.report import table
 from experiment.runner import CI_PRESET, ExperimentConfig, run, verdict
 from experiment.schedule import PAUSE, RAIL_LATENCY, build_schedule, rail_config_at
 from experiment.stack import private_stack
@@ -25,17 +27,60 @@ SEED = 7
 
 
 @pytest.fixture(scope="module")
-def ci_run():
+def private():
     base = Path(tempfile.mkdtemp(prefix="dlock-experiment-"))
     base.chmod(0o755)  # as root the private cluster runs as `postgres`
     stack, stop = private_stack(base / "stack")
-    config = ExperimentConfig(seed=SEED, arm="both", out=base / "out", **CI_PRESET)
     try:
-        code, report = run(stack, config)
+        yield base, stack
     finally:
         stop()
-    yield code, report, config
-    shutil.rmtree(base / "stack", ignore_errors=True)  # the report and logs stay for a post-mortem
+        shutil.rmtree(base / "stack", ignore_errors=True)  # the reports and logs stay
+
+
+@pytest.fixture(scope="module")
+def ci_run(private):
+    base, stack = private
+    config = ExperimentConfig(seed=SEED, arm="both", out=base / "out", **CI_PRESET)
+    code, report = run(stack, config)
+    return code, report, config
+
+
+# A broken lock server, simulated: one account's fence jumps far above every token the lock
+# server will issue (what a lock server restarted on another backend does, issue 20).
+JUMP_FENCE = """
+UPDATE account SET fence = fence + 1000000000
+ WHERE account_id = (SELECT account_id FROM payout WHERE state = 'PENDING'
+                      ORDER BY account_id LIMIT 1)
+"""
+
+
+@pytest.fixture(scope="module")
+def jumped_run(private, ci_run):
+    base, stack = private
+    config = ExperimentConfig(
+        seed=SEED,
+        arm="fenced",
+        out=base / "out-jumped",
+        executors=2,
+        accounts=2,
+        payouts=16,
+        duration=8.0,
+        lease_ms=1500,
+        drain_timeout=6.0,
+        pg_restart=False,
+    )
+    jumped: list[float] = []
+
+    def jump_once(_arm, now, _counts, _fenced, _label) -> None:
+        if now >= 2.0 and not jumped:
+            with psycopg.connect(stack.env["PAY_DATABASE_URL"], autocommit=True) as conn:
+                conn.execute(JUMP_FENCE)
+            jumped.append(now)
+
+    code, report = run(stack, config, progress=jump_once, schedule=[])
+    assert jumped, "the fence was never raised"
+    return code, report
 
 
 @pytest.mark.live
@@ -76,6 +121,20 @@ class TestCiSizedExperiment:
         assert fenced["ledger_debits_minor"] == posted * ExperimentConfig().amount_minor
         assert sum(fenced["by_state"].values()) == fenced["payouts"]
 
+    def test_every_fenced_out_is_explained_by_the_schedule_and_the_backend_is_reported(
+        self, ci_run
+    ):
+        _code, report, _config = ci_run
+        fenced = report["arms"]["fenced"]
+        classified = fenced["fenced_out_classification"]
+        assert classified["unexplained"] == 0, classified["unexplained_events"]
+        assert classified["explained"] > 0
+        assert classified["explained"] == fenced["fenced_out_sum"]
+        assert all(e["why"] for e in classified["explained_events"])
+        assert report["lock_backend"] == fenced["lock_backend"] == "pg"
+        assert fenced["lock_backend_observed"] == ["pg"]
+        assert report["arms"]["naive"]["fenced_out_classification"] is None
+
     def test_the_verdict_is_success_and_the_report_and_chart_are_written(self, ci_run):
         code, report, config = ci_run
         assert code == 0, report["verdict"]
@@ -83,6 +142,24 @@ class TestCiSizedExperiment:
         assert on_disk["verdict"]["exit_code"] == 0
         assert on_disk["schedule"] == report["schedule"]
         assert (config.out / "report.png").stat().st_size > 10_000
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_a_fenced_out_no_fault_explains_fails_the_run_with_the_reason(jumped_run):
+    code, report = jumped_run
+    fenced = report["arms"]["fenced"]
+    classified = fenced["fenced_out_classification"]
+    assert classified["unexplained"] > 0, fenced["fenced_out_total"]
+    assert classified["explained"] == 0  # no fault was injected: nothing is explained
+    assert all(e["resource"] == "account" for e in classified["unexplained_events"])
+    assert all("not stale" in e["why"] for e in classified["unexplained_events"])
+    assert fenced["duplicates_caused"] == 0
+    assert code == 1
+    lines = report["verdict"]["lines"]
+    assert any("fenced-outs the fault schedule does not explain" in line for line in lines)
+    assert not any(line.startswith("ok:") for line in lines)
+    assert "does not explain" in table(report)
 
 
 def test_the_schedule_is_a_pure_function_of_the_seed():
@@ -143,10 +220,18 @@ def test_the_verdict_is_inconclusive_when_nothing_was_fenced_or_nothing_paid_twi
         "invariant_violation_count": 0,
         "reconciler": {"exit_code": 0, "unexplained_violations": []},
         "fenced_out_sum": 0,
+        "fenced_out_classification": {"explained": 0, "unexplained": 0},
     }
+    two = {"explained": 2, "unexplained": 0, "explained_events": [], "unexplained_events": []}
     assert verdict({"fenced": arm, "naive": {"duplicates_caused": 0}})[0] == 3
     assert (
-        verdict({"fenced": {**arm, "fenced_out_sum": 2}, "naive": {"duplicates_caused": 1}})[0] == 0
+        verdict(
+            {
+                "fenced": {**arm, "fenced_out_sum": 2, "fenced_out_classification": two},
+                "naive": {"duplicates_caused": 1},
+            }
+        )[0]
+        == 0
     )
     assert verdict({"fenced": {**arm, "duplicates_caused": 1}})[0] == 1
 

@@ -99,6 +99,11 @@ def fenced_count(resource: str = "account") -> float:
     return REGISTRY.get_sample_value("lock_fenced_out_total", {"resource": resource}) or 0.0
 
 
+def fenced_sample(resource: str) -> float | None:
+    """The series itself: None if no such labelled series was ever created."""
+    return REGISTRY.get_sample_value("lock_fenced_out_total", {"resource": resource})
+
+
 def snapshot(p: Payout) -> dict:
     """Every row a command could touch for this payout and its account."""
     acct = Account.objects.get(account_id=p.account_id)

@@ -10,7 +10,8 @@ from django.db import connections, transaction
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
 from payments import fenced_sql
-from payments.models import Account, Payout, PayoutEvent
+from payments.models import QUARANTINED_OR_TERMINAL, Account, Payout, PayoutEvent
+from payments.operator import push_fence_floor
 
 pytestmark = pytest.mark.django_db(databases=["default"])
 
@@ -85,17 +86,26 @@ def test_transition_of_an_unknown_payout_is_false():
         )
 
 
-def test_no_token_bearing_transition_leaves_quarantine():
-    payout = _payout("RAIL_AMBIGUOUS")
+@pytest.mark.parametrize("state", sorted(QUARANTINED_OR_TERMINAL))
+def test_no_token_bearing_transition_leaves_quarantine_and_the_row_stays(state):
+    payout = _payout(state)
     with pytest.raises(ValueError), _cursor() as cur:
         fenced_sql.transition_payout(
             cur,
             payout_id=payout.payout_id,
-            from_states=("RAIL_AMBIGUOUS",),
-            to_state="POSTED",
+            from_states=(state,),
+            to_state="CLAIMED",
             token=9,
             owner_id="w1",
         )
+    row = Payout.objects.get(payout_id=payout.payout_id)
+    assert (row.state, row.claim_token) == (state, None)
+    assert not PayoutEvent.objects.filter(payout_id=payout.payout_id).exists()
+
+
+def test_the_quarantine_set_is_rail_ambiguous_plus_the_terminal_states():
+    assert {"RAIL_AMBIGUOUS", "POSTED", "FAILED", "ABANDONED"} == QUARANTINED_OR_TERMINAL
+    assert fenced_sql.QUARANTINED_OR_TERMINAL is QUARANTINED_OR_TERMINAL  # one definition
 
 
 def test_raise_account_fence_never_lowers_it():
@@ -107,7 +117,14 @@ def test_raise_account_fence_never_lowers_it():
     assert Account.objects.get(account_id=account_id).fence == 50
 
 
-def test_raise_account_fence_of_an_unknown_account_is_not_found():
+def test_raise_account_fence_of_an_unknown_account_returns_none_and_creates_nothing():
+    with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
+        assert fenced_sql.raise_account_fence(cur, account_id="nobody", floor=5) is None
+    assert not Account.objects.filter(account_id="nobody").exists()
+
+
+def test_the_revoke_push_of_an_unknown_account_is_not_found():
     with pytest.raises(ApiError) as caught, _cursor() as cur:
-        fenced_sql.raise_account_fence(cur, account_id="nobody", floor=5)
+        push_fence_floor(cur, account_id="nobody", floor=5)
     assert caught.value.code is Code.NOT_FOUND
+    assert caught.value.details == {"resource": "account", "id": "nobody"}

@@ -166,6 +166,26 @@ class Rail:
         )
         return payout
 
+    def orphan_intent(self, payout: Payout, *, age: str = "1 hour") -> None:
+        """What a proxy killed `age` ago left behind: payout SUBMITTING, its intent PENDING."""
+        self.pay("UPDATE payout SET state = 'SUBMITTING' WHERE payout_id = %s", [payout.payout_id])
+        self.pay(
+            "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
+            " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
+            " outcome, submitted_at)"
+            " VALUES (gen_random_uuid(), %s, %s, %s, 'EUR', %s, 'worker-a', %s, 'h', %s,"
+            " 'PENDING', clock_timestamp() - %s::interval)",
+            [
+                payout.payout_id,
+                payout.account_id,
+                payout.amount_minor,
+                payout.token,
+                payout.key,
+                payout.payout_id,
+                age,
+            ],
+        )
+
     def reclaim(self, payout: Payout, token: int) -> None:
         """What a recovery claim does to the payout row: CLAIMED under a newer token."""
         self.pay(

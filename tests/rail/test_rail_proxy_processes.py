@@ -27,7 +27,7 @@ def test_restarted_proxy_fences_a_stale_token_and_sweeps_old_intents_at_start_up
     assert rail.submit(first).status_code == 200
     orphan = rail.claimed_payout(token=1_500)
     rail_stack.procs["railproxy"].stop()
-    _orphaned_intent(rail, orphan)  # what a proxy killed an hour ago left behind
+    rail.orphan_intent(orphan)  # what a proxy killed an hour ago left behind
 
     # Only the start-up sweep can catch it: this process's periodic sweep is 10 minutes away.
     restarted = start_proxy(rail_stack, RAIL_SWEEP_INTERVAL_MS="600000")
@@ -45,25 +45,6 @@ def test_restarted_proxy_fences_a_stale_token_and_sweeps_old_intents_at_start_up
         restarted.stop()
         rail_stack.procs["railproxy"].start()
     assert rail.stub_requests(orphan.payout_id) == []  # swept, never forwarded
-
-
-def _orphaned_intent(rail, payout) -> None:
-    rail.pay("UPDATE payout SET state = 'SUBMITTING' WHERE payout_id = %s", [payout.payout_id])
-    rail.pay(
-        "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
-        " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
-        " outcome, submitted_at)"
-        " VALUES (gen_random_uuid(), %s, %s, %s, 'EUR', %s, 'worker-a', %s, 'h', %s, 'PENDING',"
-        " clock_timestamp() - interval '1 hour')",
-        [
-            payout.payout_id,
-            payout.account_id,
-            payout.amount_minor,
-            payout.token,
-            payout.key,
-            payout.payout_id,
-        ],
-    )
 
 
 def test_second_proxy_process_rejects_a_stale_token_exactly_as_the_first(rail, other_proxy):
@@ -174,9 +155,7 @@ def test_intent_of_a_crashed_proxy_is_swept_to_ambiguous_and_never_re_forwarded(
     assert len(rail.transfers(payout.payout_id)) == 1
 
 
-def test_rail_sweep_command_runs_one_sweep(rail_stack):
-    result = rail_stack.manage("rail_sweep")
-    assert "unresolved intent(s) to RAIL_AMBIGUOUS" in result.stdout
+# The `rail_sweep` command and the server-process sweeper: tests/rail/test_rail_sweep.py.
 
 
 def _swallow(call):

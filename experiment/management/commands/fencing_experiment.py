@@ -37,6 +37,11 @@ class Command(BaseCommand):
         parser.add_argument("--ci", action="store_true", help="small and fast (CI-sized)")
         parser.add_argument("--no-pg-restart", action="store_true")
         parser.add_argument(
+            "--ha",
+            action="store_true",
+            help="add etcd leader kill, quorum loss and replica kills (3 etcd members, 2 replicas)",
+        )
+        parser.add_argument(
             "--private-stack",
             action="store_true",
             help="start a throwaway stack (own PostgreSQL, four roles, free ports) under --out",
@@ -49,6 +54,7 @@ class Command(BaseCommand):
             arm=options["arm"],
             base_latency_ms=options["base_latency_ms"],
             pg_restart=not options["no_pg_restart"],
+            ha=options["ha"],
             out=options["out"] or Path(settings.BASE_DIR) / ".run" / "experiment",
             **preset,
         )

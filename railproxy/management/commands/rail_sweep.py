@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from railproxy.services import sweep_unresolved_intents
+from railproxy.sweep import sweep_unresolved_intents
 
 
 class Command(BaseCommand):

@@ -1,0 +1,262 @@
+"""Admission (C3 §3.5 steps 0–3): one transaction that either commits an intent or refuses.
+
+0. identity lock + replay lookup (same key, same token, same body → the recorded answer); the
+   request must name the payout exactly as paydb stores it, its own stable key included
+   (404 / 400 VALIDATION_FAILED, nothing written);
+1. strict high-water advance for the account → else a FENCED row, 409 FENCED_OUT;
+2. no live submission for the payout → else 409 DUPLICATE_SUBMISSION;
+3. the payout CLAIMED under this very token → SUBMITTING, intent row PENDING; COMMIT.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+
+from dlock import idempotency, metrics
+from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
+from dlock.fencing import fenced_out
+from dlock.logs import log_event
+from payments.fenced_sql import transition_payout
+from railproxy import fenced_sql
+from railproxy.models import Outcome
+from railproxy.submission import (
+    OPERATION,
+    Admitted,
+    FencedRecorded,
+    Replay,
+    SubmissionRequest,
+    alias,
+    stored_error,
+)
+
+FENCED_MESSAGE = {
+    "fenced_high_water": "a newer fencing token already reached the rail for this account",
+    "fenced_claim": "the payout was claimed under a newer fencing token",
+}
+
+
+class _Fenced(Exception):
+    """Raised inside the steps-1–3 savepoint so the high-water advance rolls back with it."""
+
+    def __init__(self, *, highest: int, resource_id: str, detail: str) -> None:
+        self.highest = highest
+        self.resource_id = resource_id
+        self.detail = detail
+        super().__init__(detail)
+
+
+def admit(request: SubmissionRequest) -> Admitted | Replay | FencedRecorded:
+    """Steps 0–3 in one paydb transaction; raises the refusals that leave no row."""
+    using = alias()
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        idempotency.lock_identity(
+            cursor, operation=OPERATION, key=request.idempotency_key, token=request.token
+        )
+        previous = fenced_sql.replay_lookup(
+            cursor, key=request.idempotency_key, token=request.token
+        )
+        if previous is not None:
+            submission_id, outcome, request_hash, status, body = previous
+            idempotency.check_same_request(
+                stored_hash=request_hash,
+                presented_hash=request.body_hash(),
+                key=request.idempotency_key,
+            )
+            return Replay(status, body, outcome, submission_id)
+
+        stored = fenced_sql.payout(cursor, payout_id=request.payout_id)
+        if stored is None:
+            raise not_found("payout", str(request.payout_id))
+        _check_request_names_the_payout(request, stored)
+
+        try:
+            with transaction.atomic(using=using):  # steps 1–3 stand or fall together
+                return _steps_one_to_three(cursor, request)
+        except _Fenced as fenced:
+            return _record_fenced(cursor, request, fenced)
+        except IntegrityError:
+            # Two submissions for one payout raced past step 2: the partial unique index wins.
+            raise _duplicate(request, existing=None) from None
+
+
+def _check_request_names_the_payout(
+    request: SubmissionRequest, stored: fenced_sql.PayoutRow
+) -> None:
+    """The body and key must describe the payout as paydb stores it (immutable fields)."""
+    fields = [
+        {"field": field, "message": message}
+        for field, given, expected, message in (
+            ("accountId", request.account_id, stored.account_id, "not this payout's account"),
+            ("amountMinor", request.amount_minor, stored.amount_minor, "not this payout's amount"),
+            ("currency", request.currency, stored.currency, "not this payout's currency"),
+            (
+                "beneficiaryRef",
+                request.beneficiary_ref,
+                stored.beneficiary_ref,
+                "not this payout's beneficiary",
+            ),
+        )
+        if given != expected
+    ]
+    foreign = idempotency.foreign_key_field(
+        presented=request.idempotency_key, stable=stored.idempotency_key
+    )
+    if foreign is not None:
+        fields.append(foreign)
+    if fields:
+        raise validation_error("the request does not match the payout it names", fields)
+
+
+def _steps_one_to_three(cursor: Any, request: SubmissionRequest) -> Admitted:
+    # Step 1: the strict conditional write; its row lock serialises every admission per account.
+    advanced = fenced_sql.advance_high_water(
+        cursor, account_id=request.account_id, token=request.token, payout_id=request.payout_id
+    )
+    if advanced is None:
+        raise _Fenced(
+            highest=fenced_sql.high_water(cursor, account_id=request.account_id),
+            resource_id=request.account_id,
+            detail="fenced_high_water",
+        )
+    # Step 2: one submission per payout, whatever the token (FR-18).
+    existing = fenced_sql.live_submission(cursor, payout_id=request.payout_id)
+    if existing is not None:
+        raise _duplicate(request, existing=existing)
+    # Step 3: the payout must be CLAIMED under this very token; then the intent commits.
+    payout = fenced_sql.payout(cursor, payout_id=request.payout_id, for_update=True)
+    if payout.claim_token is not None and payout.claim_token > request.token:
+        # A newer holder re-claimed the payout: the presenter lost its lock.
+        raise _Fenced(
+            highest=payout.claim_token, resource_id=str(request.payout_id), detail="fenced_claim"
+        )
+    if payout.state != "CLAIMED" or payout.claim_token != request.token:
+        raise _not_claimable(request, payout)
+    submission_id = uuid.uuid4()
+    moved = transition_payout(
+        cursor,
+        payout_id=request.payout_id,
+        from_states=("CLAIMED",),
+        to_state="SUBMITTING",
+        token=request.token,
+        owner_id=request.owner_id,
+        note=f"rail submission {submission_id}",
+    )
+    if not moved:  # pragma: no cover - the row is locked FOR UPDATE above
+        raise _not_claimable(request, payout)
+    submitted_at = insert_submission(
+        cursor, request, submission_id=submission_id, outcome=Outcome.PENDING
+    )
+    return Admitted(submission_id, submitted_at)
+
+
+def insert_submission(
+    cursor: Any,
+    request: SubmissionRequest,
+    *,
+    submission_id: uuid.UUID,
+    outcome: Outcome,
+    highest_token: int | None = None,
+    detail: str | None = None,
+    response_status: int | None = None,
+    response_body: dict | None = None,
+) -> Any:
+    """One submission row for `request`; returns its submitted_at (the database clock)."""
+    return fenced_sql.insert_submission(
+        cursor,
+        submission_id=submission_id,
+        payout_id=request.payout_id,
+        account_id=request.account_id,
+        amount_minor=request.amount_minor,
+        currency=request.currency,
+        token=request.token,
+        highest_token=highest_token,
+        owner_id=request.owner_id,
+        key=request.idempotency_key,
+        request_hash=request.body_hash(),
+        client_ref=str(request.payout_id),
+        outcome=outcome,
+        detail=detail,
+        response_status=response_status,
+        response_body=response_body,
+    )
+
+
+def _record_fenced(cursor: Any, request: SubmissionRequest, fenced: _Fenced) -> FencedRecorded:
+    """The refusal stays on record (a FENCED row) without blocking a later legitimate holder."""
+    error = fenced_out(
+        resource="rail",
+        resource_id=fenced.resource_id,
+        presented=request.token,
+        highest=fenced.highest,
+        owner_id=request.owner_id,
+        message=FENCED_MESSAGE[fenced.detail],
+        payoutId=str(request.payout_id),
+        reason=fenced.detail,
+    )
+    insert_submission(
+        cursor,
+        request,
+        submission_id=uuid.uuid4(),
+        outcome=Outcome.FENCED,
+        highest_token=fenced.highest,
+        detail=fenced.detail,
+        response_status=error.status,
+        response_body=stored_error(error),
+    )
+    metrics.rail_submission.labels(outcome="fenced").inc()
+    return FencedRecorded(error)
+
+
+def _duplicate(request: SubmissionRequest, *, existing: tuple | None) -> ApiError:
+    details: dict[str, Any] = {"payoutId": str(request.payout_id), "presentedToken": request.token}
+    if existing is not None:
+        details.update(
+            existingSubmissionId=str(existing[0]),
+            existingOutcome=existing[1],
+            existingToken=existing[2],
+        )
+    metrics.rail_duplicate_attempted.inc()
+    metrics.rail_submission.labels(outcome="duplicate").inc()
+    log_event(
+        "duplicate_rail_submission_attempted",
+        level=logging.ERROR,
+        payoutId=str(request.payout_id),
+        accountId=request.account_id,
+        presentedToken=request.token,
+        ownerId=request.owner_id,
+        existingSubmissionId=details.get("existingSubmissionId"),
+        existingOutcome=details.get("existingOutcome"),
+    )
+    return ApiError(
+        Code.DUPLICATE_SUBMISSION,
+        "the proxy already holds a submission for this payout; resolve from that record",
+        details=details,
+    )
+
+
+def _not_claimable(request: SubmissionRequest, payout: fenced_sql.PayoutRow) -> ApiError:
+    if payout.state == "CLAIMED":
+        message = "the payout is claimed under another token; claim it with this token first"
+    else:
+        message = f"the payout is {payout.state}; only a CLAIMED payout can be submitted"
+    log_event(
+        "rail_submission_not_claimable",
+        level=logging.WARNING,
+        payoutId=str(request.payout_id),
+        state=payout.state,
+        claimToken=payout.claim_token,
+        presentedToken=request.token,
+        ownerId=request.owner_id,
+    )
+    return payout_not_claimable(
+        payout_id=str(request.payout_id),
+        state=payout.state,
+        expected_states=("CLAIMED",),
+        claim_token=payout.claim_token,
+        presented_token=request.token,
+        message=message,
+    )
