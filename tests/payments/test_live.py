@@ -119,3 +119,35 @@ def test_the_admin_is_served_by_the_payments_role_behind_a_staff_login(live_stac
     assert response.status_code == 302 and "/admin/login/" in response.headers["Location"]
     login = requests.get(f"{base}/admin/login/", timeout=TIMEOUT)
     assert login.status_code == 200 and "text/html" in login.headers["Content-Type"]
+
+
+@pytest.mark.parametrize("forged", [None, "v1.t1." + "A" * 43])
+def test_a_forged_max_token_over_http_moves_no_fence_and_the_honest_holder_still_claims(
+    live_stack, forged
+):
+    base = live_stack.url("payments")
+    seeded = _seed(live_stack, payouts=2)
+    acct, (victim, later) = seeded["accounts"][0], seeded["payouts"]
+    headers = {
+        "X-Fencing-Token": str(2**63 - 1),
+        "X-Owner-Id": "attacker",
+        "X-Idempotency-Key": f"payout-{victim}",
+    }
+    if forged is not None:
+        headers["X-Fencing-Proof"] = forged
+
+    attack = requests.post(
+        f"{base}/v1/payouts/{victim}/claim",
+        json={"expectedState": "PENDING"},
+        headers=headers,
+        timeout=TIMEOUT,
+    )
+
+    assert attack.status_code == 400 and attack.json()["code"] == "INVALID_TOKEN"
+    assert attack.json()["details"]["reason"] == ("missing" if forged is None else "mismatch")
+    account = requests.get(f"{base}/v1/accounts/{acct}", timeout=TIMEOUT).json()
+    assert account["fence"] == 0
+    assert account["balanceMinor"] == account["ledgerSumMinor"] == 10_000
+    payout = requests.get(f"{base}/v1/payouts/{victim}", timeout=TIMEOUT).json()
+    assert payout["state"] == "PENDING"
+    assert _claim(base, later, 5, account=acct).status_code == 200
