@@ -76,7 +76,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-	@echo "[dlock] mypy: coming with the merge"
+	$(LINT_ENV) $(BIN)/mypy
 
 format: venv
 	$(BIN)/ruff format .

@@ -1,8 +1,8 @@
 """A bench-only WSGI app: the L1/L4/L6 happy path with no Django, DRF or middleware.
 
 It answers exactly the requests `bench.lockserver`'s HTTP clients send (create a session, then
-loop acquire + release on an uncontended key) with the same SQL (`lockserver.fenced_sql`) over a
-psycopg pool, under the same gunicorn config as the real lock server. It validates nothing,
+loop acquire + release on an uncontended key) with the same SQL (`lockserver.backends.pg_sql`)
+over a psycopg pool, under the same gunicorn config as the real lock server. It validates nothing,
 logs nothing, counts nothing and handles no error: it is NOT a lock server, only the floor —
 what gunicorn + psycopg + the SQL cost on this machine — so the benchmark can show how much of
 the gap to direct SQL the framework stack is, and whether the goal is reachable at all here.
@@ -18,7 +18,7 @@ import uuid
 
 from psycopg_pool import ConnectionPool
 
-from lockserver import fenced_sql
+from lockserver.backends import pg_sql as fenced_sql
 
 _pool = ConnectionPool(
     os.environ["FLOOR_DATABASE_URL"],

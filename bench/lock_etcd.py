@@ -183,7 +183,10 @@ def run(
         manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
         server = RoleProcess("lockserver", free_port(), env, work / "lockserver.log").start()
 
-        from lockserver.backends.etcd import EtcdLockBackend  # usable without Django set up
+        # the backend reads django.conf.settings (defaults in settings/base.py); no setup()
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings.ops")
+        os.environ.setdefault("DJANGO_SECRET_KEY", env["DJANGO_SECRET_KEY"])
+        from lockserver.backends.etcd import EtcdLockBackend
 
         direct = EtcdLockBackend(
             url=etcd.url, prefix="direct/", adopt_pg_sequence=False, housekeeping=False

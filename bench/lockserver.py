@@ -4,7 +4,7 @@ same SQL statements issued directly with psycopg, in the same run, at 1/8/32 cli
 Starts its own durable PostgreSQL cluster (fsync on) and one lock-server (ROLE=lockserver,
 LOCK_BACKEND=pg, gunicorn defaults) on free ports. Each client holds one session and loops
 acquire → release on a key of its own (no contention: this measures the path, not queueing).
-"direct" sends `lockserver.fenced_sql.ACQUIRE_SQL` and `RELEASE_SQL` (the statements the
+"direct" sends `lockserver.backends.pg_sql.ACQUIRE_SQL` and `RELEASE_SQL` (the statements the
 backend sends on the granted path) on one autocommit psycopg connection per client.
 "floor_no_django" sends the HTTP clients to bench/floor_app.py (the same SQL behind the same
 gunicorn config, without Django/DRF): the floor of the HTTP path on this machine.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench.proc import cpu_seconds
 from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage, new_proof_keys
-from lockserver import fenced_sql
+from lockserver.backends import pg_sql as fenced_sql
 
 DURATION_S = float(os.environ.get("BENCH_LOCKSERVER_SECONDS", "5"))
 WARMUP_S = 0.5

@@ -38,6 +38,7 @@ from devstack.envfile import proof_keys, read_env, run_dir, secret_key, write_en
 from devstack.etcd import etcd_cluster, etcd_healthy
 from devstack.postgres import PgCluster, private_datadir, state_root
 from devstack.roles import RoleProcess, migrate_all, read_record, write_record
+from dlock.auth import credentials_entry, new_credential  # issue 15
 
 
 class TopologyMismatch(StackError):
@@ -287,6 +288,23 @@ def up(
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DLOCK_REPLICAS": str(topology.replicas),
     }
+    # --- issue 15 (credentials): one executor and one operator credential per stack, kept
+    # across `make up` (else the caller's, else new); the roles get only their hashes,
+    # stack.env the plaintexts (below).
+    stored = read_env(run / "stack.env")  # the roles' environment holds only the hashes
+    credentials = {
+        var: stored.get(var) or os.environ.get(var) or new_credential()
+        for var in ("DLOCK_EXECUTOR_CREDENTIAL", "DLOCK_OPERATOR_CREDENTIAL")
+    }
+    for var in credentials:
+        env.pop(var, None)
+    env["DLOCK_CREDENTIALS"] = ",".join(
+        [
+            credentials_entry(credentials["DLOCK_EXECUTOR_CREDENTIAL"], "executor"),
+            credentials_entry(credentials["DLOCK_OPERATOR_CREDENTIAL"], "operator"),
+        ]
+    )
+    # --- end issue 15
     _databases(env, previous, run)
     if topology.backend == "etcd":
         _etcd(env, previous, run, topology.etcd_members)
@@ -297,6 +315,7 @@ def up(
     say("migrating lockdb, paydb, raildb")
     migrate_all(env)
     _start_roles(env, topology, run, running_records(run))
+    env.update(credentials)  # issue 15: callers read DLOCK_{EXECUTOR,OPERATOR}_CREDENTIAL
     write_env(run / "stack.env", env)
     say(f"wrote {run / 'stack.env'} ({topology.describe()})")
     return env

@@ -22,10 +22,9 @@ from dlock import metrics
 from dlock.errors import ApiError, Code
 from dlock.handlers import envelope_headers
 from dlock.logs import log_event
-from dlock.middleware import MONITORING_PATHS
 from dlock.serving import thread_queue_wait
 from dlock.tracing import new_trace_id, trace_id_from_traceparent
-from dlock.wire import raw_json_headers
+from dlock.wire import MONITORING_PATHS, raw_json_headers
 
 
 class AdmissionControl:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 # The proxy's read timeout towards the rail (C3 §3.8 "rail-proxy → rail-stub": 1 s / 8 s); the
 # same variable the proxy reads (settings.RAIL_READ_TIMEOUT_MS), so the executor always waits
@@ -65,3 +66,62 @@ def heartbeat_window_s(session_ttl_ms: int) -> float:
 def local_deadline_s(ttl_ms: int, margin: float = CLIENT_SAFETY_MARGIN) -> float:
     """How long after the request was sent the client may still believe it holds the lock."""
     return ttl_ms / 1000.0 * (1.0 - margin)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One hop seen from the inside out: (name, milliseconds) stages that must strictly grow."""
+
+    hop: str
+    stages: tuple[tuple[str, float], ...]
+
+    def shrinks_inward(self) -> bool:
+        values = [ms for _, ms in self.stages]
+        return all(inner < outer for inner, outer in zip(values, values[1:], strict=False))
+
+
+def inward_chains(settings: Any) -> list[Chain]:
+    """Every hop's budget chain from the real settings (issue 16.2, C3 §3.8).
+
+    The lock server's request deadline on etcd is its admission queue deadline plus one etcd call
+    (a call that times out is answered 503 NOT_LEADER at once); the rail proxy's is its queue
+    deadline plus the rail connect and read timeouts. Each must fall strictly between the call
+    it makes and the read timeout of the client that waits for it, or the client times out first
+    and manufactures an ambiguity (a ReadTimeout where NOT_LEADER was coming).
+    """
+    queue_ms = float(settings.SERVER_QUEUE_DEADLINE_MS)
+    etcd_ms = float(settings.ETCD_REQUEST_TIMEOUT_MS)
+    lock_deadline = ("lock-server request deadline", queue_ms + etcd_ms)
+    chains = [
+        Chain(
+            hop,
+            (
+                ("ETCD_REQUEST_TIMEOUT_MS", etcd_ms),
+                lock_deadline,
+                (f"client read timeout ({hop})", BUDGETS[hop].read_s * 1000),
+            ),
+        )
+        for hop in ("lock.acquire", "lock.heartbeat", "lock.renew", "lock.release", "lock.session")
+    ]
+    rail_ms = float(settings.RAIL_READ_TIMEOUT_MS)
+    rail_connect_ms = float(settings.RAIL_CONNECT_TIMEOUT_MS)
+    chains.append(
+        Chain(
+            "rail.submit",
+            (
+                ("RAIL_READ_TIMEOUT_MS", rail_ms),
+                ("rail-proxy request deadline", queue_ms + rail_connect_ms + rail_ms),
+                ("client read timeout (rail.submit)", BUDGETS["rail.submit"].read_s * 1000),
+            ),
+        )
+    )
+    chains.append(
+        Chain(
+            "payments.write",
+            (
+                ("DB_STATEMENT_TIMEOUT_MS", float(settings.DB_STATEMENT_TIMEOUT_MS)),
+                ("client read timeout (payments.write)", BUDGETS["payments.write"].read_s * 1000),
+            ),
+        )
+    )
+    return chains

@@ -33,6 +33,9 @@ class Code(enum.StrEnum):
     OVERLOADED = "OVERLOADED"
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     INTERNAL = "INTERNAL"
+    # Caller credentials, ARCHITECTURE decision 14 (CHANGELOG)
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    FORBIDDEN = "FORBIDDEN"
 
 
 @dataclass(frozen=True)
@@ -63,13 +66,16 @@ CATALOGUE: dict[Code, CodeSpec] = {
     Code.OVERLOADED: CodeSpec(503, True, True, 500),
     Code.DEADLINE_EXCEEDED: CodeSpec(504, True, False),
     Code.INTERNAL: CodeSpec(500, False, False),
+    Code.UNAUTHENTICATED: CodeSpec(401, False, False),
+    Code.FORBIDDEN: CodeSpec(403, False, False),
 }
 
 if set(CATALOGUE) != set(Code):  # pragma: no cover - a new code without a row must not ship
     raise RuntimeError(f"error catalogue incomplete: {set(Code) - set(CATALOGUE)}")
 
-# Protocol-level rejections keep their HTTP status and say VALIDATION_FAILED (CHANGELOG row 6).
-PROTOCOL_STATUSES = frozenset({405, 406, 411, 413, 415})
+# Protocol-level rejections keep their HTTP status and say VALIDATION_FAILED (CHANGELOG row 6;
+# 408 and 501: the hardening row).
+PROTOCOL_STATUSES = frozenset({405, 406, 408, 411, 413, 415, 501})
 
 # Every other status a code may answer besides its catalogue row; each entry is a CHANGELOG row.
 STATUS_OVERRIDES: dict[Code, frozenset[int]] = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import psycopg
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
@@ -41,7 +42,7 @@ def error_response(error: ApiError) -> HttpResponse:
     response["Content-Length"] = str(len(response.content))
     for name, value in envelope_headers(error).items():
         response[name] = value
-    response.dlock_envelope = True
+    response.dlock_envelope = True  # type: ignore[attr-defined]  # read by the safety net
     return response
 
 
@@ -62,7 +63,7 @@ def _drf_fields(detail, prefix: str = "") -> list[dict[str, str]]:
 
 
 _REACHABILITY_TTL_S = 1.0
-_reachability = {"at": -_REACHABILITY_TTL_S, "ok": True}
+_reachability: dict[str, Any] = {"at": -_REACHABILITY_TTL_S, "ok": True}
 _reachability_lock = threading.Lock()
 
 
@@ -87,7 +88,7 @@ def _databases_reachable() -> bool:
         return ok
 
 
-def _database_error(exc: DatabaseError) -> ApiError:
+def _database_error(exc: DatabaseError | InterfaceError) -> ApiError:
     """Map driver failures: deadline → 504, no pool slot → 503 OVERLOADED, unreachable → 503."""
     cause = exc.__cause__ or exc
     sqlstate = getattr(cause, "sqlstate", None)

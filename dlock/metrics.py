@@ -8,7 +8,7 @@ mixes in zeros from roles that cannot move it.
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 FENCED_RESOURCES = ("account", "ledger", "rail")
 RAIL_OUTCOMES = ("acked", "fenced", "duplicate", "timeout", "declined", "not_sent", "replayed")
@@ -70,6 +70,25 @@ requests_shed = Counter(
     "when a worker thread took them (dlock.admission).",
     registry=None,
 )
+executor_inflight = Gauge(
+    "executor_inflight",
+    "Executor critical sections in flight in this process right now.",
+    registry=None,
+)
+payout_execute_seconds = Histogram(
+    "payout_execute_seconds",
+    "Executor section duration, pick to posted or final state, by outcome.",
+    ["outcome"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    registry=None,
+)
+BACKOFF_REASONS = ("fenced_out", "not_claimable", "duplicate", "error", "token_reused")
+executor_backoff = Counter(
+    "executor_backoff",
+    "Back-off steps the executor took on an account it could not progress, by reason.",
+    ["reason"],
+    registry=None,
+)
 lock_live_sessions = Gauge(
     "lock_live_sessions", "Unexpired lock-server sessions.", ["backend"], registry=None
 )
@@ -87,7 +106,13 @@ ROLE_METRICS = {
     "payments": (lock_fenced_out, requests_shed),
     "railproxy": (lock_fenced_out, rail_duplicate_attempted, rail_submission, requests_shed),
     "railstub": (requests_shed,),
-    "executor": (payout_execute, payout_backlog_age),
+    "executor": (
+        payout_execute,
+        payout_backlog_age,
+        executor_inflight,
+        payout_execute_seconds,
+        executor_backoff,
+    ),
 }
 ROLE_METRICS["ops"] = tuple(dict.fromkeys(m for ms in ROLE_METRICS.values() for m in ms))
 _registered: set[int] = set()
@@ -113,6 +138,10 @@ def register_role_metrics(
         rail_submission.labels(outcome=outcome)
     for outcome in EXECUTE_OUTCOMES:
         payout_execute.labels(outcome=outcome)
+    for outcome in EXECUTE_OUTCOMES:
+        payout_execute_seconds.labels(outcome=outcome)
+    for reason in BACKOFF_REASONS:
+        executor_backoff.labels(reason=reason)
     for name in backends:
         lock_live_sessions.labels(backend=name)
         lock_live_grants.labels(backend=name)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.http.request import split_domain_port, validate_host
+from django_prometheus import middleware as prometheus
 
+from dlock import auth
 from dlock.errors import PROTOCOL_STATUSES, ApiError, Code
 from dlock.handlers import error_response, render_exception
 from dlock.parsers import too_large
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id, trace_id_from_traceparent
-from dlock.wire import JSON_SECURITY_HEADERS, SECURITY_HEADERS
+from dlock.wire import JSON_SECURITY_HEADERS, KNOWN_METHODS, MONITORING_PATHS, SECURITY_HEADERS
 
 
 class TraceMiddleware:
@@ -18,7 +23,7 @@ class TraceMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         trace_id = trace_id_from_traceparent(request.headers.get("traceparent")) or new_trace_id()
-        request.trace_id = trace_id
+        request.trace_id = trace_id  # type: ignore[attr-defined]  # per-request attribute
         token = set_trace_id(trace_id)
         try:
             response = self.get_response(request)
@@ -37,7 +42,61 @@ def secure_headers(response: HttpResponse) -> HttpResponse:
     return response
 
 
-MONITORING_PATHS = frozenset({"/metrics", "/health/live", "/health/ready"})
+class MethodGuardMiddleware:
+    """501 for a method no dlock view implements, before any metric (or view) sees it.
+
+    Under gunicorn the arrival path (dlock.serving) refuses them already; this covers every
+    other server (runserver, the test client) the same way.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method not in KNOWN_METHODS:
+            return error_response(
+                ApiError(Code.VALIDATION_FAILED, "method not implemented", http_status=501)
+            )
+        return self.get_response(request)
+
+
+class PrometheusAfterMiddleware(prometheus.PrometheusAfterMiddleware):
+    """django-prometheus' request metrics with no label value taken from the client.
+
+    Upstream labels one histogram with the raw `request.method`, so every invented method
+    name became a new series (9 000 of them grew /metrics to 21 MB); here every `method` label
+    is one of KNOWN_METHODS or "<invalid method>". The other labels (view, status, transport,
+    exception type) are chosen by the server.
+    """
+
+    def _method(self, request: HttpRequest) -> str:
+        return request.method if request.method in KNOWN_METHODS else "<invalid method>"
+
+    def label_metric(self, metric, request, response=None, **labels):
+        if "method" in labels:
+            labels["method"] = self._method(request)
+        return super().label_metric(metric, request, response, **labels)
+
+
+def _host_refusal(request: HttpRequest) -> str | None:
+    """Why the request's target host is unacceptable, or None.
+
+    HTTP/1.1 requires Host (RFC 9112 3.2); an absolute-form target names the host the request
+    is for and takes precedence over Host (3.2.2), so it must pass ALLOWED_HOSTS too, or it
+    would sidestep the check Django makes on Host alone.
+    """
+    meta = request.META
+    if "gunicorn.socket" not in meta:  # Django's test client sends no Host; servers do
+        return None
+    if meta.get("SERVER_PROTOCOL") == "HTTP/1.1" and not meta.get("HTTP_HOST"):
+        return "HTTP/1.1 requires a Host header"
+    raw_uri = meta.get("RAW_URI", "")
+    if raw_uri and not raw_uri.startswith("/") and raw_uri != "*":
+        authority = urlsplit(raw_uri).netloc.rpartition("@")[2]
+        domain, _ = split_domain_port(authority.lower())
+        if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+            return "the request target names a host this service does not serve"
+    return None
 
 
 def _local_port(request: HttpRequest) -> int | None:
@@ -50,13 +109,22 @@ def _local_port(request: HttpRequest) -> int | None:
 
 
 class RequestGuardMiddleware:
-    """Refuse what no view should see: bodies we would have to buffer blindly, NUL characters in
-    the path or query; before any view or database work."""
+    """Refuse what no view should see: a missing or foreign target host, bodies we would have to
+    buffer blindly, NUL characters in the path or query; before any view or database work."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        refusal = _host_refusal(request)
+        if refusal is not None:
+            return error_response(
+                ApiError(
+                    Code.VALIDATION_FAILED,
+                    refusal,
+                    details={"fields": [{"field": "Host", "message": refusal}]},
+                )
+            )
         if settings.METRICS_PORT and request.path not in MONITORING_PATHS:
             if _local_port(request) == settings.METRICS_PORT:
                 return error_response(ApiError(Code.NOT_FOUND, "no such resource or route"))
@@ -125,3 +193,40 @@ def envelope_for_status(status: int, response: HttpResponse | None = None) -> Ap
     if status < 500:
         return ApiError(Code.VALIDATION_FAILED, "request rejected")
     return ApiError(Code.INTERNAL, "internal error; see the service log for this traceId")
+
+
+class CredentialMiddleware:
+    """Every /v1 route but the docs needs a credential with its scope, before the view runs.
+
+    In process_view (the route is resolved, so the scope is the route's, not a path guess); an
+    unknown route stays 404. The rail stub stands in for a third party and stays open.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_view(self, request: HttpRequest, view_func, view_args, view_kwargs):
+        if settings.ROLE == "railstub":
+            return None
+        scope = auth.required_scope(request)
+        if scope is None:
+            return None
+        try:
+            principal = auth.authenticate(request)
+        except ApiError as error:
+            response = error_response(error)
+            response["WWW-Authenticate"] = auth.CHALLENGE
+            return response
+        if scope not in principal.scopes:
+            return error_response(
+                ApiError(
+                    Code.FORBIDDEN,
+                    f"this credential lacks the {scope} scope",
+                    details={"requiredScope": scope},
+                )
+            )
+        request.dlock_principal = principal  # type: ignore[attr-defined]  # per-request attribute
+        return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 
 from dlock.errors import CATALOGUE, PROTOCOL_STATUSES, Code
@@ -44,6 +45,23 @@ COMMON_ERRORS: dict[str, str] = {
     "503": "OVERLOADED (no thread or database slot within its queue deadline) or NOT_LEADER.",
     "504": "DEADLINE_EXCEEDED: the database exchange hit the request deadline; rolled back.",
 }
+# dlock.auth: every /v1 operation of lock-server, payment-resource and rail-proxy.
+AUTH_ERRORS = {
+    "401": "UNAUTHENTICATED: no credential, or one this service does not know.",
+    "403": "FORBIDDEN: the credential lacks this operation's scope, or the session is another's.",
+}
+SECURITY_SCHEMES = {
+    "bearerAuth": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A caller credential (scope executor; operator for L8).",
+    },
+    "basicAuth": {
+        "type": "http",
+        "scheme": "basic",
+        "description": "For a browser: any user name, the credential as password.",
+    },
+}
 PROTOCOL_ERRORS = {
     str(status): "VALIDATION_FAILED: protocol rejection" for status in PROTOCOL_STATUSES
 }
@@ -63,11 +81,18 @@ def envelope_errors_hook(result: dict, generator, request, public) -> dict:
     """drf-spectacular POSTPROCESSING_HOOK (see SPECTACULAR_SETTINGS)."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorEnvelope"] = ENVELOPE_SCHEMA
-    for path_item in result.get("paths", {}).values():
+    guarded = settings.ROLE != "railstub"  # the rail stub stands in for a third party: open
+    if guarded:
+        result["components"]["securitySchemes"] = SECURITY_SCHEMES
+    for path, path_item in result.get("paths", {}).items():
         for method, operation in path_item.items():
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
             _close_request_body(operation, schemas)
+            if guarded and path.startswith("/v1/") and path != "/v1/schema":
+                operation["security"] = [{"bearerAuth": []}, {"basicAuth": []}]
+                operation["responses"].setdefault("401", _error_response("401", AUTH_ERRORS["401"]))
+                operation["responses"].setdefault("403", _error_response("403", AUTH_ERRORS["403"]))
             responses = operation["responses"]
             for status in list(responses):
                 if (status[:1] in ("4", "5") or status == "default") and not responses[status].get(

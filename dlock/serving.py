@@ -13,31 +13,52 @@ the worker's main loop (which competes for the GIL with every busy request threa
 then in the thread pool's unbounded queue; no database deadline can see either wait. Under
 overload they grow without bound (a 2x open-loop load test measured 12 s medians and client
 timeouts). The thread that picks a request up publishes how long ago it arrived
-(`thread_queue_wait`): the kernel's receive timestamp of the request's first unread byte
-(SO_TIMESTAMP, read with a 1-byte MSG_PEEK), or when the main loop queued it if the kernel has
-none; `dlock.admission` answers 503 OVERLOADED at once when that exceeds SERVER_QUEUE_DEADLINE_MS.
+(`thread_queue_wait`): the kernel's receive timestamp (SO_TIMESTAMP) of the bytes that
+completed the request, read by the arrival path below, or when the main loop queued it if the
+kernel has none; `dlock.admission` answers 503 OVERLOADED at once when that exceeds
+SERVER_QUEUE_DEADLINE_MS.
+
+Arrival path: no thread waits for a client. Stock gthread hands a connection to a pool thread as
+soon as a byte arrives, and the thread then blocks reading the rest, so 17 sockets sending half a
+request line (or a byte a second) held every thread of a role and its liveness probe timed out.
+Here the main loop reads each request (head and Content-Length body) without blocking, and only
+a complete one reaches a thread. A request not complete within SERVER_HEADER_TIMEOUT_MS of its
+first byte (of the accept, on a new connection) is closed with 408, whatever its pace; a body cut
+short by the client's half-close is 400 and never executed; unknown methods are 501, chunked
+bodies 411 and oversized ones 413, all before Django. `/health/*` and `/metrics` run on a small
+pool of their own, so probes are answered whatever the request threads are doing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import selectors
 import signal
 import socket
 import struct
 import threading
 import time
+from collections import OrderedDict
+from concurrent import futures
+from functools import partial
+from typing import Any
 
 from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
 
 from dlock.errors import ApiError, Code
 from dlock.tracing import new_trace_id
-from dlock.wire import raw_json_headers
+from dlock.wire import KNOWN_METHODS, MONITORING_PATHS, raw_json_headers
 
 _picked_up = threading.local()
 ACCEPT_BATCH = 64
 SO_TIMESTAMP = getattr(socket, "SO_TIMESTAMP", 29)  # Linux; not exported by every Python
 _TIMEVAL = struct.Struct("ll")
+RECV_CHUNK = 65536
+MONITORING_THREADS = 2
+# Used when Django's settings are not available (they are, once the worker loaded the app).
+DEFAULT_HEADER_TIMEOUT_MS = 3_000
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
 
 
 def thread_queue_wait() -> float | None:
@@ -61,6 +82,16 @@ def arrived_seconds_ago(sock: socket.socket) -> float | None:
     return None
 
 
+def _kernel_stamp(ancillary) -> float | None:
+    """Wall-clock receive time of the first byte of a `recvmsg` (SO_TIMESTAMP), if stamped."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(data) >= _TIMEVAL.size:
+            seconds, micros = _TIMEVAL.unpack(data[: _TIMEVAL.size])
+            stamp = seconds + micros / 1e6
+            return stamp if 0 <= time.time() - stamp < 3600 else None
+    return None
+
+
 def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
     """gunicorn's own error answers (a request line or headers it cannot parse, over its limits,
     a worker failure outside the app) as the C3 envelope instead of an HTML page.
@@ -80,10 +111,83 @@ def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
     util.write_nonblock(sock, head.encode("latin-1") + b"\r\n" + body)
 
 
+class _Incomplete(Exception):
+    """The buffered bytes are not a whole request yet."""
+
+
+class _Refused(Exception):
+    """The request is answered from the arrival path (status, reason, message) and closed."""
+
+
+def _request_complete(buf: bytes | bytearray, *, max_head: int, max_body: int) -> str:
+    """Decide from the buffered bytes whether a whole request has arrived.
+
+    Returns the request path when the head and its Content-Length body are all buffered;
+    raises `_Incomplete` while bytes are missing and `_Refused` for what is answered at once.
+    Only the framing is read here: gunicorn's parser still parses (and refuses) the head.
+    """
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buf) > max_head:
+            raise _Refused(431, "Request Header Fields Too Large", "request head too large")
+        raise _Incomplete
+    lines = bytes(buf[:end]).split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[0].isalpha() or not parts[2].startswith(b"HTTP/"):
+        return ""  # not a request line: gunicorn's parser answers 400 before any body
+    method, target = parts[0], parts[1]
+    if method.decode("latin-1") not in KNOWN_METHODS:
+        raise _Refused(501, "Not Implemented", "method not implemented")
+    length = 0
+    expects_continue = False
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"expect" and value.strip().lower() == b"100-continue":
+            expects_continue = True
+        if name == b"transfer-encoding" and value.strip().lower() not in (b"", b"identity"):
+            raise _Refused(
+                411,
+                "Length Required",
+                "chunked request bodies are not accepted; send Content-Length",
+            )
+        if name == b"content-length":
+            if not value.strip().isdigit():
+                return ""  # gunicorn's parser refuses it (400) without reading a body
+            length = int(value.strip())
+    if length > max_body:
+        raise _Refused(413, "Content Too Large", f"request body exceeds {max_body} bytes")
+    if len(buf) < end + 4 + length:
+        raise _Incomplete(expects_continue)
+    return target.split(b"?", 1)[0].decode("latin-1")
+
+
 class DrainingThreadWorker(ThreadWorker):
     def init_process(self) -> None:
         util.write_error = write_envelope_error  # in the worker process only (see above)
+        # Connections whose request is still arriving, oldest deadline first.
+        self.arrivals: OrderedDict[int, Any] = OrderedDict()  # gunicorn TConn
+        self.monitoring_pool = futures.ThreadPoolExecutor(
+            max_workers=MONITORING_THREADS, thread_name_prefix="dlock-monitoring"
+        )
         super().init_process()
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        try:  # the app configured Django; the probe and role settings both define these
+            from django.conf import settings
+
+            timeout_ms = settings.SERVER_HEADER_TIMEOUT_MS
+            max_body = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        except Exception:  # not a Django app (a bench arm): keep the defaults
+            timeout_ms, max_body = DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_MAX_BODY_BYTES
+        self.header_timeout = timeout_ms / 1000
+        self.max_body = max_body
+        line = self.cfg.limit_request_line or 8190
+        fields = (self.cfg.limit_request_fields or 100) * (
+            (self.cfg.limit_request_field_size or 8190) + 2
+        )
+        self.max_head = line + 2 + fields + 2
 
     def accept(self, listener) -> None:
         """Take every connection already waiting, not one per poller wake-up.
@@ -100,22 +204,134 @@ class DrainingThreadWorker(ThreadWorker):
             if self.nr_conns == before:  # EAGAIN: the backlog is empty
                 return
 
+    # ---------------------------------------------------------------- arrival path (main loop)
+
     def enqueue_req(self, conn) -> None:
+        """Every way a connection reaches the pool (new, kept alive, read-ahead) comes here:
+        only a complete request is handed to a thread."""
+        if self.cfg.is_ssl:  # TLS terminates in front of dlock; stock behaviour if it does not
+            self._submit(conn, self.tpool)
+            return
+        if getattr(conn, "dlock_complete", False):
+            conn.dlock_complete = False
+            self._submit(conn, self.monitoring_pool if conn.dlock_monitoring else self.tpool)
+            return
+        self._start_arrival(conn)
+
+    def _submit(self, conn, pool) -> None:
         conn.dlock_queued_at = time.monotonic()
+        fs = pool.submit(self.handle, conn)
+        fs.add_done_callback(lambda fut: self.method_queue.defer(self.finish_request, conn, fut))
+
+    def _start_arrival(self, conn) -> None:
         if not getattr(conn, "dlock_stamped", False):
             conn.dlock_stamped = True  # from now on the kernel stamps what arrives
             with contextlib.suppress(OSError):
                 conn.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
-        super().enqueue_req(conn)
+        conn.sock.setblocking(False)
+        # Bytes a previous request's parser read ahead belong to this one.
+        ahead = conn.parser.unreader.take_buffered() if conn.parser is not None else b""
+        conn.dlock_buf = bytearray(ahead)
+        conn.dlock_arrived = time.time() if ahead else None
+        conn.dlock_deadline = time.monotonic() + self.header_timeout
+        conn.dlock_continued = False
+        self.arrivals[id(conn)] = conn
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_arrival, conn))
+        if ahead:
+            self._examine(conn, eof=False)
+        else:
+            self._on_arrival(conn, conn.sock)  # a new connection's bytes are often there already
+
+    def _on_arrival(self, conn, _fileobj) -> None:
+        try:
+            data, ancillary, _, _ = conn.sock.recvmsg(RECV_CHUNK, 64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._end_arrival(conn)
+            return
+        if data:  # the queue clock starts when the bytes that complete the request arrived
+            conn.dlock_arrived = _kernel_stamp(ancillary) or time.time()
+        conn.dlock_buf += data
+        self._examine(conn, eof=not data)
+
+    def _examine(self, conn, *, eof: bool) -> None:
+        try:
+            path = _request_complete(conn.dlock_buf, max_head=self.max_head, max_body=self.max_body)
+        except _Incomplete as incomplete:
+            if incomplete.args and incomplete.args[0] and not getattr(conn, "dlock_continued", 0):
+                conn.dlock_continued = True  # the client waits for this before its body
+                with contextlib.suppress(OSError):
+                    conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if eof and conn.dlock_buf:
+                # The client half-closed mid-request: what arrived must not be executed.
+                self._end_arrival(
+                    conn,
+                    answer=(
+                        400,
+                        "Bad Request",
+                        "request ended before its head or body was complete",
+                    ),
+                )
+            elif eof:
+                self._end_arrival(conn)  # an idle connection closed by the client
+            return
+        except _Refused as refused:
+            self._end_arrival(conn, answer=refused.args)
+            return
+        del self.arrivals[id(conn)]
+        self.poller.unregister(conn.sock)
+        conn.dlock_monitoring = path in MONITORING_PATHS
+        conn.dlock_complete = True
+        self.enqueue_req(conn)
+
+    def _end_arrival(self, conn, answer: tuple | None = None) -> None:
+        self.arrivals.pop(id(conn), None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.poller.unregister(conn.sock)
+        if answer is not None:
+            with contextlib.suppress(OSError):
+                write_envelope_error(conn.sock, *answer)
+        self.nr_conns -= 1
+        conn.close()
+
+    def murder_pending(self) -> None:
+        super().murder_pending()
+        now = time.monotonic()
+        while self.arrivals:
+            conn = next(iter(self.arrivals.values()))
+            if conn.dlock_deadline > now:
+                break
+            self._end_arrival(
+                conn,
+                answer=(
+                    408,
+                    "Request Timeout",
+                    f"request not complete within {round(self.header_timeout * 1000)} ms",
+                ),
+            )
+
+    # ---------------------------------------------------------------- worker threads
 
     def handle(self, conn):
+        buf = getattr(conn, "dlock_buf", None)
+        if buf is not None:  # the arrival path read the whole request: give it to the parser
+            conn.dlock_buf = None
+            conn.data_ready = True
+            conn.sock.setblocking(True)
+            conn.init()
+            conn.parser.unreader.unread(bytes(buf))
         waits = []
         queued_at = getattr(conn, "dlock_queued_at", None)
         if queued_at is not None:
             waits.append(time.monotonic() - queued_at)
-        arrived = arrived_seconds_ago(conn.sock)
+        arrived = getattr(conn, "dlock_arrived", None)
         if arrived is not None:
-            waits.append(arrived)
+            waits.append(max(0.0, time.time() - arrived))
+        elif self.cfg.is_ssl:
+            arrived = arrived_seconds_ago(conn.sock)
+            if arrived is not None:
+                waits.append(arrived)
         _picked_up.waited = max(waits) if waits else None
         try:
             return super().handle(conn)

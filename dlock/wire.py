@@ -4,6 +4,12 @@ so the gunicorn worker can import it before Django is configured."""
 
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 
+# Probes and scrapes: never shed, answered outside the request thread pool (dlock.serving).
+MONITORING_PATHS = frozenset({"/metrics", "/health/live", "/health/ready"})
+# The methods a dlock role implements; anything else is 501 before any view or metric sees it
+# (a method name is client-chosen text and must never become a metric label value).
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 # Every response: nothing may frame it or sniff it.
 SECURITY_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
 # A JSON answer is data, never a page: nothing may run it or cache it either.

@@ -2,6 +2,11 @@
 
 Retry rules (C3 §3.8): claim/post retry once, and only on a 503 or a connect failure (nothing
 reached the server); any 409 is final. Rail submit is never retried. Reads are advisory.
+
+Each service URL may be a comma-separated list of replicas (decision 16). A call moves to the
+next replica only on an outcome that proves nothing changed (`dlock.client.changed_nothing`):
+for the rail submission that is "nothing was sent" alone — once its bytes left, it is never
+presented again, to any replica. Waits honour the server's retryAfterMillis.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from dlock.budgets import BACKOFF_INITIAL_S, BUDGETS
-from dlock.client import DlockError, ServiceUnreachable, call
+from dlock.client import DlockError, Endpoints, ServiceUnreachable, retry_delay_s
 
 PAYOUT_STATES = (
     "PENDING",
@@ -67,26 +72,28 @@ class Api:
     def __init__(
         self, *, payments_url: str, rail_proxy_url: str, owner_id: str, sleep=time.sleep
     ) -> None:
-        self.payments_url = payments_url.rstrip("/")
-        self.rail_proxy_url = rail_proxy_url.rstrip("/")
+        self.payments = Endpoints(payments_url)
+        self.rail_proxy = Endpoints(rail_proxy_url)
         self.owner_id = owner_id
         self.sleep = sleep
 
     # -- advisory reads ------------------------------------------------------------------
 
-    def _read(self, url: str, params: dict[str, Any] | None = None) -> Any:
+    def _read(self, path: str, params: dict[str, Any] | None = None) -> Any:
         hop = BUDGETS["advisory.read"]
         attempt = 0
         while True:
             try:
-                return call("GET", url, hop=hop, owner_id=self.owner_id, params=params).body
+                return self.payments.call(
+                    "GET", path, hop=hop, owner_id=self.owner_id, params=params
+                ).body
             except DlockError as exc:
                 if attempt >= hop.retries or not (
                     isinstance(exc, ServiceUnreachable) or exc.retry_safe
                 ):
                     raise
                 attempt += 1
-                self.sleep(BACKOFF_INITIAL_S * 2**attempt)
+                self.sleep(retry_delay_s(exc, BACKOFF_INITIAL_S * 2**attempt, cap_s=1.0))
 
     def list_payouts(
         self, state: str, *, limit: int = 100, max_items: int = 500
@@ -98,7 +105,7 @@ class Api:
             params: dict[str, Any] = {"state": state, "limit": limit}
             if cursor:
                 params["cursor"] = cursor
-            page = self._read(f"{self.payments_url}/v1/payouts", params)
+            page = self._read("/v1/payouts", params)
             items.extend(Candidate.from_item(item) for item in page.get("items", []))
             cursor = page.get("nextCursor")
             if not cursor:
@@ -107,16 +114,16 @@ class Api:
 
     def get_payout(self, payout_id: str) -> dict[str, Any]:
         """P4: the payout and its submissions summary. Advisory."""
-        return self._read(f"{self.payments_url}/v1/payouts/{payout_id}")
+        return self._read(f"/v1/payouts/{payout_id}")
 
     def get_account(self, account_id: str) -> dict[str, Any]:
         """P5. Advisory."""
-        return self._read(f"{self.payments_url}/v1/accounts/{account_id}")
+        return self._read(f"/v1/accounts/{account_id}")
 
     # -- protected writes ----------------------------------------------------------------
 
     def _write(
-        self, url: str, body: dict[str, Any], *, token: int, proof: str, key: str, hop: str
+        self, path: str, body: dict[str, Any], *, token: int, proof: str, key: str, hop: str
     ) -> Any:
         budget = BUDGETS[hop]
         headers = {
@@ -127,9 +134,9 @@ class Api:
         attempt = 0
         while True:
             try:
-                return call(
+                return self.payments.call(
                     "POST",
-                    url,
+                    path,
                     hop=budget,
                     owner_id=self.owner_id,
                     json_body=body,
@@ -139,14 +146,14 @@ class Api:
                 if attempt >= budget.retries or not _retriable_write_failure(exc):
                     raise
                 attempt += 1
-                self.sleep(BACKOFF_INITIAL_S)
+                self.sleep(retry_delay_s(exc, BACKOFF_INITIAL_S, cap_s=1.0))
 
     def claim(
         self, payout_id: str, *, token: int, proof: str, expected_state: str
     ) -> dict[str, Any]:
         """P2: PENDING/CLAIMED → CLAIMED under `token` (account fence strictly below it)."""
         return self._write(
-            f"{self.payments_url}/v1/payouts/{payout_id}/claim",
+            f"/v1/payouts/{payout_id}/claim",
             {"expectedState": expected_state},
             token=token,
             proof=proof,
@@ -159,7 +166,7 @@ class Api:
     ) -> dict[str, Any]:
         """P3: RAIL_ACKED → POSTED with the two ledger legs (account fence ≤ token)."""
         return self._write(
-            f"{self.payments_url}/v1/payouts/{payout_id}/post",
+            f"/v1/payouts/{payout_id}/post",
             {
                 "railReference": rail_reference,
                 "submissionId": submission_id,
@@ -181,9 +188,10 @@ class Api:
             "currency": payout["currency"],
             "beneficiaryRef": payout.get("beneficiaryRef") or "",
         }
-        return call(
+        return self.rail_proxy.call(
             "POST",
-            f"{self.rail_proxy_url}/v1/rail/submissions",
+            "/v1/rail/submissions",
+            failover_after_send=False,
             hop=BUDGETS["rail.submit"],
             owner_id=self.owner_id,
             json_body=body,

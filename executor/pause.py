@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable
 
 from dlock.logs import log_event
@@ -67,7 +68,10 @@ class PausePlan:
             return
         log_event("executor_paused", phase=phase, action=str(action), pid=os.getpid(), **fields)
         if action == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)
+            # Directed at this thread: the stop is taken on this very syscall's return. A
+            # process-directed kill() may be taken by another thread first, letting this one
+            # (a section thread of a concurrent executor) run on into its protected write.
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
             log_event("executor_resumed", phase=phase, pid=os.getpid(), **fields)
             return
         wait(float(action))

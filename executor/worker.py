@@ -23,10 +23,9 @@ import random
 import threading
 import time
 from collections import deque
-from datetime import UTC, datetime
 from typing import Any
 
-from dlock.budgets import BUDGETS
+from dlock.budgets import BACKOFF_INITIAL_S, BUDGETS
 from dlock.client import (
     ContentionExceeded,
     DlockError,
@@ -38,6 +37,8 @@ from dlock.client import (
     LockContended,
     LockLost,
     LockSession,
+    NotLeader,
+    Overloaded,
     PayoutNotClaimable,
     RailAmbiguous,
     RailUnavailable,
@@ -46,28 +47,33 @@ from dlock.client import (
     SessionExpired,
     SessionUnknown,
     ValidationFailed,
+    retry_delay_s,
 )
 from dlock.logs import log_event
-from dlock.metrics import payout_backlog_age, payout_execute
+from dlock.metrics import payout_execute
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id
 from executor.api import Api, Candidate
+from executor.backoff import AccountBackoff
+from executor.dispatch import Dispatcher
 from executor.pause import PausePlan
+from executor.picking import LIST_PAGE, RECOVERABLE, Picker  # noqa: F401 - re-exported
 
-RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
-LIST_PAGE = 100
 # Outcomes after which the payout is exactly where it was: waiting on someone else.
 NO_PROGRESS = ("lock_contended", "lock_lost", "error", "abandoned", "skipped")
 # Not executions, so not counted in payout_execute_total (logged as payout_executed).
 UNCOUNTED = ("abandoned", "skipped")
 CLAIMABLE = ("PENDING", "CLAIMED")
+# `--until-idle` with only backed-off work left: the run did not finish its work (issue 19.2).
+EXIT_BACKED_OFF = 3
 
 
 class Abandon(Exception):  # noqa: N818 - a control-flow signal, not an error
     """Stop requested mid-section before anything irreversible: release and leave."""
 
 
-class Executor:
-    """One worker process's loop. Thread-compatible, not thread-safe: one loop per instance."""
+class Executor(Picker):
+    """One worker process: one lock session, up to `concurrency` sections in flight (one per
+    account). `execute()` is thread-safe for distinct accounts; `run()` is one loop per instance."""
 
     def __init__(
         self,
@@ -82,6 +88,9 @@ class Executor:
         batch: int = 10,
         pause: PausePlan | None = None,
         acquire_retry: RetryPolicy | None = None,
+        backoff: AccountBackoff | None = None,
+        concurrency: int = 1,
+        drain_budget_s: float = 20.0,
     ) -> None:
         self.owner_id = owner_id
         self.lock_ttl_ms = lock_ttl_ms
@@ -103,6 +112,24 @@ class Executor:
         self.hands_off: set[str] = set()
         self.progressed = False  # since the loop last looked
         self.round_progress = False  # since the last P1 refresh
+        # A dependency (lock server, payment resource) did not answer the last call: the run
+        # is waiting out an outage, not idle (issue 16: --until-idle must not give up on it).
+        self.outage = False
+        # key → the highest fencing token this process has presented to a resource under it.
+        # A grant whose token is not above it (a re-acquire after a release that timed out
+        # hands the same grant back) is never used for another payout: a false FENCED_OUT.
+        self.presented: dict[str, int] = {}
+        self.backoff = backoff or AccountBackoff()
+        self.concurrency = concurrency
+        self.drain_budget_s = drain_budget_s
+        self._mutex = threading.Lock()  # the session, counters and outcomes
+        self.contended_until: dict[str, float] = {}  # accountId → monotonic time
+        self.slow_until = 0.0  # a 503/429 asked the whole process to slow down until then
+        self.next_refresh = 0.0
+        self.exit_code = 0
+        self.EXIT_BACKED_OFF = EXIT_BACKED_OFF
+        # payoutId → accountId the last listing skipped for back-off
+        self.backed_off: dict[str, str] = {}
 
     # -- loop ----------------------------------------------------------------------------
 
@@ -121,44 +148,54 @@ class Executor:
     ) -> int:
         """Loop until stopped, `max_payouts` sections ran, or (until_idle) nothing is left.
 
+        Up to `concurrency` sections run at once, on distinct accounts (`executor.dispatch`).
         until_idle also gives up after `idle_timeout_s` without progress (e.g. a payout stuck
-        CLAIMED behind an unavailable rail), so a batch run always ends.
+        CLAIMED behind an unavailable rail), so a batch run always ends. Time spent in an outage
+        (a dependency not answering) counts as neither idleness nor lack of progress: the run
+        waits it out instead of exiting with work left. Returns the exit code: 0, or
+        EXIT_BACKED_OFF when only backed-off work was left.
         """
-        log_event("executor_started", ownerId=self.owner_id, lockTtlMs=self.lock_ttl_ms)
-        last_progress = time.monotonic()
+        log_event(
+            "executor_started",
+            ownerId=self.owner_id,
+            lockTtlMs=self.lock_ttl_ms,
+            concurrency=self.concurrency,
+        )
+        dispatcher = Dispatcher(
+            self, concurrency=self.concurrency, drain_budget_s=self.drain_budget_s
+        )
         try:
-            while not self.stop_requested.is_set():
-                if max_payouts is not None and self.sections >= max_payouts:
-                    break
-                worked = self.run_one_payout()
-                if self.progressed:
-                    last_progress = time.monotonic()
-                    self.progressed = False
-                if worked and self.queue:
-                    continue
-                if until_idle and (not worked or time.monotonic() - last_progress > idle_timeout_s):
-                    break
-                if not worked or not self.round_progress:
-                    # Nothing to do, or a round of only contention: don't spin on the lock server.
-                    self.stop_requested.wait(self.idle_sleep_s)
+            code = dispatcher.run(
+                max_payouts=max_payouts, until_idle=until_idle, idle_timeout_s=idle_timeout_s
+            )
         finally:
             self.close()
+        stuck = self.backoff.stuck()
         log_event(
             "executor_stopped",
+            level=logging.ERROR if code else logging.INFO,
             ownerId=self.owner_id,
             sections=self.sections,
             outcomes=self.outcomes,
+            exitCode=code,
+            # what an operator must look at: payouts left behind, and why
+            backedOff={
+                pid: stuck.get(account, "backing off") for pid, account in self.backed_off.items()
+            }
+            if code
+            else {},
         )
-        return 0
+        return code
 
     def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
-            self.session = None
+        with self._mutex:
+            if self.session is not None:
+                self.session.close()
+                self.session = None
 
     def run_one_payout(self) -> bool:
         """One critical section on the next candidate. False when there was nothing to try."""
-        candidate = self.next_candidate()
+        candidate = self.pick()
         if candidate is None:
             return False
         trace = set_trace_id(new_trace_id())
@@ -168,69 +205,45 @@ class Executor:
             reset_trace_id(trace)
         return True
 
-    # -- step 1: pick --------------------------------------------------------------------
-
-    def next_candidate(self) -> Candidate | None:
-        if not self.queue:
-            self.refresh()
-        return self.queue.popleft() if self.queue else None
-
-    def refresh(self) -> None:
-        """Fill the queue from P1: recovery first, then PENDING, each shuffled."""
-        try:
-            # One page each (oldest first): enough to fill a short queue and see the backlog age.
-            pending = self.api.list_payouts("PENDING", max_items=LIST_PAGE)
-            recover = [
-                c
-                for state in RECOVERABLE
-                for c in self.api.list_payouts(state, max_items=LIST_PAGE)
-            ]
-        except DlockError as exc:
-            log_event(
-                "executor_list_failed", level=logging.WARNING, ownerId=self.owner_id, error=str(exc)
-            )
-            return
-        oldest = min((c.created_at for c in pending if c.created_at), default=None)
-        payout_backlog_age.set(
-            (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
-        )
-        self.round_progress = False
-        pending = [c for c in pending if c.payout_id not in self.hands_off]
-        recover = [c for c in recover if c.payout_id not in self.hands_off]
-        random.shuffle(pending)
-        random.shuffle(recover)
-        # A short queue, refreshed often: a long one goes stale while other executors work it.
-        # Recovery first, but at most half of it: in-flight CLAIMED rows of live executors
-        # show up here too (they are contended and skipped), and must not starve PENDING.
-        picked = recover[: max(1, self.batch // 2)]
-        self.queue.extend((picked + pending)[: self.batch])
-
     # -- steps 2–7: one critical section -------------------------------------------------
 
     def _session(self) -> LockSession:
-        if self.session is not None and self.session.lost is None:
+        """The process's one lock session (one heartbeat), reopened once it was lost."""
+        with self._mutex:
+            if self.session is not None and self.session.lost is None:
+                return self.session
+            if self.session is not None:
+                self.session.close()
+            self.session = self.locks.open_session(self.session_ttl_ms)
             return self.session
-        if self.session is not None:
-            self.session.close()
-        self.session = self.locks.open_session(self.session_ttl_ms)
-        return self.session
 
     def execute(self, candidate: Candidate) -> str:
         """Run one payout's critical section; returns the outcome label it counted."""
         key = f"payout:{candidate.account_id}"
-        fields: dict[str, Any] = {"payoutId": candidate.payout_id, "ownerId": self.owner_id}
+        fields: dict[str, Any] = {
+            "payoutId": candidate.payout_id,
+            "accountId": candidate.account_id,
+            "ownerId": self.owner_id,
+        }
         try:
-            session = self._session()
-            grant = session.acquire(key, self.lock_ttl_ms, 0, retry=self.acquire_retry)
-        except (LockContended, ContentionExceeded):
+            grant = self._fresh_grant(key)
+        except (LockContended, ContentionExceeded) as exc:
+            self._contended(candidate.account_id, exc)
             return self._skip("lock_contended", fields)
         except (SessionUnknown, SessionExpired) as exc:
             log_event("executor_session_lost", level=logging.WARNING, error=str(exc), **fields)
             return self._skip("lock_lost", fields)
         except DlockError as exc:
+            self._note_outage(exc)
             log_event("executor_lock_failed", level=logging.WARNING, error=str(exc), **fields)
-            return self._skip("error", fields)
-        self.sections += 1
+            # an outage is waited out by the loop, not held against the account
+            return self._count("error", fields, refusal=not self.outage)
+        if grant is None:
+            log_event("executor_token_reused", level=logging.WARNING, key=key, **fields)
+            return self._skip("lock_lost", fields)
+        self.outage = False
+        with self._mutex:
+            self.sections += 1
         fields["token"] = grant.token
         log_event("executor_section_started", key=key, state=candidate.state, **fields)
         try:
@@ -256,12 +269,58 @@ class Executor:
             log_event("executor_not_claimable", details=exc.details, **fields)
         except DlockError as exc:
             outcome = "error"
+            self._slow_down(exc)
             log_event(
                 "executor_error", level=logging.WARNING, code=exc.code, error=str(exc), **fields
             )
         finally:
             grant.release()
         return self._count(outcome, fields)
+
+    def _fresh_grant(self, key: str) -> Grant | None:
+        """A grant on `key` whose token this process has never presented, or None.
+
+        A release that timed out leaves the grant held by this session, and the server hands
+        the same grant (same token) back to the next acquire: presenting it for another payout
+        would be refused by the fence as stale (a false FENCED_OUT, issue 16.3). Such a grant is
+        released for real and acquired once more; a second reused token gives up on the key.
+        """
+        for _ in range(2):
+            grant = self._session().acquire(key, self.lock_ttl_ms, 0, retry=self.acquire_retry)
+            if grant.token > self.presented.get(key, 0):
+                return grant
+            log_event(
+                "executor_grant_reacquired",
+                key=key,
+                token=grant.token,
+                presented=self.presented[key],
+                ownerId=self.owner_id,
+            )
+            grant.release()
+        return None
+
+    def _present(self, grant: Grant) -> None:
+        """Record that `grant.token` is about to reach a resource (before each protected write)."""
+        self.presented[grant.key] = max(grant.token, self.presented.get(grant.key, 0))
+
+    def _note_outage(self, exc: DlockError) -> None:
+        """A dependency that did not answer, or answered 503, is an outage to wait out."""
+        if isinstance(exc, (ServiceUnreachable, NotLeader, Overloaded)):
+            self.outage = True
+        self._slow_down(exc)
+
+    def _slow_down(self, exc: DlockError) -> None:
+        """A 503/429 from any service slows the whole process: no new section until then."""
+        if exc.status not in (429, 503):
+            return
+        delay = retry_delay_s(exc, BACKOFF_INITIAL_S * 2, cap_s=5.0) * (0.5 + random.random())
+        self.slow_until = max(self.slow_until, time.monotonic() + delay)
+
+    def _contended(self, account_id: str, exc: DlockError) -> None:
+        """Another process holds the key: leave the account for a jittered retryAfterMillis."""
+        delay = retry_delay_s(exc, BACKOFF_INITIAL_S, cap_s=5.0) * (1.0 + random.random())
+        self.contended_until[account_id] = time.monotonic() + delay
+        self._slow_down(exc)  # CONTENTION_EXCEEDED is a 429
 
     def _checkpoint(self, grant: Grant, phase: str, fields: dict[str, Any]) -> None:
         """Between steps: honour a stop request, re-check the grant, then the pause hook."""
@@ -278,6 +337,7 @@ class Executor:
         fields["state"] = state
         if state in CLAIMABLE:
             self._checkpoint(grant, "before_claim", fields)
+            self._present(grant)
             try:
                 self.api.claim(
                     candidate.payout_id, token=grant.token, proof=grant.proof, expected_state=state
@@ -302,6 +362,7 @@ class Executor:
             self._checkpoint(grant, "before_post", fields)
         else:
             grant.ensure_valid()
+        self._present(grant)
         self.api.post(
             candidate.payout_id,
             token=grant.token,
@@ -324,6 +385,7 @@ class Executor:
 
     def _submit(self, grant: Grant, payout: dict[str, Any], fields: dict[str, Any]):
         """Present the payout to the rail once. Returns the ACKED submission or an outcome."""
+        self._present(grant)
         try:
             submission = self.api.submit(payout, token=grant.token, proof=grant.proof)
         except RailAmbiguous as exc:
@@ -335,7 +397,8 @@ class Executor:
                 self._ambiguous(fields, {"reason": "executor read timeout"})
                 return "ambiguous"
             return "error"  # nothing reached the proxy; payout stays CLAIMED for recovery
-        except RailUnavailable:
+        except RailUnavailable as exc:
+            self._slow_down(exc)
             return "error"  # nothing presented; payout back to CLAIMED, a later grant retries
         except ValidationFailed as exc:
             log_event("executor_rail_rejected", details=exc.details, **fields)
@@ -372,13 +435,18 @@ class Executor:
     def _skip(self, outcome: str, fields: dict[str, Any]) -> str:
         return self._count(outcome, fields)
 
-    def _count(self, outcome: str, fields: dict[str, Any]) -> str:
+    def _count(self, outcome: str, fields: dict[str, Any], *, refusal: bool = True) -> str:
         if outcome not in NO_PROGRESS:
             self.progressed = self.round_progress = True
         if outcome not in UNCOUNTED:
             payout_execute.labels(outcome=outcome).inc()
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        with self._mutex:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         log_event("payout_executed", outcome=outcome, **fields)
+        if refusal:
+            self.backoff.note(
+                account_id=fields["accountId"], payout_id=fields["payoutId"], outcome=outcome
+            )
         return outcome
 
 

@@ -88,6 +88,9 @@ def from_stack_env(run_dir: Path | None = None) -> StackHandle:
     env = read_env(run_dir / "stack.env")
     if not env:
         raise MissingPiece(f"no {run_dir / 'stack.env'}: run `make up` first")
+    for var in ("DLOCK_EXECUTOR_CREDENTIAL", "DLOCK_OPERATOR_CREDENTIAL"):  # issue 15
+        if env.get(var):
+            os.environ.setdefault(var, env[var])  # the runner's in-process lock client
 
     def restart(role: str) -> None:
         # exactly the argv and environment the role was started with (its .run/roles record)
@@ -105,6 +108,22 @@ def scrape(url: str, timeout: float = 1.0) -> str | None:
     except requests.RequestException:
         return None
     return resp.text if resp.status_code == 200 else None
+
+
+def _credentials() -> dict[str, str]:
+    """An executor and an operator credential (this process's, else fresh ones, which this
+    process then uses too: the runner calls the lock server in-process), and their hashes."""
+    from dlock.auth import credentials_entry, new_credential
+
+    executor = os.environ.setdefault("DLOCK_EXECUTOR_CREDENTIAL", new_credential())
+    operator = os.environ.setdefault("DLOCK_OPERATOR_CREDENTIAL", new_credential())
+    return {
+        "DLOCK_EXECUTOR_CREDENTIAL": executor,
+        "DLOCK_OPERATOR_CREDENTIAL": operator,
+        "DLOCK_CREDENTIALS": (
+            f"{credentials_entry(executor, 'executor')},{credentials_entry(operator, 'operator')}"
+        ),
+    }
 
 
 __all__ = ["MissingPiece", "StackError", "StackHandle", "from_stack_env", "scrape"]
@@ -138,6 +157,7 @@ def private_stack(
         "LOCK_BACKEND": "pg",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         **{DB_URL_ENV[name]: cluster.create_database(name) for name in DATABASES},
+        **_credentials(),  # issue 15: callers and roles of this throwaway stack
         **(extra_env or {}),
     }
     ports = {role: free_port() for role in ROLES}

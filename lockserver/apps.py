@@ -12,12 +12,9 @@ class LockserverConfig(AppConfig):
         if settings.ROLE != "lockserver":
             return
         from dlock.health import register_readiness_check
-        from lockserver.backends import get_backend
+        from lockserver.backends import get_backend, start_up
 
-        if settings.LOCK_BACKEND == "etcd":
-            from lockserver.backends.etcd import start_up
-
-            start_up()  # refuses to start, in one line, when the token floor cannot be made safe
+        start_up()  # refuses to start, in one line, when the token floor cannot be made safe
 
         # Readiness builds the backend: the token floor is applied and the listener started
         # before the process is reported ready (start-up check of LOCK_TOKEN_FLOOR).

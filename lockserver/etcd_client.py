@@ -22,6 +22,7 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 # gRPC status codes that mean "this member cannot serve now": DEADLINE_EXCEEDED, UNAVAILABLE.
 _UNAVAILABLE_GRPC = {4, 14}
@@ -45,6 +46,23 @@ class EtcdError(Exception):
 
 class EtcdUnavailable(EtcdError):
     """Unreachable, timed out, or the member has no leader: nothing can be decided here now."""
+
+
+class _Refused(Exception):
+    """A member provably did nothing with the call: safe to send it to another member."""
+
+    def __init__(self, unavailable: EtcdUnavailable) -> None:
+        super().__init__(str(unavailable))
+        self.unavailable = unavailable
+
+
+def _never_connected(exc: requests.RequestException) -> bool:
+    """The TCP connection was never made (refused, unroutable, connect timeout): no byte of
+    the request reached the member. A reset after connecting proves nothing."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return isinstance(reason, NewConnectionError | ConnectTimeoutError)
 
 
 def _b64(raw: str | bytes) -> str:
@@ -140,8 +158,13 @@ def delete(key: str, *, prev_kv: bool = False) -> dict[str, Any]:
     return {"request_delete_range": body}
 
 
-def get(key: str, *, prefix: bool = False, count_only: bool = False) -> dict[str, Any]:
+def get(
+    key: str, *, prefix: bool = False, count_only: bool = False, revision: int = 0
+) -> dict[str, Any]:
+    """A range op; `revision` > 0 reads the key as it was at that revision (until compacted)."""
     body: dict[str, Any] = {"key": _b64(key)}
+    if revision:
+        body["revision"] = str(revision)
     if prefix:
         body["range_end"] = _b64(prefix_end(key))
     if count_only:
@@ -163,7 +186,11 @@ class EtcdClient:
         read_timeout: float = 2.0,
         pool_size: int = 64,
     ) -> None:
-        self.url = url.rstrip("/")
+        # ETCD_URL is a comma-separated list of members (ARCHITECTURE decision 16)
+        self.urls = [part.strip().rstrip("/") for part in url.split(",") if part.strip()]
+        if not self.urls or not all(u.startswith(("http://", "https://")) for u in self.urls):
+            raise ValueError(f"ETCD_URL must be http(s) URLs separated by commas, got {url!r}")
+        self._member = 0
         self.timeout = (connect_timeout, read_timeout)
         self.session = requests.Session()
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
@@ -173,14 +200,50 @@ class EtcdClient:
     def close(self) -> None:
         self.session.close()
 
+    @property
+    def url(self) -> str:
+        """The member calls go to now; moves on when one refuses or times out."""
+        return self.urls[self._member % len(self.urls)]
+
+    def _next_member(self, failed: str) -> None:
+        if self.url == failed:  # another thread may have moved on already
+            self._member = (self._member + 1) % len(self.urls)
+
     # -- transport
 
     def _post(self, path: str, body: dict[str, Any], timeout=None) -> dict[str, Any]:
+        """One call, moving to the next member while a member provably did nothing (connection
+        refused, connect timeout, or it answered "unavailable / no leader"), every member at
+        most once and all within one connect + read timeout: the hop budget. A read timeout
+        after the request was sent is not retried (the write may have applied): the next call
+        goes to the next member."""
+        deadline = time.monotonic() + self.timeout[0] + self.timeout[1]
+        last = EtcdUnavailable("etcd call out of time")
+        for _attempt in range(len(self.urls)):
+            member = self.url
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.05:
+                break
+            try:
+                return self._post_once(member, path, body, timeout, remaining)
+            except _Refused as exc:
+                self._next_member(member)
+                last = exc.unavailable
+            except EtcdUnavailable:
+                self._next_member(member)
+                raise
+        raise last
+
+    def _post_once(
+        self, member: str, path: str, body: dict[str, Any], timeout, remaining: float
+    ) -> dict[str, Any]:
+        connect, read = timeout or self.timeout
+        bounded = (min(connect, remaining), max(0.05, min(read, remaining)))
         try:
-            resp = self.session.post(
-                f"{self.url}/v3/{path}", json=body, timeout=timeout or self.timeout
-            )
+            resp = self.session.post(f"{member}/v3/{path}", json=body, timeout=bounded)
         except requests.RequestException as exc:
+            if _never_connected(exc):
+                raise _Refused(EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}")) from exc
             raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
         try:
             data = resp.json()
@@ -195,7 +258,10 @@ class EtcdClient:
             or code in _UNAVAILABLE_GRPC
             or any(text in message for text in _UNAVAILABLE_TEXT)
         ):
-            raise EtcdUnavailable(f"etcd unavailable: {message}", code)
+            unavailable = EtcdUnavailable(f"etcd unavailable: {message}", code)
+            if "no leader" in message or "not capable" in message or "stopped" in message:
+                raise _Refused(unavailable)  # refused before proposing: nothing applied
+            raise unavailable
         raise EtcdError(f"etcd error: {message}", code)
 
     # -- KV
@@ -281,14 +347,16 @@ class EtcdClient:
     ) -> requests.Response:
         """One watch stream, a watcher per create_request; no connection is EtcdUnavailable."""
         lines = [json.dumps({"create_request": create}) for create in creates]
+        member = self.url
         try:
             return requests.post(
-                f"{self.url}/v3/watch",
+                f"{member}/v3/watch",
                 data="\n".join(lines) + "\n",
                 stream=True,
                 timeout=(self.timeout[0], read_timeout_s),
             )
         except requests.RequestException as exc:
+            self._next_member(member)
             raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
 
     def wait_for_change(self, keys: list[str], *, after_revision: int, timeout_s: float) -> bool:

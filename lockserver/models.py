@@ -1,5 +1,5 @@
 """lockdb tables of the PostgreSQL lock backend. Read and written only by raw SQL in
-`lockserver/fenced_sql.py` (every expiry is decided by `clock_timestamp()` there); the models
+`lockserver/backends/pg_sql.py` (every expiry is decided by `clock_timestamp()` there); the models
 exist for migrations, the admin-free ops shell and tests.
 """
 
@@ -147,3 +147,29 @@ class LockRevocation(models.Model):
 
     def __str__(self) -> str:
         return f"revocation of {self.lock_key} token={self.revoked_token}"
+
+
+class LockTokenHighWater(models.Model):
+    """The highest token this deployment may have issued, whatever the backend (one row, id 1).
+
+    Raised with GREATEST, never lowered: on pg it mirrors `fencing_token_seq`; on etcd it is a
+    reserved ceiling written before any token above it is handed out. Every start-up, on either
+    backend, puts the next token above it (docs/lockserver.md "Token continuity").
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True)
+    token = models.BigIntegerField()
+    backend = models.CharField(max_length=8)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "lock_token_high_water"
+        constraints = [
+            models.CheckConstraint(condition=models.Q(id=1), name="lock_token_high_water_one_row"),
+            models.CheckConstraint(
+                condition=models.Q(token__gte=0), name="lock_token_high_water_non_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"token high water {self.token} ({self.backend})"

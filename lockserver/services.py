@@ -7,8 +7,10 @@ and the live sessions/grants gauges.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 
+from django.conf import settings
 from django.db import DatabaseError
 
 from dlock.errors import ApiError, Code
@@ -51,12 +53,63 @@ def close_session(*, session_id: uuid.UUID, owner_id: str) -> None:
     get_backend().close_session(session_id=session_id, owner_id=owner_id)
 
 
+_wait_slots: threading.BoundedSemaphore | None = None
+_wait_slots_guard = threading.Lock()
+
+
+def _wait_slot() -> bool:
+    """Take one of the process's LOCK_MAX_WAITS_PER_PROCESS server-side wait slots, if free.
+
+    A waiting acquire holds a worker thread for up to waitMillis; the bound keeps enough
+    threads for every other request (L7, heartbeats, releases, probes) however many callers
+    wait (issue 15 item 3)."""
+    global _wait_slots
+    if _wait_slots is None:
+        with _wait_slots_guard:
+            if _wait_slots is None:
+                _wait_slots = threading.BoundedSemaphore(settings.LOCK_MAX_WAITS_PER_PROCESS)
+    return _wait_slots.acquire(blocking=False)
+
+
+def _waits_exhausted(key: str, contended: ApiError) -> ApiError:
+    return ApiError(
+        Code.CONTENTION_EXCEEDED,
+        f"the lock server already holds {settings.LOCK_MAX_WAITS_PER_PROCESS} waiting acquires;"
+        " retry after retryAfterMillis",
+        details={"key": key, "processWaitCap": settings.LOCK_MAX_WAITS_PER_PROCESS},
+        retry_after_ms=contended.retry_after_ms,
+    )
+
+
+def _backend_acquire(
+    backend, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
+) -> GrantRecord:
+    """The backend's acquire; a wait only while a wait slot is free. Without one the caller
+    still gets a free key at once, and 429 CONTENTION_EXCEEDED instead of a parked thread."""
+    call = {"key": key, "session_id": session_id, "owner_id": owner_id, "ttl_ms": ttl_ms}
+    if wait_ms <= 0:
+        return backend.acquire(**call, wait_ms=0)
+    if not _wait_slot():
+        try:
+            return backend.acquire(**call, wait_ms=0)
+        except ApiError as exc:
+            if exc.code == Code.LOCK_CONTENDED:
+                raise _waits_exhausted(key, exc) from None
+            raise
+    try:
+        return backend.acquire(**call, wait_ms=wait_ms)
+    finally:
+        assert _wait_slots is not None
+        _wait_slots.release()
+
+
 def acquire(
     *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
 ) -> GrantRecord:
     backend = get_backend()
     try:
-        grant = backend.acquire(
+        grant = _backend_acquire(
+            backend,
             key=key,
             session_id=session_id,
             owner_id=owner_id,

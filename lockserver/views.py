@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from dlock import proof
+from dlock.auth import request_principal
 from dlock.errors import validation_error
 from dlock.headers import fencing_token, owner_id, validate_owner_id
 from dlock.serializers import (
@@ -23,6 +24,7 @@ from dlock.serializers import (
 from dlock.timefmt import rfc3339_ms
 from lockserver import openapi, services
 from lockserver.backends.base import GrantRecord
+from lockserver.ownership import check_owner, record_owner  # issue 15: session ownership
 
 KEY_MAX = 128
 _KEY = re.compile(r"[a-zA-Z0-9:._\-]+", re.ASCII)
@@ -136,6 +138,7 @@ class SessionsView(APIView):
             owner = owner_id(request)
         ttl = _clamp_ttl(data.get("ttlMillis", settings.LOCK_SESSION_TTL_MS))
         session = services.open_session(owner_id=owner, ttl_ms=ttl)
+        record_owner(session_id=session.session_id, principal=request_principal(request))
         return Response(
             {
                 "sessionId": str(session.session_id),
@@ -155,6 +158,7 @@ class HeartbeatView(APIView):
         sid = parse_uuid(session_id, field="sessionId")
         owner = owner_id(request)
         _parse(EmptyInput, request.data)
+        check_owner(session_id=sid, principal=request_principal(request))
         beat = services.heartbeat(session_id=sid, owner_id=owner)
         return Response(
             {
@@ -174,6 +178,7 @@ class SessionView(APIView):
         sid = parse_uuid(session_id, field="sessionId")
         owner = owner_id(request)
         _parse(EmptyInput, request.data)
+        check_owner(session_id=sid, principal=request_principal(request))
         services.close_session(session_id=sid, owner_id=owner)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -195,6 +200,7 @@ class AcquireView(APIView):
         owner = owner_id(request)
         data = _parse_acquire(request.data)
         sid = parse_uuid(data["sessionId"], field="sessionId")
+        check_owner(session_id=sid, principal=request_principal(request))
         grant = services.acquire(
             key=key,
             session_id=sid,
@@ -223,6 +229,7 @@ class RenewView(APIView):
         data = _parse(RenewInput, request.data)
         sid = parse_uuid(data["sessionId"], field="sessionId")
         ttl = data.get("ttlMillis")
+        check_owner(session_id=sid, principal=request_principal(request))
         proof.require(request, key=key, token=token)
         grant = services.renew(
             key=key, session_id=sid, token=token, ttl_ms=None if ttl is None else _clamp_ttl(ttl)
@@ -272,6 +279,7 @@ class LockView(APIView):
                 [{"field": "sessionId", "message": "required"}],
             )
         sid: uuid.UUID = parse_uuid(raw, field="sessionId")
+        check_owner(session_id=sid, principal=request_principal(request))
         proof.require(request, key=key, token=token)
         services.release(key=key, session_id=sid, token=token)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -3,8 +3,8 @@
 pg backend: `fencing_token_seq` in lockdb (last_value once called). etcd backend: the token
 offset (`{ETCD_PREFIX}meta/token_offset`) plus the store's current revision — every token is
 offset-at-grant + create revision, offsets only rise, so no issued token exceeds it and every
-later one is greater (lockserver/backends/etcd.py, `next_token_lower_bound`). The pg sequence
-counts under etcd too: a lock server switched from pg keeps the tokens pg issued.
+later one is greater (lockserver/backends/etcd/tokens.py, `next_token_lower_bound`). The pg
+sequence counts under etcd too: a lock server switched from pg keeps the tokens pg issued.
 """
 
 from __future__ import annotations

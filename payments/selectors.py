@@ -63,7 +63,9 @@ def decode_cursor(raw: str, *, state: str, account: str) -> tuple[dt.datetime, u
         payout_id = uuid.UUID(payout_raw)
     except ValueError:
         raise _bad_cursor("bad position") from None
-    if created_at.tzinfo is None:
+    # Issued cursors are UTC; any other offset (e.g. a forged +23:59, which PostgreSQL cannot
+    # store) is not ours and must not reach the database as a DataError.
+    if created_at.utcoffset() != dt.timedelta(0):
         raise _bad_cursor("bad position")
     if (cursor_state, cursor_account) != (state, account):
         raise _bad_cursor("issued for different filters")

@@ -468,6 +468,7 @@ def resolve_quarantined(
         )
         if posted is None:
             raise _not_in_state(cur, payout_id, ("RAIL_AMBIGUOUS",))
+        assert locked is not None  # the account row was locked above, under this transaction
         account_id, amount, currency = posted
         _post_to_settlement(
             cur,

@@ -9,7 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from dlock.proof import DEV_PROOF_KEYS, parse_key_ring
 from dlock.roles import SERVICE_NAMES
-from settings.env import env_bool, env_database, env_int, env_str
+from settings.env import env_bool, env_credentials, env_database, env_int, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -59,6 +59,7 @@ BASE_APPS = [
 
 MIDDLEWARE = [
     "dlock.middleware.TraceMiddleware",
+    "dlock.middleware.MethodGuardMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "dlock.middleware.RequestGuardMiddleware",
@@ -67,7 +68,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.common.CommonMiddleware",
     "dlock.middleware.EnvelopeMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "dlock.middleware.CredentialMiddleware",
+    "dlock.middleware.PrometheusAfterMiddleware",
 ]
 
 TEMPLATES = [
@@ -154,6 +156,10 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
+# Caller credentials (dlock.auth, docs/security.md): SHA-256 hashes only, `scope:sha256hex`
+# entries, several valid at once for rotation. Empty: every /v1 call is 401 (fail closed).
+DLOCK_CREDENTIAL_HASHES = env_credentials("DLOCK_CREDENTIALS")
+
 # Lock semantics (C3 §3.3 / §3.8).
 LOCK_BACKEND = env_str("LOCK_BACKEND", "pg")
 if LOCK_BACKEND not in ("pg", "etcd"):
@@ -166,6 +172,10 @@ ETCD_URL = env_str("ETCD_URL", "http://127.0.0.1:2379")
 # How long a request may wait, from its arrival until a gunicorn worker thread takes it, before
 # it is shed with 503 OVERLOADED (dlock.serving times the wait, dlock.admission sheds).
 SERVER_QUEUE_DEADLINE_MS = env_int("SERVER_QUEUE_DEADLINE_MS", 500, minimum=10)
+# A request's head and body must have arrived within this long of its first byte (of the accept,
+# on a new connection), whatever its pace, or the connection is closed with 408 (dlock.serving:
+# a slow or stalled client never holds a worker thread).
+SERVER_HEADER_TIMEOUT_MS = env_int("SERVER_HEADER_TIMEOUT_MS", 3_000, minimum=100, maximum=60_000)
 
 # Database capacity and deadlines (failure-behavior.md "Capacity and deadlines").
 DB_POOL_MAX = env_int("DB_POOL_MAX", 8, minimum=1)
@@ -231,11 +241,16 @@ LOCK_TOKEN_FLOOR = env_int("LOCK_TOKEN_FLOOR", 0, minimum=0)
 LOCK_SESSION_RETENTION_MS = env_int("LOCK_SESSION_RETENTION_MS", 86_400_000, minimum=60_000)
 # Server-side acquire waits (waitMillis): at most this many waiters per key ...
 LOCK_MAX_WAITERS_PER_KEY = env_int("LOCK_MAX_WAITERS_PER_KEY", 8, minimum=1)
+# ... at most this many waiting acquires per process (each holds a worker thread; beyond it:
+# 429 CONTENTION_EXCEEDED at once), well below GUNICORN_THREADS (32 for the lock server) ...
+LOCK_MAX_WAITS_PER_PROCESS = env_int("LOCK_MAX_WAITS_PER_PROCESS", 16, minimum=1)
 # ... and at most LOCK_RETRY_BUDGET contended attempts per (session, key) per window.
 LOCK_RETRY_BUDGET = env_int("LOCK_RETRY_BUDGET", 20, minimum=1)
 LOCK_RETRY_WINDOW_MS = env_int("LOCK_RETRY_WINDOW_MS", 10_000, minimum=100)
 # Reaper period: expiry events, session retention, live gauges.
 LOCK_HOUSEKEEPING_MS = env_int("LOCK_HOUSEKEEPING_MS", 1_000, minimum=50)
+# retryAfterMillis of 503 NOT_LEADER when the etcd store is unreachable or has no leader.
+LOCK_NOT_LEADER_RETRY_MS = env_int("LOCK_NOT_LEADER_RETRY_MS", 1_000, minimum=10, maximum=60_000)
 
 # Service URLs for clients of our own hops (executor, revoke_lock, experiment; issue 7).
 LOCK_SERVER_URL = env_str("LOCK_SERVER_URL", "http://127.0.0.1:8081")
@@ -255,7 +270,7 @@ RAIL_SWEEP_ENABLED = env_bool("RAIL_SWEEP_ENABLED", True)
 # or leaderless member answers 503 NOT_LEADER within about a second, never a hang.
 ETCD_PREFIX = env_str("ETCD_PREFIX", "dlock/")
 ETCD_CONNECT_TIMEOUT_MS = env_int("ETCD_CONNECT_TIMEOUT_MS", 500, minimum=10, maximum=10_000)
-ETCD_REQUEST_TIMEOUT_MS = env_int("ETCD_REQUEST_TIMEOUT_MS", 2_000, minimum=10, maximum=30_000)
+ETCD_REQUEST_TIMEOUT_MS = env_int("ETCD_REQUEST_TIMEOUT_MS", 400, minimum=10, maximum=30_000)
 # On etcd, the PostgreSQL backend's last token (lockdb's fencing_token_seq, when present) is a
 # floor too, so a pg → etcd switch keeps tokens increasing even without LOCK_TOKEN_FLOOR.
 LOCK_TOKEN_FLOOR_FROM_PG = env_bool("LOCK_TOKEN_FLOOR_FROM_PG", True)

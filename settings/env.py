@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -59,3 +60,27 @@ def env_database(name: str) -> dict:
     options.setdefault("application_name", os.environ.get("ROLE", "dlock"))
     config["TEST"] = {"NAME": f"test_{config['NAME']}"}
     return config
+
+
+CREDENTIAL_SCOPES = frozenset({"executor", "operator"})
+_CREDENTIAL_ENTRY = re.compile(r"(?P<scopes>[a-z]+(?:\+[a-z]+)*):(?P<digest>[0-9a-f]{64})")
+
+
+def env_credentials(name: str) -> dict[str, frozenset[str]]:
+    """`scope[+scope]:sha256hex` entries, comma-separated → {sha256hex: scopes} (dlock.auth)."""
+    table: dict[str, set[str]] = {}
+    for entry in (part.strip() for part in os.environ.get(name, "").split(",")):
+        if not entry:
+            continue
+        match = _CREDENTIAL_ENTRY.fullmatch(entry)
+        if not match:
+            raise ImproperlyConfigured(
+                f"{name} entries must be scope[+scope]:sha256hex (64 lowercase hex digits)"
+            )
+        scopes = set(match.group("scopes").split("+"))
+        if not scopes <= CREDENTIAL_SCOPES:
+            raise ImproperlyConfigured(
+                f"{name}: unknown scope(s) {sorted(scopes - CREDENTIAL_SCOPES)}"
+            )
+        table.setdefault(match.group("digest"), set()).update(scopes)
+    return {digest: frozenset(scopes) for digest, scopes in table.items()}

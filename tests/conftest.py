@@ -20,7 +20,7 @@ from devstack import (
     manage,
     migrate_all,
 )
-from tests import pgplugin
+from tests import credentials, pgplugin
 
 ROLES = ("lockserver", "payments", "railproxy", "railstub")
 
@@ -66,6 +66,9 @@ def start_stack(prefix: str, extra_env: dict[str, str] | None = None) -> LiveSta
         "DLOCK_PROOF_KEYS": os.environ["DLOCK_PROOF_KEYS"],
         "DJANGO_DEBUG": "false",
         "LOCK_BACKEND": "pg",
+        "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
+        "DLOCK_EXECUTOR_CREDENTIAL": credentials.EXECUTOR,
+        "DLOCK_OPERATOR_CREDENTIAL": credentials.OPERATOR,
         **create_live_databases(prefix),
         **(extra_env or {}),
     }
@@ -113,9 +116,10 @@ def etcd_server():
 
 def raw_request(port: int, payload: bytes) -> bytes:
     """Send raw bytes to 127.0.0.1:port and read until the server closes (for requests an HTTP
-    client library refuses to send)."""
+    client library refuses to send); the suite's credential is added to a complete head that
+    has none (tests.credentials)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(payload)
+        sock.sendall(credentials.with_authorization(payload))
         chunks = []
         while data := sock.recv(65536):
             chunks.append(data)

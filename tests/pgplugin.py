@@ -66,6 +66,10 @@ os.environ.setdefault("DLOCK_PROOF_KEYS", f"t1:{secrets.token_urlsafe(32)}")
 os.environ["DJANGO_DEBUG"] = "false"
 os.environ.setdefault("ROLE", "ops")
 
+from tests import credentials  # noqa: E402 - after the environment it extends
+
+credentials.install()
+
 
 def server_url(dbname: str) -> str:
     return _with_db(SERVER_URL, dbname)

@@ -31,6 +31,8 @@ EXPECTED = {
     "OVERLOADED": (503, True, True),
     "DEADLINE_EXCEEDED": (504, True, False),
     "INTERNAL": (500, False, False),
+    "UNAUTHENTICATED": (401, False, False),  # ARCHITECTURE 14
+    "FORBIDDEN": (403, False, False),
 }
 
 

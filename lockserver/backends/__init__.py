@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 from django.conf import settings
 
 from lockserver.backends.base import LockBackend
+from lockserver.backends.etcd import EtcdLockBackend, TokenFloorError
+from lockserver.backends.pg import PgLockBackend
 
 _backend: LockBackend | None = None
 _guard = threading.Lock()
@@ -17,14 +21,7 @@ def get_backend() -> LockBackend:
     global _backend
     with _guard:
         if _backend is None:
-            if settings.LOCK_BACKEND == "etcd":
-                from lockserver.backends.etcd import EtcdLockBackend
-
-                _backend = EtcdLockBackend()
-            else:
-                from lockserver.backends.pg import PgLockBackend
-
-                _backend = PgLockBackend()
+            _backend = EtcdLockBackend() if settings.LOCK_BACKEND == "etcd" else PgLockBackend()
         return _backend
 
 
@@ -35,3 +32,24 @@ def reset_backend() -> None:
         if _backend is not None:
             _backend.close()
         _backend = None
+
+
+def start_up() -> None:
+    """Once per lock-server process (called from lockserver/apps.py).
+
+    With LOCK_BACKEND=etcd, builds the backend, which persists or raises the token offset so
+    every next token exceeds the deployment's floor. A floor that cannot be made safe stops the
+    process with one line; an unreachable store does not (the floor is then ensured before the
+    first grant, and readiness stays DOWN until it is). Management commands (migrate and
+    friends) skip this: the serving process checks the floor, not the tools.
+    """
+    if Path(sys.argv[0]).name in ("manage.py", "django-admin"):
+        return
+    if settings.LOCK_BACKEND != "etcd":
+        return
+    try:
+        get_backend()
+    except TokenFloorError as exc:
+        sys.stderr.write(f"dlock lock-server: refusing to start: {exc}\n")
+        sys.stderr.flush()
+        raise SystemExit(3) from None

@@ -10,8 +10,10 @@ the lock-server's. Wire behaviour (codes, bodies) must be identical across backe
 Shared semantics (docs/lockserver.md): `lockserver.services` records lock_acquire_total and
 emits lock_acquired / lock_released / lock_revoked for every backend; a backend emits only
 lock_expired and session_expired and sets the live sessions/grants gauges. A second acquire by
-the session that already holds the live grant returns that grant unchanged (same token, same
-expiresAt). An owner_id that differs from the session's ownerId (heartbeat, close_session,
+the session that already holds the live grant replaces it with a new grant with a NEW, higher
+token (and a new expiresAt); the old token is from then on LOCK_LOST here and fenced by every
+resource the new one touches (logged once: lock_released cause=reacquired). An owner_id that
+differs from the session's ownerId (heartbeat, close_session,
 acquire when given) raises VALIDATION_FAILED naming X-Owner-Id and changes nothing; order of
 checks: unknown session 404, owner mismatch 400, expired session 410. Renew requires the grant
 to belong to session_id (else LOCK_LOST). The per-caller retry budget is

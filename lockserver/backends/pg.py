@@ -1,6 +1,6 @@
 """The PostgreSQL lock backend (lock.backend=pg): lockdb tables, tokens from fencing_token_seq.
 
-Statements live in `lockserver.fenced_sql`; this module owns the transactions, the waiting and
+Statements live in `lockserver.backends.pg_sql`; this module owns the transactions, the waiting and
 the mapping of "no row" answers to C3 codes. Hot paths are single autocommit statements:
 acquire (granted), renew, release. Every expiry is decided by the database clock.
 """
@@ -24,7 +24,8 @@ from dlock.errors import ApiError, Code, not_found
 from dlock.logs import log_event
 from dlock.metrics import lock_live_grants, lock_live_sessions
 from dlock.timefmt import rfc3339_ms
-from lockserver import fenced_sql as sql
+from lockserver.backends import pg_sql as sql
+from lockserver.backends import token_sql
 from lockserver.backends.base import (
     GrantRecord,
     HeartbeatRecord,
@@ -46,10 +47,11 @@ from lockserver.errors import (
 from lockserver.pg_listener import KeyListener
 
 logger = logging.getLogger("dlock.lockserver")
+INT64_MAX = 2**63 - 1
 
 
 class _PreparingCursor:
-    """Every statement of lockserver.fenced_sql is a fixed text: prepare it (per connection)."""
+    """Every statement of backends.pg_sql is a fixed text: prepare it (per connection)."""
 
     def __init__(self, cursor: psycopg.Cursor) -> None:
         self._cursor = cursor
@@ -70,6 +72,7 @@ class PgLockBackend:
             budget=settings.LOCK_RETRY_BUDGET, window_ms=settings.LOCK_RETRY_WINDOW_MS
         )
         self._floor_applied = False
+        self._floor_refusal_logged = False
         self._floor_guard = threading.Lock()
         params = dict(connections[self.alias].get_connection_params())
         for name in ("cursor_factory", "context", "prepare_threshold"):
@@ -142,6 +145,9 @@ class PgLockBackend:
         return None
 
     def _ensure_token_floor(self) -> None:
+        """Before the first token: the sequence above LOCK_TOKEN_FLOOR and above the deployment's
+        token high water (tokens an etcd period issued), so no token is ever issued twice or
+        below one a resource has seen. Until it is done, every call answers 503 NOT_LEADER."""
         if self._floor_applied:
             return
         with self._floor_guard:
@@ -149,9 +155,32 @@ class PgLockBackend:
                 return
             floor = settings.LOCK_TOKEN_FLOOR
             with self._atomic() as cursor:
-                last = sql.apply_token_floor(cursor, floor=floor)
-            log_event("token_floor_checked", backend=self.name, floor=floor, lastToken=last)
+                high_water, _ = token_sql.read_high_water(cursor)
+                target = max(floor, high_water)
+                if target >= INT64_MAX:
+                    raise self._floor_refused(target)
+                last = token_sql.apply_token_floor(cursor, floor=target)
+                token_sql.raise_high_water(cursor, token=last, backend=self.name)
+            log_event(
+                "token_floor_checked",
+                backend=self.name,
+                floor=floor,
+                highWater=high_water,
+                lastToken=last,
+            )
             self._floor_applied = True
+
+    def _floor_refused(self, target: int) -> ApiError:
+        if not self._floor_refusal_logged:
+            self._floor_refusal_logged = True
+            log_event(
+                "token_floor_refused",
+                level=logging.ERROR,
+                backend=self.name,
+                floor=target,
+                reason="no int64 token exceeds the deployment's token high water",
+            )
+        return ApiError(Code.NOT_LEADER, "the token floor cannot be made safe on this store")
 
     def _release_connection(self) -> None:
         """Give the pooled connection back before blocking: a waiter holds no DB slot."""
@@ -231,15 +260,10 @@ class PgLockBackend:
                 if not session.live:
                     raise session_expired(session_id)
                 if state.live and state.session_id == session_id:
-                    # Re-acquire by the holding session: the same grant, unchanged (idempotent).
-                    return GrantRecord(
-                        key,
-                        state.owner_id,
-                        session_id,
-                        state.fencing_token,
-                        state.acquired_at,
-                        state.expires_at,
-                    )
+                    rotated = self._rotate(key, session_id, state.fencing_token, ttl_ms)
+                    if rotated is not None:
+                        return rotated
+                    continue  # released, lapsed or revoked meanwhile: an ordinary attempt
                 if not state.live and free_retries < 3:
                     free_retries += 1
                     continue  # freed between our two statements: try again at once
@@ -283,6 +307,34 @@ class PgLockBackend:
             if waiter_id is not None:
                 with contextlib.suppress(Exception), self._cursor() as cursor:
                     sql.remove_waiter(cursor, waiter_id=waiter_id)
+
+    def _rotate(
+        self, key: str, session_id: uuid.UUID, token: int, ttl_ms: int
+    ) -> GrantRecord | None:
+        """Re-acquire by the holding session: a new grant with a new, higher token (never the
+        same one: a caller whose release was lost must not present a token twice, issue 16)."""
+        with self._cursor() as cursor:
+            grant = sql.rotate(cursor, key=key, session_id=session_id, token=token, ttl_ms=ttl_ms)
+        if grant is None:
+            return None
+        log_event(
+            "lock_released",
+            backend=self.name,
+            key=key,
+            fencingToken=token,
+            ownerId=grant.owner_id,
+            sessionId=str(session_id),
+            cause="reacquired",
+            supersededBy=grant.fencing_token,
+        )
+        return GrantRecord(
+            key,
+            grant.owner_id,
+            session_id,
+            grant.fencing_token,
+            grant.acquired_at,
+            grant.expires_at,
+        )
 
     def _granted(self, acquired: sql.Acquired, session_id: uuid.UUID) -> GrantRecord:
         grant = acquired.grant
@@ -410,6 +462,7 @@ class PgLockBackend:
                     expiredAt=rfc3339_ms(expired_at),
                 )
             sql.purge(cursor, retention_ms=settings.LOCK_SESSION_RETENTION_MS)
+            token_sql.mirror_sequence(cursor)
             sessions, grants = sql.live_counts(cursor)
         lock_live_sessions.labels(backend=self.name).set(sessions)
         lock_live_grants.labels(backend=self.name).set(grants)

@@ -1,7 +1,7 @@
 """The one global token source of the PostgreSQL backend (C3 §3.3: NEXTVAL of fencing_token_seq).
 
 NO CYCLE: a wrapped sequence would hand out a token below every fence already stored.
-The LOCK_TOKEN_FLOOR setting is applied at start-up (lockserver.fenced_sql.apply_token_floor).
+The LOCK_TOKEN_FLOOR setting is applied at start-up (lockserver.backends.token_sql.apply_token_floor).
 """
 
 from django.db import migrations

@@ -15,7 +15,7 @@ import pytest
 import requests
 from psycopg import sql
 
-from devstack import PROJECT, PYTHON, wait_until
+from devstack import PROJECT, PYTHON, RoleProcess, free_port, wait_until
 from tests.conftest import LiveStack, start_stack, stop_stack
 
 # Short leases so takeovers happen within a test; the proxy's rail read timeout short so an
@@ -117,8 +117,9 @@ def start_executor(
     lock_ttl_ms: int = LOCK_TTL_MS,
     session_ttl_ms: int = LOCK_TTL_MS,
     log_dir: Path,
+    env_overrides: dict[str, str] | None = None,
 ) -> ExecutorProcess:
-    env = {**os.environ, **stack.env, "ROLE": "executor"}
+    env = {**os.environ, **stack.env, "ROLE": "executor", **(env_overrides or {})}
     env.pop("DLOCK_EXECUTOR_PAUSE_AT", None)
     if pause:
         env["DLOCK_EXECUTOR_PAUSE_AT"] = pause
@@ -143,6 +144,16 @@ def start_executor(
         stderr=subprocess.STDOUT,
     )
     return ExecutorProcess(owner_id, process, log)
+
+
+def second_replica(stack: LiveStack, role: str, log_dir: Path) -> RoleProcess:
+    """Another replica of `role` on the stack's databases, on a port of its own (started)."""
+    return RoleProcess(role, free_port(), stack.env, log_dir / f"{role}-2.log").start()
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on: every connect is refused (nothing sent)."""
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def paydb(stack: LiveStack):

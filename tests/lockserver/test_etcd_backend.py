@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import logging
 import threading
 import time
 import uuid
@@ -11,6 +14,7 @@ import requests
 
 from dlock.errors import ApiError, Code
 from lockserver.backends.etcd import EtcdLockBackend
+from lockserver.etcd_client import put
 
 pytestmark = pytest.mark.etcd
 
@@ -354,3 +358,100 @@ def test_session_metadata_outlives_the_sessions_expiry_by_at_least_the_retention
     meta = backend._read_meta(session.session_id)
     assert _remaining_s(etcd_server, meta.lease) >= 60 + backend.retention_s - 2
     backend.close()
+
+
+def test_a_replayed_expiry_watch_reports_only_the_grant_that_expired_once(backend, caplog):
+    # issue 16 item 6: the watcher reconnecting from an old revision sees a released grant's
+    # deletion long after its recorded deadline passed; it must not call that an expiry
+    start = backend.client.read().revision
+    session = backend.open_session(owner_id="w", ttl_ms=10_000)
+    released_key, lapsed_key, revoked_key = key(), key(), key()
+    sid = session.session_id
+    released = backend.acquire(
+        key=released_key, session_id=sid, owner_id=None, ttl_ms=1_000, wait_ms=0
+    )
+    backend.release(key=released_key, session_id=sid, token=released.fencing_token)
+    backend.acquire(key=revoked_key, session_id=sid, owner_id=None, ttl_ms=1_000, wait_ms=0)
+    backend.revoke(key=revoked_key, operator="oncall", reason="stuck worker", expected_token=None)
+    lapsed = backend.acquire(key=lapsed_key, session_id=sid, owner_id=None, ttl_ms=1_000, wait_ms=0)
+    deadline = time.monotonic() + 10
+    while backend.client.range(backend._lock_key(lapsed_key)).first() is not None:
+        assert time.monotonic() < deadline, "etcd never expired the grant's lease"
+        time.sleep(0.1)
+    time.sleep(0.2)
+    caplog.set_level(logging.INFO, logger="dlock.events")
+    backend.log_expiries(after_revision=start, idle_timeout_s=1.0)
+    expired = [r for r in caplog.records if getattr(r, "event", None) == "lock_expired"]
+    assert [(r.key, r.fencingToken) for r in expired] == [(lapsed_key, lapsed.fencing_token)]
+
+
+def _backdate(backend, etcd_key: str) -> None:
+    """What a leader change does: etcd keeps the key's lease alive past the deadline recorded in
+    its value. Here: the value says the deadline passed 100 ms ago, the lease has seconds left."""
+    kv = backend.client.range(etcd_key).first()
+    value = {**kv.json(), "expiresAt": int(time.time() * 1000) - 100}
+    backend.client.txn([], [put(etcd_key, json.dumps(value), kv.lease)])
+
+
+def test_a_grant_past_its_recorded_deadline_goes_to_the_next_caller_whatever_the_lease(backend):
+    lock = key()
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    other = backend.open_session(owner_id="other", ttl_ms=30_000)
+    grant = backend.acquire(
+        key=lock, session_id=holder.session_id, owner_id=None, ttl_ms=20_000, wait_ms=0
+    )
+    _backdate(backend, backend._lock_key(lock))
+    started = time.monotonic()
+    taken = backend.acquire(
+        key=lock, session_id=other.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
+    )
+    assert time.monotonic() - started < 1.5
+    assert taken.fencing_token > grant.fencing_token and taken.owner_id == "other"
+    error = code_of(
+        lambda: backend.renew(
+            key=lock, session_id=holder.session_id, token=grant.fencing_token, ttl_ms=None
+        )
+    )
+    assert error.code == Code.LOCK_LOST
+
+
+def test_a_session_past_its_recorded_deadline_loses_its_grant_and_cannot_heartbeat(backend):
+    lock = key()
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    other = backend.open_session(owner_id="other", ttl_ms=30_000)
+    grant = backend.acquire(
+        key=lock, session_id=holder.session_id, owner_id=None, ttl_ms=20_000, wait_ms=0
+    )
+    _backdate(backend, backend._sess_key(holder.session_id))
+    taken = backend.acquire(
+        key=lock, session_id=other.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
+    )
+    assert taken.fencing_token > grant.fencing_token
+    error = code_of(lambda: backend.heartbeat(session_id=holder.session_id, owner_id="holder"))
+    assert error.code == Code.SESSION_EXPIRED
+
+
+def test_a_contended_answer_never_points_into_the_past(backend):
+    lock = key()
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    other = backend.open_session(owner_id="other", ttl_ms=30_000)
+    backend.acquire(key=lock, session_id=holder.session_id, owner_id=None, ttl_ms=2_000, wait_ms=0)
+    seen = []
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        try:
+            backend.acquire(
+                key=lock, session_id=other.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
+            )
+            break  # the grant lapsed and went to us
+        except ApiError as exc:
+            assert exc.code == Code.LOCK_CONTENDED
+            now = dt.datetime.now(dt.UTC)
+            expires = dt.datetime.fromisoformat(exc.details["expiresAt"].replace("Z", "+00:00"))
+            seen.append(exc)
+            assert expires > now - dt.timedelta(milliseconds=50), exc.details
+            assert exc.retry_after_ms > 0
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the holder's grant never lapsed")
+    assert seen

@@ -48,12 +48,30 @@ def test_acquire_of_a_held_key_is_409_lock_contended_with_holder_details(lock_se
     assert body["details"]["expiresAt"] == grant["expiresAt"]
 
 
-def test_second_acquire_by_the_holding_session_returns_the_same_grant(lock_server, key):
+def test_second_acquire_by_the_holding_session_gets_a_new_higher_token(lock_server, key):
+    # issue 16: a release that timed out ("lost"), then the same session acquires again
     session = lock_server.session()
     first = lock_server.acquire(key, session).json()
     again = lock_server.acquire(key, session)
     assert again.status_code == 200, again.text
-    assert again.json() == first
+    second = again.json()
+    assert second["fencingToken"] > first["fencingToken"]
+    assert second["sessionId"] == first["sessionId"] and second["ownerId"] == first["ownerId"]
+    info = lock_server.get(f"/v1/locks/{key}").json()
+    assert info["held"] and info["fencingToken"] == second["fencingToken"]
+    # the old token opens nothing any more: renew and release with it are LOCK_LOST ...
+    lost = assert_error(lock_server.renew(key, session, first["fencingToken"]), 409, "LOCK_LOST")
+    assert lost["details"]["storedToken"] == second["fencingToken"]
+    assert_error(lock_server.release(key, session, first["fencingToken"]), 409, "LOCK_LOST")
+    # ... and the new grant is intact and releasable
+    assert lock_server.release(key, session, second["fencingToken"]).status_code == 204
+    assert lock_server.get(f"/v1/locks/{key}").json()["held"] is False
+    superseded = [
+        line
+        for line in lock_server.log_text().splitlines()
+        if '"reacquired"' in line and f'"fencingToken": {first["fencingToken"]},' in line
+    ]
+    assert len(superseded) == 1 and '"lock_released"' in superseded[0]
 
 
 def test_acquire_with_an_unknown_session_is_404_and_leaves_the_key_unseen(lock_server, key):

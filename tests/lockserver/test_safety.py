@@ -92,7 +92,7 @@ def test_b_tokens_of_one_key_increase_under_contention(lock_server, key):
                         },
                     )
                 else:
-                    time.sleep(1.0)  # a re-acquire while holding would return the same grant
+                    time.sleep(1.0)  # let it lapse (a re-acquire would rotate the token)
             elif response.status_code == 429:
                 time.sleep(response.json()["retryAfterMillis"] / 1000)
 

@@ -1,4 +1,4 @@
-"""`manage.py run_executor --owner-id ID [--max-payouts N] [--until-idle] [--metrics-port P]`.
+"""`manage.py run_executor --owner-id ID [--concurrency N] [--max-payouts N] [--until-idle]`.
 
 `--metrics-port` (default: EXECUTOR_METRICS_PORT, 0 = off) serves /metrics from start-up to
 exit; `--metrics-linger-s` keeps serving that long after a `--until-idle` run is done, so a
@@ -12,6 +12,7 @@ grant is released, the session closed, and the process exits 0.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 from django.conf import settings
@@ -37,6 +38,19 @@ class Command(BaseCommand):
             help="with --until-idle: give up after this long without progress",
         )
         parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=settings.EXECUTOR_CONCURRENCY,
+            help="payouts in flight at once, each on its own account (default "
+            "EXECUTOR_CONCURRENCY, 1)",
+        )
+        parser.add_argument(
+            "--drain-budget-s",
+            type=float,
+            default=settings.EXECUTOR_DRAIN_BUDGET_S,
+            help="on SIGTERM, how long in-flight sections may take to finish or abandon",
+        )
+        parser.add_argument(
             "--metrics-port", type=int, default=env_int("EXECUTOR_METRICS_PORT", 0, minimum=0)
         )
         parser.add_argument(
@@ -56,6 +70,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if options["max_payouts"] is not None and options["max_payouts"] < 1:
             raise CommandError("--max-payouts must be at least 1")
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if options["drain_budget_s"] <= 0:
+            raise CommandError("--drain-budget-s must be positive")
         if options["metrics_port"]:
             from prometheus_client import start_http_server
 
@@ -68,10 +86,12 @@ class Command(BaseCommand):
             lock_ttl_ms=options["lock_ttl_ms"],
             session_ttl_ms=options["session_ttl_ms"],
             pause=pause,
+            concurrency=options["concurrency"],
+            drain_budget_s=options["drain_budget_s"],
         )
         signal.signal(signal.SIGTERM, executor.request_stop)
         signal.signal(signal.SIGINT, executor.request_stop)
-        executor.run(
+        code = executor.run(
             max_payouts=options["max_payouts"],
             until_idle=options["until_idle"],
             idle_timeout_s=options["idle_timeout_s"],
@@ -81,3 +101,5 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, lambda *_: done.set())
             signal.signal(signal.SIGINT, lambda *_: done.set())
             done.wait(options["metrics_linger_s"])  # a SIGTERM still ends it at once
+        if code:
+            sys.exit(code)  # --until-idle left backed-off payouts (named in the last log line)

@@ -215,6 +215,43 @@ def try_acquire(
     return Acquired(grant, previous_token, previous_owner)
 
 
+# The holding session acquires again (e.g. its release timed out): the same row, a NEW token drawn
+# under the row lock (the CTE locks first), so the old token is fenced everywhere (issue 16).
+ROTATE_SQL = f"""
+WITH cur AS (
+    SELECT g.lock_key FROM lock_grant AS g
+    WHERE g.lock_key = %(key)s AND g.session_id = %(session_id)s
+      AND g.fencing_token = %(token)s AND {_LIVE}
+    FOR UPDATE
+), sess AS (
+    SELECT expires_at FROM lock_session
+    WHERE session_id = %(session_id)s AND expires_at > clock_timestamp()
+    FOR SHARE
+)
+UPDATE lock_grant AS g SET
+    fencing_token = nextval('fencing_token_seq'),
+    ttl_ms = %(ttl_ms)s,
+    acquired_at = clock_timestamp(),
+    expires_at = clock_timestamp() + %(ttl_ms)s * interval '1 millisecond',
+    session_expires_at = sess.expires_at
+FROM cur, sess WHERE g.lock_key = cur.lock_key
+RETURNING g.owner_id, g.fencing_token, g.acquired_at, g.expires_at
+"""
+
+
+def rotate(cursor, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int) -> GrantRow | None:
+    """Give the live grant (key, token) of session_id a new, higher token; None if it is not
+    (any longer) that session's live grant."""
+    cursor.execute(
+        ROTATE_SQL, {"key": key, "session_id": session_id, "token": token, "ttl_ms": ttl_ms}
+    )
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    owner, new_token, acquired_at, expires_at = row
+    return GrantRow(key, owner, session_id, new_token, acquired_at, expires_at)
+
+
 KEY_STATE_SQL = f"""
 SELECT g.lock_key IS NOT NULL,
        COALESCE({_LIVE}, false),
@@ -472,29 +509,6 @@ SELECT (SELECT count(*) FROM lock_session WHERE expires_at > clock_timestamp()),
 def live_counts(cursor) -> tuple[int, int]:
     cursor.execute(LIVE_COUNTS_SQL)
     return tuple(cursor.fetchone())
-
-
-# --------------------------------------------------------------------------- token source
-
-# Serialises floor appliers (two lock-servers starting together): the second one reads the
-# sequence after the first one's setval, so it can never move the sequence backwards.
-FLOOR_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('fencing_token_seq floor'))"
-APPLY_FLOOR_SQL = """
-SELECT CASE WHEN (CASE WHEN is_called THEN last_value ELSE last_value - 1 END) < %(floor)s
-            THEN setval('fencing_token_seq', %(floor)s, true)
-            ELSE last_value END
-FROM fencing_token_seq
-"""
-
-
-def apply_token_floor(cursor, *, floor: int) -> int:
-    """Advance fencing_token_seq so the next token is > floor; never moves it backwards.
-
-    Call inside one transaction. Returns the sequence's last value afterwards.
-    """
-    cursor.execute(FLOOR_LOCK_SQL)
-    cursor.execute(APPLY_FLOOR_SQL, {"floor": floor})
-    return int(cursor.fetchone()[0])
 
 
 def in_recovery(cursor) -> bool:

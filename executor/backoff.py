@@ -1,0 +1,103 @@
+"""Per-account back-off for payouts this executor cannot move (issue 19.2).
+
+An account whose payout was FENCED_OUT while recovering, or refused the same way twice in a row,
+is left alone for a bounded, jittered, exponentially growing delay (0.5 s, 1 s, 2 s, … ≤ 30 s)
+while every other account keeps flowing. Each step logs one `executor_backoff` event and counts
+`executor_backoff_total{reason}`; progress on the account clears it. A step count at or above
+`give_up_steps` marks the account "stuck": `--until-idle` exits non-zero when only such work is
+left, naming the payouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dlock.logs import log_event
+from dlock.metrics import executor_backoff
+
+# Outcomes that moved the payout (or finished it): the account is healthy again.
+PROGRESS = ("posted", "failed", "ambiguous")
+# Refusals that repeat identically when nothing changes; twice in a row is a back-off step.
+REFUSALS = ("not_claimable", "duplicate", "error", "token_reused")
+# Refused once is enough: retrying a fenced-out section at full speed floods incident events.
+IMMEDIATE = ("fenced_out",)
+
+
+@dataclass
+class _Account:
+    step: int = 0
+    until: float = 0.0
+    reason: str | None = None
+    last_refusal: str | None = None
+    payout_id: str | None = None
+
+
+class AccountBackoff:
+    """Thread-safe back-off state per account; clock and randomness injectable for tests."""
+
+    def __init__(
+        self,
+        *,
+        initial_s: float = 0.5,
+        max_s: float = 30.0,
+        give_up_steps: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+        random_fn: Callable[[], float] = random.random,
+    ) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.give_up_steps = give_up_steps
+        self.clock = clock
+        self.random_fn = random_fn
+        self._accounts: dict[str, _Account] = {}
+        self._mutex = threading.Lock()
+
+    def blocked(self, account_id: str) -> bool:
+        """True while the account's current back-off delay runs."""
+        with self._mutex:
+            state = self._accounts.get(account_id)
+            return state is not None and state.until > self.clock()
+
+    def stuck(self) -> dict[str, str]:
+        """accountId → reason for accounts backed off `give_up_steps` times or more."""
+        with self._mutex:
+            return {
+                account_id: s.reason or "?"
+                for account_id, s in self._accounts.items()
+                if s.step >= self.give_up_steps
+            }
+
+    def note(self, *, account_id: str, payout_id: str, outcome: str) -> float | None:
+        """Record a section's outcome; returns the delay when it started a back-off step."""
+        with self._mutex:
+            state = self._accounts.setdefault(account_id, _Account())
+            if outcome in PROGRESS:
+                self._accounts.pop(account_id, None)
+                return None
+            repeated = outcome in REFUSALS and state.last_refusal == outcome
+            state.last_refusal = outcome if outcome in REFUSALS else None
+            if outcome not in IMMEDIATE and not repeated:
+                return None
+            state.step += 1
+            base = min(self.max_s, self.initial_s * 2 ** (state.step - 1))
+            delay = base * (0.5 + 0.5 * self.random_fn())
+            state.until = self.clock() + delay
+            state.reason = outcome
+            state.payout_id = payout_id
+            step = state.step
+        executor_backoff.labels(reason=outcome).inc()
+        log_event(
+            "executor_backoff",
+            level=logging.WARNING,
+            accountId=account_id,
+            payoutId=payout_id,
+            reason=outcome,
+            step=step,
+            delaySeconds=round(delay, 3),
+        )
+        return delay

@@ -1,0 +1,272 @@
+"""L4 acquire on etcd: one create transaction per attempt, lapsed holders taken over, waiters
+registered under `wait/{key}/` (the per-key cap) and woken by a watch."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+
+from dlock.errors import ApiError
+from dlock.logs import log_event
+from lockserver.backends.base import GrantRecord
+from lockserver.backends.etcd.common import FRESH_LEASE_S, store_call, ttl_seconds
+from lockserver.backends.etcd.grants import GrantsMixin
+from lockserver.backends.etcd.keys import _deadline_passed, _dump, _from_ms, _ms, _now
+from lockserver.backends.etcd.tokens import TokenFloorUnavailable
+from lockserver.budget import RetryBudget
+from lockserver.errors import contention_exceeded, owner_mismatch
+from lockserver.etcd_client import EtcdUnavailable, KeyValue, TxnResult, compare, delete, get, put
+
+
+class AcquireMixin(GrantsMixin):
+    budget: RetryBudget
+    waiter_cap: int
+
+    def _try_grant(
+        self, *, key: str, session_id: uuid.UUID, ttl_ms: int
+    ) -> tuple[GrantRecord | None, KeyValue | None, KeyValue | None, int]:
+        """One attempt: (grant, None, None, rev) when granted, else (None, live holder, its
+        session's key, rev).
+
+        Raises the session codes when our session is gone. A holder whose session died is
+        removed (guarded by its ModRevision) and the attempt repeats. The holder's own session
+        asking again gets a new grant with a new, higher token (as on pg).
+        """
+        seconds = ttl_seconds(ttl_ms)
+        owner = self._session_owner(session_id)
+        lease, _ = self.client.lease_grant(seconds)
+        leased_at = time.monotonic()
+        try:
+            for _attempt in range(8):
+                if time.monotonic() - leased_at > FRESH_LEASE_S:
+                    # the lease's TTL runs from its grant: after a wait, start a fresh one so the
+                    # reported expiresAt stays within milliseconds of etcd's own expiry
+                    self._revoke_quietly(lease)
+                    lease = 0
+                    lease, _ = self.client.lease_grant(seconds)
+                    leased_at = time.monotonic()
+                grant, result = self._create_grant(
+                    key=key, session_id=session_id, owner=owner, seconds=seconds, lease=lease
+                )
+                if grant is not None:
+                    lease = 0  # now owned by the grant
+                    return grant, None, None, result.revision
+                ours = result.responses[1].first()
+                if ours is None:
+                    raise self._session_gone(session_id, self._read_meta(session_id))
+                if _deadline_passed(ours):
+                    # our session is past its recorded deadline, so etcd is about to sweep it:
+                    # wait for its verdict (as for a holder) — 410 beats "contended, retry"
+                    self._live_session(session_id)
+                outcome = self._settle_holder(key=key, session_id=session_id)
+                if outcome is not None:
+                    return outcome
+            raise EtcdUnavailable("acquire did not settle after repeated races")
+        finally:
+            if lease:
+                self._revoke_quietly(lease)
+
+    def _create_grant(
+        self, *, key: str, session_id: uuid.UUID, owner: str, seconds: int, lease: int
+    ) -> tuple[GrantRecord | None, TxnResult]:
+        """The create transaction: the grant when the key was free and our session alive."""
+        now = _now()
+        offset = self._current_offset()
+        value = {
+            "ownerId": owner,
+            "sessionId": str(session_id),
+            "offset": offset,
+            "ttlMs": seconds * 1000,
+            "acquiredAt": _ms(now),
+            "expiresAt": _ms(now) + seconds * 1000,
+        }
+        lock_key = self._lock_key(key)
+        # create_revision == 0: nobody holds the key; our session's key exists: alive
+        result = self.client.txn(
+            [
+                compare(lock_key, "CREATE", "EQUAL", 0),
+                compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
+            ],
+            [
+                put(lock_key, _dump(value), lease),
+                put(self._held_key(session_id, key), key, lease),
+                put(self._k("seen", key), "1"),
+                get(self._sess_key(session_id)),
+            ],
+            [get(lock_key), get(self._sess_key(session_id))],
+        )
+        if not result.succeeded:
+            return None, result
+        if _deadline_passed(result.responses[3].first()):
+            self._undo_if_session_lapsed(key, session_id, result.revision)
+        try:
+            self._reserve(offset + result.revision)
+        except TokenFloorUnavailable:
+            self._withdraw(key, session_id, result.revision)  # nobody saw it
+            raise
+        grant = GrantRecord(
+            key=key,
+            owner_id=owner,
+            session_id=session_id,
+            fencing_token=offset + result.revision,
+            acquired_at=now,
+            expires_at=_from_ms(value["expiresAt"]),
+        )
+        return grant, result
+
+    def _settle_holder(
+        self, *, key: str, session_id: uuid.UUID
+    ) -> tuple[GrantRecord | None, KeyValue | None, KeyValue | None, int] | None:
+        """After a refused create: the answer of _try_grant, or None to try again (the key was
+        freed, or its lapsed holder was removed here)."""
+        holder, holder_session, revision, lapsed = self._holder_state(key)
+        if holder is None:
+            return None  # released (or swept) since our txn: try again
+        holder_sid = holder.json()["sessionId"]
+        if not lapsed and holder_sid == str(session_id):
+            self._end_own_grant(key, session_id, holder)
+            return None  # the next create issues a new, higher token
+        if not lapsed:
+            return None, holder, holder_session, revision
+        self._take_over(key, holder, holder_session)
+        return None
+
+    def _take_over(self, key: str, holder: KeyValue, holder_session: KeyValue | None) -> None:
+        """Remove a grant that is no longer live: its session is gone, or its own or its
+        session's recorded deadline passed (whatever etcd's leases say). Guarded by the
+        ModRevisions we judged, so a renew or heartbeat in between keeps it alive."""
+        lock_key = self._lock_key(key)
+        holder_sid = holder.json()["sessionId"]
+        sess_key = self._sess_key(holder_sid)
+        taken = self.client.txn(
+            [
+                compare(lock_key, "MOD", "EQUAL", holder.mod_revision),
+                compare(sess_key, "CREATE", "EQUAL", 0)
+                if holder_session is None
+                else compare(sess_key, "MOD", "EQUAL", holder_session.mod_revision),
+            ],
+            [delete(lock_key), delete(self._held_key(holder_sid, key)), self._ended(key)],
+        )
+        if not taken.succeeded:
+            return
+        self._revoke_quietly(holder.lease)
+        session_lapsed = holder_session is None or _deadline_passed(holder_session)
+        log_event(
+            "lock_expired",
+            backend=self.name,
+            key=key,
+            fencingToken=self._token(holder),
+            ownerId=holder.json()["ownerId"],
+            sessionId=holder_sid,
+            cause="session_expired" if session_lapsed else "deadline_passed",
+        )
+
+    def _end_own_grant(self, key: str, session_id: uuid.UUID, holder: KeyValue) -> None:
+        """Re-acquire by the holding session: end its grant so the next create issues a new,
+        higher token (never the same one twice, issue 16). etcd cannot delete and create one key
+        in a txn, so another session may win the key in between, as after a release."""
+        lock_key = self._lock_key(key)
+        ended = self.client.txn(
+            [compare(lock_key, "MOD", "EQUAL", holder.mod_revision)],
+            [
+                delete(lock_key),
+                delete(self._held_key(session_id, key)),
+                put(self._k("seen", key), "1"),
+            ],
+        )
+        if not ended.succeeded:
+            return  # renewed, released or taken over meanwhile: the caller looks again
+        self._revoke_quietly(holder.lease)
+        log_event(
+            "lock_released",
+            backend=self.name,
+            key=key,
+            fencingToken=self._token(holder),
+            ownerId=holder.json()["ownerId"],
+            sessionId=str(session_id),
+            cause="reacquired",
+        )
+
+    def _withdraw(self, key: str, session_id: uuid.UUID, revision: int) -> None:
+        """Delete the grant this process created at `revision`, before anyone learned of it."""
+        self.client.txn(
+            [compare(self._lock_key(key), "MOD", "EQUAL", revision)],
+            [delete(self._lock_key(key)), delete(self._held_key(session_id, key))],
+        )
+
+    def _undo_if_session_lapsed(self, key: str, session_id: uuid.UUID, revision: int) -> None:
+        """We granted on a session whose deadline had passed, before etcd swept its key: if etcd
+        now deletes it, withdraw the grant (nobody saw it) and answer 410 as pg would."""
+        try:
+            self._live_session(session_id)
+        except ApiError:
+            self._withdraw(key, session_id, revision)
+            # ... and the "ever seen" mark, if this grant is what created it (L7 answers 404
+            # for a key never granted, as pg does when the acquire is refused)
+            self.client.txn(
+                [compare(self._k("seen", key), "CREATE", "EQUAL", revision)],
+                [delete(self._k("seen", key))],
+            )
+            raise
+
+    @store_call
+    def acquire(
+        self, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
+    ) -> GrantRecord:
+        self._current_offset()  # the token floor is ensured before any grant
+        self.budget.check(session_id=session_id, key=key)
+        owner = self._session_owner(session_id)
+        if owner_id is not None and owner != owner_id:
+            raise owner_mismatch()
+        deadline = time.monotonic() + wait_ms / 1000
+        waiter: int | None = None  # the waiter lease while we are registered
+        try:
+            while True:
+                grant, holder, holder_session, revision = self._try_grant(
+                    key=key, session_id=session_id, ttl_ms=ttl_ms
+                )
+                if grant is not None:
+                    return grant
+                assert holder is not None and holder_session is not None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.budget.spend(session_id=session_id, key=key)
+                    raise self._contended(key, holder, holder_session)
+                if waiter is None and wait_ms > 0:
+                    waiter = self._register_waiter(
+                        key=key, wait_ms=wait_ms, holder=holder, session=holder_session
+                    )
+                # a release deletes lock/{key}; a holder's expiry deletes sess/{holder}
+                self.client.wait_for_change(
+                    [self._lock_key(key), self._sess_key(holder.json()["sessionId"])],
+                    after_revision=revision,
+                    timeout_s=remaining,
+                )
+        finally:
+            if waiter is not None:
+                self._revoke_quietly(waiter)
+
+    def _register_waiter(
+        self, *, key: str, wait_ms: int, holder: KeyValue, session: KeyValue
+    ) -> int:
+        """A waiter key on its own short lease; beyond the cap → 429 CONTENTION_EXCEEDED.
+
+        The cap is decided by rank (create revision) among the current waiters, so two
+        concurrent registrations cannot both slip under it.
+        """
+        lease, _ = self.client.lease_grant(math.ceil(wait_ms / 1000) + 2)
+        own = self._wait_prefix(key) + uuid.uuid4().hex
+        try:
+            written = self.client.txn([], [put(own, "1", lease)])
+            waiters = self.client.range(self._wait_prefix(key), prefix=True).kvs
+            earlier = sum(1 for kv in waiters if kv.create_revision < written.revision)
+        except BaseException:
+            self._revoke_quietly(lease)
+            raise
+        if earlier >= self.waiter_cap:
+            self._revoke_quietly(lease)
+            raise contention_exceeded(
+                key, cap=self.waiter_cap, ms_until_free=self._ms_until_free(holder, session)
+            )
+        return lease

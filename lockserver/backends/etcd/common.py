@@ -1,0 +1,46 @@
+"""What every part of the etcd backend shares: the NOT_LEADER mapping and lease arithmetic."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+from django.conf import settings
+
+from dlock.errors import ApiError, Code
+from lockserver.etcd_client import EtcdUnavailable
+
+F = TypeVar("F", bound=Callable[..., Any])
+# etcd's lessor revokes expired leases every 500 ms; this bounds how long a call waits for the
+# store to act on an expiry that has already happened (only then; it never extends a lease)
+EXPIRY_GRACE_S = 0.75
+# L1 caps a session TTL at 60 s: the longest a session can outlive its last heartbeat.
+MAX_SESSION_TTL_S = 60
+FRESH_LEASE_S = 0.1
+
+
+def not_leader(message: str = "") -> ApiError:
+    return ApiError(
+        Code.NOT_LEADER,
+        message or "the lock store is unreachable or has no leader; nothing was changed",
+        retry_after_ms=settings.LOCK_NOT_LEADER_RETRY_MS,
+    )
+
+
+def store_call(method: F) -> F:
+    """Every etcd failure that is about availability becomes 503 NOT_LEADER, never a 500."""
+
+    @wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except EtcdUnavailable as exc:
+            raise not_leader() from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def ttl_seconds(ttl_ms: int) -> int:
+    """etcd leases count whole seconds: the granted TTL is ttlMillis rounded down (≥ 1 s)."""
+    return max(1, ttl_ms // 1000)

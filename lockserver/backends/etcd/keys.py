@@ -1,0 +1,95 @@
+"""Key layout and stored values of the etcd lock backend (lock.backend=etcd).
+
+Layout under settings.ETCD_PREFIX (default `dlock/`); lock keys match [a-zA-Z0-9:._-]+, so
+`/` separates safely:
+
+  sess/{sid}          the session is alive: attached to the session's lease (TTL = ttlMillis)
+  smeta/{sid}         session metadata (ownerId, ttl, lease): attached to a long *retention*
+                      lease, so an expired session answers 410 and an unknown one 404
+  lock/{key}          the grant: attached to a lease of its own (TTL = the grant's ttlMillis);
+                      token = offset + create_revision (the ModRevision of the creating put)
+  held/{sid}/{key}    index of a session's grants (same lease, same txn as the grant)
+  seen/{key}          the key was granted at least once (L7 answers 404 otherwise); re-put in
+                      every txn that ends a grant on purpose, so a deletion of lock/{key} at a
+                      revision where seen/{key} was not written is an expiry
+  wait/{key}/{id}     a blocked acquire (waiterCount, waiter cap); on a short lease of its own
+  revocation/{id}     L8 audit record (operator, reason, revoked token, new floor)
+  meta/token_offset   the token offset, persisted so token = offset + revision > LOCK_TOKEN_FLOOR
+
+A grant is live iff `lock/{key}` exists AND its session's `sess/{sid}` exists: a grant outlives
+neither its own TTL (its lease) nor its session (checked in every compare), exactly like pg's
+`grant.expires_at > now AND session.expires_at > now`. A grant whose session died is taken over
+by the next acquire (delete guarded by ModRevision, then the normal create).
+
+Tokens are create revisions, so renew can re-attach the grant to a fresh lease (new TTL)
+without changing the token; every grant stores the offset in force when it was made, so raising
+the offset later never changes an issued token.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from typing import Any
+
+from lockserver.etcd_client import KeyValue, put
+
+INT64_MAX = 2**63 - 1
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _ms(value: dt.datetime) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def _from_ms(value: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(value / 1000, dt.UTC)
+
+
+def _deadline_passed(kv: KeyValue | None) -> bool:
+    """The deadline recorded in a grant or session value has passed by our clock."""
+    return kv is not None and kv.json().get("expiresAt", INT64_MAX) <= _ms(_now())
+
+
+def _dump(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class KeySpace:
+    """The backend's key names, all under `prefix`."""
+
+    prefix: str
+
+    def _k(self, *parts: str) -> str:
+        return self.prefix + "/".join(parts)
+
+    def _lock_key(self, key: str) -> str:
+        return self._k("lock", key)
+
+    def _sess_key(self, sid: uuid.UUID | str) -> str:
+        return self._k("sess", str(sid))
+
+    def _meta_key(self, sid: uuid.UUID | str) -> str:
+        return self._k("smeta", str(sid))
+
+    def _held_key(self, sid: uuid.UUID | str, key: str) -> str:
+        return self._k("held", str(sid), key)
+
+    def _held_prefix(self, sid: uuid.UUID | str) -> str:
+        return self._k("held", str(sid)) + "/"
+
+    def _ended(self, key: str) -> dict[str, Any]:
+        """Put in every txn that ends a grant on purpose (release, revoke, takeover, re-acquire):
+        `seen/{key}` modified at the deletion's revision tells the expiry watcher "not expired"."""
+        return put(self._k("seen", key), "1")
+
+    def _wait_prefix(self, key: str) -> str:
+        return self._k("wait", key) + "/"
+
+    @property
+    def _offset_key(self) -> str:
+        return self._k("meta", "token_offset")

@@ -1,0 +1,175 @@
+"""The etcd backend's token source: token = offset + create_revision, the offset persisted under
+`meta/token_offset` and raised so that every next token exceeds the deployment's floor.
+
+The floor is max(LOCK_TOKEN_FLOOR, the deployment's token high water in lockdb: the
+`lock_token_high_water` row and pg's `fencing_token_seq`). Tokens issued here are covered by a
+*reserved ceiling* in that row: before a token above the ceiling is handed out, the row is
+raised (GREATEST) to that token + HIGH_WATER_BLOCK, so lockdb is written once per block, not
+per grant, and the row is always ≥ every token this backend issued. A start on pg or on a fresh
+etcd cluster then starts above it. If lockdb cannot be read or written, no token is issued:
+503 NOT_LEADER, readiness DOWN, one `token_floor_unavailable` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+import psycopg
+
+from dlock.logs import log_event
+from lockserver.backends import token_sql
+from lockserver.backends.etcd.keys import INT64_MAX, KeySpace
+from lockserver.etcd_client import EtcdClient, EtcdUnavailable, KeyValue, compare, get, put
+
+logger = logging.getLogger("dlock.lockserver.etcd")
+
+# Tokens reserved in lockdb per write; a switch of backend or cluster skips at most this many.
+HIGH_WATER_BLOCK = 10_000
+
+
+class TokenFloorError(RuntimeError):
+    """The backend cannot guarantee that its next token exceeds LOCK_TOKEN_FLOOR."""
+
+
+class TokenFloorUnavailable(EtcdUnavailable):
+    """lockdb's token high water cannot be read or raised now: nothing may be issued (a store
+    outage to callers, 503 NOT_LEADER), retried on the next call."""
+
+
+class TokensMixin(KeySpace):
+    name: str
+    client: EtcdClient
+    token_floor: int
+    adopt_pg_sequence: bool  # read and keep the token high water in lockdb
+    _offset: int | None
+    _offset_guard: threading.Lock
+
+    _ceiling: int  # the reserved ceiling last written (or read) in lockdb; -1: none yet
+    _ceiling_guard: threading.Lock
+    _unavailable_logged: bool
+
+    def ensure_token_floor(self) -> int:
+        """Persist (or raise) the token offset so that every next token exceeds the floor.
+
+        token = offset + create_revision and every later create_revision exceeds the current
+        store revision R, so offset + R >= floor suffices. Raising the offset is always safe
+        (grants keep the offset they were issued with); the only unsafe case is an int64
+        overflow, which raises TokenFloorError. Returns the offset in force.
+        """
+        configured = int(self.token_floor or 0)
+        if configured < 0 or configured >= INT64_MAX // 2:
+            raise TokenFloorError(f"LOCK_TOKEN_FLOOR={configured} is outside 0..{INT64_MAX // 2}")
+        high_water = self._lockdb_high_water()
+        floor = max(configured, high_water)
+        if floor >= INT64_MAX // 2:
+            raise TokenFloorError(f"the token high water {floor} is outside 0..{INT64_MAX // 2}")
+        offset, revision = self._raise_offset(floor)
+        self._reserve(offset + revision + 1)
+        self._offset = offset
+        return offset
+
+    def _raise_offset(self, floor: int) -> tuple[int, int]:
+        """(offset in force, revision read): offset + revision >= floor, compare-and-swapped."""
+        while True:
+            read = self.client.read(get(self._offset_key))
+            revision = read.revision
+            current = read.responses[0].first() if read.responses[0] else None
+            if current is None:
+                offset = max(0, floor - revision)
+                guard = compare(self._offset_key, "CREATE", "EQUAL", 0)
+            else:
+                try:
+                    stored = int(current.value)
+                except ValueError:
+                    raise TokenFloorError(
+                        f"{self._offset_key} holds {current.value!r}, not an integer"
+                    ) from None
+                if stored + revision >= floor:
+                    return stored, revision
+                offset = floor - revision
+                guard = compare(self._offset_key, "MOD", "EQUAL", current.mod_revision)
+            result = self.client.txn([guard], [put(self._offset_key, str(offset))])
+            if result.succeeded:
+                log_event(
+                    "token_offset_set",
+                    backend="etcd",
+                    offset=offset,
+                    floor=floor,
+                    revision=revision,
+                    previous=None if current is None else int(current.value),
+                )
+                return offset, revision
+            # another lock-server replica wrote it first: read again
+
+    @contextlib.contextmanager
+    def _lockdb(self) -> Iterator[psycopg.Cursor]:
+        """A short autocommit connection of its own to lockdb (rare: start-up, once per block)."""
+        from django.db import connections
+
+        from dlock.dbrouter import alias_for
+
+        params = dict(connections[alias_for("lockserver")].get_connection_params())
+        for name in ("cursor_factory", "context", "prepare_threshold", "pool"):
+            params.pop(name, None)
+        params["connect_timeout"] = 2
+        params["autocommit"] = True
+        try:
+            with psycopg.connect(**params) as conn, conn.cursor() as cursor:
+                yield cursor
+        except psycopg.Error as exc:
+            self._log_unavailable(exc)
+            raise TokenFloorUnavailable(f"lockdb token high water unavailable: {exc}") from exc
+        self._unavailable_logged = False
+
+    def _log_unavailable(self, exc: Exception) -> None:
+        if not self._unavailable_logged:
+            self._unavailable_logged = True
+            log_event(
+                "token_floor_unavailable",
+                level=logging.ERROR,
+                backend=self.name,
+                reason=f"lockdb token high water unreachable; no token is issued until it is: "
+                f"{type(exc).__name__}: {str(exc).strip()[:200]}",
+            )
+
+    def _lockdb_high_water(self) -> int:
+        """Every token this deployment issued (pg sequence, etcd reservations) is ≤ this."""
+        if not self.adopt_pg_sequence:
+            return 0
+        with self._lockdb() as cursor:
+            row, sequence = token_sql.read_high_water(cursor)
+        with self._ceiling_guard:
+            self._ceiling = max(self._ceiling, row)
+        return max(row, sequence)
+
+    def _reserve(self, token: int) -> None:
+        """Make sure lockdb's high water covers `token` before anyone learns of it."""
+        if not self.adopt_pg_sequence or token <= self._ceiling:
+            return
+        with self._ceiling_guard:
+            if token <= self._ceiling:
+                return
+            with self._lockdb() as cursor:
+                ceiling = token_sql.raise_high_water(
+                    cursor, token=token + HIGH_WATER_BLOCK, backend=self.name
+                )
+            self._ceiling = ceiling
+
+    def _current_offset(self) -> int:
+        if self._offset is None:
+            with self._offset_guard:
+                if self._offset is None:
+                    self.ensure_token_floor()
+        assert self._offset is not None
+        return self._offset
+
+    def next_token_lower_bound(self) -> int:
+        """Every token issued from now on is greater than this (operators: the switch floor)."""
+        revision = self.client.read(get(self._offset_key)).revision
+        return self._current_offset() + revision
+
+    def _token(self, kv: KeyValue) -> int:
+        return kv.json()["offset"] + kv.create_revision

@@ -1,0 +1,39 @@
+"""Which caller credential opened a session (issue 15 item 1): only it may heartbeat (L2),
+close (L3), acquire on (L4), renew on (L5) or release through (L6) that session.
+
+Kept beside the backends, not inside them: the record lives in lockdb for both backends (the
+etcd backend connects to lockdb too, CHANGELOG row 31), written right after L1 created the
+session and before its id is returned, so no caller can know the id before its owner is
+recorded. A session without a record (opened before this table existed) is judged by the
+backend alone. Raw SQL: a two-column side table the backends' models do not know.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import connections
+
+from dlock.auth import Principal
+from dlock.dbrouter import alias_for
+from dlock.errors import ApiError, Code
+
+_RECORD = (
+    "INSERT INTO lock_session_credential (session_id, credential_id) VALUES (%s, %s) "
+    "ON CONFLICT (session_id) DO NOTHING"
+)
+_OWNER = "SELECT credential_id FROM lock_session_credential WHERE session_id = %s"
+
+
+def record_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
+    with connections[alias_for("lockserver")].cursor() as cursor:
+        cursor.execute(_RECORD, [session_id, principal.credential_id])
+
+
+def check_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
+    """FORBIDDEN when another credential opened `session_id`."""
+    with connections[alias_for("lockserver")].cursor() as cursor:
+        cursor.execute(_OWNER, [session_id])
+        row = cursor.fetchone()
+    if row is not None and row[0] != principal.credential_id:
+        raise ApiError(Code.FORBIDDEN, "this session belongs to another credential")
