@@ -168,6 +168,8 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
                 f"{row['pairs_per_s'] / floor:>7.2f}× the flush rate"
             )
 
+    lines += goals_lines(results)
+
     for name, title in (
         ("e2e", "Payouts end to end (rail latency 0, durable PostgreSQL)"),
         ("payments", "Payments: claim+post via HTTP vs direct SQL"),
@@ -210,6 +212,54 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
                     f"{r['executors']}: {r['payouts_per_s'] / base:.2f}×" for r in rows
                 )
                 lines.append(f"  scaling vs 1 executor: {scaling}")
+    return lines
+
+
+def goals_lines(results: dict[str, dict]) -> list[str]:
+    """Issue 18's three goals: now, the goal, the numbers before it, and the floor."""
+    from bench.e2e import GOALS, PREVIOUS
+
+    lines = ["", "Issue 18 goals (this run | goal | before issue 18 | floor)", "-" * 60]
+    e2e = (results.get("e2e") or {}).get("result") or {}
+    rows = [r for r in e2e.get("rows", []) if r.get("cpu_ms_per_payout")]
+    if rows:
+        row = next((r for r in rows if r["executors"] == 2), rows[0])
+        cpu = row["cpu_ms_per_payout"]
+        lines.append(
+            f"  server CPU per payout ({row['executors']} executors): {cpu['total']} ms"
+            f" | <= {GOALS['cpu_ms_per_payout']} ms | {PREVIOUS['cpu_ms_per_payout']['total']} ms"
+            f" | load {row.get('loadavg_1m_at_start')}"
+        )
+        previous = PREVIOUS["cpu_ms_per_payout"]
+        lines.append(
+            "    by role (now / before): "
+            + ", ".join(
+                f"{role} {cpu[role]} / {previous.get(role)}" for role in previous if role in cpu
+            )
+        )
+        best = max(rows, key=lambda r: r.get("payouts_per_s") or 0)
+        lines.append(
+            f"  payouts/s end to end (best: {best['executors']} executors): {best['payouts_per_s']}"
+            f" | >= {GOALS['payouts_per_s']} | ~{PREVIOUS['payouts_per_s']} |"
+            f" load {best.get('loadavg_1m_at_start')}"
+        )
+    else:
+        lines.append("  (no e2e result: run `python -m bench --only e2e lockserver`)")
+    lock = (results.get("lockserver") or {}).get("result") or {}
+    eight = next((lvl for lvl in lock.get("levels", []) if lvl.get("clients") == 8), None)
+    if eight:
+        http, floor = eight["http"], eight["floor_no_django"]
+        lines.append(
+            f"  lock pairs/s at 8 clients, HTTP / floor arm: {eight.get('http_over_floor')}×"
+            f" | >= {GOALS['lock_http_over_floor_8']}× | 0.4× |"
+            f" floor {floor['pairs_per_s']}/s vs dlock {http['pairs_per_s']}/s"
+        )
+        lines.append(
+            f"    server CPU per pair: dlock {http.get('server_cpu_ms_per_pair')} ms,"
+            f" floor {floor.get('server_cpu_ms_per_pair')} ms"
+        )
+    else:
+        lines.append("  (no lockserver result)")
     return lines
 
 

@@ -34,3 +34,83 @@ def cpu_seconds(pid: int) -> float:
             continue
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+# ----------------------------------------------------------------------------- per-role accounting
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every process below it (a gunicorn master and its workers; a postmaster and its
+    backends), read from /proc/<pid>/task/*/children."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        tasks = Path(f"/proc/{current}/task")
+        try:
+            for task in tasks.iterdir():
+                try:
+                    todo += [int(p) for p in (task / "children").read_text().split()]
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """utime+stime of a process tree, plus what its reaped children spent (cutime+cstime of
+    every member): a PostgreSQL backend that exits inside a window is still counted."""
+    ticks = 0
+    for p in descendants(pid):
+        fields = _stat(p)
+        if fields is None:
+            continue
+        ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    return inodes
+
+
+def listener_root(port: int) -> int | None:
+    """The topmost process holding the listening socket on `port` (a gunicorn master: its
+    workers inherit the socket, so the one whose parent does not hold it)."""
+    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+    if not wanted:
+        return None
+    holders: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                if os.readlink(fd) in wanted:
+                    holders.add(int(entry.name))
+                    break
+        except (FileNotFoundError, PermissionError, ProcessLookupError, NotADirectoryError):
+            continue
+    for pid in holders:
+        fields = _stat(pid)
+        if fields is not None and int(fields[1]) not in holders:
+            return pid
+    return None

@@ -8,7 +8,22 @@ mixes in zeros from roles that cannot move it.
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 FENCED_RESOURCES = ("account", "ledger", "rail")
 RAIL_OUTCOMES = ("acked", "fenced", "duplicate", "timeout", "declined", "not_sent", "replayed")
@@ -57,6 +72,7 @@ payout_backlog_age = Gauge(
     "payout_backlog_age_seconds",
     "Age of the oldest PENDING payout the executor last saw.",
     registry=None,
+    multiprocess_mode="livemostrecent",
 )
 lock_acquire = Counter(
     "lock_acquire",
@@ -89,10 +105,22 @@ executor_backoff = Counter(
     ["reason"],
     registry=None,
 )
+# Several gunicorn workers each run the reaper that sets these: the most recent value of a live
+# worker is the answer (prometheus_client multiprocess mode; ignored with one process).
 lock_live_sessions = Gauge(
-    "lock_live_sessions", "Unexpired lock-server sessions.", ["backend"], registry=None
+    "lock_live_sessions",
+    "Unexpired lock-server sessions.",
+    ["backend"],
+    registry=None,
+    multiprocess_mode="livemostrecent",
 )
-lock_live_grants = Gauge("lock_live_grants", "Unexpired lock grants.", ["backend"], registry=None)
+lock_live_grants = Gauge(
+    "lock_live_grants",
+    "Unexpired lock grants.",
+    ["backend"],
+    registry=None,
+    multiprocess_mode="livemostrecent",
+)
 
 
 # Which role moves which series (ops runs every app in one process: the suite, management commands).
@@ -147,3 +175,27 @@ def register_role_metrics(
         lock_live_grants.labels(backend=name)
         for outcome in ACQUIRE_OUTCOMES:
             lock_acquire.labels(backend=name, outcome=outcome)
+
+
+def scrape_registry() -> CollectorRegistry:
+    """What /metrics exports. One process: the default registry. Several gunicorn workers
+    (PROMETHEUS_MULTIPROC_DIR set, see settings/gunicorn.py): every counter, histogram and gauge
+    summed over the workers from their files, plus the collectors that compute at scrape time
+    (payments' database collectors, process/platform/gc of the answering worker), those first so
+    a value they set is already in the files the multiprocess collector reads."""
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
+        return REGISTRY
+    registry = CollectorRegistry(auto_describe=False)
+    # prometheus_client has no public listing of a registry's collectors.
+    for collector in list(getattr(REGISTRY, "_collector_to_names", {})):
+        if not isinstance(collector, MetricWrapperBase):
+            registry.register(collector)
+    MultiProcessCollector(registry, path=directory)
+    return registry
+
+
+def export(request: HttpRequest) -> HttpResponse:
+    """GET /metrics in the Prometheus text format (aggregated over workers when there are
+    several)."""
+    return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)

@@ -6,11 +6,10 @@ from django.conf import settings
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
-from django_prometheus import exports
 from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiYamlRenderer
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from dlock import health
+from dlock import health, metrics
 from dlock.errors import ApiError, Code
 from dlock.handlers import error_response
 
@@ -53,7 +52,7 @@ def common_patterns() -> list:
         path("health/ready", health.ready, name="health-ready"),
         path(
             "metrics",
-            csrf_exempt(require_safe(exports.ExportToDjangoView)),
+            csrf_exempt(require_safe(metrics.export)),
             name="prometheus-django-metrics",
         ),
         *api_docs_patterns(),

@@ -67,8 +67,8 @@ class SubmitView(APIView):
         currency = data.validated_data["currency"]
 
         config = services.load_config()
-        connections[alias_for("railstub")].close()  # no pooled connection held while sleeping
         if config.latency_ms:
+            connections[alias_for("railstub")].close()  # no pooled connection held asleep
             time.sleep(config.latency_ms / 1000)
         decision = services.choose_fault(config)
         booking = None

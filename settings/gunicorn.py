@@ -6,8 +6,8 @@ docs/operations.md, numbers in docs/benchmarks.md.
 """
 
 import os
-
-from dlock.serving import drain_on_sigint
+import tempfile
+from pathlib import Path
 
 _role = os.environ.get("ROLE", "")
 
@@ -17,6 +17,45 @@ def _int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
+# One process per role by default, threads inside it (measured in docs/benchmarks.md): the GIL
+# caps a process at about one core of Python, and the psycopg pool (DB_POOL_MAX, per process)
+# bounds database work. A pod on a machine with more cores runs GUNICORN_WORKERS > 1: then
+# Prometheus metrics live in prometheus_client's multiprocess files, one per worker, summed by
+# /metrics (dlock.metrics.scrape_registry). PROMETHEUS_MULTIPROC_DIR names the directory (an
+# emptyDir in Kubernetes); unset, a fresh one under $TMPDIR. It must be in the environment before
+# anything imports prometheus_client (the workers are forked from this master), so it is set here,
+# before the imports below, and emptied: files left by an earlier master would be summed in.
+# One directory per pod (per master): never share it between roles or pods.
+workers = _int("GUNICORN_WORKERS", 1)
+_own_multiproc = workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+if workers > 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    _multiproc = Path(
+        os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix=f"dlock-{_role}-")
+    )
+    _multiproc.mkdir(parents=True, exist_ok=True)
+    for _stale in _multiproc.glob("*.db"):
+        _stale.unlink()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_multiproc)
+
+
+def child_exit(server, worker) -> None:
+    """A dead worker's live gauges leave /metrics (its counters stay summed in)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server) -> None:
+    """Remove the metrics directory this master made for itself (not one it was given)."""
+    if _own_multiproc:
+        import shutil
+
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+
+from dlock.serving import drain_on_sigint  # noqa: E402 - after PROMETHEUS_MULTIPROC_DIR is set
+
 _host = os.environ.get("BIND_HOST", "127.0.0.1")
 bind = [f"{_host}:{os.environ.get('PORT', '8080')}"]
 # Kubernetes scrapes a separate port (`http-metrics`) that answers /metrics and /health/* only
@@ -24,10 +63,6 @@ bind = [f"{_host}:{os.environ.get('PORT', '8080')}"]
 if os.environ.get("METRICS_PORT"):
     bind.append(f"{_host}:{os.environ['METRICS_PORT']}")
 
-# One process per role, threads inside it (measured in docs/benchmarks.md): the GIL caps a process
-# at about one core of Python, Prometheus counters stay in one process (no multiprocess dir), and
-# the psycopg pool (DB_POOL_MAX) bounds database work per process. Scale out with replicas.
-workers = _int("GUNICORN_WORKERS", 1)
 # GUNICORN_WORKER_CLASS exists for the comparison in bench/loadtest.py, not for production.
 worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingThreadWorker")
 # More threads than database slots on purpose: a thread waiting for a slot gives up after
@@ -65,6 +100,15 @@ keepalive = _int("GUNICORN_KEEPALIVE", 5)
 limit_request_line = 4094  # the longest path is /v1/locks/<128-char key>/acquire + query
 limit_request_fields = 50
 limit_request_field_size = 4096  # header values are also validated by dlock.headers
+
+# The worker's heartbeat touches a file in worker_tmp_dir on every event-loop turn; on a disk or
+# overlay filesystem that is a metadata write each time, in memory it is not (gunicorn's own
+# advice for containers).
+# gunicorn makes its file there with mkstemp and unlinks it at once.
+_shm = "/dev/shm"  # noqa: S108 - see above
+worker_tmp_dir = os.environ.get("GUNICORN_WORKER_TMP_DIR") or (
+    _shm if os.path.isdir(_shm) and os.access(_shm, os.W_OK) else None
+)
 
 accesslog = None  # request logs come from the app (JSON, without bodies)
 errorlog = "-"

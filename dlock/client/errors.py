@@ -159,6 +159,18 @@ class InternalError(DlockError):
     code = "INTERNAL"
 
 
+class Unauthenticated(DlockError):
+    """UNAUTHENTICATED: no credential, or one the server does not know (DLOCK_*_CREDENTIAL)."""
+
+    code = "UNAUTHENTICATED"
+
+
+class Forbidden(DlockError):
+    """FORBIDDEN: the credential is known but lacks the scope, or the session is another's."""
+
+    code = "FORBIDDEN"
+
+
 class ServiceUnreachable(DlockError):
     """No HTTP response at all; `sent` is False only when nothing reached the server."""
 
@@ -189,6 +201,8 @@ ERRORS: dict[str, type[DlockError]] = {
         Overloaded,
         DeadlineExceeded,
         InternalError,
+        Unauthenticated,
+        Forbidden,
     )
     if cls.code
 }
