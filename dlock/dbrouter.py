@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from django.db.models import Model
 
 
 def _alias(app_label: str) -> str:
@@ -10,16 +15,18 @@ def _alias(app_label: str) -> str:
 
 
 class AppDatabaseRouter:
-    def db_for_read(self, model, **hints):
+    def db_for_read(self, model: type[Model], **hints: Any) -> str:
         return _alias(model._meta.app_label)
 
-    def db_for_write(self, model, **hints):
+    def db_for_write(self, model: type[Model], **hints: Any) -> str:
         return _alias(model._meta.app_label)
 
-    def allow_relation(self, obj1, obj2, **hints):
+    def allow_relation(self, obj1: Model, obj2: Model, **hints: Any) -> bool:
         return _alias(obj1._meta.app_label) == _alias(obj2._meta.app_label)
 
-    def allow_migrate(self, db, app_label, model_name=None, **hints):
+    def allow_migrate(
+        self, db: str, app_label: str, model_name: str | None = None, **hints: Any
+    ) -> bool:
         return db == _alias(app_label)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -16,9 +18,14 @@ from dlock.parsers import too_large
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id, trace_id_from_traceparent
 from dlock.wire import JSON_SECURITY_HEADERS, KNOWN_METHODS, MONITORING_PATHS, SECURITY_HEADERS
 
+if TYPE_CHECKING:
+    from prometheus_client.metrics import MetricWrapperBase
+
+GetResponse = Callable[[HttpRequest], HttpResponse]
+
 
 class TraceMiddleware:
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -49,7 +56,7 @@ class MethodGuardMiddleware:
     other server (runserver, the test client) the same way.
     """
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -72,7 +79,13 @@ class PrometheusAfterMiddleware(prometheus.PrometheusAfterMiddleware):
     def _method(self, request: HttpRequest) -> str:
         return request.method if request.method in KNOWN_METHODS else "<invalid method>"
 
-    def label_metric(self, metric, request, response=None, **labels):
+    def label_metric(
+        self,
+        metric: MetricWrapperBase,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        **labels: str,
+    ) -> MetricWrapperBase:
         if "method" in labels:
             labels["method"] = self._method(request)
         return super().label_metric(metric, request, response, **labels)
@@ -112,7 +125,7 @@ class RequestGuardMiddleware:
     """Refuse what no view should see: a missing or foreign target host, bodies we would have to
     buffer blindly, NUL characters in the path or query; before any view or database work."""
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -167,7 +180,7 @@ def _is_human_page(request: HttpRequest, response: HttpResponse) -> bool:
 class EnvelopeMiddleware:
     """Safety net: any non-2xx that is not already the envelope becomes one (404, 405, 400, 500)."""
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -202,13 +215,19 @@ class CredentialMiddleware:
     unknown route stays 404. The rail stub stands in for a third party and stays open.
     """
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         return self.get_response(request)
 
-    def process_view(self, request: HttpRequest, view_func, view_args, view_kwargs):
+    def process_view(
+        self,
+        request: HttpRequest,
+        view_func: Callable[..., HttpResponse],
+        view_args: tuple[Any, ...],
+        view_kwargs: dict[str, Any],
+    ) -> HttpResponse | None:
         if settings.ROLE == "railstub":
             return None
         scope = auth.required_scope(request)

@@ -9,12 +9,15 @@ so Django's own limit never fires for DRF views).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 from rest_framework.parsers import BaseParser
 
 from dlock.errors import ApiError, Code
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 def _reject_constant(name: str) -> Any:
@@ -85,7 +88,12 @@ def loads_strict(data: bytes) -> dict[str, Any]:
 class StrictJSONParser(BaseParser):
     media_type = "application/json"
 
-    def parse(self, stream, media_type=None, parser_context=None):
+    def parse(
+        self,
+        stream: IO[Any] | None,
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         data = stream.read(limit + 1) if stream is not None else b""
         if len(data) > limit:

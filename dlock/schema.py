@@ -11,13 +11,17 @@ its own the one shared `ErrorEnvelope` component, closes every request body (eac
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 
 from dlock.errors import CATALOGUE, PROTOCOL_STATUSES, Code
 from dlock.headers import IDEMPOTENCY_KEY_MAX, OWNER_ID_MAX
+
+if TYPE_CHECKING:
+    from drf_spectacular.generators import SchemaGenerator
+    from rest_framework.request import Request
 
 ENVELOPE_REF = {"$ref": "#/components/schemas/ErrorEnvelope"}
 JSON = "application/json"
@@ -77,7 +81,9 @@ def _error_response(status: str, description: str | None) -> dict[str, Any]:
     return {"description": text, "content": {JSON: {"schema": ENVELOPE_REF}}}
 
 
-def envelope_errors_hook(result: dict, generator, request, public) -> dict:
+def envelope_errors_hook(
+    result: dict, generator: SchemaGenerator, request: Request | None, public: bool
+) -> dict:
     """drf-spectacular POSTPROCESSING_HOOK (see SPECTACULAR_SETTINGS)."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorEnvelope"] = ENVELOPE_SCHEMA
@@ -129,7 +135,7 @@ KEY_PATTERN = "^[A-Za-z0-9:._-]+$"
 UUID_SCHEMA = {"type": "string", "format": "uuid"}
 
 
-def header(name: str, schema: dict, description: str, *, required: bool = True):
+def header(name: str, schema: dict, description: str, *, required: bool = True) -> OpenApiParameter:
     return OpenApiParameter(
         name,
         type=schema,
@@ -184,7 +190,9 @@ def path_param(name: str, schema: dict, description: str) -> OpenApiParameter:
     )
 
 
-def query_param(name: str, schema: dict | Any, description: str, *, required: bool = False):
+def query_param(
+    name: str, schema: dict | Any, description: str, *, required: bool = False
+) -> OpenApiParameter:
     return OpenApiParameter(
         name,
         type=schema,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from rest_framework import serializers
 
@@ -12,14 +13,14 @@ from dlock.headers import INT64_MAX
 class StrictIntegerField(serializers.IntegerField):
     """JSON integers only: no strings, floats or booleans."""
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: Any) -> int:
         if isinstance(data, bool) or not isinstance(data, int):
             self.fail("invalid")
         return super().to_internal_value(data)
 
 
 class StrictInt64Field(StrictIntegerField):
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("max_value", INT64_MAX)
         kwargs.setdefault("min_value", -INT64_MAX - 1)
         super().__init__(**kwargs)
@@ -28,14 +29,14 @@ class StrictInt64Field(StrictIntegerField):
 class StrictCharField(serializers.CharField):
     """JSON strings only; no silent str(5)."""
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
 
 
 class StrictBooleanField(serializers.BooleanField):
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: Any) -> bool:
         if not isinstance(data, bool):
             self.fail("invalid")
         return data
@@ -44,7 +45,7 @@ class StrictBooleanField(serializers.BooleanField):
 class StrictSerializer(serializers.Serializer):
     """Unknown fields are a VALIDATION_FAILED, not silently dropped."""
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise serializers.ValidationError({"body": ["must be a JSON object"]})
         unknown = sorted(set(data) - set(self.fields))

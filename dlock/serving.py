@@ -41,7 +41,7 @@ import time
 from collections import OrderedDict
 from concurrent import futures
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
@@ -49,6 +49,13 @@ from gunicorn.workers.gthread import ThreadWorker
 from dlock.errors import ApiError, Code
 from dlock.tracing import new_trace_id
 from dlock.wire import KNOWN_METHODS, MONITORING_PATHS, raw_json_headers
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from gunicorn.arbiter import Arbiter
+    from gunicorn.sock import BaseSocket
+    from gunicorn.workers.gthread import TConn
 
 _picked_up = threading.local()
 ACCEPT_BATCH = 64
@@ -82,7 +89,7 @@ def arrived_seconds_ago(sock: socket.socket) -> float | None:
     return None
 
 
-def _kernel_stamp(ancillary) -> float | None:
+def _kernel_stamp(ancillary: list[tuple[int, int, bytes]]) -> float | None:
     """Wall-clock receive time of the first byte of a `recvmsg` (SO_TIMESTAMP), if stamped."""
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(data) >= _TIMEVAL.size:
@@ -92,7 +99,7 @@ def _kernel_stamp(ancillary) -> float | None:
     return None
 
 
-def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
+def write_envelope_error(sock: socket.socket, status_int: int, reason: str, mesg: str) -> None:
     """gunicorn's own error answers (a request line or headers it cannot parse, over its limits,
     a worker failure outside the app) as the C3 envelope instead of an HTML page.
 
@@ -189,7 +196,7 @@ class DrainingThreadWorker(ThreadWorker):
         )
         self.max_head = line + 2 + fields + 2
 
-    def accept(self, listener) -> None:
+    def accept(self, listener: BaseSocket) -> None:
         """Take every connection already waiting, not one per poller wake-up.
 
         Under load the main loop competes for the GIL with every busy request thread, so each
@@ -206,7 +213,7 @@ class DrainingThreadWorker(ThreadWorker):
 
     # ---------------------------------------------------------------- arrival path (main loop)
 
-    def enqueue_req(self, conn) -> None:
+    def enqueue_req(self, conn: TConn) -> None:
         """Every way a connection reaches the pool (new, kept alive, read-ahead) comes here:
         only a complete request is handed to a thread."""
         if self.cfg.is_ssl:  # TLS terminates in front of dlock; stock behaviour if it does not
@@ -218,12 +225,12 @@ class DrainingThreadWorker(ThreadWorker):
             return
         self._start_arrival(conn)
 
-    def _submit(self, conn, pool) -> None:
+    def _submit(self, conn: TConn, pool: futures.Executor) -> None:
         conn.dlock_queued_at = time.monotonic()
         fs = pool.submit(self.handle, conn)
         fs.add_done_callback(lambda fut: self.method_queue.defer(self.finish_request, conn, fut))
 
-    def _start_arrival(self, conn) -> None:
+    def _start_arrival(self, conn: TConn) -> None:
         if not getattr(conn, "dlock_stamped", False):
             conn.dlock_stamped = True  # from now on the kernel stamps what arrives
             with contextlib.suppress(OSError):
@@ -242,7 +249,7 @@ class DrainingThreadWorker(ThreadWorker):
         else:
             self._on_arrival(conn, conn.sock)  # a new connection's bytes are often there already
 
-    def _on_arrival(self, conn, _fileobj) -> None:
+    def _on_arrival(self, conn: TConn, _fileobj: socket.socket) -> None:
         try:
             data, ancillary, _, _ = conn.sock.recvmsg(RECV_CHUNK, 64)
         except (BlockingIOError, InterruptedError):
@@ -255,7 +262,7 @@ class DrainingThreadWorker(ThreadWorker):
         conn.dlock_buf += data
         self._examine(conn, eof=not data)
 
-    def _examine(self, conn, *, eof: bool) -> None:
+    def _examine(self, conn: TConn, *, eof: bool) -> None:
         try:
             path = _request_complete(conn.dlock_buf, max_head=self.max_head, max_body=self.max_body)
         except _Incomplete as incomplete:
@@ -285,7 +292,7 @@ class DrainingThreadWorker(ThreadWorker):
         conn.dlock_complete = True
         self.enqueue_req(conn)
 
-    def _end_arrival(self, conn, answer: tuple | None = None) -> None:
+    def _end_arrival(self, conn: TConn, answer: tuple | None = None) -> None:
         self.arrivals.pop(id(conn), None)
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.poller.unregister(conn.sock)
@@ -313,7 +320,8 @@ class DrainingThreadWorker(ThreadWorker):
 
     # ---------------------------------------------------------------- worker threads
 
-    def handle(self, conn):
+    def handle(self, conn: TConn) -> object:
+        # gunicorn's verdict: keep the connection alive (bool), or its defer sentinel
         buf = getattr(conn, "dlock_buf", None)
         if buf is not None:  # the arrival path read the whole request: give it to the parser
             conn.dlock_buf = None
@@ -343,7 +351,7 @@ class DrainingThreadWorker(ThreadWorker):
         signal.signal(signal.SIGINT, self.handle_exit)  # Ctrl-C on the group: drain, too
         signal.siginterrupt(signal.SIGINT, False)
 
-    def handle_exit(self, sig, frame) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.alive:
             # Runs in the main loop, not in the signal handler: the poller is not re-entrant.
             self.method_queue.defer(self._close_listeners)
@@ -356,6 +364,6 @@ class DrainingThreadWorker(ThreadWorker):
         self.log.info("draining: listener closed, %s connection(s) in flight", self.nr_conns)
 
 
-def drain_on_sigint(arbiter) -> None:
+def drain_on_sigint(arbiter: Arbiter) -> None:
     """gunicorn `when_ready` hook: the master treats SIGINT like SIGTERM (graceful stop)."""
     arbiter.handle_int = arbiter.handle_term

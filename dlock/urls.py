@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.conf import settings
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
@@ -12,6 +14,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from dlock import health, metrics
 from dlock.errors import ApiError, Code
 from dlock.handlers import error_response
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
 
 
 def api_docs_patterns() -> list:
@@ -59,19 +64,19 @@ def common_patterns() -> list:
     ]
 
 
-def not_found_view(request, exception=None):
+def not_found_view(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return error_response(ApiError(Code.NOT_FOUND, "no such resource or route"))
 
 
-def bad_request_view(request, exception=None):
+def bad_request_view(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return error_response(ApiError(Code.VALIDATION_FAILED, "bad request"))
 
 
-def forbidden_view(request, exception=None):
+def forbidden_view(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return error_response(ApiError(Code.VALIDATION_FAILED, "request rejected"))
 
 
-def server_error_view(request):
+def server_error_view(request: HttpRequest) -> HttpResponse:
     return error_response(ApiError(Code.INTERNAL, "internal error; see the service log"))
 
 

@@ -23,7 +23,7 @@ import json
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import OperationalError, connections, transaction
 
@@ -32,6 +32,10 @@ from dlock.dbrouter import alias_for
 from dlock.timefmt import rfc3339_ms
 from payments.operator import record_reconcile_run
 from payments.selectors import payouts_in_states
+
+if TYPE_CHECKING:
+    import datetime as dt
+    from collections.abc import Callable
 
 FORWARDED_OUTCOMES = ("PENDING", "ACKED", "TIMEOUT", "DECLINED")
 
@@ -105,8 +109,12 @@ class Report:
 
 CLASSIFICATIONS = ("NOT_BOOKED", "BOOKED_ONCE", "BOOKED_MULTIPLE", "NO_SUBMISSION")
 
+_T = TypeVar("_T")
 
-def _classify(submissions: list[tuple[str, str, str | None]], transfers: dict[str, list[str]]):
+
+def _classify(
+    submissions: list[tuple[str, str, str | None]], transfers: dict[str, list[str]]
+) -> tuple[str, list[str]]:
     if not submissions:
         return "NO_SUBMISSION", []
     refs = sorted(
@@ -117,7 +125,7 @@ def _classify(submissions: list[tuple[str, str, str | None]], transfers: dict[st
     return ("BOOKED_ONCE" if len(refs) == 1 else "BOOKED_MULTIPLE"), refs
 
 
-def _with_retries(fn):
+def _with_retries(fn: Callable[[], _T]) -> _T:
     """C3 §3.8 "reconciler → both databases": 3 retries on a connection failure."""
     hop = BUDGETS["reconciler.db"]
     for attempt in range(hop.retries + 1):
@@ -258,7 +266,7 @@ def _write_findings(report: Report) -> None:
             )
 
 
-def _now():
+def _now() -> dt.datetime:
     from django.utils import timezone
 
     return timezone.now()

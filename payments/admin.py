@@ -9,6 +9,7 @@ Every time is shown to the second, in UTC.
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -30,6 +31,11 @@ from payments.models import (
 from payments.resolve import OVERRIDE_REASON_MIN, resolve_payout
 from railproxy.models import RailSubmission
 
+if TYPE_CHECKING:
+    from django.db.models import Model, QuerySet
+    from django.http import HttpRequest, HttpResponse
+    from django.urls import URLPattern
+
 
 def utc(value: dt.datetime | None) -> str:
     """2026-12-01 03:00:07.123 UTC: an operator compares these with the rail's statement."""
@@ -42,13 +48,13 @@ def utc(value: dt.datetime | None) -> str:
 class ReadOnlyAdmin(admin.ModelAdmin):
     """View-only: money and history change through the fenced services, never a form."""
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -59,7 +65,7 @@ class AccountAdmin(ReadOnlyAdmin):
     search_fields = ("account_id",)
 
     @admin.display(description="updated at (UTC)", ordering="updated_at")
-    def updated_at_utc(self, obj):
+    def updated_at_utc(self, obj: Account) -> str:
         return utc(obj.updated_at)
 
 
@@ -69,10 +75,10 @@ class ReadOnlyInline(admin.TabularInline):
     extra = 0
     can_delete = False
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -83,7 +89,7 @@ class PayoutEventInline(ReadOnlyInline):
     ordering = ("at", "id")
 
     @admin.display(description="at (UTC)")
-    def at_utc(self, obj):
+    def at_utc(self, obj: PayoutEvent) -> str:
         return utc(obj.at)
 
 
@@ -94,7 +100,7 @@ class LedgerEntryInline(ReadOnlyInline):
     readonly_fields = fields
 
     @admin.display(description="posted at (UTC)")
-    def posted_at_utc(self, obj):
+    def posted_at_utc(self, obj: LedgerEntry) -> str:
         return utc(obj.posted_at)
 
 
@@ -116,7 +122,7 @@ class PayoutAdmin(ReadOnlyAdmin):
     inlines = (PayoutEventInline, LedgerEntryInline)
 
     @admin.display(description="created at (UTC)", ordering="created_at")
-    def created_at_utc(self, obj):
+    def created_at_utc(self, obj: Payout) -> str:
         return utc(obj.created_at)
 
 
@@ -136,7 +142,7 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
     ordering = ("-posted_at",)
 
     @admin.display(description="posted at (UTC)", ordering="posted_at")
-    def posted_at_utc(self, obj):
+    def posted_at_utc(self, obj: LedgerEntry) -> str:
         return utc(obj.posted_at)
 
 
@@ -162,13 +168,13 @@ class ResolveForm(forms.Form):
         "at WARNING.",
     )
 
-    def clean_note(self):
+    def clean_note(self) -> str:
         note = self.cleaned_data["note"].strip()
         if not note:
             raise forms.ValidationError("a note is required")
         return note
 
-    def clean(self):
+    def clean(self) -> dict[str, Any] | None:
         cleaned = super().clean()
         note = cleaned.get("note") or ""
         if cleaned.get("override") and len(note) < OVERRIDE_REASON_MIN:
@@ -204,23 +210,31 @@ class QuarantineAdmin(admin.ModelAdmin):
     actions = ("resolve_selected",)
     change_form_template = "admin/payments/quarantine_change_form.html"
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[QuarantinedPayout]:
         return super().get_queryset(request).filter(state="RAIL_AMBIGUOUS")
 
-    def get_readonly_fields(self, request, obj=None):
+    def get_readonly_fields(
+        self, request: HttpRequest, obj: QuarantinedPayout | None = None
+    ) -> list[str]:
         return [f.name for f in self.model._meta.fields]
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(
+        self, request: HttpRequest, obj: QuarantinedPayout | None = None
+    ) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(
+        self, request: HttpRequest, obj: QuarantinedPayout | None = None
+    ) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(
+        self, request: HttpRequest, obj: QuarantinedPayout | None = None
+    ) -> bool:
         # The changelist's resolve action needs "change"; a payout's own page never saves.
         return obj is None and super().has_change_permission(request)
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         resolve = path(
             "<path:object_id>/resolve/",
             self.admin_site.admin_view(self.resolve_view),
@@ -228,37 +242,43 @@ class QuarantineAdmin(admin.ModelAdmin):
         )
         return [resolve, *super().get_urls()]
 
-    def _recon(self, obj) -> PayoutReconciliation | None:
+    def _recon(self, obj: Payout) -> PayoutReconciliation | None:
         try:
             return obj.reconciliation
         except PayoutReconciliation.DoesNotExist:
             return None
 
     @admin.display(description="reconciler classification")
-    def classification(self, obj):
+    def classification(self, obj: QuarantinedPayout) -> str:
         recon = self._recon(obj)
         return recon.classification if recon else "not yet reconciled"
 
     @admin.display(description="rail transfers")
-    def rail_transfers(self, obj):
+    def rail_transfers(self, obj: QuarantinedPayout) -> int | None:
         recon = self._recon(obj)
         return recon.rail_transfer_count if recon else None
 
     @admin.display(description="rail references")
-    def rail_references(self, obj):
+    def rail_references(self, obj: QuarantinedPayout) -> str:
         recon = self._recon(obj)
         return ", ".join(map(str, recon.rail_references or [])) if recon else ""
 
     @admin.display(description="checked at (UTC)")
-    def checked_at(self, obj):
+    def checked_at(self, obj: QuarantinedPayout) -> str | None:
         recon = self._recon(obj)
         return utc(recon.checked_at) if recon else None
 
     @admin.display(description="updated at (UTC)", ordering="updated_at")
-    def updated_at_utc(self, obj):
+    def updated_at_utc(self, obj: QuarantinedPayout) -> str:
         return utc(obj.updated_at)
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
         payout = self.get_object(request, object_id)
         context = dict(extra_context or {})
         if payout is not None:
@@ -268,7 +288,7 @@ class QuarantineAdmin(admin.ModelAdmin):
             )
         return super().change_view(request, object_id, form_url, extra_context=context)
 
-    def _evidence(self, payout) -> dict:
+    def _evidence(self, payout: Payout) -> dict:
         """What an operator needs to decide: the reconciler's finding, the submission attempts
         (presented token, outcome, times), and the timeline; every time in UTC to the second."""
         recon = self._recon(payout)
@@ -287,7 +307,7 @@ class QuarantineAdmin(admin.ModelAdmin):
             "events": [{"row": e, "at": utc(e.at)} for e in events],
         }
 
-    def resolve_view(self, request, object_id):
+    def resolve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """One payout's resolve form: GET shows it with the evidence, POST resolves (guarded)."""
         if not self.has_change_permission(request):
             raise PermissionDenied
@@ -297,7 +317,7 @@ class QuarantineAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(reverse("admin:payments_quarantinedpayout_changelist"))
         return self._form_page(request, [payout], form, evidence=self._evidence(payout))
 
-    def _resolve(self, request, payout, form) -> bool:
+    def _resolve(self, request: HttpRequest, payout: Payout, form: ResolveForm) -> bool:
         data = form.cleaned_data
         try:
             done = resolve_payout(
@@ -319,7 +339,15 @@ class QuarantineAdmin(admin.ModelAdmin):
         )
         return True
 
-    def _form_page(self, request, payouts, form, *, evidence=None, action=False):
+    def _form_page(
+        self,
+        request: HttpRequest,
+        payouts: list[QuarantinedPayout],
+        form: ResolveForm,
+        *,
+        evidence: dict | None = None,
+        action: bool = False,
+    ) -> TemplateResponse:
         return TemplateResponse(
             request,
             "admin/payments/resolve.html",
@@ -336,7 +364,9 @@ class QuarantineAdmin(admin.ModelAdmin):
         )
 
     @admin.action(description="Resolve selected quarantined payouts…", permissions=["change"])
-    def resolve_selected(self, request, queryset):
+    def resolve_selected(
+        self, request: HttpRequest, queryset: QuerySet[QuarantinedPayout]
+    ) -> TemplateResponse | None:
         form = ResolveForm(request.POST if "apply" in request.POST else None)
         if "apply" in request.POST and form.is_valid():
             for payout in queryset:

@@ -14,12 +14,16 @@ import random
 import secrets
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
 from dlock.timefmt import utcnow
 from railstub.models import RailstubConfig, RailTransfer
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import CursorWrapper
 
 
 class Fault(enum.StrEnum):
@@ -133,7 +137,7 @@ def book_transfer(
     """Book one transfer (two on a duplicate ack); a repeated clientRef is simply paid again."""
     alias = _alias()
 
-    def book(cur, duplicate_of: str | None) -> RailTransfer:
+    def book(cur: CursorWrapper, duplicate_of: str | None) -> RailTransfer:
         transfer = RailTransfer(
             rail_reference=new_reference(),
             client_ref=client_ref,

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.conf import settings
@@ -46,6 +47,9 @@ from lockserver.errors import (
 )
 from lockserver.pg_listener import KeyListener
 
+if TYPE_CHECKING:
+    from psycopg.abc import Params
+
 logger = logging.getLogger("dlock.lockserver")
 INT64_MAX = 2**63 - 1
 
@@ -56,10 +60,10 @@ class _PreparingCursor:
     def __init__(self, cursor: psycopg.Cursor) -> None:
         self._cursor = cursor
 
-    def execute(self, query: str, params=None):
+    def execute(self, query: str, params: Params | None = None) -> psycopg.Cursor:
         return self._cursor.execute(query, params, prepare=True)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
 
 
@@ -441,7 +445,7 @@ class PgLockBackend:
     def close(self) -> None:
         self.listener.close()
 
-    def _housekeep(self, conn) -> None:
+    def _housekeep(self, conn: psycopg.Connection) -> None:
         """Reaper (listener thread, own connection): expiry events, retention, gauges."""
         with conn.cursor() as cursor:
             for key, token, owner, session_id in sql.reap_lapsed_grants(cursor):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 NOTIFY_CHANNEL = "dlock_lock_free"
 
@@ -75,7 +76,7 @@ RETURNING expires_at
 """
 
 
-def open_session(cursor, *, session_id: uuid.UUID, owner_id: str, ttl_ms: int) -> dt.datetime:
+def open_session(cursor: Any, *, session_id: uuid.UUID, owner_id: str, ttl_ms: int) -> dt.datetime:
     cursor.execute(
         OPEN_SESSION_SQL, {"session_id": session_id, "owner_id": owner_id, "ttl_ms": ttl_ms}
     )
@@ -88,7 +89,9 @@ FROM lock_session WHERE session_id = %(session_id)s
 """
 
 
-def get_session(cursor, *, session_id: uuid.UUID, for_update: bool = False) -> SessionRow | None:
+def get_session(
+    cursor: Any, *, session_id: uuid.UUID, for_update: bool = False
+) -> SessionRow | None:
     cursor.execute(
         GET_SESSION_SQL + (" FOR UPDATE" if for_update else ""), {"session_id": session_id}
     )
@@ -114,7 +117,7 @@ WHERE g.session_id = %(session_id)s AND {_LIVE}
 
 
 def heartbeat(
-    cursor, *, session_id: uuid.UUID, owner_id: str
+    cursor: Any, *, session_id: uuid.UUID, owner_id: str
 ) -> tuple[dt.datetime, dt.datetime, int] | None:
     """Extend a live session and its live grants' session expiry; None if not live/owned.
 
@@ -145,7 +148,7 @@ SELECT lock_key, fencing_token, owner_id, pg_notify('{NOTIFY_CHANNEL}', lock_key
 """
 
 
-def delete_session(cursor, *, session_id: uuid.UUID) -> list[tuple[str, int, str]]:
+def delete_session(cursor: Any, *, session_id: uuid.UUID) -> list[tuple[str, int, str]]:
     """Delete the session row and free every grant attached to it (waiters are notified on
     commit). Call inside one transaction, after locking the session row. Returns the freed
     (key, token, owner) triples."""
@@ -200,7 +203,7 @@ class Acquired:
 
 
 def try_acquire(
-    cursor, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int
+    cursor: Any, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int
 ) -> Acquired | None:
     """Grant `key` with a new token if it is free, lapsed, or its holder's session lapsed and
     the caller's session is live (and owned by owner_id when given); else None."""
@@ -239,7 +242,9 @@ RETURNING g.owner_id, g.fencing_token, g.acquired_at, g.expires_at
 """
 
 
-def rotate(cursor, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int) -> GrantRow | None:
+def rotate(
+    cursor: Any, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int
+) -> GrantRow | None:
     """Give the live grant (key, token) of session_id a new, higher token; None if it is not
     (any longer) that session's live grant."""
     cursor.execute(
@@ -265,7 +270,7 @@ FROM (SELECT 1) AS one LEFT JOIN lock_grant AS g ON g.lock_key = %(key)s
 """
 
 
-def key_state(cursor, *, key: str) -> KeyState:
+def key_state(cursor: Any, *, key: str) -> KeyState:
     """Advisory read of one key (L7, and the details of L4/L5/L6 failures)."""
     cursor.execute(KEY_STATE_SQL, {"key": key})
     seen, live, session_id, owner, token, acquired_at, expires_at, ms, waiters, rec = (
@@ -301,7 +306,7 @@ RETURNING g.owner_id, g.acquired_at, g.expires_at
 
 
 def renew(
-    cursor, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None
+    cursor: Any, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None
 ) -> GrantRow | None:
     """Extend the live grant (key, token) held by session_id; the token never changes."""
     cursor.execute(
@@ -329,7 +334,7 @@ SELECT owner_id, session_id, pg_notify('{NOTIFY_CHANNEL}', lock_key) FROM upd
 """
 
 
-def release(cursor, *, key: str, token: int) -> tuple[str, uuid.UUID] | None:
+def release(cursor: Any, *, key: str, token: int) -> tuple[str, uuid.UUID] | None:
     """Free the live grant (key, token); waiters are notified on commit. (owner, session)."""
     cursor.execute(RELEASE_SQL, {"key": key, "token": token})
     row = cursor.fetchone()
@@ -359,7 +364,7 @@ SELECT new_token_floor, pg_notify('{NOTIFY_CHANNEL}', lock_key) FROM rev
 """
 
 
-def lock_key_row(cursor, *, key: str) -> tuple[int | None, str | None, uuid.UUID | None, bool]:
+def lock_key_row(cursor: Any, *, key: str) -> tuple[int | None, str | None, uuid.UUID | None, bool]:
     """Lock the key's row; (token, owner, session, live) or (None, None, None, False)."""
     cursor.execute(LOCK_KEY_SQL, {"key": key})
     row = cursor.fetchone()
@@ -367,7 +372,7 @@ def lock_key_row(cursor, *, key: str) -> tuple[int | None, str | None, uuid.UUID
 
 
 def revoke(
-    cursor,
+    cursor: Any,
     *,
     key: str,
     token: int,
@@ -411,7 +416,7 @@ RETURNING waiter_id
 
 
 def add_waiter(
-    cursor,
+    cursor: Any,
     *,
     waiter_id: uuid.UUID,
     key: str,
@@ -434,7 +439,7 @@ def add_waiter(
     return cursor.fetchone() is not None
 
 
-def remove_waiter(cursor, *, waiter_id: uuid.UUID) -> None:
+def remove_waiter(cursor: Any, *, waiter_id: uuid.UUID) -> None:
     cursor.execute("DELETE FROM lock_waiter WHERE waiter_id = %(w)s", {"w": waiter_id})
 
 
@@ -458,7 +463,7 @@ FROM upd
 """
 
 
-def reap_lapsed_grants(cursor) -> list[tuple[str, int, str, uuid.UUID]]:
+def reap_lapsed_grants(cursor: Any) -> list[tuple[str, int, str, uuid.UUID]]:
     """Free grants whose lease or session lapsed; (key, token, owner, session) of each."""
     cursor.execute(REAP_GRANTS_SQL)
     return [tuple(row[:4]) for row in cursor.fetchall()]
@@ -475,7 +480,7 @@ RETURNING session_id, owner_id, expires_at
 """
 
 
-def reap_expired_sessions(cursor) -> list[tuple[uuid.UUID, str, dt.datetime]]:
+def reap_expired_sessions(cursor: Any) -> list[tuple[uuid.UUID, str, dt.datetime]]:
     """Mark newly expired sessions (each is reported once): (session, owner, expired_at)."""
     cursor.execute(REAP_SESSIONS_SQL)
     return [tuple(row) for row in cursor.fetchall()]
@@ -494,7 +499,7 @@ SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM w)
 """
 
 
-def purge(cursor, *, retention_ms: int) -> tuple[int, int]:
+def purge(cursor: Any, *, retention_ms: int) -> tuple[int, int]:
     """Forget sessions expired longer than the retention, and abandoned waiter rows."""
     cursor.execute(PURGE_SQL, {"retention_ms": retention_ms})
     return tuple(cursor.fetchone())
@@ -506,11 +511,11 @@ SELECT (SELECT count(*) FROM lock_session WHERE expires_at > clock_timestamp()),
 """
 
 
-def live_counts(cursor) -> tuple[int, int]:
+def live_counts(cursor: Any) -> tuple[int, int]:
     cursor.execute(LIVE_COUNTS_SQL)
     return tuple(cursor.fetchone())
 
 
-def in_recovery(cursor) -> bool:
+def in_recovery(cursor: Any) -> bool:
     cursor.execute("SELECT pg_is_in_recovery()")
     return bool(cursor.fetchone()[0])

@@ -8,6 +8,8 @@ its own, outside Django's pool. `cursor` is a Django or psycopg cursor on lockdb
 
 from __future__ import annotations
 
+from typing import Any
+
 # Serialises floor appliers (two lock-servers starting together): the second one reads the
 # sequence after the first one's setval, so it can never move the sequence backwards.
 FLOOR_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('fencing_token_seq floor'))"
@@ -19,7 +21,7 @@ FROM fencing_token_seq
 """
 
 
-def apply_token_floor(cursor, *, floor: int) -> int:
+def apply_token_floor(cursor: Any, *, floor: int) -> int:
     """Advance fencing_token_seq so the next token is > floor; never moves it backwards.
 
     Call inside one transaction. Returns the sequence's last value afterwards.
@@ -37,7 +39,7 @@ SELECT COALESCE((SELECT token FROM lock_token_high_water WHERE id = 1), 0),
 """
 
 
-def read_high_water(cursor) -> tuple[int, int]:
+def read_high_water(cursor: Any) -> tuple[int, int]:
     """(the high-water row, pg's last token): every token this deployment issued is ≤ max."""
     cursor.execute(READ_HIGH_WATER_SQL)
     row, sequence = cursor.fetchone()
@@ -54,7 +56,7 @@ RETURNING token
 """
 
 
-def raise_high_water(cursor, *, token: int, backend: str) -> int:
+def raise_high_water(cursor: Any, *, token: int, backend: str) -> int:
     """Raise the row to at least `token` (GREATEST, never lowered); the row's value after."""
     cursor.execute(RAISE_HIGH_WATER_SQL, {"token": token, "backend": backend})
     return int(cursor.fetchone()[0])
@@ -72,5 +74,5 @@ WHERE id = 1 AND token < {_SEQUENCE_LAST}
 """
 
 
-def mirror_sequence(cursor) -> None:
+def mirror_sequence(cursor: Any) -> None:
     cursor.execute(MIRROR_SEQUENCE_SQL)

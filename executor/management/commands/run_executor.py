@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -23,11 +24,14 @@ from executor.pause import PausePlan
 from executor.worker import Executor
 from settings.env import env_int
 
+if TYPE_CHECKING:
+    import argparse
+
 
 class Command(BaseCommand):
     help = "Drain PENDING payouts: lock → claim → submit → post → release, one grant per payout."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--owner-id", required=True, help="worker identity (≤64 chars)")
         parser.add_argument("--max-payouts", type=int, default=None)
         parser.add_argument("--until-idle", action="store_true", help="exit when nothing is left")
@@ -62,7 +66,7 @@ class Command(BaseCommand):
         parser.add_argument("--lock-ttl-ms", type=int, default=settings.LOCK_DEFAULT_TTL_MS)
         parser.add_argument("--session-ttl-ms", type=int, default=settings.LOCK_SESSION_TTL_MS)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             owner_id = validate_owner_id(options["owner_id"])
             pause = PausePlan.from_env()

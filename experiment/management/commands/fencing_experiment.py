@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -19,11 +20,14 @@ from experiment.report import table
 from experiment.runner import CI_PRESET, ExperimentConfig, run
 from experiment.stack import MissingPiece, from_stack_env, private_stack
 
+if TYPE_CHECKING:
+    import argparse
+
 
 class Command(BaseCommand):
     help = "Run the fencing experiment (fenced vs naive) under a seeded fault schedule."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--seed", type=int, default=7)
         parser.add_argument("--executors", type=int, default=None)
         parser.add_argument("--payouts", type=int, default=None)
@@ -47,7 +51,7 @@ class Command(BaseCommand):
             help="start a throwaway stack (own PostgreSQL, four roles, free ports) under --out",
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         preset = dict(CI_PRESET) if options["ci"] else {}
         config = ExperimentConfig(
             seed=options["seed"],

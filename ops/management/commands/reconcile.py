@@ -11,12 +11,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from ops.reconciler import metrics_text, reconcile, render_text
+
+if TYPE_CHECKING:
+    import argparse
 
 
 def _default_metrics_file() -> Path:
@@ -26,7 +30,7 @@ def _default_metrics_file() -> Path:
 class Command(BaseCommand):
     help = "Reconcile paydb against the rail statement; exit 1 when an invariant is broken."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument(
             "--metrics-file", default=None, help="Prometheus textfile (default .run/metrics/)"
@@ -35,7 +39,7 @@ class Command(BaseCommand):
             "--no-write", action="store_true", help="do not write payout_reconciliation rows"
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             report = reconcile(write=not options["no_write"])
         except DatabaseError as exc:

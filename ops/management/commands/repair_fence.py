@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import getpass
 import json
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from lockserver.etcd_client import EtcdError
 from ops.repair import RepairRefused, repair_fence
+
+if TYPE_CHECKING:
+    import argparse
 
 
 def _os_user() -> str:
@@ -29,13 +33,13 @@ def _os_user() -> str:
 class Command(BaseCommand):
     help = "Lower a fence no legitimate token can pass to the highest token issued (audited)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--account", required=True, help="the account id")
         parser.add_argument("--reason", required=True, help="why (at least 8 characters)")
         parser.add_argument("--operator", default=None, help="who (default: the OS user)")
         parser.add_argument("--json", action="store_true", help="print the repair as JSON")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         operator = options["operator"] or _os_user()
         try:
             repair = repair_fence(

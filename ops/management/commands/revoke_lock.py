@@ -10,6 +10,7 @@ was sent and the answer lost: outcome unknown, check L7).
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -19,11 +20,14 @@ from dlock.client import DlockError, LockClient, ServiceUnreachable
 from dlock.errors import ApiError
 from ops.revoke import PushResult, protected_account, push_floor
 
+if TYPE_CHECKING:
+    import argparse
+
 
 class Command(BaseCommand):
     help = "Revoke a lock (L8) and fence its evicted holder out at the resources it protects."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("key")
         parser.add_argument("--operator", required=True)
         parser.add_argument("--reason", required=True, help="at least 8 characters")
@@ -31,7 +35,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-push", action="store_true", help="only call L8")
         parser.add_argument("--json", action="store_true")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         key = options["key"]
         client = LockClient(
             settings.LOCK_SERVER_URL, owner_id=f"operator:{options['operator']}"[:64]
@@ -97,7 +101,7 @@ class Command(BaseCommand):
                 "revoked at the lock server, but the fence push failed", returncode=code
             )
 
-    def _emit(self, options, result: dict) -> None:
+    def _emit(self, options: dict[str, Any], result: dict) -> None:
         if options["json"]:
             self.stdout.write(json.dumps(result, sort_keys=True))
             return

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from payments import services
+
+if TYPE_CHECKING:
+    import argparse
 
 
 def _positive(name: str, value: int, *, allow_zero: bool = False) -> int:
@@ -24,7 +28,7 @@ def _positive(name: str, value: int, *, allow_zero: bool = False) -> int:
 class Command(BaseCommand):
     help = "Create accounts with opening balances and PENDING payouts (paydb)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--accounts", type=int, required=True)
         parser.add_argument("--payouts-per-account", type=int, required=True)
         parser.add_argument("--balance-minor", type=int, required=True)
@@ -32,7 +36,7 @@ class Command(BaseCommand):
         parser.add_argument("--currency", default="EUR")
         parser.add_argument("--json", action="store_true", help="print the ids as JSON")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         currency = options["currency"]
         if not re.fullmatch(r"[A-Z]{3}", currency):
             raise CommandError(f"--currency must be an ISO-4217 code like EUR, got {currency!r}")

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand
 
 from dlock.timefmt import rfc3339_ms
 from railstub import services
 
+if TYPE_CHECKING:
+    import argparse
+
 
 class Command(BaseCommand):
     help = "Print the rail stub's statement: every booked transfer (ROLE=ops)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
         parser.add_argument("--client-ref", help="only transfers for this clientRef")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         rows = services.statement(client_ref=options.get("client_ref"))
         transfers = [
             {

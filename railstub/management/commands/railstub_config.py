@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -78,13 +79,13 @@ class Command(BaseCommand):
         "--reset makes it a well-behaved rail (all rates 0, no latency)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--reset", action="store_true", help="all rates 0, latency 0 first")
         parser.add_argument("--no-seed", action="store_true", help="fresh randomness again")
         for dest, (flag, kind, text) in OPTIONS.items():
             parser.add_argument(flag, dest=dest, type=kind, help=text)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         changes = {dest: options[dest] for dest in OPTIONS if options.get(dest) is not None}
         if options["no_seed"]:
             changes["seed"] = None
