@@ -247,7 +247,7 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
         lines.append("  (no e2e result: run `python -m bench --only e2e lockserver`)")
     lock = (results.get("lockserver") or {}).get("result") or {}
     eight = next((lvl for lvl in lock.get("levels", []) if lvl.get("clients") == 8), None)
-    if eight:
+    if eight and "floor_no_django" in eight:
         http, floor = eight["http"], eight["floor_no_django"]
         lines.append(
             f"  lock pairs/s at 8 clients, HTTP / floor arm: {eight.get('http_over_floor')}×"
@@ -259,7 +259,7 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
             f" floor {floor.get('server_cpu_ms_per_pair')} ms"
         )
     else:
-        lines.append("  (no lockserver result)")
+        lines.append("  (no lockserver result with its floor arm at 8 clients)")
     return lines
 
 
