@@ -261,7 +261,7 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
             f" floor {floor.get('server_cpu_ms_per_pair')} ms"
         )
     else:
-        lines.append("  (no lockserver result)")
+        lines.append("  (no lockserver result with its floor arm at 8 clients)")
     return lines
 
 

@@ -10,9 +10,8 @@ the executor credential, plus `X-Fencing-Token` and `X-Fencing-Proof` when it ho
 from __future__ import annotations
 
 import os
-import secrets
-import time
 
+from devstack import new_proof_keys
 from dlock.auth import CREDENTIAL_ENV, authorization_header, credentials_entry, new_credential
 
 PROOF_KEYS_ENV = "DLOCK_PROOF_KEYS"
@@ -22,9 +21,7 @@ PROOF_HEADER = "X-Fencing-Proof"
 def _ensure() -> dict[str, str]:
     for var in CREDENTIAL_ENV.values():
         os.environ.setdefault(var, new_credential())
-    os.environ.setdefault(
-        PROOF_KEYS_ENV, f"k{time.strftime('%Y%m%d', time.gmtime())}:{secrets.token_urlsafe(32)}"
-    )
+    os.environ.setdefault(PROOF_KEYS_ENV, new_proof_keys())
     return {
         "DLOCK_CREDENTIALS": ",".join(
             credentials_entry(os.environ[var], scope) for scope, var in CREDENTIAL_ENV.items()
@@ -45,6 +42,5 @@ def headers(grant: dict | None = None, scope: str = "executor") -> dict[str, str
     out = authorization_header(scope)
     if grant is not None:
         out["X-Fencing-Token"] = str(grant["fencingToken"])
-        if grant.get("fencingProof"):
-            out[PROOF_HEADER] = grant["fencingProof"]
+        out[PROOF_HEADER] = grant["fencingProof"]  # decision 15: L4/L5 answer it with the token
     return out

@@ -32,6 +32,7 @@ import requests
 
 from bench import credentials
 from devstack import PgCluster, RoleProcess, free_port, manage
+from dlock import proof
 
 DURATION_S = float(os.environ.get("BENCH_PAYMENTS_SECONDS", "5"))
 WARMUP_S = 0.5
@@ -154,16 +155,21 @@ def _http_pairs(base: str, db_url: str, placed) -> Callable[[int], Callable[[], 
         http = requests.Session()
         ack = psycopg.connect(db_url, autocommit=True)
         ack.execute("SET synchronous_commit = off")
-        _, ids = placed[index]
+        account, ids = placed[index]
         take = _payout_feed(ids)
         tokens = iter(range(1, 10**12))
         owner = f"bench-http-{index}"
+        # Stands in for the lock server: the proof L4 would have answered for this token.
+        ring = proof.parse_key_ring(os.environ["DLOCK_PROOF_KEYS"])
 
         def pair() -> float:
             payout_id, token = take(), next(tokens)
             headers = {
                 **credentials.headers(),
                 "X-Fencing-Token": str(token),
+                "X-Fencing-Proof": proof.sign(
+                    key=proof.payout_key(account), token=token, ring=ring
+                ),
                 "X-Owner-Id": owner,
                 "X-Idempotency-Key": f"payout-{payout_id}",
             }

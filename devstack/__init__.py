@@ -30,7 +30,7 @@ from devstack.common import (
     say,
     wait_until,
 )
-from devstack.envfile import read_env, run_dir, write_env
+from devstack.envfile import new_proof_keys, read_env, run_dir, write_env
 from devstack.etcd import EtcdServer, etcd_cluster, etcd_healthy
 from devstack.postgres import PgCluster, pg_bindir, private_datadir, state_root
 from devstack.roles import RoleProcess, manage, migrate_all
@@ -58,6 +58,7 @@ __all__ = [
     "etcd_cluster",
     "etcd_healthy",
     "free_port",
+    "new_proof_keys",
     "manage",
     "migrate_all",
     "pg_bindir",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
 
 from devstack.common import PROJECT
@@ -33,6 +34,21 @@ def write_env(path: Path, env: dict[str, str]) -> None:
     tmp.write_text("\n".join(lines) + "\n")
     tmp.chmod(0o600)
     tmp.replace(path)
+
+
+def new_proof_keys() -> str:
+    """A fresh DLOCK_PROOF_KEYS value: one signing key, named by the day it was made."""
+    return f"k{time.strftime('%Y%m%d', time.gmtime())}:{secrets.token_urlsafe(32)}"
+
+
+def proof_keys(run: Path) -> str:
+    """The stack's fencing-proof key ring (`.run/proof_keys`), made once like the secret key;
+    an operator may edit the file to rotate (docs/operations.md), then restart the roles."""
+    path = run / "proof_keys"
+    if not path.exists():
+        path.write_text(new_proof_keys())
+        path.chmod(0o600)
+    return path.read_text().strip()
 
 
 def secret_key(run: Path) -> str:

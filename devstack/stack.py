@@ -34,7 +34,7 @@ from devstack.common import (
     say,
     wait_until,
 )
-from devstack.envfile import read_env, run_dir, secret_key, write_env
+from devstack.envfile import proof_keys, read_env, run_dir, secret_key, write_env
 from devstack.etcd import etcd_cluster, etcd_healthy
 from devstack.postgres import PgCluster, private_datadir, state_root
 from devstack.roles import RoleProcess, migrate_all, read_record, write_record
@@ -283,6 +283,7 @@ def up(
     env: dict[str, str] = dict(running or {})  # a running stack keeps every value it runs with
     env |= {
         "DJANGO_SECRET_KEY": secret_key(run),
+        "DLOCK_PROOF_KEYS": proof_keys(run),
         "LOCK_BACKEND": topology.backend,
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DLOCK_REPLICAS": str(topology.replicas),

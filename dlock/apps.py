@@ -8,6 +8,7 @@ class DlockConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from dlock import metrics
+        from dlock import metrics, proof
 
+        proof.check_configured(settings.ROLE)
         metrics.register_role_metrics(settings.ROLE, backend=settings.LOCK_BACKEND)

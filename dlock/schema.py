@@ -170,7 +170,18 @@ IDEMPOTENCY_HEADER = header(
     {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX, "pattern": KEY_PATTERN},
     "The payout's stable key, never regenerated on retry (C3 §3.1).",
 )
-PROTECTED_WRITE_HEADERS = [TOKEN_HEADER, OWNER_HEADER, IDEMPOTENCY_HEADER]
+PROOF_HEADER = header(
+    "X-Fencing-Proof",
+    {
+        "type": "string",
+        "maxLength": 128,
+        "pattern": "^v1\\.[A-Za-z0-9_-]{1,32}\\.[A-Za-z0-9_-]{43}$",
+    },
+    "The grant's fencingProof from L4/L5, sent beside X-Fencing-Token (ARCHITECTURE decision "
+    "15). Missing, malformed, unknown kid, or not issued for this lock key and token → 400 "
+    "INVALID_TOKEN with details.reason; nothing is written.",
+)
+PROTECTED_WRITE_HEADERS = [TOKEN_HEADER, PROOF_HEADER, OWNER_HEADER, IDEMPOTENCY_HEADER]
 
 
 def path_param(name: str, schema: dict, description: str) -> OpenApiParameter:

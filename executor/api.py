@@ -122,9 +122,15 @@ class Api:
 
     # -- protected writes ----------------------------------------------------------------
 
-    def _write(self, path: str, body: dict[str, Any], *, token: int, key: str, hop: str) -> Any:
+    def _write(
+        self, path: str, body: dict[str, Any], *, token: int, proof: str, key: str, hop: str
+    ) -> Any:
         budget = BUDGETS[hop]
-        headers = {"X-Fencing-Token": str(token), "X-Idempotency-Key": key}
+        headers = {
+            "X-Fencing-Token": str(token),
+            "X-Fencing-Proof": proof,
+            "X-Idempotency-Key": key,
+        }
         attempt = 0
         while True:
             try:
@@ -142,18 +148,21 @@ class Api:
                 attempt += 1
                 self.sleep(retry_delay_s(exc, BACKOFF_INITIAL_S, cap_s=1.0))
 
-    def claim(self, payout_id: str, *, token: int, expected_state: str) -> dict[str, Any]:
+    def claim(
+        self, payout_id: str, *, token: int, proof: str, expected_state: str
+    ) -> dict[str, Any]:
         """P2: PENDING/CLAIMED → CLAIMED under `token` (account fence strictly below it)."""
         return self._write(
             f"/v1/payouts/{payout_id}/claim",
             {"expectedState": expected_state},
             token=token,
+            proof=proof,
             key=idempotency_key(payout_id),
             hop="payments.write",
         )
 
     def post(
-        self, payout_id: str, *, token: int, rail_reference: str, submission_id: str
+        self, payout_id: str, *, token: int, proof: str, rail_reference: str, submission_id: str
     ) -> dict[str, Any]:
         """P3: RAIL_ACKED → POSTED with the two ledger legs (account fence ≤ token)."""
         return self._write(
@@ -164,11 +173,12 @@ class Api:
                 "railOutcome": "ACKED",
             },
             token=token,
+            proof=proof,
             key=idempotency_key(payout_id),
             hop="payments.write",
         )
 
-    def submit(self, payout: dict[str, Any], *, token: int) -> dict[str, Any]:
+    def submit(self, payout: dict[str, Any], *, token: int, proof: str) -> dict[str, Any]:
         """Rail proxy submission: presented once, never retried, whatever happens."""
         payout_id = str(payout["payoutId"])
         body = {
@@ -187,6 +197,7 @@ class Api:
             json_body=body,
             headers={
                 "X-Fencing-Token": str(token),
+                "X-Fencing-Proof": proof,
                 "X-Idempotency-Key": payout.get("idempotencyKey") or idempotency_key(payout_id),
             },
         ).body

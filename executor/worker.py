@@ -339,7 +339,9 @@ class Executor(Picker):
             self._checkpoint(grant, "before_claim", fields)
             self._present(grant)
             try:
-                self.api.claim(candidate.payout_id, token=grant.token, expected_state=state)
+                self.api.claim(
+                    candidate.payout_id, token=grant.token, proof=grant.proof, expected_state=state
+                )
             except InsufficientFunds:
                 return "failed"
             self._hop("claim", fields)
@@ -364,6 +366,7 @@ class Executor(Picker):
         self.api.post(
             candidate.payout_id,
             token=grant.token,
+            proof=grant.proof,
             rail_reference=str(submission["railReference"]),
             submission_id=str(submission["submissionId"]),
         )
@@ -384,7 +387,7 @@ class Executor(Picker):
         """Present the payout to the rail once. Returns the ACKED submission or an outcome."""
         self._present(grant)
         try:
-            submission = self.api.submit(payout, token=grant.token)
+            submission = self.api.submit(payout, token=grant.token, proof=grant.proof)
         except RailAmbiguous as exc:
             self._ambiguous(fields, exc.details)
             return "ambiguous"

@@ -23,6 +23,7 @@ from devstack import (
     PgCluster,
     RoleProcess,
     StackError,
+    new_proof_keys,
     read_env,
     ready,
     restart_role,
@@ -151,6 +152,7 @@ def private_stack(
     cluster.start()
     env = {
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
+        "DLOCK_PROOF_KEYS": new_proof_keys(),
         "DJANGO_DEBUG": "false",
         "LOCK_BACKEND": "pg",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",

@@ -18,6 +18,7 @@ from dlock.schema import (
     OPTIONAL_OWNER_HEADER,
     OWNER_HEADER,
     OWNER_PATTERN,
+    PROOF_HEADER,
     TOKEN_HEADER,
     UUID_SCHEMA,
     errors,
@@ -101,6 +102,9 @@ class LockGrant(serializers.Serializer):
     ownerId = serializers.CharField()  # noqa: N815
     sessionId = serializers.UUIDField()  # noqa: N815
     fencingToken = _token()  # noqa: N815
+    fencingProof = serializers.CharField(  # noqa: N815
+        help_text="MAC over (key, fencingToken): send it as X-Fencing-Proof beside the token."
+    )
     acquiredAt = serializers.DateTimeField()  # noqa: N815
     expiresAt = serializers.DateTimeField()  # noqa: N815
 
@@ -195,13 +199,14 @@ renew = extend_schema(
     operation_id="renewLock",
     summary="L5 renew a grant (the token is unchanged)",
     tags=TAGS,
-    parameters=[KEY_PARAM, TOKEN_HEADER, OWNER_HEADER],
+    parameters=[KEY_PARAM, TOKEN_HEADER, PROOF_HEADER, OWNER_HEADER],
     request=Renew,
     responses={
         200: LockGrant,
         **errors(
             {
-                400: "INVALID_TOKEN or VALIDATION_FAILED",
+                400: "INVALID_TOKEN (malformed token; missing or foreign X-Fencing-Proof) or "
+                "VALIDATION_FAILED",
                 404: "SESSION_UNKNOWN",
                 409: "LOCK_LOST (+details.storedToken)",
                 410: "SESSION_EXPIRED",
@@ -220,6 +225,7 @@ release = extend_schema(
     parameters=[
         KEY_PARAM,
         TOKEN_HEADER,
+        PROOF_HEADER,
         OWNER_HEADER,
         query_param("sessionId", UUID_SCHEMA, "The grant's session.", required=True),
     ],
@@ -228,7 +234,8 @@ release = extend_schema(
         204: None,
         **errors(
             {
-                400: "INVALID_TOKEN or VALIDATION_FAILED",
+                400: "INVALID_TOKEN (malformed token; missing or foreign X-Fencing-Proof) or "
+                "VALIDATION_FAILED",
                 409: "LOCK_LOST (already expired or taken over; benign)",
                 503: NOT_LEADER,
             }

@@ -32,8 +32,13 @@ def record_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
 
 def check_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
     """FORBIDDEN when another credential opened `session_id`."""
-    with connections[alias_for("lockserver")].cursor() as cursor:
+    connection = connections[alias_for("lockserver")]
+    with connection.cursor() as cursor:
         cursor.execute(_OWNER, [session_id])
         row = cursor.fetchone()
+    if not connection.in_atomic_block:
+        # Back to the pool now: an acquire that then parks in a waitMillis wait (etcd) must not
+        # hold a lockdb slot for its whole wait, or parked waiters starve session opens.
+        connection.close()
     if row is not None and row[0] != principal.credential_id:
         raise ApiError(Code.FORBIDDEN, "this session belongs to another credential")

@@ -10,6 +10,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from dlock import proof
 from dlock.auth import request_principal
 from dlock.errors import validation_error
 from dlock.headers import fencing_token, owner_id, validate_owner_id
@@ -101,6 +102,7 @@ def grant_body(grant: GrantRecord) -> dict:
         "ownerId": grant.owner_id,
         "sessionId": str(grant.session_id),
         "fencingToken": grant.fencing_token,
+        "fencingProof": proof.sign(key=grant.key, token=grant.fencing_token),
         "acquiredAt": rfc3339_ms(grant.acquired_at),
         "expiresAt": rfc3339_ms(grant.expires_at),
     }
@@ -228,6 +230,7 @@ class RenewView(APIView):
         sid = parse_uuid(data["sessionId"], field="sessionId")
         ttl = data.get("ttlMillis")
         check_owner(session_id=sid, principal=request_principal(request))
+        proof.require(request, key=key, token=token)
         grant = services.renew(
             key=key, session_id=sid, token=token, ttl_ms=None if ttl is None else _clamp_ttl(ttl)
         )
@@ -277,6 +280,7 @@ class LockView(APIView):
             )
         sid: uuid.UUID = parse_uuid(raw, field="sessionId")
         check_owner(session_id=sid, principal=request_principal(request))
+        proof.require(request, key=key, token=token)
         services.release(key=key, session_id=sid, token=token)
         return Response(status=status.HTTP_204_NO_CONTENT)
 

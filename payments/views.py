@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from dlock.errors import validation_error
 from dlock.headers import fencing_token, idempotency_key, owner_id
 from dlock.serializers import StrictCharField, StrictSerializer, parse_uuid
-from payments import openapi, selectors, services
+from payments import openapi, proofs, selectors, services
 
 ACCOUNT_ID_MAX = 64
 _LIST_PARAMS = frozenset({"state", "accountId", "limit", "cursor"})
@@ -61,6 +61,7 @@ class PayoutClaimView(APIView):
         pid = parse_uuid(payout_id, field="payoutId")
         data = ClaimInput(data=request.data)
         data.is_valid(raise_exception=True)
+        proofs.require_payout_proof(request, payout_id=pid, token=token)
         result = services.claim_payout(
             payout_id=pid,
             token=token,
@@ -81,6 +82,7 @@ class PayoutPostView(APIView):
         data = PostInput(data=request.data)
         data.is_valid(raise_exception=True)
         submission_id = parse_uuid(data.validated_data["submissionId"], field="submissionId")
+        proofs.require_payout_proof(request, payout_id=pid, token=token)
         result = services.post_payout(
             payout_id=pid,
             token=token,

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from dlock.headers import fencing_token, idempotency_key, owner_id
 from dlock.rendering import json_response
 from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer, parse_uuid
-from railproxy import openapi, services
+from railproxy import openapi, proofs, services
 
 _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
 
@@ -45,9 +45,11 @@ class SubmissionView(APIView):
         body = SubmissionIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
+        payout_id = parse_uuid(data["payoutId"], field="payoutId")
+        proofs.require_payout_proof(request, payout_id=payout_id, token=token)
         result = services.submit(
             request=services.SubmissionRequest(
-                payout_id=parse_uuid(data["payoutId"], field="payoutId"),
+                payout_id=payout_id,
                 account_id=data["accountId"],
                 amount_minor=data["amountMinor"],
                 currency=data["currency"],

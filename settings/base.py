@@ -7,6 +7,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from dlock.proof import DEV_PROOF_KEYS, parse_key_ring
 from dlock.roles import SERVICE_NAMES
 from settings.env import env_bool, env_credentials, env_database, env_int, env_str
 
@@ -28,6 +29,14 @@ else:
             "DJANGO_SECRET_KEY must be set to a random value of at least 32 characters "
             "(or set DJANGO_DEBUG=true for development)"
         )
+
+# Fencing proofs (ARCHITECTURE decision 15, docs/security.md): `kid:secret[,kid:secret…]`, the
+# first signs, every one verifies. Required by lockserver, payments and railproxy (dlock.apps).
+DLOCK_PROOF_KEYS = parse_key_ring(env_str("DLOCK_PROOF_KEYS", DEV_PROOF_KEYS if DEBUG else ""))
+if not DEBUG and any(
+    secret == DEV_PROOF_KEYS.partition(":")[2].encode() for _, secret in DLOCK_PROOF_KEYS
+):
+    raise ImproperlyConfigured("DLOCK_PROOF_KEYS holds the development key; generate real ones")
 
 ALLOWED_HOSTS = [
     h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")

@@ -63,6 +63,7 @@ def _create_db(name: str) -> str:
 def start_stack(prefix: str, extra_env: dict[str, str] | None = None) -> LiveStack:
     env = {
         "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+        "DLOCK_PROOF_KEYS": os.environ["DLOCK_PROOF_KEYS"],
         "DJANGO_DEBUG": "false",
         "LOCK_BACKEND": "pg",
         "DLOCK_CREDENTIALS": credentials.CREDENTIALS,

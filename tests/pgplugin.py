@@ -61,6 +61,8 @@ os.environ["LOCK_DATABASE_URL"] = _with_db(SERVER_URL, "dlock_lockdb")
 os.environ["PAY_DATABASE_URL"] = _with_db(SERVER_URL, "dlock_paydb")
 os.environ["RAIL_DATABASE_URL"] = _with_db(SERVER_URL, "dlock_raildb")
 os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(48))
+# One fencing-proof key ring for the suite: in-process views and every role a test starts.
+os.environ.setdefault("DLOCK_PROOF_KEYS", f"t1:{secrets.token_urlsafe(32)}")
 os.environ["DJANGO_DEBUG"] = "false"
 os.environ.setdefault("ROLE", "ops")
 

@@ -58,6 +58,8 @@ class Grant:
         self._session = session
         self.key: str = body["key"]
         self.token: int = int(body["fencingToken"])
+        # The lock server's MAC over (key, token): sent beside the token on every fenced call.
+        self.proof: str = body.get("fencingProof", "")
         self.owner_id: str = body.get("ownerId", session.owner_id)
         self.session_id: str = body.get("sessionId", session.session_id)
         self.acquired_at: datetime | None = _parse_time(body.get("acquiredAt"))
@@ -66,6 +68,10 @@ class Grant:
         self._released = False
         self._mutex = threading.Lock()
         self._apply(body, ttl_ms=ttl_ms, sent_at=sent_at)
+
+    def fence_headers(self) -> dict[str, str]:
+        """X-Fencing-Token and X-Fencing-Proof for a call made under this grant."""
+        return {"X-Fencing-Token": str(self.token), "X-Fencing-Proof": self.proof}
 
     def _apply(self, body: dict[str, Any], *, ttl_ms: int, sent_at: float) -> None:
         expires = _parse_time(body.get("expiresAt"))
@@ -116,7 +122,7 @@ class Grant:
                     f"/v1/locks/{_key_path(self.key)}/renew",
                     {"sessionId": self.session_id, "ttlMillis": ttl},
                     hop=hop,
-                    headers={"X-Fencing-Token": str(self.token)},
+                    headers=self.fence_headers(),
                 )
                 break
             except (LockLost, SessionUnknown, SessionExpired) as exc:
@@ -129,6 +135,8 @@ class Grant:
                 self._session.sleep(retry_delay_s(exc, BACKOFF_INITIAL_S))
         with self._mutex:
             self._apply(reply.body, ttl_ms=ttl, sent_at=sent_at)
+            # After a key rotation the renewed proof is signed with the new key.
+            self.proof = reply.body.get("fencingProof", self.proof)
 
     def release(self) -> bool:
         """Best-effort compare-and-delete (L6), never retried: expiry is the fallback."""
@@ -147,7 +155,7 @@ class Grant:
                 f"/v1/locks/{_key_path(self.key)}",
                 hop=BUDGETS["lock.release"],
                 params={"sessionId": self.session_id},
-                headers={"X-Fencing-Token": str(self.token)},
+                headers=self.fence_headers(),
             )
         except DlockError as exc:
             # LOCK_LOST here is benign (expired or taken over): log only.

@@ -23,6 +23,7 @@ from devstack import (
     state_root,
     up,
 )
+from dlock import proof
 from dlock.client import LockClient
 from experiment.stack import from_stack_env
 
@@ -89,8 +90,17 @@ def test_up_on_etcd_then_up_then_a_lockserver_restart_stays_on_etcd(run_dir, sta
     etcd_url = started["ETCD_URL"]
     before = _etcd_key_count(etcd_url)
     client = LockClient(started["LOCK_SERVER_URL"], f"devstack-{uuid.uuid4().hex[:6]}")
-    with client.session(5_000) as session, session.lock(f"payout:acct-{uuid.uuid4().hex}", 3_000):
+    key = f"payout:acct-{uuid.uuid4().hex}"
+    with client.session(5_000) as session, session.lock(key, 3_000) as grant:
         assert _etcd_key_count(etcd_url) > before  # the restarted server's grants live in etcd
+    # The stack's proof key ring: generated once, in stack.env and in the three roles that use it.
+    ring_value = read_env(run_dir / "stack.env")["DLOCK_PROOF_KEYS"]
+    assert (run_dir / "proof_keys").read_text().strip() == ring_value
+    for role in ("lockserver", "payments", "railproxy"):
+        role_pid = int((run_dir / "pids" / f"{role}.pid").read_text())
+        assert _process_env(role_pid)["DLOCK_PROOF_KEYS"] == ring_value, role
+    ring = proof.parse_key_ring(ring_value)
+    assert grant.proof == proof.sign(key=key, token=grant.token, ring=ring)
 
 
 def _mark(url: str) -> None:

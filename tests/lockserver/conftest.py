@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from devstack import RoleProcess, free_port, manage
+from dlock import proof
 from tests.conftest import _create_db, fresh_etcd
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,16 @@ TEST_LIMITS = {
     "LOCK_HOUSEKEEPING_MS": "200",
     "LOCK_MAX_TTL_MS": "30000",  # so clamping is observable
 }
+
+
+def fence_headers(key: str, token: int, owner: str, fproof: str | None = None) -> dict[str, str]:
+    """Token, owner and the proof the server issued for (key, token), unless `fproof` is given
+    (the suite shares the servers' DLOCK_PROOF_KEYS, so it can compute what L4 answered)."""
+    return {
+        "X-Fencing-Token": str(token),
+        "X-Fencing-Proof": fproof if fproof is not None else proof.sign(key=key, token=token),
+        "X-Owner-Id": owner,
+    }
 
 
 @dataclass
@@ -87,21 +98,29 @@ class LockServer:
             f"/v1/locks/{key}/acquire", body, headers={"X-Owner-Id": session["ownerId"]}
         )
 
-    def release(self, key: str, session: dict, token: int):
+    def release(self, key: str, session: dict, token: int, *, fproof: str | None = None):
         return self.delete(
             f"/v1/locks/{key}",
-            headers={"X-Fencing-Token": str(token), "X-Owner-Id": session["ownerId"]},
+            headers=fence_headers(key, token, session["ownerId"], fproof),
             params={"sessionId": session["sessionId"]},
         )
 
-    def renew(self, key: str, session: dict, token: int, ttl_ms: int | None = None):
+    def renew(
+        self,
+        key: str,
+        session: dict,
+        token: int,
+        ttl_ms: int | None = None,
+        *,
+        fproof: str | None = None,
+    ):
         body: dict = {"sessionId": session["sessionId"]}
         if ttl_ms is not None:
             body["ttlMillis"] = ttl_ms
         return self.post(
             f"/v1/locks/{key}/renew",
             body,
-            headers={"X-Fencing-Token": str(token), "X-Owner-Id": session["ownerId"]},
+            headers=fence_headers(key, token, session["ownerId"], fproof),
         )
 
     def revoke(self, key: str, **body):
@@ -114,6 +133,7 @@ def start_lock_server(backend: str, extra_env: dict[str, str] | None = None) -> 
     db_name = f"ls_{backend}_{uuid.uuid4().hex[:6]}_lockdb"
     env = {
         "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+        "DLOCK_PROOF_KEYS": os.environ["DLOCK_PROOF_KEYS"],
         "DJANGO_DEBUG": "false",
         "LOCK_BACKEND": backend,
         "LOCK_DATABASE_URL": _create_db(db_name),

@@ -11,7 +11,15 @@ import pytest
 from tests.lockserver.conftest import assert_error, revoke_until_answered
 from tests.lockserver.test_sessions import ts
 
-GRANT_FIELDS = {"key", "ownerId", "sessionId", "fencingToken", "acquiredAt", "expiresAt"}
+GRANT_FIELDS = {
+    "key",
+    "ownerId",
+    "sessionId",
+    "fencingToken",
+    "fencingProof",
+    "acquiredAt",
+    "expiresAt",
+}
 
 
 # ----------------------------------------------------------------------------- L4 acquire
@@ -297,10 +305,14 @@ def test_release_with_a_stale_token_leaves_the_new_holder_in_place(lock_server, 
 
 def test_release_accepts_the_session_id_in_a_json_body(lock_server, key):
     session = lock_server.session()
-    token = lock_server.acquire(key, session).json()["fencingToken"]
+    grant = lock_server.acquire(key, session).json()
     response = lock_server.delete(
         f"/v1/locks/{key}",
-        headers={"X-Fencing-Token": str(token), "X-Owner-Id": session["ownerId"]},
+        headers={
+            "X-Fencing-Token": str(grant["fencingToken"]),
+            "X-Fencing-Proof": grant["fencingProof"],
+            "X-Owner-Id": session["ownerId"],
+        },
         body={"sessionId": session["sessionId"]},
     )
     assert response.status_code == 204, response.text

@@ -87,6 +87,7 @@ def test_b_tokens_of_one_key_increase_under_contention(lock_server, key):
                         params={"sessionId": session["sessionId"]},
                         headers={
                             "X-Fencing-Token": str(response.json()["fencingToken"]),
+                            "X-Fencing-Proof": response.json()["fencingProof"],
                             "X-Owner-Id": owner,
                         },
                     )

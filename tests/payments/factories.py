@@ -8,6 +8,7 @@ import uuid
 
 from prometheus_client import REGISTRY
 
+from dlock import proof
 from payments import services
 from payments.models import Account, IdempotencyRecord, LedgerEntry, Payout, PayoutEvent
 
@@ -40,10 +41,22 @@ def rail_acked(p: Payout) -> None:
     Payout.objects.filter(payout_id=p.payout_id).update(state="RAIL_ACKED")
 
 
-def headers(token, owner="w1", key=None, p: Payout | None = None) -> dict[str, str]:
+_SIGNED = object()  # default: the proof the lock server would have issued for this payout
+
+
+def fence_proof(acct_id: str, token: int) -> str:
+    """What L4 would answer as fencingProof for a grant of `payout:{acct_id}` with `token`."""
+    return proof.sign(key=proof.payout_key(acct_id), token=token)
+
+
+def headers(token, owner="w1", key=None, p: Payout | None = None, fproof=_SIGNED) -> dict[str, str]:
     h: dict[str, str] = {}
     if token is not None:
         h["X-Fencing-Token"] = str(token)
+    if fproof is _SIGNED:
+        fproof = fence_proof(p.account_id, int(token)) if p and str(token).isdigit() else None
+    if fproof is not None:
+        h["X-Fencing-Proof"] = fproof
     if owner is not None:
         h["X-Owner-Id"] = owner
     if key is not None:
@@ -53,22 +66,32 @@ def headers(token, owner="w1", key=None, p: Payout | None = None) -> dict[str, s
     return h
 
 
-def claim(client, p: Payout, token, *, owner="w1", key=None, body=None, expected="PENDING"):
+def claim(
+    client,
+    p: Payout,
+    token,
+    *,
+    owner="w1",
+    key=None,
+    body=None,
+    expected="PENDING",
+    fproof=_SIGNED,
+):
     return client.post(
         f"/v1/payouts/{p.payout_id}/claim",
         data=json.dumps(body if body is not None else {"expectedState": expected}),
         content_type="application/json",
-        headers=headers(token, owner, key, p),
+        headers=headers(token, owner, key, p, fproof),
     )
 
 
-def post(client, p: Payout, token, *, owner="w1", key=None, body=None):
+def post(client, p: Payout, token, *, owner="w1", key=None, body=None, fproof=_SIGNED):
     default = {"railReference": f"rr-{uuid.uuid4().hex[:8]}", "submissionId": str(uuid.uuid4())}
     return client.post(
         f"/v1/payouts/{p.payout_id}/post",
         data=json.dumps(body if body is not None else default),
         content_type="application/json",
-        headers=headers(token, owner, key, p),
+        headers=headers(token, owner, key, p, fproof),
     )
 
 

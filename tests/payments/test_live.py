@@ -9,6 +9,8 @@ import uuid
 import pytest
 import requests
 
+from tests.payments.factories import fence_proof
+
 pytestmark = pytest.mark.live
 
 TIMEOUT = 5
@@ -33,12 +35,13 @@ def _fenced_total(base: str, resource: str = "account") -> float:
     return float(match.group(1))
 
 
-def _claim(base, payout_id, token, owner="w1", expected="PENDING"):
+def _claim(base, payout_id, token, owner="w1", expected="PENDING", *, account):
     return requests.post(
         f"{base}/v1/payouts/{payout_id}/claim",
         json={"expectedState": expected},
         headers={
             "X-Fencing-Token": str(token),
+            "X-Fencing-Proof": fence_proof(account, token),
             "X-Owner-Id": owner,
             "X-Idempotency-Key": f"payout-{payout_id}",
         },
@@ -54,9 +57,10 @@ def test_claim_fenced_out_and_replay_over_real_http(live_stack):
     newer = 9_000_000_000 + uuid.uuid4().int % 1_000_000_000
     before = _fenced_total(base)
 
-    won = _claim(base, first, newer)
-    replay = _claim(base, first, newer)
-    fenced = _claim(base, second, newer - 5, owner="paused-worker")
+    acct = seeded["accounts"][0]
+    won = _claim(base, first, newer, account=acct)
+    replay = _claim(base, first, newer, account=acct)
+    fenced = _claim(base, second, newer - 5, owner="paused-worker", account=acct)
 
     assert won.status_code == 200 and won.json()["accountFence"] == newer
     assert replay.status_code == 200 and replay.headers["Idempotent-Replayed"] == "true"
@@ -76,7 +80,9 @@ def test_claim_fenced_out_and_replay_over_real_http(live_stack):
 def test_metrics_carry_no_payout_or_account_ids(live_stack):
     base = live_stack.url("payments")
     seeded = _seed(live_stack, payouts=1)
-    _claim(base, seeded["payouts"][0], 1)  # whatever the answer, ids must not become labels
+    _claim(
+        base, seeded["payouts"][0], 1, account=seeded["accounts"][0]
+    )  # whatever the answer, ids must not become labels
     text = requests.get(f"{base}/metrics", timeout=TIMEOUT).text
     assert seeded["payouts"][0] not in text and seeded["accounts"][0] not in text
     assert re.search(r"payout_id|account_id", text) is None
@@ -113,3 +119,35 @@ def test_the_admin_is_served_by_the_payments_role_behind_a_staff_login(live_stac
     assert response.status_code == 302 and "/admin/login/" in response.headers["Location"]
     login = requests.get(f"{base}/admin/login/", timeout=TIMEOUT)
     assert login.status_code == 200 and "text/html" in login.headers["Content-Type"]
+
+
+@pytest.mark.parametrize("forged", [None, "v1.t1." + "A" * 43])
+def test_a_forged_max_token_over_http_moves_no_fence_and_the_honest_holder_still_claims(
+    live_stack, forged
+):
+    base = live_stack.url("payments")
+    seeded = _seed(live_stack, payouts=2)
+    acct, (victim, later) = seeded["accounts"][0], seeded["payouts"]
+    headers = {
+        "X-Fencing-Token": str(2**63 - 1),
+        "X-Owner-Id": "attacker",
+        "X-Idempotency-Key": f"payout-{victim}",
+    }
+    if forged is not None:
+        headers["X-Fencing-Proof"] = forged
+
+    attack = requests.post(
+        f"{base}/v1/payouts/{victim}/claim",
+        json={"expectedState": "PENDING"},
+        headers=headers,
+        timeout=TIMEOUT,
+    )
+
+    assert attack.status_code == 400 and attack.json()["code"] == "INVALID_TOKEN"
+    assert attack.json()["details"]["reason"] == ("missing" if forged is None else "mismatch")
+    account = requests.get(f"{base}/v1/accounts/{acct}", timeout=TIMEOUT).json()
+    assert account["fence"] == 0
+    assert account["balanceMinor"] == account["ledgerSumMinor"] == 10_000
+    payout = requests.get(f"{base}/v1/payouts/{victim}", timeout=TIMEOUT).json()
+    assert payout["state"] == "PENDING"
+    assert _claim(base, later, 5, account=acct).status_code == 200

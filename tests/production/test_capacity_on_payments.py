@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from devstack import RoleProcess, free_port, manage, wait_until
+from dlock import proof
 from tests.conftest import _create_db
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
@@ -55,12 +56,13 @@ def sql(db_url: str, statement: str, params: tuple = ()) -> list[tuple]:
         return cur.fetchall() if cur.description else []
 
 
-def claim(url: str, payout_id: str, token: int) -> requests.Response:
+def claim(url: str, payout_id: str, token: int, account_id: str) -> requests.Response:
     return requests.post(
         f"{url}/v1/payouts/{payout_id}/claim",
         json={"expectedState": "PENDING"},
         headers={
             "X-Fencing-Token": str(token),
+            "X-Fencing-Proof": proof.sign(key=proof.payout_key(account_id), token=token),
             "X-Owner-Id": "capacity-test",
             "X-Idempotency-Key": f"payout-{payout_id}",
         },
@@ -77,7 +79,7 @@ def test_a_claim_blocked_on_the_account_row_is_504_rolled_back_and_a_read_is_503
     holder.execute("SELECT fence FROM account WHERE account_id = %s FOR UPDATE", (account_id,))
     try:
         with ThreadPoolExecutor(1) as pool:
-            blocked = pool.submit(claim, proc.url, payout_id, 5)
+            blocked = pool.submit(claim, proc.url, payout_id, 5, account_id)
             wait_until(
                 lambda: (
                     sql(
@@ -110,6 +112,6 @@ def test_a_claim_blocked_on_the_account_row_is_504_rolled_back_and_a_read_is_503
     )
     assert sql(db_url, "SELECT fence FROM account WHERE account_id = %s", (account_id,)) == [(0,)]
     # Retry-safe means it: the same request now succeeds.
-    retried = claim(proc.url, payout_id, 5)
+    retried = claim(proc.url, payout_id, 5, account_id)
     assert retried.status_code == 200, retried.text
     assert retried.json()["state"] == "CLAIMED" and retried.json()["claimToken"] == 5

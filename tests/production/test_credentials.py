@@ -121,6 +121,8 @@ def test_a_session_belongs_to_the_credential_that_opened_it(stack):
     )
     assert grant.status_code == 200
     token = str(grant.json()["fencingToken"])
+    # Even with the grant's genuine proof, another credential's L5/L6 is refused.
+    fence = {"X-Fencing-Token": token, "X-Fencing-Proof": grant.json()["fencingProof"]}
     attempts = [
         ("POST", f"{lock}/v1/sessions/{sid}/heartbeat", {}),
         ("POST", f"{lock}/v1/locks/{key}/acquire", {"sessionId": sid}),
@@ -129,9 +131,7 @@ def test_a_session_belongs_to_the_credential_that_opened_it(stack):
         ("DELETE", f"{lock}/v1/sessions/{sid}", None),
     ]
     for method, url, body in attempts:
-        answer = requests.request(
-            method, url, json=body, headers={**theirs, "X-Fencing-Token": token}, timeout=10
-        )
+        answer = requests.request(method, url, json=body, headers={**theirs, **fence}, timeout=10)
         assert answer.status_code == 403, (method, url, answer.text)
         assert answer.json()["code"] == "FORBIDDEN"
     still = requests.get(f"{lock}/v1/locks/{key}", headers=mine, timeout=10).json()
@@ -141,7 +141,7 @@ def test_a_session_belongs_to_the_credential_that_opened_it(stack):
     released = requests.delete(
         f"{lock}/v1/locks/{key}",
         params={"sessionId": sid},
-        headers={**mine, "X-Fencing-Token": token},
+        headers={**mine, **fence},
         timeout=10,
     )
     assert released.status_code == 204

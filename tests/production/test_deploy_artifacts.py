@@ -520,3 +520,19 @@ def test_the_docs_state_the_minimum_kubectl_and_kustomize_versions():
     docs = (PROJECT / "docs" / "operations.md").read_text()
     assert re.search(r"kubectl\s*(>=|≥)\s*1\.25", docs)
     assert re.search(r"kustomize\s*(>=|≥)\s*v?4\.5\.7", docs)
+
+
+PROOF_ROLES = {"lock-server", "payment-resource", "rail-proxy"}
+
+
+def test_only_the_roles_that_sign_or_verify_proofs_mount_the_proof_key_ring():
+    assert "DLOCK_PROOF_KEYS" in named("Secret", "dlock-secrets")["stringData"]
+    for workload in WORKLOADS:
+        for container in pod_template(workload)["spec"]["containers"]:
+            env = env_of(container)
+            name = workload["metadata"]["name"]
+            if name in PROOF_ROLES:
+                ref = env["DLOCK_PROOF_KEYS"]["valueFrom"]["secretKeyRef"]
+                assert ref == {"name": "dlock-secrets", "key": "DLOCK_PROOF_KEYS"}, name
+            else:
+                assert "DLOCK_PROOF_KEYS" not in env, name

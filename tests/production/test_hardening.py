@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from devstack import PROJECT, free_port
+from dlock import proof
 from tests.conftest import raw_request
 
 pytestmark = pytest.mark.live
@@ -127,6 +128,7 @@ def test_logs_never_carry_beneficiary_data_bodies_or_the_secret_key(live_stack):
     }
     headers = {
         "X-Fencing-Token": "7",
+        "X-Fencing-Proof": proof.sign(key=proof.payout_key(body["accountId"]), token=7),
         "X-Owner-Id": "log-probe",
         "X-Idempotency-Key": f"payout-{body['payoutId']}",
     }

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, Phase
 from schemathesis import GenerationMode, checks
 from schemathesis.core.failures import FailureGroup
 
+from dlock import proof
 from dlock.schema import ENVELOPE_SCHEMA
 from tests.conftest import ROLES
 
@@ -152,7 +153,11 @@ def test_every_documented_success_body_is_what_the_services_answer(live_stack):
     grant = call(
         "acquireLock", 200, path_parameters={"key": key}, headers=as_owner, body={"sessionId": sid}
     )
-    fenced = {**as_owner, "X-Fencing-Token": str(grant["fencingToken"])}
+    fenced = {
+        **as_owner,
+        "X-Fencing-Token": str(grant["fencingToken"]),
+        "X-Fencing-Proof": grant["fencingProof"],
+    }
     call("renewLock", 200, path_parameters={"key": key}, headers=fenced, body={"sessionId": sid})
     held = call("inspectLock", 200, path_parameters={"key": key})
     assert held["held"] is True and held["fencingToken"] == grant["fencingToken"]
@@ -183,6 +188,8 @@ def test_every_documented_success_body_is_what_the_services_answer(live_stack):
     token = outcome["newTokenFloor"] + 1_000
     protected = {
         "X-Fencing-Token": str(token),
+        # What L4 answers for payout:{account} with this token (the suite shares the ring).
+        "X-Fencing-Proof": proof.sign(key=proof.payout_key(account), token=token),
         "X-Owner-Id": owner,
         "X-Idempotency-Key": payout["idempotencyKey"],
     }

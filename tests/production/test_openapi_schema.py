@@ -25,7 +25,7 @@ STATES = {
     "ABANDONED",
     "RAIL_AMBIGUOUS",
 }
-GRANT = {"key", "ownerId", "sessionId", "fencingToken", "acquiredAt", "expiresAt"}
+GRANT = {"key", "ownerId", "sessionId", "fencingToken", "fencingProof", "acquiredAt", "expiresAt"}
 
 # role -> (method, path) -> (2xx status, error statuses C3 lists, 2xx body fields C3 names)
 C3: dict[str, dict[tuple[str, str], tuple[str, set[str], set[str]]]] = {
@@ -97,15 +97,16 @@ C3: dict[str, dict[tuple[str, str], tuple[str, set[str], set[str]]]] = {
 }
 
 TOKEN, OWNER, IDEMPOTENCY = "X-Fencing-Token", "X-Owner-Id", "X-Idempotency-Key"
-PROTECTED = {TOKEN: True, OWNER: True, IDEMPOTENCY: True}
+PROOF = "X-Fencing-Proof"  # ARCHITECTURE decision 15: beside every token
+PROTECTED = {TOKEN: True, PROOF: True, OWNER: True, IDEMPOTENCY: True}
 # (method, path) -> header name -> required (C3 §3.1 and the per-path Request column)
 HEADERS: dict[tuple[str, str], dict[str, bool]] = {
     ("post", "/v1/sessions"): {OWNER: False},  # ownerId in the body instead
     ("post", "/v1/sessions/{session_id}/heartbeat"): {OWNER: True},
     ("delete", "/v1/sessions/{session_id}"): {OWNER: True},
     ("post", "/v1/locks/{key}/acquire"): {OWNER: True},
-    ("post", "/v1/locks/{key}/renew"): {TOKEN: True, OWNER: True},
-    ("delete", "/v1/locks/{key}"): {TOKEN: True, OWNER: True},
+    ("post", "/v1/locks/{key}/renew"): {TOKEN: True, PROOF: True, OWNER: True},
+    ("delete", "/v1/locks/{key}"): {TOKEN: True, PROOF: True, OWNER: True},
     ("post", "/v1/payouts/{payout_id}/claim"): PROTECTED,
     ("post", "/v1/payouts/{payout_id}/post"): PROTECTED,
     ("post", "/v1/rail/submissions"): PROTECTED,

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from dlock import proof
 from tests import credentials
 from tests.payments.test_live import _seed
 
@@ -54,7 +55,10 @@ def test_an_issued_cursor_still_pages(live_stack):
 
 def test_a_truncated_claim_body_is_400_and_the_payout_stays_pending(live_stack):
     base = live_stack.url("payments")
-    payout = _seed(live_stack, payouts=1)["payouts"][0]
+    seeded = _seed(live_stack, payouts=1)
+    payout = seeded["payouts"][0]
+    # A genuine proof: the truncated body must be the only thing wrong with the request.
+    fproof = proof.sign(key=proof.payout_key(seeded["accounts"][0]), token=5)
     body = b'{"expectedState":"PENDING"}'
     assert len(body) == 27
     port = urlsplit(base).port
@@ -63,6 +67,7 @@ def test_a_truncated_claim_body_is_400_and_the_payout_stays_pending(live_stack):
             f"POST /v1/payouts/{payout}/claim HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Authorization: Bearer {credentials.EXECUTOR}\r\n"
             "Content-Type: application/json\r\nContent-Length: 100\r\nX-Fencing-Token: 5\r\n"
+            f"X-Fencing-Proof: {fproof}\r\n"
             f"X-Owner-Id: truncator\r\nX-Idempotency-Key: payout-{payout}\r\n\r\n".encode()
             + body
         )

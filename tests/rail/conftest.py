@@ -10,6 +10,7 @@ import psycopg
 import pytest
 import requests
 
+from dlock import proof
 from tests.conftest import LiveStack, start_stack, stop_stack
 
 # Short timeouts keep ambiguous outcomes fast: connect 0.5 s, read 1.5 s, sweep after 2.5 s.
@@ -204,8 +205,12 @@ class Rail:
         url: str | None = None,
         headers: dict | None = None,
     ) -> requests.Response:
+        token = token if token is not None else payout.token
         sent = {
-            "X-Fencing-Token": str(token if token is not None else payout.token),
+            "X-Fencing-Token": str(token),
+            # What L4 answered for `payout:{accountId}` with this token (the suite shares the
+            # roles' DLOCK_PROOF_KEYS); a test overrides or removes it through `headers`.
+            "X-Fencing-Proof": proof.sign(key=proof.payout_key(payout.account_id), token=token),
             "X-Owner-Id": owner,
             "X-Idempotency-Key": key or payout.key,
         }

@@ -7,6 +7,8 @@ import uuid
 import pytest
 import requests
 
+from tests.payments.factories import fence_proof
+
 pytestmark = pytest.mark.live
 
 
@@ -380,7 +382,12 @@ def test_real_claim_then_submit_then_post_runs_the_whole_payout(rail_stack, rail
     )
     rail.pay("UPDATE account SET fence = 0 WHERE account_id = %s", [payout.account_id])
     payments = rail_stack.url("payments")
-    headers = {"X-Fencing-Token": "33", "X-Owner-Id": "worker-a", "X-Idempotency-Key": payout.key}
+    headers = {
+        "X-Fencing-Token": "33",
+        "X-Fencing-Proof": fence_proof(payout.account_id, 33),
+        "X-Owner-Id": "worker-a",
+        "X-Idempotency-Key": payout.key,
+    }
 
     claim = requests.post(
         f"{payments}/v1/payouts/{payout.payout_id}/claim",

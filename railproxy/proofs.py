@@ -1,0 +1,27 @@
+"""X-Fencing-Proof on rail submissions (ARCHITECTURE decision 15), checked before admission.
+
+The proof must have been issued for `payout:{accountId}` of the payout as paydb stores it (not
+the body's accountId, which admission compares later); verification is offline.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import connections
+from django.http import HttpRequest
+
+from dlock import proof
+from dlock.dbrouter import alias_for
+from dlock.errors import not_found
+from railproxy import fenced_sql
+
+
+def require_payout_proof(request: HttpRequest, *, payout_id: uuid.UUID, token: int) -> None:
+    """INVALID_TOKEN unless the request's proof binds `token` to the payout's account key."""
+    raw = proof.presented(request)
+    with connections[alias_for("railproxy")].cursor() as cursor:
+        stored = fenced_sql.payout(cursor, payout_id=payout_id)
+    if stored is None:
+        raise not_found("payout", str(payout_id))
+    proof.verify(raw, key=proof.payout_key(stored.account_id), token=token)
