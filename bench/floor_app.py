@@ -18,7 +18,11 @@ import uuid
 
 from psycopg_pool import ConnectionPool
 
+from dlock import proof
 from lockserver.backends import pg_sql as fenced_sql
+
+# The grant's proof is signed as the lock server signs it (decision 15): part of L4's cost.
+_RING = proof.parse_key_ring(os.environ["DLOCK_PROOF_KEYS"])
 
 _pool = ConnectionPool(
     os.environ["FLOOR_DATABASE_URL"],
@@ -64,7 +68,12 @@ def application(environ, start_response):
             )
             assert acquired is not None, "the floor app serves uncontended keys only"
             grant = acquired.grant
-            return _answer(start_response, "200 OK", {"fencingToken": grant.fencing_token})
+            signed = proof.sign(key=key, token=grant.fencing_token, ring=_RING)
+            return _answer(
+                start_response,
+                "200 OK",
+                {"fencingToken": grant.fencing_token, "fencingProof": signed},
+            )
         token = int(environ["HTTP_X_FENCING_TOKEN"])
         assert fenced_sql.release(cursor, key=key, token=token) is not None
         return _answer(start_response, "204 No Content", None)

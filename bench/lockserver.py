@@ -211,7 +211,7 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
         floor = RoleProcess(
             "lockserver",  # the lock server's gunicorn defaults (threads, pool size)
             free_port(),
-            {"FLOOR_DATABASE_URL": db_url},
+            {"FLOOR_DATABASE_URL": db_url, **credentials.server_env()},
             work / "floor.log",
             app="bench.floor_app",
         ).start()

@@ -142,6 +142,10 @@ class ArmRun:
     # -- the run --------------------------------------------------------------------------
     def run(self) -> dict:
         self.ctx.logdir.mkdir(parents=True, exist_ok=True)
+        # The logs are this run's evidence (fenced-outs are read back from them) and the workers
+        # append to `<owner>.log`: a previous run's lines under the same owner ids must go.
+        for old in self.ctx.logdir.glob("*.log"):
+            old.unlink()
         self.rail = RailConfigurator(self.stack)
         self.rail.reset(seed=self.config.seed, hold_ms=HOLD_MS)
         self.rail.want(rail_config_at([], 0, base_latency_ms=self.config.base_latency))
