@@ -67,7 +67,7 @@ CLAIMABLE = ("PENDING", "CLAIMED")
 EXIT_BACKED_OFF = 3
 
 
-class Abandon(Exception):  # noqa: N818 - a control-flow signal, not an error
+class Abandon(Exception):
     """Stop requested mid-section before anything irreversible: release and leave."""
 
 

@@ -241,7 +241,7 @@ def spawn_executor(env: dict[str, str], logdir: Path, extra_env: dict[str, str] 
         argv = [PYTHON, str(PROJECT / "manage.py"), "run_executor", "--owner-id", owner]
         if port:
             argv += ["--metrics-port", str(port)]
-        log = open(logdir / f"{owner}.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open(logdir / f"{owner}.log", "ab")
         return subprocess.Popen(
             argv,
             cwd=PROJECT,
@@ -273,7 +273,7 @@ def spawn_naive(*, pay_url: str, rail_url: str, run_id: str, lease_ms: int, logd
             "--lease-ms",
             str(lease_ms),
         ]
-        log = open(logdir / f"{owner}.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open(logdir / f"{owner}.log", "ab")
         return subprocess.Popen(
             argv,
             cwd=PROJECT,

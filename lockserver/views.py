@@ -109,10 +109,8 @@ def grant_body(grant: GrantRecord) -> dict:
 
 
 class OpenSessionInput(StrictSerializer):
-    ownerId = StrictCharField(required=False, allow_blank=True, trim_whitespace=False)  # noqa: N815
-    ttlMillis = StrictIntegerField(  # noqa: N815
-        required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS
-    )
+    ownerId = StrictCharField(required=False, allow_blank=True, trim_whitespace=False)
+    ttlMillis = StrictIntegerField(required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS)
 
 
 class EmptyInput(StrictSerializer):
@@ -184,11 +182,9 @@ class SessionView(APIView):
 
 
 class AcquireInput(StrictSerializer):
-    sessionId = StrictCharField()  # noqa: N815
-    ttlMillis = StrictIntegerField(  # noqa: N815
-        required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS
-    )
-    waitMillis = StrictIntegerField(required=False, min_value=0, max_value=WAIT_MAX_MS)  # noqa: N815
+    sessionId = StrictCharField()
+    ttlMillis = StrictIntegerField(required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS)
+    waitMillis = StrictIntegerField(required=False, min_value=0, max_value=WAIT_MAX_MS)
 
 
 class AcquireView(APIView):
@@ -212,10 +208,8 @@ class AcquireView(APIView):
 
 
 class RenewInput(StrictSerializer):
-    sessionId = StrictCharField()  # noqa: N815
-    ttlMillis = StrictIntegerField(  # noqa: N815
-        required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS
-    )
+    sessionId = StrictCharField()
+    ttlMillis = StrictIntegerField(required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS)
 
 
 class RenewView(APIView):
@@ -238,7 +232,7 @@ class RenewView(APIView):
 
 
 class ReleaseInput(StrictSerializer):
-    sessionId = StrictCharField(required=False)  # noqa: N815
+    sessionId = StrictCharField(required=False)
 
 
 class LockView(APIView):
@@ -288,7 +282,7 @@ class LockView(APIView):
 class RevokeInput(StrictSerializer):
     operator = StrictCharField(max_length=128)
     reason = StrictCharField(min_length=8, max_length=2_000)
-    expectedToken = StrictInt64Field(required=False, min_value=1)  # noqa: N815
+    expectedToken = StrictInt64Field(required=False, min_value=1)
 
 
 class RevokeView(APIView):

@@ -43,7 +43,7 @@ class PayoutStateCollector:
     def collect(self):
         try:
             counts = payout_state_counts()
-        except Exception as exc:  # noqa: BLE001 - a scrape never fails on paydb
+        except Exception as exc:
             logger.warning("payouts_in_state not collected: %s", exc)
             return
         family = _family()

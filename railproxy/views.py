@@ -17,13 +17,13 @@ _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
 
 
 class SubmissionIn(StrictSerializer):
-    payoutId = StrictCharField(trim_whitespace=False)  # noqa: N815
-    accountId = StrictCharField(min_length=1, max_length=64, trim_whitespace=False)  # noqa: N815
-    amountMinor = StrictInt64Field(min_value=1)  # noqa: N815
+    payoutId = StrictCharField(trim_whitespace=False)
+    accountId = StrictCharField(min_length=1, max_length=64, trim_whitespace=False)
+    amountMinor = StrictInt64Field(min_value=1)
     currency = StrictCharField(min_length=3, max_length=3, trim_whitespace=False)
-    beneficiaryRef = StrictCharField(min_length=1, max_length=128, trim_whitespace=False)  # noqa: N815
+    beneficiaryRef = StrictCharField(min_length=1, max_length=128, trim_whitespace=False)
 
-    def validate_payoutId(self, value: str) -> str:  # noqa: N802
+    def validate_payoutId(self, value: str) -> str:
         try:
             parse_uuid(value, field="payoutId")
         except Exception:

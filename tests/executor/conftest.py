@@ -124,7 +124,7 @@ def start_executor(
     if pause:
         env["DLOCK_EXECUTOR_PAUSE_AT"] = pause
     log = log_dir / f"{owner_id}.log"
-    handle = open(log, "ab")  # noqa: SIM115 - owned by the child
+    handle = open(log, "ab")
     process = subprocess.Popen(
         [
             PYTHON,
