@@ -350,7 +350,7 @@ def post_transition(
     token: int | None,
     owner_id: str,
     rail_reference: str | None,
-    submission_id: uuid.UUID,
+    submission_id: uuid.UUID | None,
     note: str | None = None,
 ) -> tuple[str, int, str] | None:
     """from_states → POSTED with its event row; (account_id, amount, currency) or None."""
