@@ -102,16 +102,7 @@ def resolve_payout(
     """
     note = (note or "").strip()
     rail_reference = (rail_reference or "").strip() or None
-    if resolution not in REQUIRED_CLASSIFICATION:
-        raise validation_error(
-            "resolution must be POSTED or FAILED",
-            [{"field": "resolution", "message": "POSTED or FAILED"}],
-        )
-    if override and len(note) < OVERRIDE_REASON_MIN:
-        raise validation_error(
-            f"an override needs a reason of at least {OVERRIDE_REASON_MIN} characters",
-            [{"field": "note", "message": f">= {OVERRIDE_REASON_MIN} characters"}],
-        )
+    _check_request(resolution=resolution, note=note, override=override)
     operator = user.get_username()
     alias = alias_for("payments")
     with transaction.atomic(using=alias), connections[alias].cursor() as cur:
@@ -165,18 +156,37 @@ def resolve_payout(
             classification=recon.classification if recon else None,
             refusal=refusal,
         )
-        LogEntry.objects.using(alias).create(
-            user_id=user.pk,
-            content_type=ContentType.objects.db_manager(alias).get_for_model(
-                QuarantinedPayout, for_concrete_model=False
-            ),
-            object_id=str(payout_id),
-            object_repr=str(payout_id)[:200],
-            action_flag=CHANGE,
-            change_message=json.dumps([{"resolved": asdict(done)}]),
-        )
+        _log_entry(done, user=user, alias=alias)
         transaction.on_commit(lambda: _log(done), using=alias)
     return done
+
+
+def _check_request(*, resolution: str, note: str, override: bool) -> None:
+    """The form's own rules, before any row is read: a known resolution, a reasoned override."""
+    if resolution not in REQUIRED_CLASSIFICATION:
+        raise validation_error(
+            "resolution must be POSTED or FAILED",
+            [{"field": "resolution", "message": "POSTED or FAILED"}],
+        )
+    if override and len(note) < OVERRIDE_REASON_MIN:
+        raise validation_error(
+            f"an override needs a reason of at least {OVERRIDE_REASON_MIN} characters",
+            [{"field": "note", "message": f">= {OVERRIDE_REASON_MIN} characters"}],
+        )
+
+
+def _log_entry(done: Resolution, *, user: AbstractBaseUser, alias: str) -> None:
+    """The Django admin history row for the resolution, in the resolving transaction."""
+    LogEntry.objects.using(alias).create(
+        user_id=user.pk,
+        content_type=ContentType.objects.db_manager(alias).get_for_model(
+            QuarantinedPayout, for_concrete_model=False
+        ),
+        object_id=done.payout_id,
+        object_repr=done.payout_id[:200],
+        action_flag=CHANGE,
+        change_message=json.dumps([{"resolved": asdict(done)}]),
+    )
 
 
 def _quarantined_at(payout_id: uuid.UUID, alias: str) -> dt.datetime | None:
