@@ -8,6 +8,8 @@ each the `ErrorEnvelope` body and adds the statuses every endpoint can answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -39,11 +41,11 @@ SESSION_PARAM = path_param("session_id", UUID_SCHEMA, "The sessionId from L1.")
 NOT_LEADER = "NOT_LEADER: this replica cannot serve writes; retry after retryAfterMillis."
 
 
-def _ttl(**kwargs) -> serializers.IntegerField:
+def _ttl(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(min_value=TTL_MIN_MS, max_value=TTL_MAX_MS, **kwargs)
 
 
-def _token(**kwargs) -> serializers.IntegerField:
+def _token(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(min_value=1, max_value=INT64_MAX, **kwargs)
 
 

@@ -9,6 +9,7 @@ statement deadline leaves the series out of that scrape (the request metrics sti
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from django.db import connections
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -36,11 +37,11 @@ def _family() -> GaugeMetricFamily:
 
 
 class PayoutStateCollector:
-    def describe(self):
+    def describe(self) -> Iterator[GaugeMetricFamily]:
         # Without describe() the registry would collect (query paydb) at registration.
         yield _family()
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             counts = payout_state_counts()
         except Exception as exc:

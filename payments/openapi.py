@@ -8,6 +8,8 @@ each the `ErrorEnvelope` body and adds the statuses every endpoint can answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 
@@ -29,11 +31,11 @@ ACCOUNT_PARAM = path_param(
 )
 
 
-def _int64(**kwargs) -> serializers.IntegerField:
+def _int64(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(min_value=-INT64_MAX - 1, max_value=INT64_MAX, **kwargs)
 
 
-def _token(**kwargs) -> serializers.IntegerField:
+def _token(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(min_value=1, max_value=INT64_MAX, **kwargs)
 
 

@@ -19,6 +19,7 @@ import json
 import logging
 import uuid
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
@@ -29,6 +30,11 @@ from dlock.errors import ApiError, Code, not_found, validation_error
 from dlock.logs import log_event
 from payments import fenced_sql, services
 from payments.models import Payout, PayoutEvent, PayoutReconciliation, QuarantinedPayout
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from django.contrib.auth.base_user import AbstractBaseUser
 
 OVERRIDE_REASON_MIN = 20
 # The classification each resolution needs from the reconciler.
@@ -55,7 +61,7 @@ def guard_refusal(
     resolution: str,
     rail_reference: str | None,
     recon: PayoutReconciliation | None,
-    quarantined_at,
+    quarantined_at: dt.datetime | None,
 ) -> str | None:
     """Why the reconciler's latest finding does not support this resolution (None: it does)."""
     if recon is None:
@@ -83,7 +89,7 @@ def resolve_payout(
     *,
     payout_id: uuid.UUID,
     resolution: str,
-    user,
+    user: AbstractBaseUser,
     note: str,
     rail_reference: str | None = None,
     override: bool = False,
@@ -169,7 +175,7 @@ def _check_request(*, resolution: str, note: str, override: bool) -> None:
         )
 
 
-def _log_entry(done: Resolution, *, user, alias: str) -> None:
+def _log_entry(done: Resolution, *, user: AbstractBaseUser, alias: str) -> None:
     """The Django admin history row for the resolution, in the resolving transaction."""
     LogEntry.objects.using(alias).create(
         user_id=user.pk,
@@ -183,7 +189,7 @@ def _log_entry(done: Resolution, *, user, alias: str) -> None:
     )
 
 
-def _quarantined_at(payout_id: uuid.UUID, alias: str):
+def _quarantined_at(payout_id: uuid.UUID, alias: str) -> dt.datetime | None:
     """When the payout last entered RAIL_AMBIGUOUS (its payout_event row), or None."""
     event = (
         PayoutEvent.objects.using(alias)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -12,6 +13,9 @@ from dlock.headers import fencing_token, idempotency_key, owner_id
 from dlock.rendering import json_response
 from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer, parse_uuid
 from railproxy import openapi, proofs, services
+
+if TYPE_CHECKING:
+    from django.http import HttpResponse
 
 _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
 
@@ -38,7 +42,7 @@ class SubmissionIn(StrictSerializer):
 
 class SubmissionView(APIView):
     @openapi.submit
-    def post(self, request: Request):
+    def post(self, request: Request) -> HttpResponse:
         token = fencing_token(request)
         owner = owner_id(request)
         key = idempotency_key(request)
