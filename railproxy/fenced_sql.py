@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dlock.idempotency import stored_body
+from payments.selectors import payout_for_submission
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -68,14 +69,6 @@ SELECT submission_id, outcome, presented_token
  WHERE payout_id = %(payout_id)s AND outcome IN ('PENDING', 'ACKED', 'TIMEOUT', 'DECLINED')
  LIMIT 1
 """
-
-# The payout as the payments app stores it (INTERFACES.md); FOR UPDATE in admission step 3.
-PAYOUT_SQL = """
-SELECT account_id, amount_minor, currency, beneficiary_ref, state, claim_token,
-       claim_owner_id, idempotency_key
-  FROM payout WHERE payout_id = %(payout_id)s
-"""
-PAYOUT_FOR_UPDATE_SQL = PAYOUT_SQL + " FOR UPDATE"
 
 REPLAY_LOOKUP_SQL = """
 SELECT submission_id, outcome, request_hash, response_status, response_body
@@ -197,10 +190,9 @@ def live_submission(cursor: Any, *, payout_id: uuid.UUID) -> tuple[Any, str, int
 
 
 def payout(cursor: Any, *, payout_id: uuid.UUID, for_update: bool = False) -> PayoutRow | None:
-    cursor.execute(
-        PAYOUT_FOR_UPDATE_SQL if for_update else PAYOUT_SQL, {"payout_id": str(payout_id)}
-    )
-    row = cursor.fetchone()
+    """The payout as the payments app stores it, read through its selector; `for_update` in
+    admission step 3."""
+    row = payout_for_submission(cursor, payout_id=payout_id, for_update=for_update)
     return PayoutRow(*row) if row else None
 
 
