@@ -71,7 +71,7 @@ class EtcdServer:
                 "etcd not found: install it with `sudo apt-get install -y etcd-server`"
             )
         self.datadir.mkdir(parents=True, exist_ok=True)
-        log = open(self.logfile, "ab")  # noqa: SIM115 - the child owns it
+        log = open(self.logfile, "ab")
         env = {**os.environ, "ETCD_UNSUPPORTED_ARCH": os.environ.get("ETCD_UNSUPPORTED_ARCH", "")}
         self.process = subprocess.Popen(
             self.command(binary),

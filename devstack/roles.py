@@ -56,7 +56,7 @@ class RoleProcess:
 
     def start(self, *, wait: bool = True, timeout: float = 60) -> RoleProcess:
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.logfile, "ab")  # noqa: SIM115 - the child owns it
+        log = open(self.logfile, "ab")
         self.started_env = self.environment()
         self.argv = self.command()
         self.process = subprocess.Popen(

@@ -46,7 +46,7 @@ def error_response(error: ApiError) -> HttpResponse:
     return response
 
 
-def _drf_fields(detail, prefix: str = "") -> list[dict[str, str]]:
+def _drf_fields(detail: Any, prefix: str = "") -> list[dict[str, str]]:
     fields: list[dict[str, str]] = []
     if isinstance(detail, dict):
         for key, value in detail.items():
@@ -163,7 +163,7 @@ def render_exception(exc: BaseException) -> HttpResponse:
     return error_response(error)
 
 
-def drf_exception_handler(exc, context):
+def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse:
     """DRF EXCEPTION_HANDLER: render the envelope; roll back a request-wide transaction if one
     is configured (ATOMIC_REQUESTS — services own their transactions, which have already rolled
     back by the time an exception reaches this handler)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import connections
@@ -12,6 +13,9 @@ from django.views.decorators.http import require_safe
 from dlock.errors import ApiError, Code
 from dlock.handlers import error_response
 from dlock.rendering import json_response
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
 
 _extra_checks: dict[str, Callable[[], None]] = {}
 
@@ -32,13 +36,13 @@ def _database_check(alias: str) -> Callable[[], None]:
 
 @csrf_exempt
 @require_safe
-def live(request):
+def live(request: HttpRequest) -> HttpResponse:
     return json_response({"status": "UP", "service": settings.SERVICE_NAME})
 
 
 @csrf_exempt
 @require_safe
-def ready(request):
+def ready(request: HttpRequest) -> HttpResponse:
     checks = {
         settings.DATABASES[alias]["NAME"]: _database_check(alias) for alias in settings.DATABASES
     }

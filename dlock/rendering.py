@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from django.http import HttpResponse
 from rest_framework import renderers
 from rest_framework.negotiation import DefaultContentNegotiation
 
 from dlock.wire import JSON_CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from rest_framework.renderers import BaseRenderer
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
 
 __all__ = ["JSON_CONTENT_TYPE", "BrowsableAPIRenderer", "JSONRenderer", "json_response"]
 
@@ -24,10 +32,14 @@ class BrowsableAPIRenderer(renderers.BrowsableAPIRenderer):
     offered only to GET/HEAD requests (see LenientNegotiation).
     """
 
-    def show_form_for_method(self, view, method, request, obj):
+    def show_form_for_method(
+        self, view: APIView, method: str, request: Request, obj: object
+    ) -> bool:
         return False
 
-    def get_rendered_html_form(self, data, view, method, request):
+    def get_rendered_html_form(
+        self, data: object, view: APIView, method: str, request: Request
+    ) -> None:
         return None
 
 
@@ -35,7 +47,13 @@ SAFE_METHODS = ("GET", "HEAD")
 
 
 class LenientNegotiation(DefaultContentNegotiation):
-    def select_renderer(self, request, renderers, format_suffix=None):
+    # DRF passes the view's renderer list; this override indexes it, hence Sequence.
+    def select_renderer(  # type: ignore[override]
+        self,
+        request: Request,
+        renderers: Sequence[BaseRenderer],
+        format_suffix: str | None = None,
+    ) -> tuple[BaseRenderer, str]:
         if request.method not in SAFE_METHODS:
             renderers = [r for r in renderers if r.format != "api"] or renderers
         try:

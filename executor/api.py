@@ -12,6 +12,7 @@ presented again, to any replica. Waits honour the server's retryAfterMillis.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -70,7 +71,12 @@ class Api:
     """HTTP client for the payment resource and the rail proxy, as one owner."""
 
     def __init__(
-        self, *, payments_url: str, rail_proxy_url: str, owner_id: str, sleep=time.sleep
+        self,
+        *,
+        payments_url: str,
+        rail_proxy_url: str,
+        owner_id: str,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.payments = Endpoints(payments_url)
         self.rail_proxy = Endpoints(rail_proxy_url)

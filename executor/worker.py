@@ -67,7 +67,7 @@ CLAIMABLE = ("PENDING", "CLAIMED")
 EXIT_BACKED_OFF = 3
 
 
-class Abandon(Exception):  # noqa: N818 - a control-flow signal, not an error
+class Abandon(Exception):
     """Stop requested mid-section before anything irreversible: release and leave."""
 
 
@@ -383,7 +383,9 @@ class Executor(Picker):
             grant.renew()
             log_event("executor_renewed", remaining=round(grant.remaining(), 3), **fields)
 
-    def _submit(self, grant: Grant, payout: dict[str, Any], fields: dict[str, Any]):
+    def _submit(
+        self, grant: Grant, payout: dict[str, Any], fields: dict[str, Any]
+    ) -> dict[str, Any] | str:
         """Present the payout to the rail once. Returns the ACKED submission or an outcome."""
         self._present(grant)
         try:
@@ -408,7 +410,7 @@ class Executor(Picker):
         self._hop("submit", fields, railReference=submission.get("railReference"))
         return submission
 
-    def _resolve_duplicate(self, payout_id: str, fields: dict[str, Any]):
+    def _resolve_duplicate(self, payout_id: str, fields: dict[str, Any]) -> dict[str, Any] | str:
         """DUPLICATE_SUBMISSION: read the existing record; post it if ACKED, else stop."""
         payout = self.api.get_payout(payout_id)
         acked = _acked_submission(payout) if payout["state"] == "RAIL_ACKED" else None

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 import psycopg
 
 from experiment.stack import scrape
+from payments.selectors import payout_state_counts, payout_summaries
 
 FENCED_NON_TERMINAL = ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")
 NAIVE_NON_TERMINAL = ("PENDING", "CLAIMED")
@@ -23,9 +24,6 @@ PRESENTED = (
     "DECLINED",
 )  # rail_submission outcomes that hit the rail
 
-FENCED_STATES = (
-    "SELECT state, count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) GROUP BY state"
-)
 NAIVE_STATES = (
     "SELECT state, count(*) FROM experiment_naive_payout WHERE run_id = %s GROUP BY state"
 )
@@ -43,10 +41,6 @@ BOOKING_FAULTS = ("ok", "drop_after_booking")  # a request with these faults boo
 TRANSFERS = """
 SELECT client_ref, rail_reference, duplicate_of, amount_minor FROM rail_transfer
  WHERE client_ref = ANY(%s)
-"""
-FENCED_PAYOUTS = """
-SELECT payout_id::text, account_id, state, amount_minor FROM payout
- WHERE payout_id = ANY(%s::uuid[])
 """
 NAIVE_PAYOUTS = """
 SELECT payout_id::text, account_id, state, amount_minor FROM experiment_naive_payout
@@ -84,9 +78,8 @@ METRIC_LINE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\}\s+(?P<value>[
 def state_counts(pay_url: str, *, arm: str, payout_ids: list[str], run_id: str) -> dict[str, int]:
     with psycopg.connect(pay_url, connect_timeout=2) as conn:
         if arm == "fenced":
-            rows = conn.execute(FENCED_STATES, (payout_ids,)).fetchall()
-        else:
-            rows = conn.execute(NAIVE_STATES, (run_id,)).fetchall()
+            return payout_state_counts(conn.cursor(), payout_ids=payout_ids)
+        rows = conn.execute(NAIVE_STATES, (run_id,)).fetchall()
     return {state: n for state, n in rows}
 
 
@@ -143,7 +136,7 @@ def collect(
     """Everything the report needs about one arm, from the databases."""
     with psycopg.connect(pay_url) as conn:
         if arm == "fenced":
-            payouts = conn.execute(FENCED_PAYOUTS, (payout_ids,)).fetchall()
+            payouts = payout_summaries(conn.cursor(), payout_ids=payout_ids)
             subs = conn.execute(FENCED_SUBMISSIONS, (payout_ids,)).fetchall()
             balances = conn.execute(FENCED_BALANCES, (account_ids,)).fetchall()
             entries = conn.execute(FENCED_PAYOUT_LEDGER, (payout_ids,)).fetchall()

@@ -243,7 +243,7 @@ class ArmRun:
         def run() -> None:
             try:
                 action()
-            except Exception as exc:  # noqa: BLE001 - a failed fault is reported, not fatal
+            except Exception as exc:
                 self.errors.append(f"{event.kind} {event.target}: {exc}")
             finally:
                 record["end"] = self.clock()
@@ -278,7 +278,7 @@ class ArmRun:
                         self.executed.scrape(worker.owner_id, url)
             try:
                 self._sample_states()
-            except Exception:  # noqa: BLE001 - PostgreSQL may be restarting right now
+            except Exception:
                 time.sleep(0.5)
                 continue
             time.sleep(max(0.0, 0.5 - (self.clock() - now)))
@@ -465,6 +465,6 @@ def run(
         from experiment.chart import draw
 
         draw(report, out / "report.png")
-    except Exception as exc:  # noqa: BLE001 - a missing chart never hides the verdict
+    except Exception as exc:
         print(f"[experiment] chart not drawn: {exc}", file=sys.stderr)
     return code, report

@@ -250,7 +250,7 @@ def spawn_executor(
             argv += ["--concurrency", str(concurrency)]
         if port:
             argv += ["--metrics-port", str(port)]
-        log = open(logdir / f"{owner}.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open(logdir / f"{owner}.log", "ab")
         return subprocess.Popen(
             argv,
             cwd=PROJECT,
@@ -282,7 +282,7 @@ def spawn_naive(*, pay_url: str, rail_url: str, run_id: str, lease_ms: int, logd
             "--lease-ms",
             str(lease_ms),
         ]
-        log = open(logdir / f"{owner}.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open(logdir / f"{owner}.log", "ab")
         return subprocess.Popen(
             argv,
             cwd=PROJECT,

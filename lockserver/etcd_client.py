@@ -211,7 +211,9 @@ class EtcdClient:
 
     # -- transport
 
-    def _post(self, path: str, body: dict[str, Any], timeout=None) -> dict[str, Any]:
+    def _post(
+        self, path: str, body: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
         """One call, moving to the next member while a member provably did nothing (connection
         refused, connect timeout, or it answered "unavailable / no leader"), every member at
         most once and all within one connect + read timeout: the hop budget. A read timeout
@@ -235,7 +237,7 @@ class EtcdClient:
         raise last
 
     def _post_once(
-        self, member: str, path: str, body: dict[str, Any], timeout, remaining: float
+        self, member: str, path: str, body: dict[str, Any], timeout: float | None, remaining: float
     ) -> dict[str, Any]:
         connect, read = timeout or self.timeout
         bounded = (min(connect, remaining), max(0.05, min(read, remaining)))

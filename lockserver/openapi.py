@@ -8,6 +8,8 @@ each the `ErrorEnvelope` body and adds the statuses every endpoint can answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -39,11 +41,11 @@ SESSION_PARAM = path_param("session_id", UUID_SCHEMA, "The sessionId from L1.")
 NOT_LEADER = "NOT_LEADER: this replica cannot serve writes; retry after retryAfterMillis."
 
 
-def _ttl(**kwargs) -> serializers.IntegerField:
+def _ttl(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(min_value=TTL_MIN_MS, max_value=TTL_MAX_MS, **kwargs)
 
 
-def _token(**kwargs) -> serializers.IntegerField:
+def _token(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(min_value=1, max_value=INT64_MAX, **kwargs)
 
 
@@ -51,78 +53,78 @@ def _token(**kwargs) -> serializers.IntegerField:
 
 
 class OpenSession(serializers.Serializer):
-    ownerId = serializers.CharField(  # noqa: N815
+    ownerId = serializers.CharField(
         validators=[RegexValidator(OWNER_PATTERN)],
         required=False,
         allow_blank=True,
         max_length=OWNER_ID_MAX,
         help_text="Or X-Owner-Id; must agree if both. Empty counts as absent.",
     )
-    ttlMillis = _ttl(required=False, help_text="Default lock.session.ttl.")  # noqa: N815
+    ttlMillis = _ttl(required=False, help_text="Default lock.session.ttl.")
 
 
 class Acquire(serializers.Serializer):
-    sessionId = serializers.UUIDField()  # noqa: N815
-    ttlMillis = _ttl(required=False, help_text="Default lock.default.ttl.")  # noqa: N815
-    waitMillis = serializers.IntegerField(  # noqa: N815
+    sessionId = serializers.UUIDField()
+    ttlMillis = _ttl(required=False, help_text="Default lock.default.ttl.")
+    waitMillis = serializers.IntegerField(
         required=False, min_value=0, max_value=WAIT_MAX_MS, help_text="Default 0 (no waiting)."
     )
 
 
 class Renew(serializers.Serializer):
-    sessionId = serializers.UUIDField()  # noqa: N815
-    ttlMillis = _ttl(required=False)  # noqa: N815
+    sessionId = serializers.UUIDField()
+    ttlMillis = _ttl(required=False)
 
 
 class Revoke(serializers.Serializer):
     operator = serializers.CharField(min_length=1, max_length=128)
     reason = serializers.CharField(min_length=8, max_length=2_000)
-    expectedToken = _token(required=False, help_text="CAS guard: revoke only this grant.")  # noqa: N815
+    expectedToken = _token(required=False, help_text="CAS guard: revoke only this grant.")
 
 
 # ------------------------------------------------------------------------------ response bodies
 
 
 class Session(serializers.Serializer):
-    sessionId = serializers.UUIDField()  # noqa: N815
-    ownerId = serializers.CharField()  # noqa: N815
-    ttlMillis = serializers.IntegerField(help_text="Granted; may be clamped down.")  # noqa: N815
-    expiresAt = serializers.DateTimeField()  # noqa: N815
+    sessionId = serializers.UUIDField()
+    ownerId = serializers.CharField()
+    ttlMillis = serializers.IntegerField(help_text="Granted; may be clamped down.")
+    expiresAt = serializers.DateTimeField()
 
 
 class Heartbeat(serializers.Serializer):
-    sessionId = serializers.UUIDField()  # noqa: N815
-    expiresAt = serializers.DateTimeField()  # noqa: N815
-    serverTime = serializers.DateTimeField()  # noqa: N815
-    heldLockCount = serializers.IntegerField(min_value=0)  # noqa: N815
+    sessionId = serializers.UUIDField()
+    expiresAt = serializers.DateTimeField()
+    serverTime = serializers.DateTimeField()
+    heldLockCount = serializers.IntegerField(min_value=0)
 
 
 class LockGrant(serializers.Serializer):
     key = serializers.CharField()
-    ownerId = serializers.CharField()  # noqa: N815
-    sessionId = serializers.UUIDField()  # noqa: N815
-    fencingToken = _token()  # noqa: N815
-    fencingProof = serializers.CharField(  # noqa: N815
+    ownerId = serializers.CharField()
+    sessionId = serializers.UUIDField()
+    fencingToken = _token()
+    fencingProof = serializers.CharField(
         help_text="MAC over (key, fencingToken): send it as X-Fencing-Proof beside the token."
     )
-    acquiredAt = serializers.DateTimeField()  # noqa: N815
-    expiresAt = serializers.DateTimeField()  # noqa: N815
+    acquiredAt = serializers.DateTimeField()
+    expiresAt = serializers.DateTimeField()
 
 
 class LockInfo(serializers.Serializer):
     key = serializers.CharField()
     held = serializers.BooleanField()
-    ownerId = serializers.CharField(required=False)  # noqa: N815
-    fencingToken = _token(required=False)  # noqa: N815
-    acquiredAt = serializers.DateTimeField(required=False)  # noqa: N815
-    expiresAt = serializers.DateTimeField(required=False)  # noqa: N815
-    waiterCount = serializers.IntegerField(min_value=0)  # noqa: N815
+    ownerId = serializers.CharField(required=False)
+    fencingToken = _token(required=False)
+    acquiredAt = serializers.DateTimeField(required=False)
+    expiresAt = serializers.DateTimeField(required=False)
+    waiterCount = serializers.IntegerField(min_value=0)
 
 
 class LockOutcome(serializers.Serializer):
-    revokedToken = _token()  # noqa: N815
-    newTokenFloor = _token()  # noqa: N815
-    revocationId = serializers.UUIDField()  # noqa: N815
+    revokedToken = _token()
+    newTokenFloor = _token()
+    revocationId = serializers.UUIDField()
 
 
 # ------------------------------------------------------------------------------------ operations

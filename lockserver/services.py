@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -21,6 +22,7 @@ from lockserver.backends import get_backend
 from lockserver.backends.base import (
     GrantRecord,
     HeartbeatRecord,
+    LockBackend,
     LockInfoRecord,
     RevocationRecord,
     SessionRecord,
@@ -82,11 +84,22 @@ def _waits_exhausted(key: str, contended: ApiError) -> ApiError:
 
 
 def _backend_acquire(
-    backend, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
+    backend: LockBackend,
+    *,
+    key: str,
+    session_id: uuid.UUID,
+    owner_id: str | None,
+    ttl_ms: int,
+    wait_ms: int,
 ) -> GrantRecord:
     """The backend's acquire; a wait only while a wait slot is free. Without one the caller
     still gets a free key at once, and 429 CONTENTION_EXCEEDED instead of a parked thread."""
-    call = {"key": key, "session_id": session_id, "owner_id": owner_id, "ttl_ms": ttl_ms}
+    call: dict[str, Any] = {
+        "key": key,
+        "session_id": session_id,
+        "owner_id": owner_id,
+        "ttl_ms": ttl_ms,
+    }
     if wait_ms <= 0:
         return backend.acquire(**call, wait_ms=0)
     if not _wait_slot():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from rest_framework import status
@@ -26,6 +27,10 @@ from lockserver import openapi, services
 from lockserver.backends.base import GrantRecord
 from lockserver.ownership import check_owner, record_owner  # issue 15: session ownership
 
+if TYPE_CHECKING:
+    from rest_framework.request import Request
+    from rest_framework.serializers import Serializer
+
 KEY_MAX = 128
 _KEY = re.compile(r"[a-zA-Z0-9:._\-]+", re.ASCII)
 TTL_MIN_MS, TTL_MAX_MS = 1_000, 60_000
@@ -46,7 +51,7 @@ def _clamp_ttl(ttl_ms: int) -> int:
     return min(ttl_ms, settings.LOCK_MAX_TTL_MS)
 
 
-def _parse(serializer_class, data) -> dict:
+def _parse(serializer_class: type[Serializer], data: object) -> dict:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
@@ -58,12 +63,12 @@ def _parse(serializer_class, data) -> dict:
 # would; anything else, and so every refusal and its message, still goes through the serializer.
 
 
-def _plain_text(value) -> bool:
+def _plain_text(value: object) -> bool:
     """What StrictCharField accepts, narrowed to ASCII without NUL (its NUL/surrogate checks)."""
     return type(value) is str and value.isascii() and "\x00" not in value and value.strip() != ""
 
 
-def _int_within(value, low: int, high: int) -> bool:
+def _int_within(value: object, low: int, high: int) -> bool:
     """What StrictIntegerField(min_value=low, max_value=high) accepts: a JSON integer in range."""
     return type(value) is int and low <= value <= high
 
@@ -71,7 +76,7 @@ def _int_within(value, low: int, high: int) -> bool:
 _ACQUIRE_FIELDS = frozenset({"sessionId", "ttlMillis", "waitMillis"})
 
 
-def _parse_acquire(data) -> dict:
+def _parse_acquire(data: Any) -> dict:
     if (
         type(data) is dict
         and data.keys() <= _ACQUIRE_FIELDS
@@ -83,7 +88,7 @@ def _parse_acquire(data) -> dict:
     return _parse(AcquireInput, data)
 
 
-def _parse_release(data) -> dict:
+def _parse_release(data: Any) -> dict:
     if type(data) is dict and not data:
         return {}
     if type(data) is dict and data.keys() == {"sessionId"} and _plain_text(data["sessionId"]):
@@ -91,7 +96,7 @@ def _parse_release(data) -> dict:
     return _parse(ReleaseInput, data)
 
 
-def _optional_owner(request) -> str | None:
+def _optional_owner(request: Request) -> str | None:
     raw = request.headers.get("X-Owner-Id")
     return None if raw is None or raw == "" else validate_owner_id(raw, field="X-Owner-Id")
 
@@ -109,10 +114,8 @@ def grant_body(grant: GrantRecord) -> dict:
 
 
 class OpenSessionInput(StrictSerializer):
-    ownerId = StrictCharField(required=False, allow_blank=True, trim_whitespace=False)  # noqa: N815
-    ttlMillis = StrictIntegerField(  # noqa: N815
-        required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS
-    )
+    ownerId = StrictCharField(required=False, allow_blank=True, trim_whitespace=False)
+    ttlMillis = StrictIntegerField(required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS)
 
 
 class EmptyInput(StrictSerializer):
@@ -123,7 +126,7 @@ class SessionsView(APIView):
     """L1 POST /v1/sessions."""
 
     @openapi.open_session
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         data = _parse(OpenSessionInput, request.data)
         body_owner = data.get("ownerId")
         if body_owner:
@@ -154,7 +157,7 @@ class HeartbeatView(APIView):
     """L2 POST /v1/sessions/{sessionId}/heartbeat."""
 
     @openapi.heartbeat
-    def post(self, request, session_id: str):
+    def post(self, request: Request, session_id: str) -> Response:
         sid = parse_uuid(session_id, field="sessionId")
         owner = owner_id(request)
         _parse(EmptyInput, request.data)
@@ -174,7 +177,7 @@ class SessionView(APIView):
     """L3 DELETE /v1/sessions/{sessionId}."""
 
     @openapi.close_session
-    def delete(self, request, session_id: str):
+    def delete(self, request: Request, session_id: str) -> Response:
         sid = parse_uuid(session_id, field="sessionId")
         owner = owner_id(request)
         _parse(EmptyInput, request.data)
@@ -184,18 +187,16 @@ class SessionView(APIView):
 
 
 class AcquireInput(StrictSerializer):
-    sessionId = StrictCharField()  # noqa: N815
-    ttlMillis = StrictIntegerField(  # noqa: N815
-        required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS
-    )
-    waitMillis = StrictIntegerField(required=False, min_value=0, max_value=WAIT_MAX_MS)  # noqa: N815
+    sessionId = StrictCharField()
+    ttlMillis = StrictIntegerField(required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS)
+    waitMillis = StrictIntegerField(required=False, min_value=0, max_value=WAIT_MAX_MS)
 
 
 class AcquireView(APIView):
     """L4 POST /v1/locks/{key}/acquire."""
 
     @openapi.acquire
-    def post(self, request, key: str):
+    def post(self, request: Request, key: str) -> Response:
         key = parse_key(key)
         owner = owner_id(request)
         data = _parse_acquire(request.data)
@@ -212,17 +213,15 @@ class AcquireView(APIView):
 
 
 class RenewInput(StrictSerializer):
-    sessionId = StrictCharField()  # noqa: N815
-    ttlMillis = StrictIntegerField(  # noqa: N815
-        required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS
-    )
+    sessionId = StrictCharField()
+    ttlMillis = StrictIntegerField(required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS)
 
 
 class RenewView(APIView):
     """L5 POST /v1/locks/{key}/renew."""
 
     @openapi.renew
-    def post(self, request, key: str):
+    def post(self, request: Request, key: str) -> Response:
         key = parse_key(key)
         token = fencing_token(request)
         owner_id(request)  # attribution (C3 §3.1); the grant is named by (key, token, session)
@@ -238,14 +237,14 @@ class RenewView(APIView):
 
 
 class ReleaseInput(StrictSerializer):
-    sessionId = StrictCharField(required=False)  # noqa: N815
+    sessionId = StrictCharField(required=False)
 
 
 class LockView(APIView):
     """L7 GET /v1/locks/{key} (advisory) and L6 DELETE /v1/locks/{key}."""
 
     @openapi.inspect
-    def get(self, request, key: str):
+    def get(self, request: Request, key: str) -> Response:
         key = parse_key(key)
         info = services.inspect(key=key)
         body: dict = {"key": info.key, "held": info.held}
@@ -260,7 +259,7 @@ class LockView(APIView):
         return Response(body)
 
     @openapi.release
-    def delete(self, request, key: str):
+    def delete(self, request: Request, key: str) -> Response:
         key = parse_key(key)
         token = fencing_token(request)
         owner_id(request)  # attribution (C3 §3.1); the predicate is (key, token) only
@@ -288,14 +287,14 @@ class LockView(APIView):
 class RevokeInput(StrictSerializer):
     operator = StrictCharField(max_length=128)
     reason = StrictCharField(min_length=8, max_length=2_000)
-    expectedToken = StrictInt64Field(required=False, min_value=1)  # noqa: N815
+    expectedToken = StrictInt64Field(required=False, min_value=1)
 
 
 class RevokeView(APIView):
     """L8 POST /v1/locks/{key}/revoke (operator action)."""
 
     @openapi.revoke
-    def post(self, request, key: str):
+    def post(self, request: Request, key: str) -> Response:
         key = parse_key(key)
         data = _parse(RevokeInput, request.data)
         record = services.revoke(

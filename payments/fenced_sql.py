@@ -13,9 +13,12 @@ Exported for other apps (docs/briefs/INTERFACES.md): `transition_payout`, `raise
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from payments.models import QUARANTINED_OR_TERMINAL, RESERVING_STATES
+
+if TYPE_CHECKING:
+    import uuid
 
 # ---------------------------------------------------------------------------------------------
 # SQL
@@ -197,9 +200,9 @@ SELECT account_id, fence, balance_minor FROM account WHERE account_id = %(accoun
 
 
 def transition_payout(
-    cursor,
+    cursor: Any,
     *,
-    payout_id,
+    payout_id: uuid.UUID,
     from_states: tuple[str, ...],
     to_state: str,
     token: int | None,
@@ -230,7 +233,7 @@ def transition_payout(
     return cursor.fetchone() is not None
 
 
-def raise_account_fence(cursor, *, account_id: str, floor: int) -> int | None:
+def raise_account_fence(cursor: Any, *, account_id: str, floor: int) -> int | None:
     """fence = GREATEST(fence, floor); returns the stored fence (operator revoke push, L8).
 
     None if the account does not exist (nothing to fence; no row is created): the caller
@@ -262,7 +265,7 @@ class FenceDiagnosis:
 
 
 def _fence_account(
-    cursor, sql: str, *, payout_id, token: int, idempotency_key: str
+    cursor: Any, sql: str, *, payout_id: uuid.UUID, token: int, idempotency_key: str
 ) -> FencedAccount | None:
     cursor.execute(sql, {"payout_id": str(payout_id), "token": token, "key": idempotency_key})
     row = cursor.fetchone()
@@ -270,7 +273,7 @@ def _fence_account(
 
 
 def fence_account_for_claim(
-    cursor, *, payout_id, token: int, idempotency_key: str
+    cursor: Any, *, payout_id: uuid.UUID, token: int, idempotency_key: str
 ) -> FencedAccount | None:
     """Strict `fence < token` on the payout's account under the payout's own key; None if no
     row moved (unknown payout, foreign key or fenced: `fence_diagnosis` says which)."""
@@ -280,7 +283,7 @@ def fence_account_for_claim(
 
 
 def fence_account_for_post(
-    cursor, *, payout_id, token: int, idempotency_key: str
+    cursor: Any, *, payout_id: uuid.UUID, token: int, idempotency_key: str
 ) -> FencedAccount | None:
     """`fence <= token` (CHANGELOG row 5) under the payout's own key; None if no row moved."""
     return _fence_account(
@@ -288,14 +291,14 @@ def fence_account_for_post(
     )
 
 
-def fence_diagnosis(cursor, *, payout_id) -> FenceDiagnosis | None:
+def fence_diagnosis(cursor: Any, *, payout_id: uuid.UUID) -> FenceDiagnosis | None:
     """After a fence UPDATE matched nothing: what stopped it; None for an unknown payout."""
     cursor.execute(FENCE_DIAGNOSIS_SQL, {"payout_id": str(payout_id)})
     row = cursor.fetchone()
     return FenceDiagnosis(row[0], int(row[1]), row[2]) if row else None
 
 
-def claim_check(cursor, *, payout_id) -> tuple[str, int, int | None, int]:
+def claim_check(cursor: Any, *, payout_id: uuid.UUID) -> tuple[str, int, int | None, int]:
     """(state, amount, claim token, reserved by the account's other in-flight payouts); the
     payout row locked."""
     cursor.execute(
@@ -306,7 +309,7 @@ def claim_check(cursor, *, payout_id) -> tuple[str, int, int | None, int]:
 
 
 def claim_transition(
-    cursor, *, payout_id, expected_state: str, token: int, owner_id: str
+    cursor: Any, *, payout_id: uuid.UUID, expected_state: str, token: int, owner_id: str
 ) -> tuple[int, str] | None:
     """expected_state → CLAIMED with token/owner, attempt+1, event row; None if not moved."""
     cursor.execute(
@@ -323,7 +326,7 @@ def claim_transition(
 
 
 def fail_for_funds(
-    cursor, *, payout_id, expected_state: str, token: int, owner_id: str, note: str
+    cursor: Any, *, payout_id: uuid.UUID, expected_state: str, token: int, owner_id: str, note: str
 ) -> int | None:
     cursor.execute(
         FAIL_FOR_FUNDS_SQL,
@@ -340,14 +343,14 @@ def fail_for_funds(
 
 
 def post_transition(
-    cursor,
+    cursor: Any,
     *,
-    payout_id,
+    payout_id: uuid.UUID,
     from_states: tuple[str, ...],
     token: int | None,
     owner_id: str,
     rail_reference: str | None,
-    submission_id,
+    submission_id: uuid.UUID | None,
     note: str | None = None,
 ) -> tuple[str, int, str] | None:
     """from_states → POSTED with its event row; (account_id, amount, currency) or None."""
@@ -367,14 +370,14 @@ def post_transition(
     return (row[0], int(row[1]), row[2]) if row else None
 
 
-def payout_state(cursor, *, payout_id) -> tuple[str | None, int | None]:
+def payout_state(cursor: Any, *, payout_id: uuid.UUID) -> tuple[str | None, int | None]:
     """(state, claim token) of the payout now; (None, None) for an unknown payout."""
     cursor.execute(PAYOUT_STATE_SQL, {"payout_id": str(payout_id)})
     row = cursor.fetchone()
     return (row[0], row[1]) if row else (None, None)
 
 
-def ensure_account(cursor, *, account_id: str, currency: str, kind: str) -> None:
+def ensure_account(cursor: Any, *, account_id: str, currency: str, kind: str) -> None:
     cursor.execute(
         ENSURE_ACCOUNT_SQL, {"account_id": account_id, "currency": currency, "kind": kind}
     )
@@ -388,7 +391,13 @@ class Posting:
 
 
 def post_ledger(
-    cursor, *, payout_id, debit_account: str, credit_account: str, amount: int, fence: int
+    cursor: Any,
+    *,
+    payout_id: uuid.UUID | None,
+    debit_account: str,
+    credit_account: str,
+    amount: int,
+    fence: int,
 ) -> Posting:
     """Two balanced legs plus both balance moves, in one statement."""
     cursor.execute(
@@ -409,14 +418,14 @@ def post_ledger(
     return Posting(entries, int(rows[0][4]), int(rows[0][5]))
 
 
-def lock_account(cursor, *, account_id: str) -> tuple[str, int, int] | None:
+def lock_account(cursor: Any, *, account_id: str) -> tuple[str, int, int] | None:
     cursor.execute(ACCOUNT_FOR_UPDATE_SQL, {"account_id": account_id})
     row = cursor.fetchone()
     return (row[0], int(row[1]), int(row[2])) if row else None
 
 
 def idempotency_lookup(
-    cursor, *, operation: str, key: str, token: int
+    cursor: Any, *, operation: str, key: str, token: int
 ) -> tuple[str, int, Any] | None:
     """(request_hash, status, body) recorded for the identity, or None. Callers hold the
     identity's lock (dlock.idempotency.lock_identity) so the answer cannot change under them."""
@@ -425,13 +434,13 @@ def idempotency_lookup(
 
 
 def idempotency_store(
-    cursor,
+    cursor: Any,
     *,
     operation: str,
     key: str,
     token: int,
     request_hash: str,
-    payout_id,
+    payout_id: uuid.UUID,
     status: int,
     body_json: str,
 ) -> None:

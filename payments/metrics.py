@@ -9,6 +9,7 @@ statement deadline leaves the series out of that scrape (the request metrics sti
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from django.db import connections
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -36,14 +37,14 @@ def _family() -> GaugeMetricFamily:
 
 
 class PayoutStateCollector:
-    def describe(self):
+    def describe(self) -> Iterator[GaugeMetricFamily]:
         # Without describe() the registry would collect (query paydb) at registration.
         yield _family()
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             counts = payout_state_counts()
-        except Exception as exc:  # noqa: BLE001 - a scrape never fails on paydb
+        except Exception as exc:
             logger.warning("payouts_in_state not collected: %s", exc)
             return
         family = _family()

@@ -8,6 +8,8 @@ each the `ErrorEnvelope` body and adds the statuses every endpoint can answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 
@@ -29,11 +31,11 @@ ACCOUNT_PARAM = path_param(
 )
 
 
-def _int64(**kwargs) -> serializers.IntegerField:
+def _int64(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(min_value=-INT64_MAX - 1, max_value=INT64_MAX, **kwargs)
 
 
-def _token(**kwargs) -> serializers.IntegerField:
+def _token(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(min_value=1, max_value=INT64_MAX, **kwargs)
 
 
@@ -49,95 +51,93 @@ def _always(value: str) -> serializers.CharField:
 
 
 class Claim(serializers.Serializer):
-    expectedState = serializers.ChoiceField(  # noqa: N815
+    expectedState = serializers.ChoiceField(
         choices=list(CLAIMABLE_STATES), help_text="PENDING, or CLAIMED for a recovery re-claim."
     )
 
 
 class Post(serializers.Serializer):
-    railReference = serializers.CharField(min_length=1, max_length=128)  # noqa: N815
-    submissionId = serializers.UUIDField()  # noqa: N815
-    railOutcome = serializers.ChoiceField(choices=["ACKED"], required=False)  # noqa: N815
+    railReference = serializers.CharField(min_length=1, max_length=128)
+    submissionId = serializers.UUIDField()
+    railOutcome = serializers.ChoiceField(choices=["ACKED"], required=False)
 
 
 # ------------------------------------------------------------------------------ response bodies
 
 
 class PayoutSummary(serializers.Serializer):
-    payoutId = serializers.UUIDField()  # noqa: N815
-    accountId = serializers.CharField()  # noqa: N815
-    amountMinor = _int64()  # noqa: N815
+    payoutId = serializers.UUIDField()
+    accountId = serializers.CharField()
+    amountMinor = _int64()
     currency = serializers.RegexField(**CURRENCY)
     state = serializers.ChoiceField(choices=STATES)
-    attemptCount = serializers.IntegerField(min_value=0)  # noqa: N815
-    createdAt = serializers.DateTimeField()  # noqa: N815
+    attemptCount = serializers.IntegerField(min_value=0)
+    createdAt = serializers.DateTimeField()
 
 
 class PayoutPage(serializers.Serializer):
     items = PayoutSummary(many=True)
-    nextCursor = serializers.CharField(  # noqa: N815
-        required=False, help_text="Opaque; absent on the last page."
-    )
+    nextCursor = serializers.CharField(required=False, help_text="Opaque; absent on the last page.")
 
 
 class PayoutClaimed(serializers.Serializer):
-    payoutId = serializers.UUIDField()  # noqa: N815
+    payoutId = serializers.UUIDField()
     state = _always("CLAIMED")
-    claimToken = _token()  # noqa: N815
-    accountFence = _int64(help_text="The account's fence after the update.")  # noqa: N815
-    attemptCount = serializers.IntegerField(min_value=0)  # noqa: N815
-    idempotencyKey = serializers.CharField()  # noqa: N815
+    claimToken = _token()
+    accountFence = _int64(help_text="The account's fence after the update.")
+    attemptCount = serializers.IntegerField(min_value=0)
+    idempotencyKey = serializers.CharField()
 
 
 class LedgerEntry(serializers.Serializer):
-    entryId = serializers.UUIDField()  # noqa: N815
+    entryId = serializers.UUIDField()
     direction = serializers.ChoiceField(choices=["DEBIT", "CREDIT"])
-    amountMinor = _int64()  # noqa: N815
+    amountMinor = _int64()
     fence = _int64()
 
 
 class PayoutPosted(serializers.Serializer):
-    payoutId = serializers.UUIDField()  # noqa: N815
+    payoutId = serializers.UUIDField()
     state = _always("POSTED")
     entries = LedgerEntry(many=True, help_text="Two balanced rows: DEBIT and CREDIT.")
-    balanceMinor = _int64(help_text="The debited account's balance after posting.")  # noqa: N815
+    balanceMinor = _int64(help_text="The debited account's balance after posting.")
 
 
 class SubmissionSummary(serializers.Serializer):
-    submissionId = serializers.UUIDField()  # noqa: N815
-    presentedToken = _token()  # noqa: N815
-    ownerId = serializers.CharField()  # noqa: N815
+    submissionId = serializers.UUIDField()
+    presentedToken = _token()
+    ownerId = serializers.CharField()
     outcome = serializers.ChoiceField(choices=OUTCOMES)
-    railReference = serializers.CharField(allow_null=True)  # noqa: N815
-    submittedAt = serializers.DateTimeField()  # noqa: N815
-    resolvedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    railReference = serializers.CharField(allow_null=True)
+    submittedAt = serializers.DateTimeField()
+    resolvedAt = serializers.DateTimeField(allow_null=True)
     detail = serializers.CharField(allow_null=True)
 
 
 class Payout(serializers.Serializer):
-    payoutId = serializers.UUIDField()  # noqa: N815
-    accountId = serializers.CharField()  # noqa: N815
-    amountMinor = _int64()  # noqa: N815
+    payoutId = serializers.UUIDField()
+    accountId = serializers.CharField()
+    amountMinor = _int64()
     currency = serializers.RegexField(**CURRENCY)
-    beneficiaryRef = serializers.CharField()  # noqa: N815
+    beneficiaryRef = serializers.CharField()
     state = serializers.ChoiceField(choices=STATES)
-    attemptCount = serializers.IntegerField(min_value=0)  # noqa: N815
-    claimToken = _token(allow_null=True)  # noqa: N815
-    claimOwnerId = serializers.CharField(allow_null=True)  # noqa: N815
-    idempotencyKey = serializers.CharField()  # noqa: N815
-    railReference = serializers.CharField(allow_null=True)  # noqa: N815
-    createdAt = serializers.DateTimeField()  # noqa: N815
-    updatedAt = serializers.DateTimeField()  # noqa: N815
+    attemptCount = serializers.IntegerField(min_value=0)
+    claimToken = _token(allow_null=True)
+    claimOwnerId = serializers.CharField(allow_null=True)
+    idempotencyKey = serializers.CharField()
+    railReference = serializers.CharField(allow_null=True)
+    createdAt = serializers.DateTimeField()
+    updatedAt = serializers.DateTimeField()
     submissions = SubmissionSummary(many=True)
 
 
 class Account(serializers.Serializer):
-    accountId = serializers.CharField()  # noqa: N815
+    accountId = serializers.CharField()
     currency = serializers.RegexField(**CURRENCY)
-    balanceMinor = _int64()  # noqa: N815
+    balanceMinor = _int64()
     fence = _int64()
-    updatedAt = serializers.DateTimeField()  # noqa: N815
-    ledgerSumMinor = _int64(help_text="Recomputed from the ledger; equals balanceMinor.")  # noqa: N815
+    updatedAt = serializers.DateTimeField()
+    ledgerSumMinor = _int64(help_text="Recomputed from the ledger; equals balanceMinor.")
 
 
 # ------------------------------------------------------------------------------------ operations

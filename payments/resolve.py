@@ -19,6 +19,7 @@ import json
 import logging
 import uuid
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
@@ -29,6 +30,11 @@ from dlock.errors import ApiError, Code, not_found, validation_error
 from dlock.logs import log_event
 from payments import fenced_sql, services
 from payments.models import Payout, PayoutEvent, PayoutReconciliation, QuarantinedPayout
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from django.contrib.auth.base_user import AbstractBaseUser
 
 OVERRIDE_REASON_MIN = 20
 # The classification each resolution needs from the reconciler.
@@ -55,7 +61,7 @@ def guard_refusal(
     resolution: str,
     rail_reference: str | None,
     recon: PayoutReconciliation | None,
-    quarantined_at,
+    quarantined_at: dt.datetime | None,
 ) -> str | None:
     """Why the reconciler's latest finding does not support this resolution (None: it does)."""
     if recon is None:
@@ -83,7 +89,7 @@ def resolve_payout(
     *,
     payout_id: uuid.UUID,
     resolution: str,
-    user,
+    user: AbstractBaseUser,
     note: str,
     rail_reference: str | None = None,
     override: bool = False,
@@ -96,16 +102,7 @@ def resolve_payout(
     """
     note = (note or "").strip()
     rail_reference = (rail_reference or "").strip() or None
-    if resolution not in REQUIRED_CLASSIFICATION:
-        raise validation_error(
-            "resolution must be POSTED or FAILED",
-            [{"field": "resolution", "message": "POSTED or FAILED"}],
-        )
-    if override and len(note) < OVERRIDE_REASON_MIN:
-        raise validation_error(
-            f"an override needs a reason of at least {OVERRIDE_REASON_MIN} characters",
-            [{"field": "note", "message": f">= {OVERRIDE_REASON_MIN} characters"}],
-        )
+    _check_request(resolution=resolution, note=note, override=override)
     operator = user.get_username()
     alias = alias_for("payments")
     with transaction.atomic(using=alias), connections[alias].cursor() as cur:
@@ -159,21 +156,40 @@ def resolve_payout(
             classification=recon.classification if recon else None,
             refusal=refusal,
         )
-        LogEntry.objects.using(alias).create(
-            user_id=user.pk,
-            content_type=ContentType.objects.db_manager(alias).get_for_model(
-                QuarantinedPayout, for_concrete_model=False
-            ),
-            object_id=str(payout_id),
-            object_repr=str(payout_id)[:200],
-            action_flag=CHANGE,
-            change_message=json.dumps([{"resolved": asdict(done)}]),
-        )
+        _log_entry(done, user=user, alias=alias)
         transaction.on_commit(lambda: _log(done), using=alias)
     return done
 
 
-def _quarantined_at(payout_id: uuid.UUID, alias: str):
+def _check_request(*, resolution: str, note: str, override: bool) -> None:
+    """The form's own rules, before any row is read: a known resolution, a reasoned override."""
+    if resolution not in REQUIRED_CLASSIFICATION:
+        raise validation_error(
+            "resolution must be POSTED or FAILED",
+            [{"field": "resolution", "message": "POSTED or FAILED"}],
+        )
+    if override and len(note) < OVERRIDE_REASON_MIN:
+        raise validation_error(
+            f"an override needs a reason of at least {OVERRIDE_REASON_MIN} characters",
+            [{"field": "note", "message": f">= {OVERRIDE_REASON_MIN} characters"}],
+        )
+
+
+def _log_entry(done: Resolution, *, user: AbstractBaseUser, alias: str) -> None:
+    """The Django admin history row for the resolution, in the resolving transaction."""
+    LogEntry.objects.using(alias).create(
+        user_id=user.pk,
+        content_type=ContentType.objects.db_manager(alias).get_for_model(
+            QuarantinedPayout, for_concrete_model=False
+        ),
+        object_id=done.payout_id,
+        object_repr=done.payout_id[:200],
+        action_flag=CHANGE,
+        change_message=json.dumps([{"resolved": asdict(done)}]),
+    )
+
+
+def _quarantined_at(payout_id: uuid.UUID, alias: str) -> dt.datetime | None:
     """When the payout last entered RAIL_AMBIGUOUS (its payout_event row), or None."""
     event = (
         PayoutEvent.objects.using(alias)

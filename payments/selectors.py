@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connections
 
 from dlock.dbrouter import alias_for
-from dlock.errors import not_found, validation_error
+from dlock.errors import ApiError, not_found, validation_error
 from dlock.timefmt import rfc3339_ms
 from payments.models import PayoutState
 
@@ -37,7 +37,7 @@ def encode_cursor(created_at: dt.datetime, payout_id: uuid.UUID, state: str, acc
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def _bad_cursor(reason: str):
+def _bad_cursor(reason: str) -> ApiError:
     return validation_error(
         f"cursor is not one this service issued ({reason})",
         [{"field": "cursor", "message": "opaque nextCursor from a previous page"}],

@@ -75,7 +75,7 @@ def _request_hash(operation: str, payout_id: uuid.UUID, body: dict[str, Any]) ->
 
 
 def _replay_or_conflict(
-    cursor, *, operation: str, key: str, token: int, request_hash: str
+    cursor: Any, *, operation: str, key: str, token: int, request_hash: str
 ) -> CommandResult | None:
     """Serialise on the identity, then answer from its stored record if there is one."""
     idempotency.lock_identity(cursor, operation=operation, key=key, token=token)
@@ -90,7 +90,7 @@ def _replay_or_conflict(
 
 
 def _fenced_account(
-    cur, *, payout_id: uuid.UUID, token: int, owner_id: str, idempotency_key: str, post: bool
+    cur: Any, *, payout_id: uuid.UUID, token: int, owner_id: str, idempotency_key: str, post: bool
 ) -> fenced_sql.FencedAccount:
     """The fence UPDATE of P2 (strict) or P3 (`<=`); its refusal is 404, 400 or FENCED_OUT."""
     fence = fenced_sql.fence_account_for_post if post else fenced_sql.fence_account_for_claim
@@ -111,7 +111,7 @@ def _fenced_account(
 
 
 def _not_in_state(
-    cur, payout_id: uuid.UUID, allowed: tuple[str, ...], *, token: int | None = None
+    cur: Any, payout_id: uuid.UUID, allowed: tuple[str, ...], *, token: int | None = None
 ) -> ApiError:
     """A transition matched no row: answer with the state the payout is in now."""
     state, claim_token = fenced_sql.payout_state(cur, payout_id=payout_id)
@@ -124,7 +124,17 @@ def _not_in_state(
     )
 
 
-def _store(cursor, *, operation, key, token, request_hash, payout_id, status, body) -> None:
+def _store(
+    cursor: Any,
+    *,
+    operation: str,
+    key: str,
+    token: int,
+    request_hash: str,
+    payout_id: uuid.UUID,
+    status: int,
+    body: dict[str, Any],
+) -> None:
     fenced_sql.idempotency_store(
         cursor,
         operation=operation,
@@ -172,7 +182,7 @@ def claim_payout(
 
 
 def claim_steps(
-    cur,
+    cur: Any,
     *,
     payout_id: uuid.UUID,
     token: int,
@@ -248,7 +258,7 @@ def claim_steps(
 
 
 def _fail_for_funds(
-    cur,
+    cur: Any,
     *,
     payout_id: uuid.UUID,
     expected_state: str,
@@ -280,7 +290,13 @@ def _fail_for_funds(
 
 
 def _claim_transition(
-    cur, *, payout_id: uuid.UUID, expected_state: str, token: int, owner_id: str, account_fence: int
+    cur: Any,
+    *,
+    payout_id: uuid.UUID,
+    expected_state: str,
+    token: int,
+    owner_id: str,
+    account_fence: int,
 ) -> dict[str, Any]:
     """The claim's 200 branch: expected_state → CLAIMED under this token; the answer's body."""
     moved = fenced_sql.claim_transition(
@@ -326,7 +342,7 @@ def post_payout(
 
 
 def post_steps(
-    cur,
+    cur: Any,
     *,
     payout_id: uuid.UUID,
     token: int,
@@ -396,7 +412,15 @@ def post_steps(
     return CommandResult(status=200, body=body)
 
 
-def _post_to_settlement(cur, *, payout_id, account_id, amount, currency, fence):
+def _post_to_settlement(
+    cur: Any,
+    *,
+    payout_id: uuid.UUID,
+    account_id: str,
+    amount: int,
+    currency: str,
+    fence: int,
+) -> fenced_sql.Posting:
     settlement = settlement_account_id(currency)
     fenced_sql.ensure_account(
         cur, account_id=settlement, currency=currency, kind=AccountKind.SETTLEMENT

@@ -20,20 +20,20 @@ _LIST_PARAMS = frozenset({"state", "accountId", "limit", "cursor"})
 
 
 class ClaimInput(StrictSerializer):
-    expectedState = StrictCharField()  # noqa: N815 - wire name
+    expectedState = StrictCharField()
 
-    def validate_expectedState(self, value: str) -> str:  # noqa: N802
+    def validate_expectedState(self, value: str) -> str:
         if value not in services.CLAIMABLE_STATES:
             raise serializers.ValidationError("must be PENDING or CLAIMED")
         return value
 
 
 class PostInput(StrictSerializer):
-    railReference = StrictCharField(max_length=128)  # noqa: N815
-    submissionId = StrictCharField(max_length=36)  # noqa: N815
-    railOutcome = StrictCharField(required=False, default="ACKED")  # noqa: N815
+    railReference = StrictCharField(max_length=128)
+    submissionId = StrictCharField(max_length=36)
+    railOutcome = StrictCharField(required=False, default="ACKED")
 
-    def validate_railOutcome(self, value: str) -> str:  # noqa: N802
+    def validate_railOutcome(self, value: str) -> str:
         if value != "ACKED":
             raise serializers.ValidationError("must be ACKED")
         return value

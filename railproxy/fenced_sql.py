@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlock.idempotency import stored_body
+from payments.selectors import payout_for_submission
+
+if TYPE_CHECKING:
+    import datetime as dt
+    import uuid
 
 # ---------------------------------------------------------------------------------------------
 # SQL
@@ -64,14 +69,6 @@ SELECT submission_id, outcome, presented_token
  WHERE payout_id = %(payout_id)s AND outcome IN ('PENDING', 'ACKED', 'TIMEOUT', 'DECLINED')
  LIMIT 1
 """
-
-# The payout as the payments app stores it (INTERFACES.md); FOR UPDATE in admission step 3.
-PAYOUT_SQL = """
-SELECT account_id, amount_minor, currency, beneficiary_ref, state, claim_token,
-       claim_owner_id, idempotency_key
-  FROM payout WHERE payout_id = %(payout_id)s
-"""
-PAYOUT_FOR_UPDATE_SQL = PAYOUT_SQL + " FOR UPDATE"
 
 REPLAY_LOOKUP_SQL = """
 SELECT submission_id, outcome, request_hash, response_status, response_body
@@ -148,7 +145,9 @@ def _text(body: dict | None) -> str | None:
     return json.dumps(body, separators=(",", ":")) if body is not None else None
 
 
-def advance_high_water(cursor, *, account_id: str, token: int, payout_id) -> int | None:
+def advance_high_water(
+    cursor: Any, *, account_id: str, token: int, payout_id: uuid.UUID
+) -> int | None:
     """Admission step 1: None if a token ≥ ours already reached the rail (we are fenced)."""
     cursor.execute(ENSURE_HIGH_WATER_SQL, {"account_id": account_id})
     cursor.execute(
@@ -159,13 +158,13 @@ def advance_high_water(cursor, *, account_id: str, token: int, payout_id) -> int
     return row[0] if row else None
 
 
-def high_water(cursor, *, account_id: str) -> int:
+def high_water(cursor: Any, *, account_id: str) -> int:
     cursor.execute(HIGH_WATER_SQL, {"account_id": account_id})
     row = cursor.fetchone()
     return row[0] if row else 0
 
 
-def raise_high_water(cursor, *, account_id: str, floor: int) -> int:
+def raise_high_water(cursor: Any, *, account_id: str, floor: int) -> int:
     """highest_token = GREATEST(highest_token, floor), inserting the row if absent (revoke push).
 
     A raised mark clears the same-token retry allowance: the floor came from a newer grant.
@@ -174,7 +173,9 @@ def raise_high_water(cursor, *, account_id: str, floor: int) -> int:
     return cursor.fetchone()[0]
 
 
-def allow_same_token_retry(cursor, *, account_id: str, token: int, payout_id) -> bool:
+def allow_same_token_retry(
+    cursor: Any, *, account_id: str, token: int, payout_id: uuid.UUID
+) -> bool:
     cursor.execute(
         REOPEN_FOR_RETRY_SQL,
         {"account_id": account_id, "token": token, "payout_id": str(payout_id)},
@@ -182,21 +183,20 @@ def allow_same_token_retry(cursor, *, account_id: str, token: int, payout_id) ->
     return cursor.rowcount == 1
 
 
-def live_submission(cursor, *, payout_id) -> tuple[Any, str, int] | None:
+def live_submission(cursor: Any, *, payout_id: uuid.UUID) -> tuple[Any, str, int] | None:
     """Admission step 2: the payout's existing submission (id, outcome, token), if any."""
     cursor.execute(LIVE_SUBMISSION_SQL, {"payout_id": str(payout_id)})
     return cursor.fetchone()
 
 
-def payout(cursor, *, payout_id, for_update: bool = False) -> PayoutRow | None:
-    cursor.execute(
-        PAYOUT_FOR_UPDATE_SQL if for_update else PAYOUT_SQL, {"payout_id": str(payout_id)}
-    )
-    row = cursor.fetchone()
+def payout(cursor: Any, *, payout_id: uuid.UUID, for_update: bool = False) -> PayoutRow | None:
+    """The payout as the payments app stores it, read through its selector; `for_update` in
+    admission step 3."""
+    row = payout_for_submission(cursor, payout_id=payout_id, for_update=for_update)
     return PayoutRow(*row) if row else None
 
 
-def replay_lookup(cursor, *, key: str, token: int):
+def replay_lookup(cursor: Any, *, key: str, token: int) -> tuple | None:
     """(submission_id, outcome, request_hash, response_status, response_body) or None. Callers
     hold the identity's lock (dlock.idempotency.lock_identity): an identical request in flight
     then replays instead of racing to step 1 and being fenced by its own twin."""
@@ -206,10 +206,10 @@ def replay_lookup(cursor, *, key: str, token: int):
 
 
 def insert_submission(
-    cursor,
+    cursor: Any,
     *,
-    submission_id,
-    payout_id,
+    submission_id: uuid.UUID,
+    payout_id: uuid.UUID,
     account_id: str,
     amount_minor: int,
     currency: str,
@@ -223,7 +223,7 @@ def insert_submission(
     detail: str | None = None,
     response_status: int | None = None,
     response_body: dict | None = None,
-):
+) -> dt.datetime:
     """Insert one submission row; returns its submitted_at (the database clock)."""
     cursor.execute(
         INSERT_SUBMISSION_SQL,
@@ -249,15 +249,15 @@ def insert_submission(
 
 
 def resolve_submission(
-    cursor,
+    cursor: Any,
     *,
-    submission_id,
+    submission_id: uuid.UUID,
     outcome: str,
     detail: str | None,
     rail_reference: str | None,
     response_status: int,
     response_body: dict,
-):
+) -> tuple[dt.datetime, dt.datetime] | None:
     """PENDING → outcome; (submitted_at, resolved_at), or None if already resolved (swept)."""
     cursor.execute(
         RESOLVE_SUBMISSION_SQL,
@@ -273,21 +273,21 @@ def resolve_submission(
     return cursor.fetchone()
 
 
-def store_response_body(cursor, *, submission_id, response_body: dict) -> None:
+def store_response_body(cursor: Any, *, submission_id: uuid.UUID, response_body: dict) -> None:
     cursor.execute(
         STORE_RESPONSE_BODY_SQL,
         {"submission_id": str(submission_id), "response_body": _text(response_body)},
     )
 
 
-def submission(cursor, *, submission_id):
+def submission(cursor: Any, *, submission_id: uuid.UUID) -> tuple | None:
     """(outcome, rail_reference, response_status, response_body) of one row."""
     cursor.execute(SUBMISSION_SQL, {"submission_id": str(submission_id)})
     row = cursor.fetchone()
     return (*row[:3], stored_body(row[3])) if row else None
 
 
-def stale_intents(cursor, *, older_than_s: float, limit: int = 100) -> list[tuple]:
+def stale_intents(cursor: Any, *, older_than_s: float, limit: int = 100) -> list[tuple]:
     """PENDING intents older than `older_than_s` (database clock), locked, skipping busy rows."""
     cursor.execute(STALE_INTENTS_SQL, {"age_s": older_than_s, "limit": limit})
     return cursor.fetchall()

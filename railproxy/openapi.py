@@ -17,23 +17,23 @@ CURRENCY = {"regex": r"^[A-Z]{3}$", "help_text": "ISO-4217"}
 
 
 class Submission(serializers.Serializer):
-    payoutId = serializers.UUIDField()  # noqa: N815
-    accountId = serializers.CharField(min_length=1, max_length=64)  # noqa: N815
-    amountMinor = serializers.IntegerField(min_value=1, max_value=INT64_MAX)  # noqa: N815
+    payoutId = serializers.UUIDField()
+    accountId = serializers.CharField(min_length=1, max_length=64)
+    amountMinor = serializers.IntegerField(min_value=1, max_value=INT64_MAX)
     currency = serializers.RegexField(**CURRENCY)
-    beneficiaryRef = serializers.CharField(  # noqa: N815
+    beneficiaryRef = serializers.CharField(
         min_length=1, max_length=128, help_text="Opaque, synthetic."
     )
 
 
 class SubmissionAcked(serializers.Serializer):
-    submissionId = serializers.UUIDField()  # noqa: N815
-    payoutId = serializers.UUIDField()  # noqa: N815
-    presentedToken = serializers.IntegerField(min_value=1, max_value=INT64_MAX)  # noqa: N815
+    submissionId = serializers.UUIDField()
+    payoutId = serializers.UUIDField()
+    presentedToken = serializers.IntegerField(min_value=1, max_value=INT64_MAX)
     outcome = serializers.ChoiceField(choices=["ACKED"])
-    railReference = serializers.CharField()  # noqa: N815
-    submittedAt = serializers.DateTimeField()  # noqa: N815
-    resolvedAt = serializers.DateTimeField()  # noqa: N815
+    railReference = serializers.CharField()
+    submittedAt = serializers.DateTimeField()
+    resolvedAt = serializers.DateTimeField()
 
 
 submit = extend_schema(

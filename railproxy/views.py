@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -13,17 +14,20 @@ from dlock.rendering import json_response
 from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer, parse_uuid
 from railproxy import openapi, proofs, services
 
+if TYPE_CHECKING:
+    from django.http import HttpResponse
+
 _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
 
 
 class SubmissionIn(StrictSerializer):
-    payoutId = StrictCharField(trim_whitespace=False)  # noqa: N815
-    accountId = StrictCharField(min_length=1, max_length=64, trim_whitespace=False)  # noqa: N815
-    amountMinor = StrictInt64Field(min_value=1)  # noqa: N815
+    payoutId = StrictCharField(trim_whitespace=False)
+    accountId = StrictCharField(min_length=1, max_length=64, trim_whitespace=False)
+    amountMinor = StrictInt64Field(min_value=1)
     currency = StrictCharField(min_length=3, max_length=3, trim_whitespace=False)
-    beneficiaryRef = StrictCharField(min_length=1, max_length=128, trim_whitespace=False)  # noqa: N815
+    beneficiaryRef = StrictCharField(min_length=1, max_length=128, trim_whitespace=False)
 
-    def validate_payoutId(self, value: str) -> str:  # noqa: N802
+    def validate_payoutId(self, value: str) -> str:
         try:
             parse_uuid(value, field="payoutId")
         except Exception:
@@ -38,7 +42,7 @@ class SubmissionIn(StrictSerializer):
 
 class SubmissionView(APIView):
     @openapi.submit
-    def post(self, request: Request):
+    def post(self, request: Request) -> HttpResponse:
         token = fencing_token(request)
         owner = owner_id(request)
         key = idempotency_key(request)

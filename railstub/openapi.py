@@ -16,14 +16,14 @@ INT64_MAX = 2**63 - 1
 
 
 class Transfer(serializers.Serializer):
-    clientRef = serializers.CharField(min_length=1, max_length=128)  # noqa: N815
-    amountMinor = serializers.IntegerField(min_value=1, max_value=INT64_MAX)  # noqa: N815
+    clientRef = serializers.CharField(min_length=1, max_length=128)
+    amountMinor = serializers.IntegerField(min_value=1, max_value=INT64_MAX)
     currency = serializers.RegexField(regex=r"^[A-Z]{3}$", help_text="ISO-4217")
 
 
 class Accepted(serializers.Serializer):
-    railReference = serializers.CharField()  # noqa: N815
-    acceptedAt = serializers.DateTimeField()  # noqa: N815
+    railReference = serializers.CharField()
+    acceptedAt = serializers.DateTimeField()
 
 
 class Declined(serializers.Serializer):

@@ -57,7 +57,8 @@ def _alias() -> str:
 
 # The stub shares the box with every benchmark, so its per-request path is plain SQL: no ORM
 # query compilation per request (it was a third of the stub's CPU).
-_CONFIG_FIELDS = (
+# The knobs an operator may turn (railstub_config); the read also returns when they last changed.
+CONFIG_FIELDS = (
     "latency_ms",
     "failure_rate",
     "duplicate_ack_rate",
@@ -67,8 +68,8 @@ _CONFIG_FIELDS = (
     "split_drop_after",
     "hold_ms",
     "seed",
-    "updated_at",
 )
+_CONFIG_FIELDS = (*CONFIG_FIELDS, "updated_at")
 CONFIG_SQL = f"SELECT {', '.join(_CONFIG_FIELDS)} FROM railstub_config WHERE id = 1"
 FIRST_TRANSFER_SQL = """
 SELECT rail_reference FROM rail_transfer WHERE client_ref = %s
@@ -187,19 +188,6 @@ def statement(*, client_ref: str | None = None) -> list[RailTransfer]:
     if client_ref is not None:
         rows = rows.filter(client_ref=client_ref)
     return list(rows.order_by("accepted_at", "rail_reference"))
-
-
-CONFIG_FIELDS = (
-    "latency_ms",
-    "failure_rate",
-    "duplicate_ack_rate",
-    "decline_rate",
-    "split_5xx",
-    "split_drop_before",
-    "split_drop_after",
-    "hold_ms",
-    "seed",
-)
 
 
 def update_config(**changes: object) -> RailstubConfig:

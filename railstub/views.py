@@ -25,8 +25,8 @@ _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
 
 
 class SubmitIn(StrictSerializer):
-    clientRef = StrictCharField(min_length=1, max_length=128, trim_whitespace=False)  # noqa: N815
-    amountMinor = StrictInt64Field(min_value=1)  # noqa: N815
+    clientRef = StrictCharField(min_length=1, max_length=128, trim_whitespace=False)
+    amountMinor = StrictInt64Field(min_value=1)
     currency = StrictCharField(min_length=3, max_length=3, trim_whitespace=False)
 
     def validate_currency(self, value: str) -> str:

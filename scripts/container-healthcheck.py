@@ -10,7 +10,7 @@ if os.environ.get("ROLE") not in SERVERS:
     sys.exit(0)
 url = f"http://127.0.0.1:{os.environ.get('PORT', '8080')}/health/live"
 try:
-    with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - fixed loopback URL
+    with urllib.request.urlopen(url, timeout=2) as response:
         sys.exit(0 if response.status == 200 else 1)
 except OSError:
     sys.exit(1)

@@ -17,7 +17,7 @@ from selenium.webdriver.chrome.service import Service
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ADMIN_USER = "ops-browser"
-ADMIN_PASSWORD = "a-long-browser-passphrase-1"  # noqa: S105 - a throwaway test user's password
+ADMIN_PASSWORD = "a-long-browser-passphrase-1"
 
 
 @pytest.fixture(scope="session")

@@ -331,7 +331,7 @@ def test_a_refused_connection_is_reported_as_nothing_sent():
 class _HeaderCapture(http.server.BaseHTTPRequestHandler):
     seen: list[dict[str, str]] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):
         _HeaderCapture.seen.append(dict(self.headers))
         body = b'{"code":"LOCK_CONTENDED","message":"held","retrySafe":true,"traceId":"t"}'
         self.send_response(409)

@@ -39,7 +39,7 @@ def _etcd_key_count(etcd_url: str) -> int:
 
 
 def _process_env(pid: int) -> dict[str, str]:
-    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")  # noqa: SIM115
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,11 @@ def seed(stack: LiveStack, *, accounts: int, per_account: int, balance: int, amo
         "--json",
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def owner_id(name: str) -> str:
+    """A fresh executor owner id: `name` plus a random suffix, so reruns never collide."""
+    return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
 def payout_ids(seeded: dict) -> list[str]:
@@ -124,7 +130,7 @@ def start_executor(
     if pause:
         env["DLOCK_EXECUTOR_PAUSE_AT"] = pause
     log = log_dir / f"{owner_id}.log"
-    handle = open(log, "ab")  # noqa: SIM115 - owned by the child
+    handle = open(log, "ab")
     process = subprocess.Popen(
         [
             PYTHON,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
 from datetime import datetime
 
 import pytest
@@ -25,12 +24,11 @@ from tests.executor.conftest import (
     start_executor,
     states,
 )
+from tests.executor.conftest import (
+    owner_id as _owner,
+)
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
-
-
-def _owner(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
 def _intervals(stack, ids: list[str]) -> dict[str, tuple[datetime, datetime, str]]:

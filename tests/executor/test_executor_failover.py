@@ -30,12 +30,11 @@ from tests.executor.conftest import (
     start_executor,
     states,
 )
+from tests.executor.conftest import (
+    owner_id as _owner,
+)
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
-
-
-def _owner(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
 def _kill_9(replica) -> None:

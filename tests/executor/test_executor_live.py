@@ -27,14 +27,13 @@ from tests.executor.conftest import (
     start_executor,
     states,
 )
+from tests.executor.conftest import (
+    owner_id as _owner,
+)
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
 TERMINAL = {"POSTED", "FAILED", "RAIL_AMBIGUOUS"}
-
-
-def _owner(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
 def _ledger_legs(stack, payout_id: str) -> list[tuple[str, int]]:

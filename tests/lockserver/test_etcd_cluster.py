@@ -28,7 +28,7 @@ def start_cluster(size: int = 3) -> tuple[list[subprocess.Popen], list[str], Pat
     cluster = ",".join(f"{name}=http://127.0.0.1:{peer}" for name, _, peer in members)
     procs = []
     for name, client, peer in members:
-        log = open(work / f"{name}.log", "ab")  # noqa: SIM115
+        log = open(work / f"{name}.log", "ab")
         procs.append(
             subprocess.Popen(
                 [

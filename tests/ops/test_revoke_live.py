@@ -21,12 +21,11 @@ from tests.executor.conftest import (
     start_executor,
     states,
 )
+from tests.executor.conftest import (
+    owner_id as _owner,
+)
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
-
-
-def _owner(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
 def _account(stack, account_id: str) -> dict:

@@ -4,6 +4,6 @@ import os
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.production.probe_settings"
 
-from dlock.admission import wsgi_application  # noqa: E402
+from dlock.admission import wsgi_application
 
 application = wsgi_application()
