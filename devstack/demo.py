@@ -60,9 +60,6 @@ Where to look next
 
 
 def main() -> int:
-    from experiment.progress import LivePrinter
-    from experiment.report import table
-    from experiment.runner import ExperimentConfig, run
     from experiment.stack import MissingPiece, from_stack_env
 
     out = Path(os.environ.get("DLOCK_DEMO_OUT", PROJECT / ".run" / "demo"))
@@ -71,8 +68,9 @@ def main() -> int:
     except MissingPiece as exc:
         print(f"[dlock] demo cannot start: {exc}", file=sys.stderr)
         return 1
-    # The revoke fault pushes the new floor through ops.revoke (Django models): this process
-    # needs what `make experiment` gives `python -m django fencing_experiment`.
+    # The harness reads payouts through payments' selectors and the revoke fault pushes the new
+    # floor through ops.revoke (Django models): this process needs what `make experiment` gives
+    # `python -m django fencing_experiment`, before the harness is imported.
     for name, value in stack.env.items():
         os.environ.setdefault(name, value)
     os.environ.setdefault("ROLE", "ops")
@@ -80,6 +78,10 @@ def main() -> int:
     import django
 
     django.setup()
+    from experiment.progress import LivePrinter
+    from experiment.report import table
+    from experiment.runner import ExperimentConfig, run
+
     config = ExperimentConfig(arm="fenced", out=out, **DEMO)
     banner("dlock demo: pay payouts while we try hard to make the system pay twice")
     print(
