@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from django.db import connections
 
 from lockserver.backends.etcd import EtcdLockBackend
 from ops.tokens import etcd_issued_bound, highest_issued_token, pg_sequence_last
 from tests.conftest import fresh_etcd
-
-
-def _grant_and_release(backend: EtcdLockBackend, count: int) -> list[int]:
-    session = backend.open_session(owner_id="w", ttl_ms=10_000)
-    tokens = []
-    for _ in range(count):
-        key = f"k-{uuid.uuid4().hex[:8]}"
-        grant = backend.acquire(
-            key=key, session_id=session.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
-        )
-        backend.release(key=key, session_id=session.session_id, token=grant.fencing_token)
-        tokens.append(grant.fencing_token)
-    return tokens
+from tests.lockserver.test_etcd_tokens_and_outage import grant_and_release
 
 
 @pytest.mark.django_db(databases=["default", "lockdb"])
@@ -45,13 +31,13 @@ def test_etcd_bound_is_offset_plus_revision_covering_every_issued_token(settings
             url=server.url, prefix="ops-test/", token_floor=5_000, adopt_pg_sequence=False,
             housekeeping=False,
         )  # fmt: skip
-        issued = _grant_and_release(backend, 5)
+        issued = grant_and_release(backend, 5)
         settings.ETCD_URL, settings.ETCD_PREFIX, settings.LOCK_BACKEND = (
             server.url, "ops-test/", "etcd",
         )  # fmt: skip
 
         bound = etcd_issued_bound()
-        (following,) = _grant_and_release(backend, 1)
+        (following,) = grant_and_release(backend, 1)
 
         assert min(issued) > 5_000  # the offset is in force, so it must be read, not assumed 0
         assert max(issued) <= bound < following
