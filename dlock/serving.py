@@ -76,21 +76,19 @@ def thread_queue_wait() -> float | None:
 
 def arrived_seconds_ago(sock: socket.socket) -> float | None:
     """How long ago the unread head of `sock`'s receive queue arrived, by the kernel's receive
-    timestamp (needs SO_TIMESTAMP on the socket); None when there is no data or no stamp."""
+    timestamp (needs SO_TIMESTAMP on the socket); None when there is no data, or the kernel does
+    not stamp (some sandboxed network stacks never do: the caller falls back to its own clock)."""
     try:
         _, ancillary, _, _ = sock.recvmsg(1, 64, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except (OSError, NotImplementedError):  # nothing buffered (EAGAIN), peer gone, or TLS
         return None
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(data) >= _TIMEVAL.size:
-            seconds, micros = _TIMEVAL.unpack(data[: _TIMEVAL.size])
-            ago = time.time() - (seconds + micros / 1e6)
-            return ago if 0 <= ago < 3600 else None  # the wall clock stepped: use the other
-    return None
+    stamp = kernel_stamp(ancillary)
+    return None if stamp is None else time.time() - stamp
 
 
-def _kernel_stamp(ancillary: list[tuple[int, int, bytes]]) -> float | None:
-    """Wall-clock receive time of the first byte of a `recvmsg` (SO_TIMESTAMP), if stamped."""
+def kernel_stamp(ancillary: list[tuple[int, int, bytes]]) -> float | None:
+    """Wall-clock receive time of the first byte of a `recvmsg` (SO_TIMESTAMP), if stamped; None
+    also when the stamp is in the future or over an hour old (the wall clock stepped)."""
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(data) >= _TIMEVAL.size:
             seconds, micros = _TIMEVAL.unpack(data[: _TIMEVAL.size])
@@ -258,7 +256,7 @@ class DrainingThreadWorker(ThreadWorker):
             self._end_arrival(conn)
             return
         if data:  # the queue clock starts when the bytes that complete the request arrived
-            conn.dlock_arrived = _kernel_stamp(ancillary) or time.time()
+            conn.dlock_arrived = kernel_stamp(ancillary) or time.time()
         conn.dlock_buf += data
         self._examine(conn, eof=not data)
 
