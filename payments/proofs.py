@@ -1,31 +1,45 @@
 """X-Fencing-Proof on P2/P3 (ARCHITECTURE decision 15), checked before the service runs.
 
 The proof must have been issued for `payout:{accountId}` of the payout the call touches; the
-account is read from paydb first (a payout never changes account, so this read outside the
-command's transaction cannot go stale). Verification itself is offline: no lock-server call.
+account is read from paydb the first time a process sees the payout and kept (a payout never
+changes account, so neither the read outside the command's transaction nor the kept value can go
+stale). Verification itself is offline: no lock-server call.
 """
 
 from __future__ import annotations
 
 import uuid
 
+from django.db import connections
 from django.http import HttpRequest
 
 from dlock import proof
 from dlock.dbrouter import alias_for
 from dlock.errors import not_found
-from payments.models import Payout
+
+ACCOUNT_SQL = "SELECT account_id FROM payout WHERE payout_id = %(payout_id)s"
+_accounts = proof.AccountOfPayout()
+
+
+def account_of(payout_id: uuid.UUID) -> str | None:
+    """The payout's account, or None for an unknown payout. Plain SQL: the ORM's query
+    compilation cost more than the round trip on this hot path."""
+    account_id = _accounts.get(payout_id)
+    if account_id is not None:
+        return account_id
+    with connections[alias_for("payments")].cursor() as cursor:
+        cursor.execute(ACCOUNT_SQL, {"payout_id": str(payout_id)})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    _accounts.remember(payout_id, row[0])
+    return row[0]
 
 
 def require_payout_proof(request: HttpRequest, *, payout_id: uuid.UUID, token: int) -> None:
     """INVALID_TOKEN unless the request's proof binds `token` to the payout's account key."""
     raw = proof.presented(request)
-    account_id = (
-        Payout.objects.using(alias_for("payments"))
-        .filter(payout_id=payout_id)
-        .values_list("account_id", flat=True)
-        .first()
-    )
+    account_id = account_of(payout_id)
     if account_id is None:
         raise not_found("payout", str(payout_id))
     proof.verify(raw, key=proof.payout_key(account_id), token=token)

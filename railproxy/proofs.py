@@ -1,7 +1,8 @@
 """X-Fencing-Proof on rail submissions (ARCHITECTURE decision 15), checked before admission.
 
 The proof must have been issued for `payout:{accountId}` of the payout as paydb stores it (not
-the body's accountId, which admission compares later); verification is offline.
+the body's accountId, which admission compares later); read the first time this process sees
+the payout and kept (a payout never changes account); verification is offline.
 """
 
 from __future__ import annotations
@@ -16,12 +17,26 @@ from dlock.dbrouter import alias_for
 from dlock.errors import not_found
 from railproxy import fenced_sql
 
+_accounts = proof.AccountOfPayout()
+
+
+def account_of(payout_id: uuid.UUID) -> str | None:
+    """The payout's account as paydb stores it, or None for an unknown payout."""
+    account_id = _accounts.get(payout_id)
+    if account_id is not None:
+        return account_id
+    with connections[alias_for("railproxy")].cursor() as cursor:
+        stored = fenced_sql.payout(cursor, payout_id=payout_id)
+    if stored is None:
+        return None
+    _accounts.remember(payout_id, stored.account_id)
+    return stored.account_id
+
 
 def require_payout_proof(request: HttpRequest, *, payout_id: uuid.UUID, token: int) -> None:
     """INVALID_TOKEN unless the request's proof binds `token` to the payout's account key."""
     raw = proof.presented(request)
-    with connections[alias_for("railproxy")].cursor() as cursor:
-        stored = fenced_sql.payout(cursor, payout_id=payout_id)
-    if stored is None:
+    account_id = account_of(payout_id)
+    if account_id is None:
         raise not_found("payout", str(payout_id))
-    proof.verify(raw, key=proof.payout_key(stored.account_id), token=token)
+    proof.verify(raw, key=proof.payout_key(account_id), token=token)

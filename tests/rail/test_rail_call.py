@@ -1,0 +1,148 @@
+"""The proxy's forward to the rail on real loopback sockets: one fresh TCP connection per
+submission, the connect/read timeout split, and how each failure is classified."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import uuid
+
+import pytest
+
+from railproxy.models import Outcome
+from railproxy.rail_call import forward
+from railproxy.submission import SubmissionRequest
+
+ACK = json.dumps({"railReference": "RR-1", "acceptedAt": "2026-12-01T00:00:00.000Z"}).encode()
+
+
+class RawRail:
+    """A socket server that records each connection's peer and the requests read on it."""
+
+    def __init__(self, behaviour: str = "ack") -> None:
+        self.behaviour = behaviour
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections: list[tuple[tuple[str, int], bytes]] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, peer = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                received = b""
+                while b"\r\n\r\n" not in received:
+                    received += conn.recv(4096)
+                head, _, rest = received.partition(b"\r\n\r\n")
+                length = int(
+                    next(
+                        line.split(b":", 1)[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    )
+                )
+                while len(rest) < length:
+                    rest += conn.recv(4096)
+                received = head + b"\r\n\r\n" + rest
+                if self.behaviour == "silent":
+                    conn.recv(1)  # hold the connection, answer nothing
+                elif self.behaviour == "ack":
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(ACK), ACK)
+                    )
+                    # Keep the connection open: a client that wanted to reuse it could.
+                    try:
+                        conn.recv(4096)
+                    except OSError:
+                        pass
+                self.connections.append((peer, received))
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _request() -> SubmissionRequest:
+    return SubmissionRequest(
+        payout_id=uuid.uuid4(),
+        account_id="acct-1",
+        amount_minor=125,
+        currency="EUR",
+        beneficiary_ref="ben-1",
+        token=7,
+        owner_id="worker-1",
+        idempotency_key="k",
+    )
+
+
+@pytest.fixture
+def raw_rail(settings):
+    servers: list[RawRail] = []
+
+    def start(behaviour: str = "ack") -> RawRail:
+        server = RawRail(behaviour)
+        servers.append(server)
+        settings.RAIL_STUB_URL = f"http://127.0.0.1:{server.port}"
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def test_two_submissions_never_share_a_tcp_connection(raw_rail):
+    rail = raw_rail("ack")
+
+    first = forward(request=_request(), submission_id=uuid.uuid4())
+    second = forward(request=_request(), submission_id=uuid.uuid4())
+
+    assert first.outcome == Outcome.ACKED and first.rail_reference == "RR-1"
+    assert second.outcome == Outcome.ACKED
+    for _ in range(100):
+        if len(rail.connections) == 2:
+            break
+        threading.Event().wait(0.02)
+    peers = [peer for peer, _ in rail.connections]
+    assert len(peers) == 2 and peers[0][1] != peers[1][1], peers
+    # Exactly one request on each connection, the body as the rail contract spells it.
+    for _, received in rail.connections:
+        assert received.count(b"POST /submit HTTP/1.1") == 1
+        body = json.loads(received.partition(b"\r\n\r\n")[2])
+        assert set(body) == {"clientRef", "amountMinor", "currency"}
+        assert b"traceparent: 00-" in received
+
+
+def test_a_refused_connect_is_provably_not_sent(settings):
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now: the connect is refused
+    settings.RAIL_STUB_URL = f"http://127.0.0.1:{port}"
+
+    answer = forward(request=_request(), submission_id=uuid.uuid4())
+
+    assert (answer.outcome, answer.detail) == (Outcome.NOT_SENT, "connect_failed")
+
+
+def test_silence_after_the_bytes_left_is_a_read_timeout_not_the_connect_timeout(raw_rail, settings):
+    rail = raw_rail("silent")
+    settings.RAIL_CONNECT_TIMEOUT_MS = 5_000
+    settings.RAIL_READ_TIMEOUT_MS = 300
+
+    answer = forward(request=_request(), submission_id=uuid.uuid4())
+
+    assert (answer.outcome, answer.detail) == (Outcome.TIMEOUT, "read_timeout")
+    rail.close()
+
+
+def test_a_connection_closed_after_the_request_is_ambiguous(raw_rail):
+    raw_rail("drop")
+
+    answer = forward(request=_request(), submission_id=uuid.uuid4())
+
+    assert (answer.outcome, answer.detail) == (Outcome.TIMEOUT, "connection_lost")
