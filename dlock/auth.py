@@ -10,7 +10,7 @@ id is the first 12 hex digits of its hash: safe to log and to store with a sessi
 
 Missing or unknown credential: 401 UNAUTHENTICATED; known but without the endpoint's scope: 403
 FORBIDDEN. Health, metrics, the schema and the docs pages stay open (`OPEN_ROUTES`). The
-middleware that applies this is `dlock.middleware.CredentialMiddleware`.
+middleware that applies this is `dlock.middleware.ApiMiddleware`.
 """
 
 from __future__ import annotations

@@ -1,42 +1,30 @@
-"""Request plumbing shared by every role: traceId, request guards, the envelope safety net."""
+"""Request plumbing shared by every role: traceId, request guards, metrics, credentials, the
+envelope safety net; in three layers (settings.base.MIDDLEWARE), each one call per request:
+EdgeMiddleware, PagesMiddleware (what only pages need, skipped for /v1 calls), ApiMiddleware."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from time import perf_counter
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
-from django_prometheus import middleware as prometheus
+from django.middleware.security import SecurityMiddleware
+from django.utils.module_loading import import_string
 
 from dlock import auth
+from dlock import request_metrics as metrics
 from dlock.errors import PROTOCOL_STATUSES, ApiError, Code
 from dlock.handlers import error_response, render_exception
 from dlock.parsers import too_large
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id, trace_id_from_traceparent
 from dlock.wire import JSON_SECURITY_HEADERS, KNOWN_METHODS, MONITORING_PATHS, SECURITY_HEADERS
 
-if TYPE_CHECKING:
-    from prometheus_client.metrics import MetricWrapperBase
-
 GetResponse = Callable[[HttpRequest], HttpResponse]
-
-
-class TraceMiddleware:
-    def __init__(self, get_response: GetResponse) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        trace_id = trace_id_from_traceparent(request.headers.get("traceparent")) or new_trace_id()
-        request.trace_id = trace_id  # type: ignore[attr-defined]  # per-request attribute
-        token = set_trace_id(trace_id)
-        try:
-            response = self.get_response(request)
-        finally:
-            reset_trace_id(token)
-        return secure_headers(response)
 
 
 def secure_headers(response: HttpResponse) -> HttpResponse:
@@ -47,48 +35,6 @@ def secure_headers(response: HttpResponse) -> HttpResponse:
         for name, value in JSON_SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
     return response
-
-
-class MethodGuardMiddleware:
-    """501 for a method no dlock view implements, before any metric (or view) sees it.
-
-    Under gunicorn the arrival path (dlock.serving) refuses them already; this covers every
-    other server (runserver, the test client) the same way.
-    """
-
-    def __init__(self, get_response: GetResponse) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.method not in KNOWN_METHODS:
-            return error_response(
-                ApiError(Code.VALIDATION_FAILED, "method not implemented", http_status=501)
-            )
-        return self.get_response(request)
-
-
-class PrometheusAfterMiddleware(prometheus.PrometheusAfterMiddleware):
-    """django-prometheus' request metrics with no label value taken from the client.
-
-    Upstream labels one histogram with the raw `request.method`, so every invented method
-    name became a new series (9 000 of them grew /metrics to 21 MB); here every `method` label
-    is one of KNOWN_METHODS or "<invalid method>". The other labels (view, status, transport,
-    exception type) are chosen by the server.
-    """
-
-    def _method(self, request: HttpRequest) -> str:
-        return request.method if request.method in KNOWN_METHODS else "<invalid method>"
-
-    def label_metric(
-        self,
-        metric: MetricWrapperBase,
-        request: HttpRequest,
-        response: HttpResponse | None = None,
-        **labels: str,
-    ) -> MetricWrapperBase:
-        if "method" in labels:
-            labels["method"] = self._method(request)
-        return super().label_metric(metric, request, response, **labels)
 
 
 def _host_refusal(request: HttpRequest) -> str | None:
@@ -121,78 +67,180 @@ def _local_port(request: HttpRequest) -> int | None:
         return None
 
 
-class RequestGuardMiddleware:
-    """Refuse what no view should see: a missing or foreign target host, bodies we would have to
-    buffer blindly, NUL characters in the path or query; before any view or database work."""
+def refusal(request: HttpRequest) -> HttpResponse | None:
+    """What no view should see, answered at once: a missing or foreign target host, bodies we
+    would have to buffer blindly, NUL characters in the path or query; before any view or
+    database work. None: the request may go on."""
+    host = _host_refusal(request)
+    if host is not None:
+        return error_response(
+            ApiError(
+                Code.VALIDATION_FAILED,
+                host,
+                details={"fields": [{"field": "Host", "message": host}]},
+            )
+        )
+    if settings.METRICS_PORT and request.path not in MONITORING_PATHS:
+        if _local_port(request) == settings.METRICS_PORT:
+            return error_response(ApiError(Code.NOT_FOUND, "no such resource or route"))
+    for part, value in (
+        ("path", request.path),
+        ("query", request.META.get("QUERY_STRING", "")),
+    ):
+        # PostgreSQL text cannot hold NUL: refuse it here, not as a driver error later.
+        if "\x00" in value or "%00" in value:
+            return error_response(
+                ApiError(
+                    Code.VALIDATION_FAILED,
+                    f"the {part} contains a NUL character",
+                    details={"fields": [{"field": part, "message": "NUL is not allowed"}]},
+                )
+            )
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if request.META.get("HTTP_TRANSFER_ENCODING", "").lower() not in ("", "identity"):
+        return error_response(
+            ApiError(
+                Code.VALIDATION_FAILED,
+                "chunked request bodies are not accepted; send Content-Length",
+                http_status=411,
+            )
+        )
+    raw_length = request.META.get("CONTENT_LENGTH") or "0"
+    if not raw_length.isdigit():
+        return error_response(ApiError(Code.VALIDATION_FAILED, "invalid Content-Length"))
+    if int(raw_length) > limit:
+        return error_response(too_large(limit))
+    return None
+
+
+class EdgeMiddleware:
+    """Outermost: what every request gets, in this order (one layer instead of five):
+
+    1. traceId from `traceparent` or fresh, in a context variable for every log line;
+    2. 501 for a method no dlock view implements, before any metric sees it (under gunicorn
+       the arrival path, dlock.serving, refuses them already; this covers runserver and the
+       test client);
+    3. `django_http_requests_before_middlewares_total`;
+    4. Django's SecurityMiddleware (its request and response steps, same settings);
+    5. the request guards (`refusal`);
+    and on the way out the security headers of every answer (`secure_headers`), so envelopes
+    built by any later layer get them too.
+    """
 
     def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
+        self.security = SecurityMiddleware(get_response)
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        refusal = _host_refusal(request)
-        if refusal is not None:
-            return error_response(
-                ApiError(
-                    Code.VALIDATION_FAILED,
-                    refusal,
-                    details={"fields": [{"field": "Host", "message": refusal}]},
-                )
-            )
-        if settings.METRICS_PORT and request.path not in MONITORING_PATHS:
-            if _local_port(request) == settings.METRICS_PORT:
-                return error_response(ApiError(Code.NOT_FOUND, "no such resource or route"))
-        for part, value in (
-            ("path", request.path),
-            ("query", request.META.get("QUERY_STRING", "")),
-        ):
-            # PostgreSQL text cannot hold NUL: refuse it here, not as a driver error later.
-            if "\x00" in value or "%00" in value:
-                return error_response(
-                    ApiError(
-                        Code.VALIDATION_FAILED,
-                        f"the {part} contains a NUL character",
-                        details={"fields": [{"field": part, "message": "NUL is not allowed"}]},
+        trace_id = trace_id_from_traceparent(request.META.get("HTTP_TRACEPARENT")) or (
+            new_trace_id()
+        )
+        request.trace_id = trace_id  # type: ignore[attr-defined]  # per-request attribute
+        token = set_trace_id(trace_id)
+        try:
+            if request.method not in KNOWN_METHODS:
+                return secure_headers(
+                    error_response(
+                        ApiError(Code.VALIDATION_FAILED, "method not implemented", http_status=501)
                     )
                 )
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        if request.META.get("HTTP_TRANSFER_ENCODING", "").lower() not in ("", "identity"):
-            return error_response(
-                ApiError(
-                    Code.VALIDATION_FAILED,
-                    "chunked request bodies are not accepted; send Content-Length",
-                    http_status=411,
-                )
-            )
-        raw_length = request.META.get("CONTENT_LENGTH") or "0"
-        if not raw_length.isdigit():
-            return error_response(ApiError(Code.VALIDATION_FAILED, "invalid Content-Length"))
-        if int(raw_length) > limit:
-            return error_response(too_large(limit))
-        return self.get_response(request)
+            metrics.requests_before_middlewares.inc()
+            response = self.security.process_request(request) or refusal(request)
+            if response is None:
+                response = self.get_response(request)
+            response = self.security.process_response(request, response)
+        finally:
+            reset_trace_id(token)
+        return secure_headers(response)
+
+
+def _is_api_call(request: HttpRequest) -> bool:
+    """A machine's /v1 call (or a probe/scrape): no page middleware has anything to do."""
+    path = request.path_info
+    if path in MONITORING_PATHS:
+        return True
+    if not path.startswith("/v1/") or path.startswith(("/v1/docs", "/v1/redoc", "/v1/schema")):
+        return False
+    meta = request.META
+    # The browsable API (an HTML page, with forms and a CSRF token) keeps the whole stack.
+    return "html" not in meta.get("HTTP_ACCEPT", "") and "format=" not in meta.get(
+        "QUERY_STRING", ""
+    )
+
+
+class PagesMiddleware:
+    """The middlewares only pages need (settings.DLOCK_PAGE_MIDDLEWARE: static files, sessions,
+    CSRF, auth, messages, CommonMiddleware), run as one layer, and skipped for a machine's /v1
+    call, where each of them is a no-op but for CommonMiddleware's Content-Length, set here.
+
+    Their hooks (process_view, process_exception, process_template_response) run in the same
+    order Django would give them as members of MIDDLEWARE, for page requests only.
+    """
+
+    def __init__(self, get_response: GetResponse) -> None:
+        self.get_response = get_response
+        self.view_hooks: list[Callable[..., HttpResponse | None]] = []
+        self.template_hooks: list[Callable[..., HttpResponse]] = []
+        self.exception_hooks: list[Callable[..., HttpResponse | None]] = []
+        handler: GetResponse = get_response
+        for path in reversed(settings.DLOCK_PAGE_MIDDLEWARE):
+            member = import_string(path)(handler)
+            if hasattr(member, "process_view"):
+                self.view_hooks.insert(0, member.process_view)
+            if hasattr(member, "process_template_response"):
+                self.template_hooks.append(member.process_template_response)
+            if hasattr(member, "process_exception"):
+                self.exception_hooks.append(member.process_exception)
+            handler = convert_exception_to_response(member)
+        self.pages = handler
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not _is_api_call(request):
+            return self.pages(request)
+        request.dlock_api_call = True  # type: ignore[attr-defined]  # per-request attribute
+        response = self.get_response(request)
+        if not response.streaming and not response.has_header("Content-Length"):
+            response.headers["Content-Length"] = str(len(response.content))
+        return response
+
+    def process_view(
+        self,
+        request: HttpRequest,
+        view_func: Callable[..., HttpResponse],
+        view_args: tuple[Any, ...],
+        view_kwargs: dict[str, Any],
+    ) -> HttpResponse | None:
+        if getattr(request, "dlock_api_call", False):
+            return None
+        for hook in self.view_hooks:
+            response = hook(request, view_func, view_args, view_kwargs)
+            if response is not None:
+                return response
+        return None
+
+    def process_template_response(
+        self, request: HttpRequest, response: HttpResponse
+    ) -> HttpResponse:
+        if getattr(request, "dlock_api_call", False):
+            return response
+        for hook in self.template_hooks:
+            response = hook(request, response)
+        return response
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        if getattr(request, "dlock_api_call", False):
+            return None
+        for hook in self.exception_hooks:
+            response = hook(request, exc)
+            if response is not None:
+                return response
+        return None
 
 
 def _is_human_page(request: HttpRequest, response: HttpResponse) -> bool:
     return (
         request.path.startswith(("/admin/", "/v1/docs", "/v1/redoc")) and response.status_code < 500
     )
-
-
-class EnvelopeMiddleware:
-    """Safety net: any non-2xx that is not already the envelope becomes one (404, 405, 400, 500)."""
-
-    def __init__(self, get_response: GetResponse) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        response = self.get_response(request)
-        if response.status_code < 400 or getattr(response, "dlock_envelope", False):
-            return response
-        if _is_human_page(request, response):
-            return response
-        return error_response(envelope_for_status(response.status_code, response))
-
-    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse:
-        return render_exception(exc)
 
 
 def envelope_for_status(status: int, response: HttpResponse | None = None) -> ApiError:
@@ -208,18 +256,39 @@ def envelope_for_status(status: int, response: HttpResponse | None = None) -> Ap
     return ApiError(Code.INTERNAL, "internal error; see the service log for this traceId")
 
 
-class CredentialMiddleware:
-    """Every /v1 route but the docs needs a credential with its scope, before the view runs.
+class ApiMiddleware:
+    """Innermost: the request metrics, the credential check and the envelope safety net.
 
-    In process_view (the route is resolved, so the scope is the route's, not a path guess); an
-    unknown route stays 404. The rail stub stands in for a third party and stays open.
+    * request metrics (the django-prometheus names the dashboard and alerts use, with no label
+      value taken from the client: `method` is one of KNOWN_METHODS, `view` the route's name);
+    * every /v1 route but the docs needs a credential with its scope, in process_view (the
+      route is resolved, so the scope is the route's, not a path guess; an unknown route stays
+      404); the rail stub stands in for a third party and stays open;
+    * any non-2xx that is not already the envelope becomes one (404, 405, 400, 500), and an
+      exception a view raised is rendered as one.
     """
 
     def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
+        self.check_credentials = settings.ROLE != "railstub"
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        return self.get_response(request)
+        method = request.method if request.method in KNOWN_METHODS else "<invalid method>"
+        metrics.requests_by_method(method).inc()
+        started = perf_counter()
+        response = self.get_response(request)
+        match = request.resolver_match
+        view = (match.view_name if match is not None else None) or "<unnamed view>"
+        metrics.latency_by_view_method(view, method).observe(perf_counter() - started)
+        metrics.responses_by_status_view_method(str(response.status_code), view, method).inc()
+        if response.status_code < 400 or getattr(response, "dlock_envelope", False):
+            return response
+        if _is_human_page(request, response):
+            return response
+        return error_response(envelope_for_status(response.status_code, response))
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse:
+        return render_exception(exc)
 
     def process_view(
         self,
@@ -228,7 +297,7 @@ class CredentialMiddleware:
         view_args: tuple[Any, ...],
         view_kwargs: dict[str, Any],
     ) -> HttpResponse | None:
-        if settings.ROLE == "railstub":
+        if not self.check_credentials:
             return None
         scope = auth.required_scope(request)
         if scope is None:

@@ -53,23 +53,23 @@ BASE_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
-    "django_prometheus",
     "dlock",
 ]
 
+# Three layers, one call each per request (dlock/middleware.py, docs/benchmarks.md issue 18):
+# trace id, method guard, SecurityMiddleware and request guards; then the middlewares only pages
+# need (DLOCK_PAGE_MIDDLEWARE), skipped for a machine's /v1 call; then request metrics,
+# credentials and the envelope.
 MIDDLEWARE = [
-    "dlock.middleware.TraceMiddleware",
-    "dlock.middleware.MethodGuardMiddleware",
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "dlock.middleware.RequestGuardMiddleware",
-    # Static files of every installed app (admin, rest_framework, drf_spectacular_sidecar),
-    # straight from the app directories (no collectstatic); /v1 never reaches it.
+    "dlock.middleware.EdgeMiddleware",
+    "dlock.middleware.PagesMiddleware",
+    "dlock.middleware.ApiMiddleware",
+]
+# Static files of every installed app (admin, rest_framework, drf_spectacular_sidecar),
+# straight from the app directories (no collectstatic); run by PagesMiddleware, in this order.
+DLOCK_PAGE_MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "dlock.middleware.EnvelopeMiddleware",
-    "dlock.middleware.CredentialMiddleware",
-    "dlock.middleware.PrometheusAfterMiddleware",
 ]
 
 TEMPLATES = [

@@ -59,7 +59,7 @@ from dlock.serving import drain_on_sigint  # noqa: E402 - after PROMETHEUS_MULTI
 _host = os.environ.get("BIND_HOST", "127.0.0.1")
 bind = [f"{_host}:{os.environ.get('PORT', '8080')}"]
 # Kubernetes scrapes a separate port (`http-metrics`) that answers /metrics and /health/* only
-# (dlock.middleware.RequestGuardMiddleware), so NetworkPolicy can open it to monitoring alone.
+# (dlock.middleware.refusal), so NetworkPolicy can open it to monitoring alone.
 if os.environ.get("METRICS_PORT"):
     bind.append(f"{_host}:{os.environ['METRICS_PORT']}")
 

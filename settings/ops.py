@@ -1,7 +1,7 @@
 """Every app and every database: management commands and the test suite."""
 
 from settings.base import *  # noqa: F403
-from settings.base import BASE_APPS, MIDDLEWARE, database, logging_config
+from settings.base import BASE_APPS, DLOCK_PAGE_MIDDLEWARE, database, logging_config
 
 ROLE = "ops"
 SERVICE_NAME = "ops"
@@ -18,14 +18,14 @@ INSTALLED_APPS = [
     "executor",
     "ops",
 ]
-MIDDLEWARE = [
-    *MIDDLEWARE[:4],
+# The admin's middlewares, before the static files and CommonMiddleware (as Django orders them).
+DLOCK_PAGE_MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    *MIDDLEWARE[4:],
+    *DLOCK_PAGE_MIDDLEWARE,
 ]
 ROOT_URLCONF = "settings.ops_urls"
 DATABASES = {

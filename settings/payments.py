@@ -1,5 +1,5 @@
 from settings.base import *  # noqa: F403
-from settings.base import BASE_APPS, MIDDLEWARE, database, logging_config
+from settings.base import BASE_APPS, DLOCK_PAGE_MIDDLEWARE, database, logging_config
 
 ROLE = "payments"
 SERVICE_NAME = "payment-resource"
@@ -12,14 +12,14 @@ INSTALLED_APPS = [
     "payments",
     "railproxy",
 ]
-MIDDLEWARE = [
-    *MIDDLEWARE[:4],
+# The admin's middlewares, before the static files and CommonMiddleware (as Django orders them).
+DLOCK_PAGE_MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    *MIDDLEWARE[4:],
+    *DLOCK_PAGE_MIDDLEWARE,
 ]
 ROOT_URLCONF = "payments.urls"
 DATABASES = {"default": database("PAY_DATABASE_URL")}
