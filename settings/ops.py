@@ -27,6 +27,9 @@ DLOCK_PAGE_MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     *DLOCK_PAGE_MIDDLEWARE,
 ]
+# The admin's checks look for its middlewares in MIDDLEWARE; they run inside
+# dlock.middleware.PagesMiddleware for every admin request (tests/browser logs in through them).
+SILENCED_SYSTEM_CHECKS = ["admin.E408", "admin.E409", "admin.E410"]
 ROOT_URLCONF = "settings.ops_urls"
 DATABASES = {
     "default": database("PAY_DATABASE_URL"),
