@@ -1,0 +1,103 @@
+"""The three middleware layers (dlock.middleware): a machine's /v1 call skips the page
+middlewares and still gets every header, envelope and metric the full stack gives; pages and
+static files still get the full stack."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+from prometheus_client import REGISTRY, generate_latest
+
+pytestmark = pytest.mark.django_db(databases="__all__")
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _answer(client, accept: str):
+    response = client.get(
+        "/v1/accounts/no-such-account", HTTP_ACCEPT=accept, HTTP_TRACEPARENT=TRACEPARENT
+    )
+    return response, dict(response.headers)
+
+
+def test_a_json_call_gets_the_same_answer_as_through_the_whole_page_stack(client):
+    fast, fast_headers = _answer(client, "application/json")
+    full, full_headers = _answer(client, "text/html")  # the browsable API's path: every layer
+
+    assert fast.status_code == full.status_code == 404
+    assert fast.content == full.content  # the same envelope, the same traceId
+    assert fast.json()["traceId"] == "0af7651916cd43dd8448eb211c80319c"
+    assert fast_headers == full_headers
+    assert int(fast_headers["Content-Length"]) == len(fast.content)  # as CommonMiddleware sets it
+    for name in ("Referrer-Policy", "Cross-Origin-Opener-Policy", "X-Frame-Options"):
+        assert name in fast_headers, name  # SecurityMiddleware's and ours
+
+
+def test_request_metrics_keep_their_names_labels_and_count_each_request_once(client):
+    labels = {"view": "account-detail", "method": "GET"}
+    before = (
+        _sample("django_http_requests_before_middlewares_total"),
+        _sample("django_http_requests_total_by_method_total", method="GET"),
+        _sample("django_http_requests_latency_seconds_by_view_method_count", **labels),
+        _sample("django_http_responses_total_by_status_view_method_total", status="404", **labels),
+    )
+
+    _answer(client, "application/json")
+
+    after = (
+        _sample("django_http_requests_before_middlewares_total"),
+        _sample("django_http_requests_total_by_method_total", method="GET"),
+        _sample("django_http_requests_latency_seconds_by_view_method_count", **labels),
+        _sample("django_http_responses_total_by_status_view_method_total", status="404", **labels),
+    )
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1, 1]
+    text = generate_latest(REGISTRY).decode()
+    # django-prometheus' buckets, which the dashboard's quantiles were drawn on.
+    assert re.search(
+        r'django_http_requests_latency_seconds_by_view_method_bucket\{le="0\.075",method="GET",'
+        r'view="account-detail"\}',
+        text,
+    )
+
+
+def test_an_unknown_method_is_501_and_never_a_metric_label(client):
+    before = _sample("django_http_requests_before_middlewares_total")
+
+    response = client.generic("BREW", "/v1/accounts/x")
+
+    assert response.status_code == 501 and response.json()["code"] == "VALIDATION_FAILED"
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert _sample("django_http_requests_before_middlewares_total") == before
+    assert 'method="BREW"' not in generate_latest(REGISTRY).decode()
+
+
+def test_admin_pages_still_run_sessions_csrf_and_static_files(client):
+    login = client.get("/admin/login/")
+    static = client.get("/static/admin/css/base.css")
+
+    assert login.status_code == 200
+    assert "csrftoken" in login.cookies  # CsrfViewMiddleware ran for the page
+    assert login["X-Frame-Options"] == "DENY"
+    assert static.status_code == 200  # whitenoise still serves the admin's files
+    assert b"".join(static.streaming_content)
+
+
+def test_a_post_to_the_admin_without_a_csrf_token_is_refused():
+    response = Client(enforce_csrf_checks=True).post(
+        "/admin/login/", {"username": "x", "password": "y"}
+    )
+
+    assert response.status_code == 403
+
+
+def test_the_browsable_api_keeps_the_whole_stack(client):
+    response = client.get("/v1/payouts", HTTP_ACCEPT="text/html")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/html")
