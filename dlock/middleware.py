@@ -191,7 +191,7 @@ class PagesMiddleware:
                 self.template_hooks.append(member.process_template_response)
             if hasattr(member, "process_exception"):
                 self.exception_hooks.append(member.process_exception)
-            handler = convert_exception_to_response(member)
+            handler = convert_exception_to_response(member)  # type: ignore[assignment]  # sync only
         self.pages = handler
 
     def __call__(self, request: HttpRequest) -> HttpResponse:

@@ -19,7 +19,6 @@ from __future__ import annotations
 from functools import cache
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.metrics import MetricWrapperBase
 
 # django-prometheus' PROMETHEUS_LATENCY_BUCKETS (the dashboard's quantiles were drawn on them).
 LATENCY_BUCKETS = (
@@ -63,15 +62,15 @@ _responses_by_status_view_method = Counter(
 
 
 @cache
-def requests_by_method(method: str) -> MetricWrapperBase:
+def requests_by_method(method: str) -> Counter:
     return _requests_by_method.labels(method=method)
 
 
 @cache
-def latency_by_view_method(view: str, method: str) -> MetricWrapperBase:
+def latency_by_view_method(view: str, method: str) -> Histogram:
     return _latency_by_view_method.labels(view=view, method=method)
 
 
 @cache
-def responses_by_status_view_method(status: str, view: str, method: str) -> MetricWrapperBase:
+def responses_by_status_view_method(status: str, view: str, method: str) -> Counter:
     return _responses_by_status_view_method.labels(status=status, view=view, method=method)
