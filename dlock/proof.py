@@ -134,26 +134,3 @@ def require(request: HttpRequest, *, key: str, token: int) -> None:
 def payout_key(account_id: str) -> str:
     """The lock key that guards an account's payouts: what payments and the rail proxy verify."""
     return f"payout:{account_id}"
-
-
-class AccountOfPayout:
-    """Process-local payout → account map for proof checks: a payout never changes account
-    (no write path, admin read-only), so a row read once stays true; bounded, oldest out first.
-
-    Saves the per-request read the proof check made before the command's own transaction.
-    Only found payouts are kept: an unknown id is read again (it may be created later).
-    """
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self._limit = limit
-        self._accounts: dict[str, str] = {}
-
-    def get(self, payout_id: object) -> str | None:
-        return self._accounts.get(str(payout_id))
-
-    def remember(self, payout_id: object, account_id: str) -> None:
-        if len(self._accounts) >= self._limit:
-            # dicts keep insertion order: drop the oldest entry (the GIL makes this safe enough
-            # for a cache: a racing thread at worst reads the row again).
-            self._accounts.pop(next(iter(self._accounts)), None)
-        self._accounts[str(payout_id)] = account_id

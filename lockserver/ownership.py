@@ -17,12 +17,16 @@ from django.db import connections
 from dlock.auth import Principal
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
+from dlock.memo import WriteOnceMap
 
 _RECORD = (
     "INSERT INTO lock_session_credential (session_id, credential_id) VALUES (%s, %s) "
     "ON CONFLICT (session_id) DO NOTHING"
 )
 _OWNER = "SELECT credential_id FROM lock_session_credential WHERE session_id = %s"
+# A session's owner is written once (ON CONFLICT DO NOTHING) and never changes: kept per process,
+# so L2/L4/L5/L6 skip this round trip (and a pool checkout) after a session's first call here.
+_owners = WriteOnceMap()
 
 
 def record_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
@@ -32,6 +36,14 @@ def record_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
 
 def check_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
     """FORBIDDEN when another credential opened `session_id`."""
+    owner = _owners.get(session_id)
+    if owner is None:
+        owner = _read_owner(session_id)
+    if owner is not None and owner != principal.credential_id:
+        raise ApiError(Code.FORBIDDEN, "this session belongs to another credential")
+
+
+def _read_owner(session_id: uuid.UUID) -> str | None:
     connection = connections[alias_for("lockserver")]
     with connection.cursor() as cursor:
         cursor.execute(_OWNER, [session_id])
@@ -40,5 +52,7 @@ def check_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
         # Back to the pool now: an acquire that then parks in a waitMillis wait (etcd) must not
         # hold a lockdb slot for its whole wait, or parked waiters starve session opens.
         connection.close()
-    if row is not None and row[0] != principal.credential_id:
-        raise ApiError(Code.FORBIDDEN, "this session belongs to another credential")
+    if row is None:
+        return None
+    _owners.remember(session_id, row[0])
+    return row[0]

@@ -16,9 +16,10 @@ from django.http import HttpRequest
 from dlock import proof
 from dlock.dbrouter import alias_for
 from dlock.errors import not_found
+from dlock.memo import WriteOnceMap
 
 ACCOUNT_SQL = "SELECT account_id FROM payout WHERE payout_id = %(payout_id)s"
-_accounts = proof.AccountOfPayout()
+_accounts = WriteOnceMap()  # payout id → account id
 
 
 def account_of(payout_id: uuid.UUID) -> str | None:
