@@ -75,12 +75,15 @@ worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingTh
 # from the rail together and each needs a database slot to record what the rail answered: a
 # refusal there ("too many waiting") would leave a submission the rail may have booked
 # RAIL_AMBIGUOUS, so in these two roles every thread has a place in the slot queue (the queue
-# deadline, DB_QUEUE_DEADLINE_MS, still bounds the wait). Set in the master, before any worker
-# imports the settings.
+# deadline, DB_QUEUE_DEADLINE_MS, still bounds the wait). gunicorn's raw_env sets it in the
+# master (workers inherit it) without touching the environment of whoever reads this file.
 _THREADS = {"lockserver": 32, "railproxy": 64, "railstub": 64}
 threads = _int("GUNICORN_THREADS", _THREADS.get(_role, 16))
-if _role in ("railproxy", "railstub"):
-    os.environ.setdefault("DB_POOL_MAX_WAITING", str(threads))
+raw_env = (
+    [f"DB_POOL_MAX_WAITING={threads}"]
+    if _role in ("railproxy", "railstub") and not os.environ.get("DB_POOL_MAX_WAITING")
+    else []
+)
 # Open connections per process (keep-alive included); above it the worker stops accepting and
 # new clients wait in the kernel backlog, where no deadline sees them (a 2x load test hung
 # there). Accepted requests cost little when the box is full: one older than
