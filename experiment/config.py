@@ -27,9 +27,9 @@ RECOVERY_PRESET = {
     "executors": 4,
     "executor_concurrency": 2,
     "accounts": 8,
-    "payouts": 480,
+    "payouts": 320,
     "lease_ms": 2000,
-    "drain_timeout": 90.0,
+    "drain_timeout": 60.0,
 }
 
 

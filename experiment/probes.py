@@ -4,8 +4,8 @@ A prober repeats one small call every `interval` seconds in its own thread and r
 attempt: start, end (on the arm's clock), ok, and the error code when it failed. Three kinds:
 
 - lock probers: their own session and their own key, acquire + release through `dlock.client`;
-  one per lock-server replica (that replica's URL only) and one with every URL (the client's
-  failover path, as executors use it);
+  one per lock-server replica (that replica's URL only) and one with every URL, the last
+  replica first (the client's failover path, as executors use it, on the replica that dies);
 - payments probers: P5 `GET /v1/accounts/<id>` through `dlock.client.transport.Endpoints`;
 - rail-proxy probers: its readiness route through the same transport (the proxy's one API call
   is a rail submission, which a probe must never make).
@@ -146,7 +146,8 @@ def build_probers(
     clock: Callable[[], float],
     interval: float = PROBE_INTERVAL_S,
 ) -> list[Prober]:
-    """A prober per replica of each role, plus one per role holding every URL (`both`)."""
+    """A prober per replica of each role, plus one per role holding every URL (`both`, the last
+    replica first)."""
     probers: list[Prober] = []
     roles = (
         ("lockserver", "LOCK_SERVER_URL"),
@@ -157,7 +158,9 @@ def build_probers(
         urls = list(parse_endpoints(env[var]))
         targets = list(zip(replica_names(urls), urls, strict=True))
         if len(urls) > 1:
-            targets.append((BOTH, ",".join(urls)))
+            # the last replica first: the HA faults kill `<role>-2`, so this client is on the
+            # replica that dies and must fail over (with r1 first it would never notice)
+            targets.append((BOTH, ",".join(reversed(urls))))
         for replica, target in targets:
             owner = f"probe-{run_id}-{role}-{replica}"
             if role == "lockserver":
