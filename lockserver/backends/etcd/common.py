@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 
 from dlock.errors import ApiError, Code
-from lockserver.etcd_client import EtcdUnavailable
+from lockserver.etcd_client import EtcdUnavailable, request_deadline
 
 F = TypeVar("F", bound=Callable[..., Any])
 # etcd's lessor revokes expired leases every 500 ms; this bounds how long a call waits for the
@@ -28,13 +28,21 @@ def not_leader(message: str = "") -> ApiError:
     )
 
 
+def request_budget_s(wait_ms: int = 0) -> float:
+    """The etcd time one request may spend, all its calls together: one call's hop budget
+    (connect + request timeout), plus the wait the caller asked for (L4 waitMillis)."""
+    return (settings.ETCD_CONNECT_TIMEOUT_MS + settings.ETCD_REQUEST_TIMEOUT_MS + wait_ms) / 1000
+
+
 def store_call(method: F) -> F:
-    """Every etcd failure that is about availability becomes 503 NOT_LEADER, never a 500."""
+    """Every etcd failure that is about availability becomes 503 NOT_LEADER, never a 500; all
+    the etcd calls of one request share one deadline (`request_budget_s`)."""
 
     @wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return method(*args, **kwargs)
+            with request_deadline(request_budget_s(int(kwargs.get("wait_ms") or 0))):
+                return method(*args, **kwargs)
         except EtcdUnavailable as exc:
             raise not_leader() from exc
 
