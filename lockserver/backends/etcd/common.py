@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 
+from dlock.budgets import BUDGETS
 from dlock.errors import ApiError, Code
 from lockserver.etcd_client import EtcdUnavailable, request_deadline
 
@@ -29,9 +30,14 @@ def not_leader(message: str = "") -> ApiError:
 
 
 def request_budget_s(wait_ms: int = 0) -> float:
-    """The etcd time one request may spend, all its calls together: one call's hop budget
-    (connect + request timeout), plus the wait the caller asked for (L4 waitMillis)."""
-    return (settings.ETCD_CONNECT_TIMEOUT_MS + settings.ETCD_REQUEST_TIMEOUT_MS + wait_ms) / 1000
+    """The etcd time one request may spend, all its calls together (plus the wait the caller
+    asked for, L4 waitMillis): what is left of the client's acquire read timeout after the
+    admission queue's deadline and 100 ms for the answer — never less than one call's hop
+    budget (connect + request timeout). A take-over of a lapsed holder waits up to
+    EXPIRY_GRACE_S inside it."""
+    one_call = (settings.ETCD_CONNECT_TIMEOUT_MS + settings.ETCD_REQUEST_TIMEOUT_MS) / 1000
+    left = BUDGETS["lock.acquire"].read_s - settings.SERVER_QUEUE_DEADLINE_MS / 1000 - 0.1
+    return max(one_call, left) + wait_ms / 1000
 
 
 def store_call(method: F) -> F:
