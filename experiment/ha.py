@@ -174,10 +174,13 @@ def fault_role(kind: str, target: str) -> str:
     return FAULT_ROLES.get(kind, target)
 
 
-def probe_recovery(attempts: list[Attempt], *, at: float, healed: float | None) -> dict:
+def probe_recovery(
+    attempts: list[Attempt], *, at: float, healed: float | None, healthy: float | None = None
+) -> dict:
     """One prober around one fault: the last success that ended before `at`, the first success
     that started at or after it, the outage between `at` and that success's end, the failures in
-    between (by code), and — when the victim was started again at `healed` — the time from then."""
+    between (by code), and — when the victim was started again at `healed` — the time from then
+    (and from `healthy`, when the fault's action saw every victim healthy again)."""
     before = [a.end for a in attempts if a.ok and a.end <= at]
     after = [a for a in attempts if a.ok and a.start >= at]
     first = min(after, key=lambda a: a.end) if after else None
@@ -189,6 +192,9 @@ def probe_recovery(attempts: list[Attempt], *, at: float, healed: float | None) 
         "outage_s": round(first.end - at, 3) if first else None,
         "after_restart_s": (
             round(max(0.0, first.end - healed), 3) if first and healed is not None else None
+        ),
+        "after_healthy_s": (
+            round(first.end - healthy, 3) if first and healthy is not None else None
         ),
         "failed_attempts": sum(failed.values()),
         "failed_codes": dict(failed.most_common()),
@@ -230,7 +236,7 @@ def fault_recovery(
                 "restarted": None if healed is None else round(float(healed), 3),
                 "healthy": round(end, 3),
                 "probes": {
-                    name: probe_recovery(attempts, at=at, healed=healed)
+                    name: probe_recovery(attempts, at=at, healed=healed, healthy=end)
                     for name, attempts in probes.items()
                 },
                 "payouts_per_s": {

@@ -38,11 +38,12 @@ def test_the_outage_runs_from_the_fault_to_the_end_of_the_first_success_started_
         (11.8, 12.4, True, ""),
         (12.5, 12.6, True, ""),
     )
-    r = ha.probe_recovery(seen, at=10.0, healed=11.0)
+    r = ha.probe_recovery(seen, at=10.0, healed=11.0, healthy=11.5)
     assert r["last_ok_before"] == 9.1
     assert r["first_ok_after"] == 12.4
     assert r["outage_s"] == pytest.approx(2.4)
     assert r["after_restart_s"] == pytest.approx(1.4)
+    assert r["after_healthy_s"] == pytest.approx(0.9)
     assert r["failed_attempts"] == 3
     assert r["failed_codes"] == {"NOT_LEADER": 2, "ServiceUnreachable": 1}
 
