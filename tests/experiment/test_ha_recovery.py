@@ -118,8 +118,8 @@ def replicated_stack(tmp_path, monkeypatch):
     run = tmp_path / "run"
     (run / "pids").mkdir(parents=True)
     base = _free_block(len(ROLES), replicas=2)
-    up("pg", replicas=2, run=run, ports={role: base + n for n, role in enumerate(ROLES, 1)})
-    try:
+    try:  # a start that fails half-way leaves roles running: clean up either way
+        up("pg", replicas=2, run=run, ports={role: base + n for n, role in enumerate(ROLES, 1)})
         yield from_stack_env(run)
     finally:
         clean(run=run)
