@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
+from django.http import HttpRequest, HttpResponse
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from dlock import hotview
 from dlock.headers import fencing_token, idempotency_key, owner_id
 from dlock.rendering import json_response
 from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer, parse_uuid
 from railproxy import openapi, proofs, services
-
-if TYPE_CHECKING:
-    from django.http import HttpResponse
 
 _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
 
@@ -40,30 +40,39 @@ class SubmissionIn(StrictSerializer):
         return value
 
 
+def _submit(request: HttpRequest, body: Callable[[], Any]) -> HttpResponse:
+    token = fencing_token(request)
+    owner = owner_id(request)
+    key = idempotency_key(request)
+    parsed = SubmissionIn(data=body())
+    parsed.is_valid(raise_exception=True)
+    data = parsed.validated_data
+    payout_id = parse_uuid(data["payoutId"], field="payoutId")
+    proofs.require_payout_proof(request, payout_id=payout_id, token=token)
+    result = services.submit(
+        request=services.SubmissionRequest(
+            payout_id=payout_id,
+            account_id=data["accountId"],
+            amount_minor=data["amountMinor"],
+            currency=data["currency"],
+            beneficiary_ref=data["beneficiaryRef"],
+            token=token,
+            owner_id=owner,
+            idempotency_key=key,
+        )
+    )
+    response = json_response(result.body, 200)
+    if result.replayed:
+        response[services.REPLAYED_HEADER] = "true"
+    return response
+
+
 class SubmissionView(APIView):
     @openapi.submit
     def post(self, request: Request) -> HttpResponse:
-        token = fencing_token(request)
-        owner = owner_id(request)
-        key = idempotency_key(request)
-        body = SubmissionIn(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = body.validated_data
-        payout_id = parse_uuid(data["payoutId"], field="payoutId")
-        proofs.require_payout_proof(request, payout_id=payout_id, token=token)
-        result = services.submit(
-            request=services.SubmissionRequest(
-                payout_id=payout_id,
-                account_id=data["accountId"],
-                amount_minor=data["amountMinor"],
-                currency=data["currency"],
-                beneficiary_ref=data["beneficiaryRef"],
-                token=token,
-                owner_id=owner,
-                idempotency_key=key,
-            )
-        )
-        response = json_response(result.body, 200)
-        if result.replayed:
-            response[services.REPLAYED_HEADER] = "true"
-        return response
+        return _submit(request, lambda: request.data)
+
+
+def submit(request: HttpRequest) -> HttpResponse:
+    """The submission as a plain view (decision 17): SubmissionView's answer without DRF."""
+    return _submit(request, lambda: hotview.json_body(request))
