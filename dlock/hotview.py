@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 import orjson
 from django.http import HttpRequest, HttpResponse
@@ -59,7 +59,9 @@ def json_body(request: HttpRequest) -> Any:
     content_type = meta.get("CONTENT_TYPE", meta.get("HTTP_CONTENT_TYPE", ""))
     if not media_type_matches(_PARSER.media_type, content_type):
         raise drf.UnsupportedMediaType(content_type)
-    stream = io.BytesIO(request.body) if request._read_started else request
+    # As DRF: read the request itself unless something has read it already.
+    read_started = getattr(request, "_read_started", False)
+    stream: IO[Any] = io.BytesIO(request.body) if read_started else request  # type: ignore[assignment]
     return _PARSER.parse(stream, content_type, None)
 
 
@@ -106,7 +108,7 @@ def _finalize_headers(reference: type[APIView]) -> tuple[str, bool]:
     instance of `reference` after Django's View.setup (which lends GET to HEAD)."""
     probe = reference()
     if hasattr(probe, "get") and not hasattr(probe, "head"):
-        probe.head = probe.get
+        probe.head = probe.get  # type: ignore[attr-defined]
     return ", ".join(probe.allowed_methods), len(probe.renderer_classes) > 1
 
 

@@ -658,3 +658,22 @@ def test_the_hot_routes_are_the_plain_views(live_stack):
     assert sorted(names) == sorted(
         ["lock-acquire", "lock-renew", "lock", "payout-claim", "payout-post", "rail-submissions"]
     )
+
+
+@pytest.mark.parametrize("role", HOT_ROLES)
+def test_the_openapi_description_is_the_drf_views_byte_for_byte(arms, role):
+    """drf-spectacular reads hot_view's `cls` (the DRF class): the role's /v1/schema is the one
+    the reference URLconf, where the DRF classes serve the routes, generates."""
+    hot, ref = arms
+    for fmt in ("json", "yaml"):
+        answers = [send("GET", arm.url(role, f"/v1/schema?format={fmt}")) for arm in arms]
+        assert [a.status_code for a in answers] == [200, 200]
+        assert answers[0].content == answers[1].content
+    paths = send("GET", hot.url(role, "/v1/schema?format=json")).json()
+    operations = {(m, p) for p, item in paths["paths"].items() for m in item}
+    expected = {
+        "lockserver": {("post", "/v1/locks/{key}/acquire"), ("delete", "/v1/locks/{key}")},
+        "payments": {("post", "/v1/payouts/{payout_id}/claim")},
+        "railproxy": {("post", "/v1/rail/submissions")},
+    }[role]
+    assert expected <= operations
