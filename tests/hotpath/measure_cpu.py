@@ -93,8 +93,14 @@ def main(rounds: int = 3) -> dict:
                 assert gone.status_code == 204, gone.text
             record(arm, "lockserver L4+L6 pair", (cpu_seconds(pid) - before) / BLOCK)
 
+        issued: dict[str, int] = {}
+
         def claim_headers(arm: str, payout_id: str) -> dict[str, str]:
-            token = tokens[arm]
+            # A fresh token per payout: the rail proxy fences an account's submissions by token.
+            if payout_id not in issued:
+                tokens[arm] += 1
+                issued[payout_id] = tokens[arm]
+            token = issued[payout_id]
             return {
                 "X-Fencing-Token": str(token),
                 "X-Fencing-Proof": proof.sign(key=proof.payout_key(accounts[arm]), token=token),
