@@ -172,7 +172,7 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     lines += goals_lines(results)
 
     for name, title in (
-        ("e2e", "Payouts end to end (rail latency 0, durable PostgreSQL)"),
+        ("e2e", "Payouts end to end (durable PostgreSQL; issue 17 matrix + processes at rail 0)"),
         ("payments", "Payments: claim+post via HTTP vs direct SQL"),
         ("fsync", "Disk"),
     ):
@@ -206,13 +206,51 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
             for label, value in flat_numbers(result)[:24]:
                 lines.append(f"  {label:<60} {value}")
         if name == "e2e":
-            rows = [r for r in result.get("rows", []) if r.get("payouts_per_s")]
-            if len(rows) > 1:
-                base = rows[0]["payouts_per_s"]
-                scaling = ", ".join(
-                    f"{r['executors']}: {r['payouts_per_s'] / base:.2f}×" for r in rows
+            lines += e2e_scaling_lines(result.get("rows", []))
+    return lines
+
+
+def e2e_scaling_lines(rows: list[dict]) -> list[str]:
+    """Per rail latency: each point's rate against the first one (one process, lowest N)."""
+    lines = []
+    for latency in sorted({r.get("rail_latency_ms", 0) for r in rows}):
+        same = [r for r in rows if r.get("rail_latency_ms", 0) == latency and r["payouts_per_s"]]
+        if len(same) > 1:
+            base = same[0]["payouts_per_s"]
+            lines.append(
+                f"  rail {latency} ms, vs {same[0].get('processes', 1)}×"
+                f"{same[0].get('concurrency', 1)}: "
+                + ", ".join(
+                    f"{r.get('processes', r.get('executors'))}×{r.get('concurrency', 1)}"
+                    f" {r['payouts_per_s'] / base:.2f}×"
+                    for r in same
                 )
-                lines.append(f"  scaling vs 1 executor: {scaling}")
+            )
+    return lines
+
+
+def issue17_lines(e2e: dict) -> list[str]:
+    """Issue 17's goals: one process at rail 200 ms, and one process vs the best at rail 0."""
+    verdict = e2e.get("verdict_17")
+    if not verdict:
+        return ["  (no issue-17 e2e matrix in this result)"]
+    goals = e2e.get("goals_17", {})
+    lines = []
+    one = verdict.get("one_process_200ms")
+    if one:
+        lines.append(
+            f"  one process, rail 200 ms (concurrency {one['concurrency']}):"
+            f" {one['payouts_per_s']} payouts/s | >= {goals.get('one_process_200ms')} | 4.1 |"
+            f" busiest role {one['busiest_role']}"
+        )
+    best, mine = verdict.get("any_processes_0ms"), verdict.get("one_process_0ms")
+    if best and mine:
+        lines.append(
+            f"  one process / best of any at rail 0: {verdict['one_over_best_0ms']}×"
+            f" ({mine['payouts_per_s']}/s at N={mine['concurrency']} vs {best['payouts_per_s']}/s"
+            f" with {best['processes']}×{best['concurrency']})"
+            f" | >= {goals.get('one_over_best_0ms')}×"
+        )
     return lines
 
 
@@ -222,7 +260,13 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
 
     lines = ["", "Issue 18 goals (this run | goal | before issue 18 | floor)", "-" * 60]
     e2e = (results.get("e2e") or {}).get("result") or {}
-    rows = [r for r in e2e.get("rows", []) if r.get("cpu_ms_per_payout")]
+    # Issue 18's rows are rail-latency-0 points (results from before the issue-17 matrix lack
+    # the field: they were all at 0).
+    rows = [
+        r
+        for r in e2e.get("rows", [])
+        if r.get("cpu_ms_per_payout") and not r.get("rail_latency_ms")
+    ]
     if rows:
         row = next((r for r in rows if r["executors"] == 2), rows[0])
         cpu = row["cpu_ms_per_payout"]
@@ -240,12 +284,14 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
         )
         best = max(rows, key=lambda r: r.get("payouts_per_s") or 0)
         lines.append(
-            f"  payouts/s end to end (best: {best['executors']} executors): {best['payouts_per_s']}"
+            f"  payouts/s end to end, rail 0 (best: {best['executors']} executor process(es)"
+            f" × concurrency {best.get('concurrency', 1)}): {best['payouts_per_s']}"
             f" | >= {GOALS['payouts_per_s']} | ~{PREVIOUS['payouts_per_s']} |"
             f" load {best.get('loadavg_1m_at_start')}"
         )
     else:
         lines.append("  (no e2e result: run `python -m bench --only e2e lockserver`)")
+    lines += issue17_lines(e2e)
     lock = (results.get("lockserver") or {}).get("result") or {}
     eight = next((lvl for lvl in lock.get("levels", []) if lvl.get("clients") == 8), None)
     if eight and "floor_no_django" not in eight:  # a result from before the floor arm

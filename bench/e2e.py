@@ -1,18 +1,26 @@
-"""End-to-end payouts/s: the real executors, lock server, payments and rail proxy, rail at zero
-latency, on a private durable PostgreSQL cluster (fsync on), with 1, 2 and 4 executors.
+"""End-to-end payouts/s (issue 17's matrix and issue 18's CPU per payout): the real executor
+processes, lock server, payments, rail proxy and rail stub on a private durable PostgreSQL
+cluster (fsync on).
 
-Each point seeds fresh accounts (twice as many as executors, so one-lock-per-account does not
-serialise them) and payouts, runs the executors with `--until-idle`, and measures from the
-database clock: (posted − 1) / (last POSTED event − first POSTED event), so process start-up
-is not counted.
+The matrix: ONE `run_executor --concurrency N` process for each N in BENCH_E2E_CONCURRENCY
+(default 1,8,32,64) at each rail-stub latency in BENCH_E2E_LATENCIES (ms, default 0,200,1000),
+then, at rail latency 0, the `PxN` points of BENCH_E2E_MULTI (default 2x32,4x16: P processes ×
+concurrency N), so "one process within 0.8× of the best any number of processes reaches" is
+decided within one run. An empty variable skips that part. Each point seeds fresh accounts (2 per
+slot: accounts ≥ concurrency) and enough payouts to fill every slot at least 4 times and to run
+about BENCH_E2E_POINT_S seconds (default 8), runs the executors until nothing is left, and
+measures from the database clock: (posted − 1) / (last POSTED event − first POSTED event), so
+process start-up is not counted.
 
-Server CPU per payout, by role: a sampler thread reads utime+stime (+ reaped children) of each
-gunicorn role's process tree (found by its listening port) and of the PostgreSQL cluster
-(postmaster and backends) from /proc every 50 ms; the CPU spent between the first and the last
-POSTED event (interpolated between samples) over the payouts posted in that window is the cost
-per payout. Executor start-up and shutdown fall outside the window. With
-BENCH_E2E_PROFILE=<dir>, py-spy records each role during the 2-executor point
-(`<dir>/<role>.txt`, collapsed stacks).
+CPU per payout, by role: a sampler thread reads utime+stime (+ reaped children) of each gunicorn
+role's process tree (found by its listening port), of the PostgreSQL cluster (postmaster and
+backends) and of each executor process from /proc every 50 ms; the CPU spent between the first
+and the last POSTED event (interpolated between samples) over the payouts posted in that window
+is the cost per payout, and over the window's length the cores that role kept busy. The
+executors' peak RSS is their VmHWM. Each row also has the medians claimed → RAIL_ACKED and
+RAIL_ACKED → POSTED from payout_event, and the sections in flight on average between claim and
+post. With BENCH_E2E_PROFILE=<dir>, py-spy records each role during the 1 × 32, rail 200 ms
+point (`<dir>/<role>.txt`, collapsed stacks).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import bisect
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,7 +45,24 @@ from experiment.runner import ExperimentConfig, seed_fenced
 from experiment.stack import ROLES, private_stack
 from experiment.workers import spawn_executor
 
-EXECUTORS = tuple(int(k) for k in os.environ.get("BENCH_E2E_EXECUTORS", "1,2,4").split(","))
+
+def _env_ints(name: str, default: str) -> tuple[int, ...]:
+    raw = os.environ.get(name, default).strip()
+    return tuple(int(v) for v in raw.split(",") if v.strip()) if raw else ()
+
+
+# ONE executor process at each concurrency × each rail latency (issue 17's matrix) …
+CONCURRENCY = _env_ints("BENCH_E2E_CONCURRENCY", "1,8,32,64")
+LATENCIES_MS = _env_ints("BENCH_E2E_LATENCIES", "0,200,1000")
+# … and, at rail latency 0, several processes (so "within 0.8× of the best any number of
+# processes reaches" is computed in the same run): `processes×concurrency` pairs.
+MULTI = tuple(
+    tuple(int(v) for v in pair.split("x"))
+    for pair in os.environ.get("BENCH_E2E_MULTI", "2x32,4x16").split(",")
+    if pair.strip()
+)
+# A point runs about this long (payouts = expected rate × this), never fewer than 4 per slot.
+POINT_S = float(os.environ.get("BENCH_E2E_POINT_S", "8"))
 SAMPLE_S = 0.05
 PREVIOUS = {  # issue 18, measured on the `make up` stack before the cuts (2 executors, 96 payouts)
     "cpu_ms_per_payout": {
@@ -49,10 +75,22 @@ PREVIOUS = {  # issue 18, measured on the `make up` stack before the cuts (2 exe
     },
     "payouts_per_s": 40,
 }
+GOALS_17 = {"one_process_200ms": 80.0, "one_over_best_0ms": 0.8}
+# Planning only (how many payouts make a point of about POINT_S seconds): our own hops per
+# payout, and the rate no point on this box exceeded.
+EXPECTED_OWN_S = 0.1
+EXPECTED_CAP_PER_S = 35.0
+POINT_TIMEOUT_S = 180.0
+PROFILED = (1, 32, 200)  # the point BENCH_E2E_PROFILE records
 GOALS = {"cpu_ms_per_payout": 13.0, "payouts_per_s": 100.0, "lock_http_over_floor_8": 0.8}
 POSTED_WINDOW = """
 SELECT count(*), min(at), max(at) FROM payout_event
  WHERE to_state = 'POSTED' AND payout_id = ANY(%s::uuid[])
+"""
+TIMELINE = """
+SELECT max(at) FILTER (WHERE to_state = 'CLAIMED'), max(at) FILTER (WHERE to_state = 'RAIL_ACKED'),
+       max(at) FILTER (WHERE to_state = 'POSTED')
+  FROM payout_event WHERE payout_id = ANY(%s::uuid[]) GROUP BY payout_id
 """
 STATES = "SELECT state, count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) GROUP BY state"
 
@@ -143,27 +181,77 @@ def _profilers(pids: dict[str, int], profile_dir: Path | None) -> list[subproces
     ]
 
 
-def _point(stack, k: int, per_executor: int, logdir: Path, profile_dir: Path | None = None) -> dict:
-    config = ExperimentConfig(executors=k, accounts=2 * k, payouts=per_executor * k)
-    seeded = seed_fenced(stack, config)
-    ids = seeded["payouts"]
+def _proc_status_kib(pid: int, field: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+def _planned_payouts(slots: int, latency_ms: int) -> int:
+    """Enough payouts to fill every slot several times and to run about POINT_S seconds."""
+    expected = min(slots / (latency_ms / 1000 + EXPECTED_OWN_S), EXPECTED_CAP_PER_S)
+    return max(4 * slots, 12, int(POINT_S * expected))
+
+
+def _timeline(pay: str, ids: list[str]) -> dict:
+    """Per payout, from payout_event: claimed → rail acked → posted (medians, ms)."""
+    with psycopg.connect(pay) as conn:
+        rows = conn.execute(TIMELINE, (ids,)).fetchall()
+    spans: dict[str, list[float]] = {"claim_to_acked": [], "acked_to_posted": [], "claimed": []}
+    for claimed, acked, posted in rows:
+        if claimed and acked and posted:
+            spans["claim_to_acked"].append((acked - claimed).total_seconds() * 1000)
+            spans["acked_to_posted"].append((posted - acked).total_seconds() * 1000)
+            spans["claimed"].append((posted - claimed).total_seconds())
+    busy_s = sum(spans.pop("claimed"))
+    return {
+        "median_ms": {k: round(statistics.median(v), 1) if v else None for k, v in spans.items()},
+        "claimed_seconds": round(busy_s, 3),
+    }
+
+
+def _point(
+    stack,
+    *,
+    processes: int,
+    concurrency: int,
+    latency_ms: int,
+    logdir: Path,
+    profile_dir: Path | None = None,
+) -> dict:
+    slots = processes * concurrency
+    payouts = _planned_payouts(slots, latency_ms)
+    accounts = max(2 * slots, 4)
+    result = stack.manage("railstub_config", "--reset", "--latency-ms", str(latency_ms))
+    if result.returncode != 0:
+        raise RuntimeError(f"railstub_config failed: {result.stderr[-500:]}")
+    config = ExperimentConfig(executors=processes, accounts=accounts, payouts=payouts)
+    ids = seed_fenced(stack, config)["payouts"]
     pids = role_pids(stack)
     profilers = _profilers(pids, profile_dir)
     time.sleep(1.0 if profilers else 0.0)
-    sampler = CpuSampler(pids).__enter__()
     load_1m = round(os.getloadavg()[0], 2)
-    spawn = spawn_executor(stack.env, logdir)
-    procs = [spawn(f"bench-e2e-{k}-{i}", None) for i in range(k)]
-    # --until-idle is not passed through spawn: stop them ourselves once nothing is left.
-    deadline = time.monotonic() + 300
+    spawn = spawn_executor(stack.env, logdir, concurrency=concurrency)
+    tag = f"bench-e2e-p{processes}-n{concurrency}-l{latency_ms}"
+    procs = [spawn(f"{tag}-{i}", None) for i in range(processes)]
+    sampler = CpuSampler({**pids, **{f"executor-{i}": p.pid for i, p in enumerate(procs)}})
+    sampler.__enter__()
+    deadline = time.monotonic() + POINT_TIMEOUT_S
     pay = stack.env["PAY_DATABASE_URL"]
     states: dict[str, int] = {}
+    peak_kib: dict[int, int] = {}
     while time.monotonic() < deadline:
         with psycopg.connect(pay) as conn:
             states = dict(conn.execute(STATES, (ids,)).fetchall())
+        for proc in procs:
+            peak_kib[proc.pid] = _proc_status_kib(proc.pid, "VmHWM") or peak_kib.get(proc.pid, 0)
         if not any(states.get(s) for s in ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")):
             break
-        time.sleep(0.5)
+        time.sleep(0.25)
     for proc in procs:
         proc.terminate()
     for proc in procs:
@@ -184,77 +272,160 @@ def _point(stack, k: int, per_executor: int, logdir: Path, profile_dir: Path | N
         count, first, last = conn.execute(POSTED_WINDOW, (ids,)).fetchone()
     span = (last - first).total_seconds() if count and count > 1 else 0.0
     cpu: dict[str, float | None] = {}
+    cores: dict[str, float] = {}
+    executor_cpu_ms = None
     if span:
         begin, end = sampler.at(first.timestamp()), sampler.at(last.timestamp())
-        cpu = {role: round((end[role] - begin[role]) * 1000 / (count - 1), 2) for role in pids}
-        cpu["total"] = round(sum(cpu.values()), 2)
-        cores = {role: round((end[role] - begin[role]) / span, 2) for role in pids}
-    else:
-        cores = {}
+        used = {role: end[role] - begin[role] for role in begin}
+        cpu = {role: round(used[role] * 1000 / (count - 1), 2) for role in pids}
+        cpu["total"] = round(sum(v for v in cpu.values() if v is not None), 2)
+        executor_s = sum(v for role, v in used.items() if role.startswith("executor-"))
+        executor_cpu_ms = round(executor_s * 1000 / (count - 1), 2)
+        cores = {role: round(used[role] / span, 2) for role in pids}
+        cores["executors"] = round(executor_s / span, 2)
+    timeline = _timeline(pay, ids)
+    # Sections in flight on average, from claimed to posted (lock + claim hops come before).
+    in_flight = round(timeline.pop("claimed_seconds") / span, 1) if span else None
     return {
-        "executors": k,
+        "processes": processes,
+        "executors": processes,  # the issue-18 rows' name for it
+        "concurrency": concurrency,
+        "rail_latency_ms": latency_ms,
         "loadavg_1m_at_start": load_1m,
         "cpu_ms_per_payout": cpu,
+        "executor_cpu_ms_per_payout": executor_cpu_ms,
+        "executor_peak_rss_mb": round(max(peak_kib.values(), default=0) / 1024, 1),
         "cores_busy": cores,
-        "accounts": 2 * k,
+        "busiest_role": max(
+            (r for r in cores if r != "executors"), key=lambda r: cores[r], default=None
+        ),
+        "accounts": accounts,
         "payouts": len(ids),
         "posted": count,
         "states": states,
         "window_s": round(span, 3),
         "payouts_per_s": round((count - 1) / span, 2) if span else None,
+        "claimed_to_posted_in_flight": in_flight,
+        **timeline,
     }
 
 
-def run(out_dir: Path, *, per_executor: int = 48, executors: tuple[int, ...] = EXECUTORS) -> dict:
+def run(out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="dlock-bench-e2e-"))
     base.chmod(0o755)
     logdir = out_dir / "e2e-logs"
-    logdir.mkdir(exist_ok=True)
+    shutil.rmtree(logdir, ignore_errors=True)
+    logdir.mkdir()
     stack, stop = private_stack(base / "stack", fast=False)
+    profile = os.environ.get("BENCH_E2E_PROFILE")
+    plan = [(1, n, ms) for ms in LATENCIES_MS for n in CONCURRENCY]
+    plan += [(p, n, 0) for p, n in MULTI]
     rows = []
     try:
-        result = stack.manage("railstub_config", "--reset")
-        if result.returncode != 0:
-            raise RuntimeError(f"railstub_config --reset failed: {result.stderr[-500:]}")
-        for k in executors:
-            profile = os.environ.get("BENCH_E2E_PROFILE")
-            profile_dir = Path(profile) if profile and k == 2 else None
-            rows.append(_point(stack, k, per_executor, logdir, profile_dir))
+        for processes, concurrency, latency_ms in plan:
+            profile_dir = None
+            if profile and (processes, concurrency, latency_ms) == PROFILED:
+                profile_dir = Path(profile)
+            row = _point(
+                stack,
+                processes=processes,
+                concurrency=concurrency,
+                latency_ms=latency_ms,
+                logdir=logdir,
+                profile_dir=profile_dir,
+            )
+            print(
+                f"[bench] e2e {processes}×{concurrency} rail {latency_ms} ms:"
+                f" {row['payouts_per_s']}/s ({row['posted']}/{row['payouts']} posted,"
+                f" cores {row['cores_busy']})",
+                flush=True,
+            )
+            rows.append(row)
     finally:
         stop()
         shutil.rmtree(base, ignore_errors=True)
     data = {
         "name": "e2e",
         "what": "payouts/s end to end (lock → claim → rail proxy → stub → post → release)",
-        "rail_latency_ms": 0,
         "durable_cluster": True,
         "cpu_window": "first to last POSTED event; utime+stime of each role's process tree",
         "previous": PREVIOUS,
         "goals": GOALS,
+        "goals_17": GOALS_17,
+        "verdict_17": verdict_17(rows),
         "rows": rows,
     }
     (out_dir / "e2e.json").write_text(json.dumps(data, indent=2, default=str))
-    summary = [
+    return {**data, "summary": summary(rows, data["verdict_17"])}
+
+
+def verdict_17(rows: list[dict]) -> dict:
+    """Issue 17's two goals from this run's rows (None where the run lacked the points)."""
+    one = [r for r in rows if r["processes"] == 1 and r.get("payouts_per_s")]
+    at_200 = [r for r in one if r["rail_latency_ms"] == 200]
+    at_0 = [r for r in rows if r["rail_latency_ms"] == 0 and r.get("payouts_per_s")]
+    best_one_200 = max(at_200, key=lambda r: r["payouts_per_s"], default=None)
+    best_one_0 = max((r for r in at_0 if r["processes"] == 1), key=_rate, default=None)
+    best_any_0 = max(at_0, key=_rate, default=None)
+    ratio = None
+    if best_one_0 and best_any_0:
+        ratio = round(best_one_0["payouts_per_s"] / best_any_0["payouts_per_s"], 2)
+    return {
+        "one_process_200ms": _brief(best_one_200),
+        "one_process_0ms": _brief(best_one_0),
+        "any_processes_0ms": _brief(best_any_0),
+        "one_over_best_0ms": ratio,
+    }
+
+
+def _rate(row: dict) -> float:
+    return row.get("payouts_per_s") or 0.0
+
+
+def _brief(row: dict | None) -> dict | None:
+    if row is None:
+        return None
+    keys = ("processes", "concurrency", "rail_latency_ms", "payouts_per_s", "busiest_role")
+    return {k: row.get(k) for k in keys}
+
+
+def summary(rows: list[dict], verdict: dict) -> list[dict]:
+    items = [
         {
-            "label": f"payouts end to end, {r['executors']} executor(s), rail latency 0",
+            "label": f"{r['processes']} process × concurrency {r['concurrency']},"
+            f" rail {r['rail_latency_ms']} ms",
             "value": r["payouts_per_s"],
             "unit": "payouts/s",
-            "detail": f"{r['posted']}/{r['payouts']} posted over {r['window_s']} s",
+            "detail": f"{r['posted']}/{r['payouts']} in {r['window_s']} s;"
+            f" server {r['cpu_ms_per_payout'].get('total')} ms/payout,"
+            f" executor {r['executor_cpu_ms_per_payout']} ms, {r['executor_peak_rss_mb']} MB;"
+            " cores "
+            + " ".join(f"{role} {c}" for role, c in r["cores_busy"].items())
+            + f"; load {r['loadavg_1m_at_start']}",
         }
         for r in rows
     ]
-    summary += [
+    one_200 = verdict["one_process_200ms"]
+    items.append(
         {
-            "label": f"server CPU per payout, {r['executors']} executor(s) (goal <= 13, was 26.3)",
-            "value": r["cpu_ms_per_payout"].get("total"),
-            "unit": "ms",
-            "detail": " ".join(
-                f"{role} {ms}" for role, ms in r["cpu_ms_per_payout"].items() if role != "total"
-            )
-            + f"  (load {r['loadavg_1m_at_start']})",
+            "label": f"goal: one process at rail 200 ms (>= {GOALS_17['one_process_200ms']}/s)",
+            "value": one_200["payouts_per_s"] if one_200 else None,
+            "unit": "payouts/s",
+            "detail": f"at concurrency {one_200['concurrency']}" if one_200 else "not run",
         }
-        for r in rows
-        if r["cpu_ms_per_payout"]
-    ]
-    return {**data, "summary": summary}
+    )
+    best = verdict["any_processes_0ms"]
+    items.append(
+        {
+            "label": "goal: one process / best of any at rail 0"
+            f" (>= {GOALS_17['one_over_best_0ms']})",
+            "value": verdict["one_over_best_0ms"],
+            "unit": "×",
+            "detail": f"best {best['payouts_per_s']}/s with {best['processes']}×"
+            f"{best['concurrency']}"
+            if best
+            else "not run",
+        }
+    )
+    return items

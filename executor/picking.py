@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
 LIST_PAGE = 100
+LIST_MAX = 500  # P1's largest `limit`
+# How often a queue whose candidates all wait (account in flight here, or contended) is re-listed.
+REFILL_S = 0.25
 
 
 class Picker:
@@ -36,6 +39,7 @@ class Picker:
     hands_off: set[str]
     backed_off: dict[str, str]
     next_refresh: float
+    next_refill: float
     idle_sleep_s: float
     batch: int
     concurrency: int
@@ -65,9 +69,13 @@ class Picker:
                 continue
             self.queue.remove(candidate)
             return candidate
-        if self.queue or now < self.next_refresh:
+        if now < self.next_refresh or (self.queue and now < self.next_refill):
             return None
+        # Nothing eligible: re-list when the queue ran dry, and also (at most every REFILL_S)
+        # when all it holds waits on accounts in flight here or contended: otherwise free slots
+        # idle until those sections end (issue 17: the queue must feed N slots).
         self.refresh(busy_payouts)
+        self.next_refill = now + REFILL_S
         found = bool(self.queue)
         self.next_refresh = now if found else now + self.idle_sleep_s
         return self.pick(busy_accounts=busy_accounts) if found else None
@@ -81,7 +89,10 @@ class Picker:
         """Fill the queue from P1: recovery first, then PENDING, spread over accounts."""
         try:
             # One page each (oldest first): enough to fill a short queue and see the backlog age.
-            pending = self.api.list_payouts("PENDING", max_items=LIST_PAGE)
+            # A page of at least 4 × the queue's size (≤ P1's limit): spread over more accounts,
+            # so processes working one backlog start on different accounts, not the same 100.
+            page = min(LIST_MAX, max(LIST_PAGE, 4 * max(self.batch, 2 * self.concurrency)))
+            pending = self.api.list_payouts("PENDING", limit=page, max_items=page)
             recover = [
                 c
                 for state in RECOVERABLE
@@ -99,7 +110,7 @@ class Picker:
             (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
         )
         self.round_progress = False
-        skip = self.hands_off | busy_payouts
+        skip = self.hands_off | set(busy_payouts) | {c.payout_id for c in self.queue}
         pending = [c for c in pending if c.payout_id not in skip]
         recover = [c for c in recover if c.payout_id not in skip]
         self.backed_off = {
@@ -116,7 +127,8 @@ class Picker:
         # show up here too (they are contended and skipped), and must not starve PENDING.
         batch = max(self.batch, 2 * self.concurrency)
         picked = recover[: max(1, batch // 2)]
-        self.queue.extend(_spread((picked + pending)[: batch * 2])[:batch])
+        room = max(0, 2 * batch - len(self.queue))
+        self.queue.extend(_spread((picked + pending)[: batch * 2])[: min(batch, room)])
 
 
 def _spread(candidates: list[Candidate]) -> list[Candidate]:

@@ -126,6 +126,7 @@ class Executor(Picker):
         self.contended_until: dict[str, float] = {}  # accountId → monotonic time
         self.slow_until = 0.0  # a 503/429 asked the whole process to slow down until then
         self.next_refresh = 0.0
+        self.next_refill = 0.0
         self.exit_code = 0
         self.EXIT_BACKED_OFF = EXIT_BACKED_OFF
         # payoutId → accountId the last listing skipped for back-off

@@ -68,7 +68,22 @@ worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingTh
 # More threads than database slots on purpose: a thread waiting for a slot gives up after
 # DB_QUEUE_DEADLINE_MS with 503 OVERLOADED; beyond DB_POOL_MAX_WAITING waiters it is refused at
 # once. The lock server also parks threads in bounded acquire waits (waitMillis <= 30 s).
-threads = _int("GUNICORN_THREADS", 32 if _role == "lockserver" else 16)
+# The rail proxy holds a thread (never a database slot: it hands its connection back first) for
+# the whole forward, and the rail stub sleeps its latency in one: at rail latency L, T threads
+# cap the pipeline at T / L payouts/s (16 threads at 200 ms is 80/s, at 1 s 16/s), so they get
+# 64 (issue 17: one executor process keeps up to 64 payouts in flight). Those threads come back
+# from the rail together and each needs a database slot to record what the rail answered: a
+# refusal there ("too many waiting") would leave a submission the rail may have booked
+# RAIL_AMBIGUOUS, so in these two roles every thread has a place in the slot queue (the queue
+# deadline, DB_QUEUE_DEADLINE_MS, still bounds the wait). gunicorn's raw_env sets it in the
+# master (workers inherit it) without touching the environment of whoever reads this file.
+_THREADS = {"lockserver": 32, "railproxy": 64, "railstub": 64}
+threads = _int("GUNICORN_THREADS", _THREADS.get(_role, 16))
+raw_env = (
+    [f"DB_POOL_MAX_WAITING={threads}"]
+    if _role in ("railproxy", "railstub") and not os.environ.get("DB_POOL_MAX_WAITING")
+    else []
+)
 # Open connections per process (keep-alive included); above it the worker stops accepting and
 # new clients wait in the kernel backlog, where no deadline sees them (a 2x load test hung
 # there). Accepted requests cost little when the box is full: one older than
