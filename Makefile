@@ -13,7 +13,7 @@ UP_ARGS = $(if $(LOCK_BACKEND),--backend $(LOCK_BACKEND)) \
 	$(if $(ETCD_MEMBERS),--etcd-members $(ETCD_MEMBERS)) $(if $(REPLICAS),--replicas $(REPLICAS))
 PYTEST_ARGS ?=
 
-.PHONY: help venv sysdeps test up down status demo bench experiment experiment-ha lint format clean
+.PHONY: help venv sysdeps test up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
 
 help:
 	@echo "make demo   - bring the stack up and run the fencing demo (the main job)"
@@ -22,6 +22,7 @@ help:
 	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
 	@echo "make experiment-ha - the fencing experiment on 3 etcd members and 2 replicas per role"
+	@echo "make experiment-ha-recovery - HA faults one at a time; recovery per fault and replica"
 	@echo "make lint   - ruff check + format check, import-linter (layers), mypy"
 
 $(STAMP): requirements.txt
@@ -67,6 +68,14 @@ experiment-ha: venv sysdeps
 	$(MAKE) up LOCK_BACKEND=etcd ETCD_MEMBERS=3 REPLICAS=2
 	set -a; . .run/stack.env; set +a; ROLE=ops DJANGO_SETTINGS_MODULE=settings.tooling \
 	$(BIN)/python -m django fencing_experiment --ha $(EXPERIMENT_ARGS)
+
+# The HA recovery measurement: the HA faults alone, one at a time with a settle period, a prober
+# per replica (and one with every URL) per role; prints the per-fault, per-replica table and
+# writes it to <out>/report.json (`arms.fenced.ha_recovery`).
+experiment-ha-recovery: venv sysdeps
+	$(MAKE) up LOCK_BACKEND=etcd ETCD_MEMBERS=3 REPLICAS=2
+	set -a; . .run/stack.env; set +a; ROLE=ops DJANGO_SETTINGS_MODULE=settings.tooling \
+	$(BIN)/python -m django fencing_experiment --ha-recovery $(EXPERIMENT_ARGS)
 
 # mypy's Django plugin imports settings.ops: it needs URLs, never a connection.
 LINT_ENV := DJANGO_DEBUG=true PAY_DATABASE_URL=postgres://lint@127.0.0.1:1/lint \

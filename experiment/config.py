@@ -20,6 +20,19 @@ CI_PRESET = {
 }
 
 
+# The HA recovery run (`--ha-recovery`): the fenced arm only, enough work to keep payouts flowing
+# through five faults one at a time (the duration is the recovery schedule's).
+RECOVERY_PRESET = {
+    "arm": "fenced",
+    "executors": 4,
+    "executor_concurrency": 2,
+    "accounts": 8,
+    "payouts": 320,
+    "lease_ms": 2000,
+    "drain_timeout": 60.0,
+}
+
+
 @dataclass
 class ExperimentConfig:
     seed: int = 7
@@ -38,6 +51,9 @@ class ExperimentConfig:
     out: Path = Path(".run/experiment")
     pg_restart: bool = True
     ha: bool = False  # add the HA faults (needs 3 etcd members and 2 replicas per role)
+    # The recovery run: the HA faults alone, one at a time, `settle_s` apart (issue 16, Measure).
+    ha_recovery: bool = False
+    settle_s: float = 8.0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property

@@ -83,6 +83,18 @@ def state_counts(pay_url: str, *, arm: str, payout_ids: list[str], run_id: str) 
     return {state: n for state, n in rows}
 
 
+POSTED_AT = """
+SELECT extract(epoch FROM at)::float8 FROM payout_event
+ WHERE to_state = 'POSTED' AND payout_id = ANY(%s::uuid[]) ORDER BY at
+"""
+
+
+def posted_times(pay_url: str, payout_ids: list[str]) -> list[float]:
+    """Wall-clock times (epoch s) of the payouts' POSTED transitions, from payout_event."""
+    with psycopg.connect(pay_url, connect_timeout=5) as conn:
+        return [row[0] for row in conn.execute(POSTED_AT, (payout_ids,)).fetchall()]
+
+
 class CounterScraper:
     """Sums a Prometheus counter across scrapes of processes that restart (a counter that went
     down means the process restarted and counts from zero again)."""

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from experiment import ha
+from experiment import ha, probes
 from experiment.arms import Arm, ArmContext, arm_named
 from experiment.arms.fenced import fenced_out_in_logs, seed_fenced
 from experiment.config import CI_PRESET, ExperimentConfig
 from experiment.fenced_outs import Fault
-from experiment.measure import CounterScraper, collect, state_counts
+from experiment.measure import CounterScraper, collect, posted_times, state_counts
 from experiment.rail import HOLD_MS, RailConfigurator
 from experiment.schedule import (
     ETCD_LEADER_KILL,
@@ -40,6 +40,7 @@ from experiment.schedule import (
     FaultEvent,
     build_schedule,
     rail_config_at,
+    recovery_schedule,
 )
 from experiment.stack import MissingPiece, StackHandle
 from experiment.verdict import unexplained_findings, verdict
@@ -127,13 +128,15 @@ class ArmRun:
         self.stopping = False
         self.revokes: list[tuple[FaultEvent, str]] = []  # (event, victim owner) awaiting its stop
         self.t0 = time.monotonic()
-        # Faults that run in the background until healed: kind -> action(event).
-        self.actions: dict[str, Callable[[FaultEvent], object]] = {
-            RESTART: lambda e: stack.restart_role(e.target),
-            PG_RESTART: lambda _e: stack.restart_pg(),
-            ETCD_LEADER_KILL: lambda _e: ha.kill_etcd_leader(stack),
-            QUORUM_LOSS: lambda e: ha.lose_quorum(stack, e.seconds),
-            REPLICA_KILL: lambda e: ha.kill_replica(stack, e.target),
+        self.probers: list[probes.Prober] = []
+        self.last_ha_end = 0.0  # when the latest HA fault healed (the recovery run's settle)
+        # Faults that run in the background until healed: kind -> action(event, mark).
+        self.actions: dict[str, Callable[[FaultEvent, ha.Mark], object]] = {
+            RESTART: lambda e, _m: stack.restart_role(e.target),
+            PG_RESTART: lambda _e, _m: stack.restart_pg(),
+            ETCD_LEADER_KILL: lambda _e, m: ha.kill_etcd_leader(stack, mark=m),
+            QUORUM_LOSS: lambda e, m: ha.lose_quorum(stack, e.seconds, mark=m),
+            REPLICA_KILL: lambda e, m: ha.kill_replica(stack, e.target, mark=m),
         }
 
     def clock(self) -> float:
@@ -162,12 +165,15 @@ class ArmRun:
         self.ctx.wall0 = time.time()
         self.pool = WorkerPool(self.arm.name, self.config.executors, spawn, self.clock)
         self.pool.start()
+        self._start_probers()
         sampling = threading.Thread(target=self._sampler, daemon=True)
         sampling.start()
         try:
             self._fault_phase()
             self._heal_and_drain()
         finally:
+            for prober in self.probers:
+                prober.stop()
             self.pool.stop_all(timeout=8)
             self.rail.close()
             self.stopping = True
@@ -177,9 +183,29 @@ class ArmRun:
             self._sample_states()
         return self._result()
 
+    def _start_probers(self) -> None:
+        """HA runs: a prober per replica of every role, plus one per role with every URL."""
+        if not (self.config.ha and self.arm.name == "fenced"):
+            return
+        self.probers = probes.build_probers(
+            self.stack.env,
+            run_id=self.ctx.run_id,
+            account_id=self.seeded["accounts"][0],
+            clock=self.clock,
+        )
+        for prober in self.probers:
+            prober.start()
+
+    def _ha_busy(self) -> bool:
+        """An HA fault is still healing, or healed less than its settle period ago."""
+        running = any(w["kind"] in HA_FAULTS and w["end"] is None for w in self.windows)
+        return running or self.clock() < self.last_ha_end + self.config.settle_s
+
     def _fault_phase(self) -> None:
         pending = list(self.schedule)
-        while self.clock() < self.config.duration:
+        # The recovery run goes on until its last fault has healed and settled.
+        settling = any(e.params.get("settle") for e in self.schedule)
+        while self.clock() < self.config.duration or (settling and (pending or self._ha_busy())):
             now = self.clock()
             deferred = []
             while pending and pending[0].at <= now:
@@ -209,7 +235,14 @@ class ArmRun:
             self.pool.kill(int(event.target))
             self.windows.append({"kind": KILL, "target": event.target, "start": now, "end": now})
         elif event.kind in self.actions:
-            self._background(event, lambda e=event: self.actions[e.kind](e))
+            if event.params.get("settle") and self._ha_busy():
+                return False  # the recovery run: one fault at a time, each after a settle
+            record: dict = {}
+
+            def mark(what: str, record: dict = record) -> None:
+                record[what] = self.clock()
+
+            self._background(event, lambda e=event, m=mark: self.actions[e.kind](e, m), record)
         return True  # rail windows are applied by the loop, from the schedule
 
     def _heal_and_drain(self) -> None:
@@ -247,6 +280,8 @@ class ArmRun:
                 self.errors.append(f"{event.kind} {event.target}: {exc}")
             finally:
                 record["end"] = self.clock()
+                if event.kind in HA_FAULTS:
+                    self.last_ha_end = record["end"]
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
@@ -369,6 +404,18 @@ class ArmRun:
             if w["kind"] in kinds
         ]
 
+    def _ha_recovery(self, windows: list[dict]) -> list[dict]:
+        """Per HA fault, per prober: outage until acquires (calls) succeed again; payouts/s."""
+        if not self.probers:
+            return []
+        posted = [t - self.ctx.wall0 for t in posted_times(self.pay_url, self.ctx.payout_ids)]
+        return ha.fault_recovery(
+            windows,
+            {p.name: p.attempts for p in self.probers},
+            posted,
+            settle_s=self.config.settle_s,
+        )
+
     def _result(self) -> dict:
         windows = self._closed_windows()
         truth = collect(
@@ -404,6 +451,14 @@ class ArmRun:
             },
             "windows": windows,
             "recovery": self._recovery(windows),
+            "ha_recovery": self._ha_recovery(windows),
+            "probes": {
+                p.name: {
+                    "attempts": len(p.attempts),
+                    "failed": [a.as_dict() for a in p.attempts if not a.ok],
+                }
+                for p in self.probers
+            },
             "series": self.series,
             "accounts": self.seeded["accounts"],
         }
@@ -432,6 +487,8 @@ def run(
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     stack.check_ready()
+    if schedule is None and config.ha_recovery:
+        schedule = recovery_schedule(settle_s=config.settle_s)
     if schedule is None:
         schedule = build_schedule(
             seed=config.seed,
@@ -451,7 +508,7 @@ def run(
     results: dict[str, dict] = {}
     for name in config.arms():
         results[name] = run_arm(name, stack, config, schedule, progress=progress)
-    code, lines = verdict(results)
+    code, lines = verdict(results, expect_fenced_outs=not config.ha_recovery)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     report = {
         "config": settings,

@@ -164,6 +164,41 @@ def ha_faults(rng: random.Random, duration: float) -> list[FaultEvent]:
     return events
 
 
+# The recovery run (`--ha-recovery`): the HA faults alone, one at a time. Each waits until the
+# previous one has healed (victim started and healthy) and `settle` seconds have passed.
+RECOVERY_FAULTS = (
+    (ETCD_LEADER_KILL, ""),
+    (QUORUM_LOSS, ""),
+    (REPLICA_KILL, "lockserver"),
+    (REPLICA_KILL, "payments"),
+    (REPLICA_KILL, "railproxy"),
+)
+RECOVERY_SETTLE_S = 8.0
+QUORUM_OUTAGE_S = 5.0
+
+
+def recovery_schedule(*, settle_s: float = RECOVERY_SETTLE_S) -> list[FaultEvent]:
+    """Nominal times `settle_s` apart, the first after two settles (executors boot and payouts
+    flow before it); the runner defers each until the previous one healed and settled."""
+    return [
+        FaultEvent(
+            at=round(settle_s * (n + 2), 2),
+            kind=kind,
+            target=target,
+            seconds=QUORUM_OUTAGE_S if kind == QUORUM_LOSS else 0.0,
+            params={"settle": settle_s},
+        )
+        for n, (kind, target) in enumerate(RECOVERY_FAULTS)
+    ]
+
+
+def recovery_duration(settle_s: float = RECOVERY_SETTLE_S) -> float:
+    """A fault phase long enough for the recovery schedule on an idle box (it runs longer when
+    a heal takes longer: the runner keeps going until the last fault healed and settled)."""
+    heals = 4.0 + (QUORUM_OUTAGE_S + 3.0) + 3 * 5.0
+    return round(settle_s * (len(RECOVERY_FAULTS) + 2) + heals, 1)
+
+
 def rail_config_at(
     events: list[FaultEvent], t: float, *, base_latency_ms: int
 ) -> dict[str, float | int]:

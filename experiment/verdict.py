@@ -32,7 +32,7 @@ def unexplained_findings(reconcile: dict, truth: dict, payout_ids: list[str]) ->
     return left
 
 
-def _fenced_lines(fenced: dict) -> tuple[int, list[str]]:
+def _fenced_lines(fenced: dict, *, expect_fenced_outs: bool = True) -> tuple[int, list[str]]:
     lines: list[str] = []
     code = OK
     if fenced["duplicates_caused"] or fenced["invariant_violation_count"]:
@@ -76,7 +76,13 @@ def _fenced_lines(fenced: dict) -> tuple[int, list[str]]:
             f"FAIL: {classified['unexplained']} fenced-outs the fault schedule does not explain"
             f" (of {classified['explained'] + classified['unexplained']}): " + "; ".join(reasons)
         )
-    if not classified["explained"]:
+    if not classified["explained"] and not expect_fenced_outs:
+        if code == OK:
+            lines.append(
+                f"ok: {fenced['duplicates_caused']} duplicates caused, {classified['explained']}"
+                " fenced-outs (a recovery run injects no stale writer)"
+            )
+    elif not classified["explained"]:
         code = code or INCONCLUSIVE
         lines.append("INCONCLUSIVE: no stale writer was fenced out (faults too weak)")
     elif code == OK:
@@ -87,16 +93,17 @@ def _fenced_lines(fenced: dict) -> tuple[int, list[str]]:
     return code, lines
 
 
-def verdict(results: dict[str, dict]) -> tuple[int, list[str]]:
+def verdict(results: dict[str, dict], *, expect_fenced_outs: bool = True) -> tuple[int, list[str]]:
     """0 = the claim held and the experiment was strong enough; 1 = the fenced arm paid twice,
     broke an invariant, or was fenced out where no injected fault explains it (or ran on a lock
     backend other than the stack's); 3 = inconclusive (no stale writer caught, or the naive arm
-    survived)."""
+    survived). `expect_fenced_outs=False` (the HA recovery run, no pauses) makes "no stale writer
+    caught" no reason for 3."""
     lines: list[str] = []
     code = OK
     fenced = results.get("fenced")
     if fenced:
-        code, lines = _fenced_lines(fenced)
+        code, lines = _fenced_lines(fenced, expect_fenced_outs=expect_fenced_outs)
     naive_arm = results.get("naive")
     if naive_arm:
         if not naive_arm["duplicates_caused"]:

@@ -14,6 +14,8 @@ Int64 fields arrive as JSON strings; keys and values travel base64-encoded.
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import json
 import time
 from collections.abc import Iterator
@@ -46,6 +48,29 @@ class EtcdError(Exception):
 
 class EtcdUnavailable(EtcdError):
     """Unreachable, timed out, or the member has no leader: nothing can be decided here now."""
+
+
+# The deadline of the lock-server request being served (monotonic seconds), set once per request
+# by `request_deadline`: every etcd call the request makes ends by it, so the sum of a request's
+# calls (an acquire makes several) stays inside one hop budget and the client hears 503
+# NOT_LEADER before its own read timeout, not a ReadTimeout it cannot tell from a lost reply.
+_REQUEST_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "etcd_request_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def request_deadline(seconds: float) -> Iterator[None]:
+    """Bound every etcd call made inside to end within `seconds` from now (the outermost
+    deadline wins: a store call made by another one keeps its caller's)."""
+    if _REQUEST_DEADLINE.get() is not None:
+        yield
+        return
+    token = _REQUEST_DEADLINE.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _REQUEST_DEADLINE.reset(token)
 
 
 class _Refused(Exception):
@@ -220,6 +245,11 @@ class EtcdClient:
         after the request was sent is not retried (the write may have applied): the next call
         goes to the next member."""
         deadline = time.monotonic() + self.timeout[0] + self.timeout[1]
+        request_ends = _REQUEST_DEADLINE.get()
+        if request_ends is not None:
+            if request_ends - time.monotonic() <= 0.05:
+                raise EtcdUnavailable("the request's etcd budget is spent; nothing was sent")
+            deadline = min(deadline, request_ends)
         last = EtcdUnavailable("etcd call out of time")
         for _attempt in range(len(self.urls)):
             member = self.url

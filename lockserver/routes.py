@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from dlock.hotview import hot_view
 from lockserver import views
 
 urlpatterns = [
@@ -12,8 +13,14 @@ urlpatterns = [
         name="lock-session-heartbeat",
     ),
     path("v1/sessions/<str:session_id>", views.SessionView.as_view(), name="lock-session"),
-    path("v1/locks/<str:key>/acquire", views.AcquireView.as_view(), name="lock-acquire"),
-    path("v1/locks/<str:key>/renew", views.RenewView.as_view(), name="lock-renew"),
+    path(
+        "v1/locks/<str:key>/acquire",
+        hot_view(views.AcquireView, post=views.acquire),
+        name="lock-acquire",
+    ),
+    path(
+        "v1/locks/<str:key>/renew", hot_view(views.RenewView, post=views.renew), name="lock-renew"
+    ),
     path("v1/locks/<str:key>/revoke", views.RevokeView.as_view(), name="lock-revoke"),
-    path("v1/locks/<str:key>", views.LockView.as_view(), name="lock"),
+    path("v1/locks/<str:key>", hot_view(views.LockView, delete=views.release), name="lock"),
 ]

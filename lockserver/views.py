@@ -1,9 +1,15 @@
-"""C3 §3.3 L1–L8: parse (dlock seams + strict serializers), call one service, render."""
+"""C3 §3.3 L1–L8: parse (dlock seams + strict serializers), call one service, render.
+
+L4, L5 and L6 are also plain Django views (`acquire`, `renew`, `release`, ARCHITECTURE decision
+17, dlock.hotview): each shares its endpoint's code with the DRF class, which stays the OpenAPI
+source and answers every other method on the route.
+"""
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -11,7 +17,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dlock import proof
+from dlock import hotview, proof
 from dlock.auth import request_principal
 from dlock.errors import validation_error
 from dlock.headers import fencing_token, owner_id, validate_owner_id
@@ -28,6 +34,7 @@ from lockserver.backends.base import GrantRecord
 from lockserver.ownership import check_owner, record_owner  # issue 15: session ownership
 
 if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
     from rest_framework.request import Request
     from rest_framework.serializers import Serializer
 
@@ -192,24 +199,33 @@ class AcquireInput(StrictSerializer):
     waitMillis = StrictIntegerField(required=False, min_value=0, max_value=WAIT_MAX_MS)
 
 
+def _acquire(request: HttpRequest, key: str, body: Callable[[], Any]) -> dict:
+    key = parse_key(key)
+    owner = owner_id(request)
+    data = _parse_acquire(body())
+    sid = parse_uuid(data["sessionId"], field="sessionId")
+    check_owner(session_id=sid, principal=request_principal(request))
+    grant = services.acquire(
+        key=key,
+        session_id=sid,
+        owner_id=owner,
+        ttl_ms=_clamp_ttl(data.get("ttlMillis", settings.LOCK_DEFAULT_TTL_MS)),
+        wait_ms=data.get("waitMillis", 0),
+    )
+    return grant_body(grant)
+
+
 class AcquireView(APIView):
     """L4 POST /v1/locks/{key}/acquire."""
 
     @openapi.acquire
     def post(self, request: Request, key: str) -> Response:
-        key = parse_key(key)
-        owner = owner_id(request)
-        data = _parse_acquire(request.data)
-        sid = parse_uuid(data["sessionId"], field="sessionId")
-        check_owner(session_id=sid, principal=request_principal(request))
-        grant = services.acquire(
-            key=key,
-            session_id=sid,
-            owner_id=owner,
-            ttl_ms=_clamp_ttl(data.get("ttlMillis", settings.LOCK_DEFAULT_TTL_MS)),
-            wait_ms=data.get("waitMillis", 0),
-        )
-        return Response(grant_body(grant))
+        return Response(_acquire(request, key, lambda: request.data))
+
+
+def acquire(request: HttpRequest, key: str) -> HttpResponse:
+    """L4 as a plain view (decision 17): AcquireView's answer without DRF's dispatch."""
+    return hotview.answer(_acquire(request, key, lambda: hotview.json_body(request)))
 
 
 class RenewInput(StrictSerializer):
@@ -217,23 +233,32 @@ class RenewInput(StrictSerializer):
     ttlMillis = StrictIntegerField(required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS)
 
 
+def _renew(request: HttpRequest, key: str, body: Callable[[], Any]) -> dict:
+    key = parse_key(key)
+    token = fencing_token(request)
+    owner_id(request)  # attribution (C3 §3.1); the grant is named by (key, token, session)
+    data = _parse(RenewInput, body())
+    sid = parse_uuid(data["sessionId"], field="sessionId")
+    ttl = data.get("ttlMillis")
+    check_owner(session_id=sid, principal=request_principal(request))
+    proof.require(request, key=key, token=token)
+    grant = services.renew(
+        key=key, session_id=sid, token=token, ttl_ms=None if ttl is None else _clamp_ttl(ttl)
+    )
+    return grant_body(grant)
+
+
 class RenewView(APIView):
     """L5 POST /v1/locks/{key}/renew."""
 
     @openapi.renew
     def post(self, request: Request, key: str) -> Response:
-        key = parse_key(key)
-        token = fencing_token(request)
-        owner_id(request)  # attribution (C3 §3.1); the grant is named by (key, token, session)
-        data = _parse(RenewInput, request.data)
-        sid = parse_uuid(data["sessionId"], field="sessionId")
-        ttl = data.get("ttlMillis")
-        check_owner(session_id=sid, principal=request_principal(request))
-        proof.require(request, key=key, token=token)
-        grant = services.renew(
-            key=key, session_id=sid, token=token, ttl_ms=None if ttl is None else _clamp_ttl(ttl)
-        )
-        return Response(grant_body(grant))
+        return Response(_renew(request, key, lambda: request.data))
+
+
+def renew(request: HttpRequest, key: str) -> HttpResponse:
+    """L5 as a plain view (decision 17)."""
+    return hotview.answer(_renew(request, key, lambda: hotview.json_body(request)))
 
 
 class ReleaseInput(StrictSerializer):
@@ -260,28 +285,38 @@ class LockView(APIView):
 
     @openapi.release
     def delete(self, request: Request, key: str) -> Response:
-        key = parse_key(key)
-        token = fencing_token(request)
-        owner_id(request)  # attribution (C3 §3.1); the predicate is (key, token) only
-        data = _parse_release(request.data)
-        in_query = request.query_params.get("sessionId")
-        in_body = data.get("sessionId")
-        if in_query is not None and in_body is not None and in_query != in_body:
-            raise validation_error(
-                "sessionId in the query and the body disagree",
-                [{"field": "sessionId", "message": "query and body differ"}],
-            )
-        raw = in_query if in_query is not None else in_body
-        if raw is None:
-            raise validation_error(
-                "sessionId is required (query parameter or body)",
-                [{"field": "sessionId", "message": "required"}],
-            )
-        sid: uuid.UUID = parse_uuid(raw, field="sessionId")
-        check_owner(session_id=sid, principal=request_principal(request))
-        proof.require(request, key=key, token=token)
-        services.release(key=key, session_id=sid, token=token)
+        _release(request, key, lambda: request.data)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _release(request: HttpRequest, key: str, body: Callable[[], Any]) -> None:
+    key = parse_key(key)
+    token = fencing_token(request)
+    owner_id(request)  # attribution (C3 §3.1); the predicate is (key, token) only
+    data = _parse_release(body())
+    in_query = request.GET.get("sessionId")
+    in_body = data.get("sessionId")
+    if in_query is not None and in_body is not None and in_query != in_body:
+        raise validation_error(
+            "sessionId in the query and the body disagree",
+            [{"field": "sessionId", "message": "query and body differ"}],
+        )
+    raw = in_query if in_query is not None else in_body
+    if raw is None:
+        raise validation_error(
+            "sessionId is required (query parameter or body)",
+            [{"field": "sessionId", "message": "required"}],
+        )
+    sid: uuid.UUID = parse_uuid(raw, field="sessionId")
+    check_owner(session_id=sid, principal=request_principal(request))
+    proof.require(request, key=key, token=token)
+    services.release(key=key, session_id=sid, token=token)
+
+
+def release(request: HttpRequest, key: str) -> HttpResponse:
+    """L6 as a plain view (decision 17); L7 GET on the same path stays LockView's."""
+    _release(request, key, lambda: hotview.json_body(request))
+    return hotview.no_content()
 
 
 class RevokeInput(StrictSerializer):

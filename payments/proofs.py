@@ -18,18 +18,20 @@ from dlock.dbrouter import alias_for
 from dlock.errors import not_found
 from dlock.memo import WriteOnceMap
 
-ACCOUNT_SQL = "SELECT account_id FROM payout WHERE payout_id = %(payout_id)s"
+# One round trip without the ORM's query compilation (it was ~10 % of this role's CPU on P2/P3,
+# docs/benchmarks.md "Plain views for the hot write endpoints"), and only the first time this
+# process sees the payout (docs/benchmarks.md "Per-request overhead").
+ACCOUNT_OF_PAYOUT_SQL = "SELECT account_id FROM payout WHERE payout_id = %s"
 _accounts = WriteOnceMap()  # payout id → account id
 
 
-def account_of(payout_id: uuid.UUID) -> str | None:
-    """The payout's account, or None for an unknown payout. Plain SQL: the ORM's query
-    compilation cost more than the round trip on this hot path."""
+def account_of_payout(*, payout_id: uuid.UUID) -> str | None:
+    """The account a payout belongs to, or None for an unknown payout."""
     account_id = _accounts.get(payout_id)
     if account_id is not None:
         return account_id
     with connections[alias_for("payments")].cursor() as cursor:
-        cursor.execute(ACCOUNT_SQL, {"payout_id": str(payout_id)})
+        cursor.execute(ACCOUNT_OF_PAYOUT_SQL, [payout_id])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -40,7 +42,7 @@ def account_of(payout_id: uuid.UUID) -> str | None:
 def require_payout_proof(request: HttpRequest, *, payout_id: uuid.UUID, token: int) -> None:
     """INVALID_TOKEN unless the request's proof binds `token` to the payout's account key."""
     raw = proof.presented(request)
-    account_id = account_of(payout_id)
+    account_id = account_of_payout(payout_id=payout_id)
     if account_id is None:
         raise not_found("payout", str(payout_id))
     proof.verify(raw, key=proof.payout_key(account_id), token=token)

@@ -6,13 +6,22 @@ Exactly the five C3 §3.4 paths, plus the staff-only Django admin.
 from django.contrib import admin
 from django.urls import path
 
+from dlock.hotview import hot_view
 from payments import views
 
 urlpatterns = [
     path("v1/payouts", views.PayoutListView.as_view(), name="payouts-list"),
     path("v1/payouts/<str:payout_id>", views.PayoutDetailView.as_view(), name="payout-detail"),
-    path("v1/payouts/<str:payout_id>/claim", views.PayoutClaimView.as_view(), name="payout-claim"),
-    path("v1/payouts/<str:payout_id>/post", views.PayoutPostView.as_view(), name="payout-post"),
+    path(
+        "v1/payouts/<str:payout_id>/claim",
+        hot_view(views.PayoutClaimView, post=views.claim),
+        name="payout-claim",
+    ),
+    path(
+        "v1/payouts/<str:payout_id>/post",
+        hot_view(views.PayoutPostView, post=views.post),
+        name="payout-post",
+    ),
     path("v1/accounts/<str:account_id>", views.AccountDetailView.as_view(), name="account-detail"),
     path("admin/", admin.site.urls),
 ]

@@ -1,15 +1,22 @@
 """P1–P5 (C3 §3.4). Each view parses headers/path/body, calls one service or selector, answers.
 
 Headers go through `dlock.headers` first: a malformed token is INVALID_TOKEN before any DB work.
+P2 and P3 are also plain Django views (`claim`, `post`; ARCHITECTURE decision 17, dlock.hotview)
+sharing their code with the DRF classes, which stay the OpenAPI source.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from dlock import hotview
 from dlock.errors import validation_error
 from dlock.headers import fencing_token, idempotency_key, owner_id
 from dlock.serializers import StrictCharField, StrictSerializer, parse_uuid
@@ -47,9 +54,29 @@ def _answer(result: services.CommandResult) -> Response:
     return response
 
 
-def _protected_headers(request: Request) -> tuple[int, str, str]:
+def _plain_answer(result: services.CommandResult) -> HttpResponse:
+    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
+    return hotview.answer(result.body, result.status, headers, envelope=result.status >= 400)
+
+
+def _protected_headers(request: HttpRequest) -> tuple[int, str, str]:
     """X-Fencing-Token, X-Owner-Id, X-Idempotency-Key, in that order, before any DB access."""
     return fencing_token(request), owner_id(request), idempotency_key(request)
+
+
+def _claim(request: HttpRequest, payout_id: str, body: Callable[[], Any]) -> services.CommandResult:
+    token, owner, key = _protected_headers(request)
+    pid = parse_uuid(payout_id, field="payoutId")
+    data = ClaimInput(data=body())
+    data.is_valid(raise_exception=True)
+    proofs.require_payout_proof(request, payout_id=pid, token=token)
+    return services.claim_payout(
+        payout_id=pid,
+        token=token,
+        owner_id=owner,
+        idempotency_key=key,
+        expected_state=data.validated_data["expectedState"],
+    )
 
 
 class PayoutClaimView(APIView):
@@ -57,19 +84,29 @@ class PayoutClaimView(APIView):
 
     @openapi.claim
     def post(self, request: Request, payout_id: str) -> Response:
-        token, owner, key = _protected_headers(request)
-        pid = parse_uuid(payout_id, field="payoutId")
-        data = ClaimInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        proofs.require_payout_proof(request, payout_id=pid, token=token)
-        result = services.claim_payout(
-            payout_id=pid,
-            token=token,
-            owner_id=owner,
-            idempotency_key=key,
-            expected_state=data.validated_data["expectedState"],
-        )
-        return _answer(result)
+        return _answer(_claim(request, payout_id, lambda: request.data))
+
+
+def claim(request: HttpRequest, payout_id: str) -> HttpResponse:
+    """P2 as a plain view (decision 17)."""
+    return _plain_answer(_claim(request, payout_id, lambda: hotview.json_body(request)))
+
+
+def _post(request: HttpRequest, payout_id: str, body: Callable[[], Any]) -> services.CommandResult:
+    token, owner, key = _protected_headers(request)
+    pid = parse_uuid(payout_id, field="payoutId")
+    data = PostInput(data=body())
+    data.is_valid(raise_exception=True)
+    submission_id = parse_uuid(data.validated_data["submissionId"], field="submissionId")
+    proofs.require_payout_proof(request, payout_id=pid, token=token)
+    return services.post_payout(
+        payout_id=pid,
+        token=token,
+        owner_id=owner,
+        idempotency_key=key,
+        rail_reference=data.validated_data["railReference"],
+        submission_id=submission_id,
+    )
 
 
 class PayoutPostView(APIView):
@@ -77,21 +114,12 @@ class PayoutPostView(APIView):
 
     @openapi.post
     def post(self, request: Request, payout_id: str) -> Response:
-        token, owner, key = _protected_headers(request)
-        pid = parse_uuid(payout_id, field="payoutId")
-        data = PostInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        submission_id = parse_uuid(data.validated_data["submissionId"], field="submissionId")
-        proofs.require_payout_proof(request, payout_id=pid, token=token)
-        result = services.post_payout(
-            payout_id=pid,
-            token=token,
-            owner_id=owner,
-            idempotency_key=key,
-            rail_reference=data.validated_data["railReference"],
-            submission_id=submission_id,
-        )
-        return _answer(result)
+        return _answer(_post(request, payout_id, lambda: request.data))
+
+
+def post(request: HttpRequest, payout_id: str) -> HttpResponse:
+    """P3 as a plain view (decision 17)."""
+    return _plain_answer(_post(request, payout_id, lambda: hotview.json_body(request)))
 
 
 def _limit(raw: str | None) -> int:

@@ -2,8 +2,9 @@
 
 from django.urls import path
 
-from railproxy.views import SubmissionView
+from dlock.hotview import hot_view
+from railproxy.views import SubmissionView, submit
 
 urlpatterns: list = [
-    path("v1/rail/submissions", SubmissionView.as_view(), name="rail-submissions"),
+    path("v1/rail/submissions", hot_view(SubmissionView, post=submit), name="rail-submissions"),
 ]

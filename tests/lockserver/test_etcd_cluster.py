@@ -109,3 +109,77 @@ def test_the_lock_server_keeps_serving_acquires_when_its_etcd_member_is_killed()
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
         shutil.rmtree(work, ignore_errors=True)
+
+
+class Blackhole:
+    """A member that accepts connections and never answers (a stalled or partitioned etcd)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.accepted: list = []
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_every_etcd_call_of_one_request_ends_within_the_request_deadline():
+    """An acquire makes several etcd calls; each alone fits one hop budget, but their sum did
+    not, so on a stalled member the client's read timeout fired first (ServiceUnreachable after
+    sending, where 503 NOT_LEADER was coming). Inside one `request_deadline` the first call uses
+    the budget up and the following ones are refused without being sent (nothing connects)."""
+    from lockserver.etcd_client import EtcdClient, EtcdUnavailable, request_deadline
+
+    hole = Blackhole()
+    client = EtcdClient(hole.url, connect_timeout=0.5, read_timeout=0.4)
+    try:
+        with request_deadline(0.3):
+            for _ in range(4):
+                with pytest.raises(EtcdUnavailable):
+                    client.range("k")
+        sent_inside = len(hole.accepted)
+        assert sent_inside == 1, f"{sent_inside} calls were sent after the budget was spent"
+        # outside a request (housekeeping), each call keeps its own hop budget
+        with pytest.raises(EtcdUnavailable):
+            client.range("k")
+        assert len(hole.accepted) == sent_inside + 1
+    finally:
+        client.close()
+        hole.close()
+
+
+def test_a_store_call_shares_one_deadline_with_the_calls_it_makes():
+    from lockserver.backends.etcd.common import request_budget_s, store_call
+    from lockserver.etcd_client import _REQUEST_DEADLINE
+
+    seen: list[float | None] = []
+
+    @store_call
+    def inner(**_kwargs):
+        seen.append(_REQUEST_DEADLINE.get())
+
+    @store_call
+    def outer(**kwargs):
+        seen.append(_REQUEST_DEADLINE.get())
+        inner(wait_ms=60_000)  # nested: keeps the caller's deadline, not a fresh, longer one
+
+    outer(wait_ms=1_000)
+    assert seen[0] is not None and seen[0] == seen[1]
+    assert _REQUEST_DEADLINE.get() is None
+    assert request_budget_s(1_000) == pytest.approx(request_budget_s() + 1.0)

@@ -7,14 +7,18 @@ stays unready instead of guessing."""
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
 import requests
 
+from devstack import RoleProcess, free_port
+from lockserver.backends.etcd.tokens import HIGH_WATER_BLOCK
 from tests.conftest import fresh_etcd
-from tests.lockserver.conftest import assert_error, new_key, start_lock_server
+from tests.lockserver.conftest import LockServer, assert_error, new_key, start_lock_server
 from tests.lockserver.test_etcd_live import grants, wait_ready
 
 pytestmark = [pytest.mark.etcd, pytest.mark.live]
@@ -137,3 +141,31 @@ def test_a_pg_lock_server_that_cannot_start_above_the_high_water_stays_unready()
             )
     finally:
         server.stop()
+
+
+def test_a_replica_started_later_raises_the_offset_and_the_first_one_follows_it(own_etcd):
+    """Two lock-server replicas on one etcd cluster and one lockdb (the HA stack). The second
+    one's start raises the etcd token offset above lockdb's reserved ceiling; the first, which
+    cached the old offset, must not go on issuing tokens below the second's: a key's tokens
+    must grow whichever replica grants them (else the resources' fences refuse every holder
+    the first replica grants, and a stale holder from the second outranks them)."""
+    first = start_lock_server("etcd", {"ETCD_URL": own_etcd.url})
+    logdir = Path(tempfile.mkdtemp(prefix="dlock-lockserver-replica2-"))
+    proc = RoleProcess("lockserver", free_port(), first.env, logdir / "lockserver.log")
+    second = LockServer(backend="etcd", env=first.env, proc=proc)
+    try:
+        before = grants(first, 2)
+        second.proc.start()
+        on_second = grants(second, 2)
+        assert min(on_second) > max(before)
+        on_first = grants(first, 2)
+        again_second = grants(second, 1)
+        issued = before + on_second + on_first + again_second
+        assert issued == sorted(issued), issued  # in the order granted, whichever replica
+        # the first replica adopted the second's offset, it did not raise it once more (a
+        # replica that raised the offset on every mismatch would make the two leapfrog)
+        assert max(issued) - min(on_second) < HIGH_WATER_BLOCK, issued
+        assert high_water(first) >= max(issued)
+    finally:
+        second.stop()
+        first.stop()

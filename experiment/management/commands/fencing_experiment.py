@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from experiment.config import RECOVERY_PRESET
 from experiment.progress import LivePrinter
 from experiment.report import table
 from experiment.runner import CI_PRESET, ExperimentConfig, run
+from experiment.schedule import RECOVERY_SETTLE_S, recovery_duration
 from experiment.stack import MissingPiece, from_stack_env, private_stack
 
 if TYPE_CHECKING:
@@ -53,19 +55,37 @@ class Command(BaseCommand):
             help="add etcd leader kill, quorum loss and replica kills (3 etcd members, 2 replicas)",
         )
         parser.add_argument(
+            "--ha-recovery",
+            action="store_true",
+            help="implies --ha: the HA faults alone, one at a time with a settle period, probers"
+            " on every replica; prints the per-fault, per-replica recovery table",
+        )
+        parser.add_argument(
+            "--settle", type=float, default=None, help="--ha-recovery: seconds between faults"
+        )
+        parser.add_argument(
             "--private-stack",
             action="store_true",
             help="start a throwaway stack (own PostgreSQL, four roles, free ports) under --out",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        preset = dict(CI_PRESET) if options["ci"] else {}
+        preset: dict[str, Any] = dict(CI_PRESET) if options["ci"] else {}
+        recovery = options["ha_recovery"]
+        if recovery:
+            settle = options["settle"] or RECOVERY_SETTLE_S
+            preset = {**preset, **RECOVERY_PRESET, "settle_s": settle}
+            preset["duration"] = recovery_duration(settle)
+            if options["arm"] != "both":
+                preset["arm"] = options["arm"]
+        else:
+            preset["arm"] = options["arm"]
         config = ExperimentConfig(
             seed=options["seed"],
-            arm=options["arm"],
             base_latency_ms=options["base_latency_ms"],
             pg_restart=not options["no_pg_restart"],
-            ha=options["ha"],
+            ha=options["ha"] or recovery,
+            ha_recovery=recovery,
             out=options["out"] or Path(settings.BASE_DIR) / ".run" / "experiment",
             **preset,
         )

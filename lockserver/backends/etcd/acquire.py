@@ -70,7 +70,25 @@ class AcquireMixin(GrantsMixin):
     def _create_grant(
         self, *, key: str, session_id: uuid.UUID, owner: str, seconds: int, lease: int
     ) -> tuple[GrantRecord | None, TxnResult]:
-        """The create transaction: the grant when the key was free and our session alive."""
+        """The create transaction: the grant when the key was free and our session alive.
+
+        The txn also compares the token offset this process holds with the one stored: another
+        replica may have raised it (its start-up found lockdb's reserved ceiling above
+        offset + revision). A grant issued with the stale offset would carry a token below
+        that replica's, so the stored offset is adopted and the create tried again."""
+        for _attempt in range(4):
+            grant, result, offset_moved = self._create_grant_once(
+                key=key, session_id=session_id, owner=owner, seconds=seconds, lease=lease
+            )
+            if not offset_moved:
+                return grant, result
+            self._refresh_offset()
+        raise EtcdUnavailable("the token offset kept moving under the acquire")
+
+    def _create_grant_once(
+        self, *, key: str, session_id: uuid.UUID, owner: str, seconds: int, lease: int
+    ) -> tuple[GrantRecord | None, TxnResult, bool]:
+        """One create txn: (grant or None, result, whether our offset is not the one stored)."""
         now = _now()
         offset = self._current_offset()
         value = {
@@ -82,11 +100,13 @@ class AcquireMixin(GrantsMixin):
             "expiresAt": _ms(now) + seconds * 1000,
         }
         lock_key = self._lock_key(key)
-        # create_revision == 0: nobody holds the key; our session's key exists: alive
+        # create_revision == 0: nobody holds the key; our session's key exists: alive; the
+        # offset we issue with is the one in force
         result = self.client.txn(
             [
                 compare(lock_key, "CREATE", "EQUAL", 0),
                 compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
+                compare(self._offset_key, "VALUE", "EQUAL", str(offset)),
             ],
             [
                 put(lock_key, _dump(value), lease),
@@ -94,10 +114,11 @@ class AcquireMixin(GrantsMixin):
                 put(self._k("seen", key), "1"),
                 get(self._sess_key(session_id)),
             ],
-            [get(lock_key), get(self._sess_key(session_id))],
+            [get(lock_key), get(self._sess_key(session_id)), get(self._offset_key)],
         )
         if not result.succeeded:
-            return None, result
+            stored = result.responses[2].first() if result.responses[2] else None
+            return None, result, stored is None or stored.value != str(offset).encode()
         if _deadline_passed(result.responses[3].first()):
             self._undo_if_session_lapsed(key, session_id, result.revision)
         try:
@@ -113,7 +134,7 @@ class AcquireMixin(GrantsMixin):
             acquired_at=now,
             expires_at=_from_ms(value["expiresAt"]),
         )
-        return grant, result
+        return grant, result, False
 
     def _settle_holder(
         self, *, key: str, session_id: uuid.UUID

@@ -8,8 +8,9 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 
+from dlock.budgets import BUDGETS
 from dlock.errors import ApiError, Code
-from lockserver.etcd_client import EtcdUnavailable
+from lockserver.etcd_client import EtcdUnavailable, request_deadline
 
 F = TypeVar("F", bound=Callable[..., Any])
 # etcd's lessor revokes expired leases every 500 ms; this bounds how long a call waits for the
@@ -28,13 +29,26 @@ def not_leader(message: str = "") -> ApiError:
     )
 
 
+def request_budget_s(wait_ms: int = 0) -> float:
+    """The etcd time one request may spend, all its calls together (plus the wait the caller
+    asked for, L4 waitMillis): what is left of the client's acquire read timeout after the
+    admission queue's deadline and 100 ms for the answer — never less than one call's hop
+    budget (connect + request timeout). A take-over of a lapsed holder waits up to
+    EXPIRY_GRACE_S inside it."""
+    one_call = (settings.ETCD_CONNECT_TIMEOUT_MS + settings.ETCD_REQUEST_TIMEOUT_MS) / 1000
+    left = BUDGETS["lock.acquire"].read_s - settings.SERVER_QUEUE_DEADLINE_MS / 1000 - 0.1
+    return max(one_call, left) + wait_ms / 1000
+
+
 def store_call(method: F) -> F:
-    """Every etcd failure that is about availability becomes 503 NOT_LEADER, never a 500."""
+    """Every etcd failure that is about availability becomes 503 NOT_LEADER, never a 500; all
+    the etcd calls of one request share one deadline (`request_budget_s`)."""
 
     @wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return method(*args, **kwargs)
+            with request_deadline(request_budget_s(int(kwargs.get("wait_ms") or 0))):
+                return method(*args, **kwargs)
         except EtcdUnavailable as exc:
             raise not_leader() from exc
 

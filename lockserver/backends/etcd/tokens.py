@@ -166,6 +166,26 @@ class TokensMixin(KeySpace):
         assert self._offset is not None
         return self._offset
 
+    def _refresh_offset(self) -> None:
+        """The stored offset is not the one this process holds. Raised by another replica: adopt
+        it (that replica ensured the floor when it raised it, and every token issued since
+        carries an offset ≤ it, so stored + any later revision exceeds them all). Missing (a new
+        cluster) or lower than ours (a restored store): ensure the floor again, from lockdb."""
+        with self._offset_guard:
+            current = self.client.read(get(self._offset_key)).responses[0]
+            stored = current.first() if current else None
+            try:
+                value = int(stored.value) if stored is not None else None
+            except ValueError:
+                value = None
+            if value is not None and self._offset is not None and value >= self._offset:
+                log_event(
+                    "token_offset_adopted", backend="etcd", offset=value, previous=self._offset
+                )
+                self._offset = value
+                return
+            self.ensure_token_floor()
+
     def next_token_lower_bound(self) -> int:
         """Every token issued from now on is greater than this (operators: the switch floor)."""
         revision = self.client.read(get(self._offset_key)).revision

@@ -1,0 +1,176 @@
+"""The HA recovery measurement (issue 16, Measure): what a prober's attempts say about one fault,
+payouts/s around it, the one-at-a-time schedule, and — for real, on a dev stack with two
+replicas per role — probers that keep their own replica's outcome and a client with both URLs
+that fails over while one replica is killed -9."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from devstack import DB_URL_ENV, ROLES, clean, up
+from experiment import ha
+from experiment.probes import Attempt, build_probers
+from experiment.schedule import (
+    ETCD_LEADER_KILL,
+    QUORUM_LOSS,
+    RECOVERY_FAULTS,
+    REPLICA_KILL,
+    recovery_duration,
+    recovery_schedule,
+)
+from experiment.stack import from_stack_env
+from tests.devstack.conftest import _free_block
+
+
+def attempts(*spec: tuple[float, float, bool, str]) -> list[Attempt]:
+    return [Attempt(start, end, ok, code) for start, end, ok, code in spec]
+
+
+def test_the_outage_runs_from_the_fault_to_the_end_of_the_first_success_started_after_it():
+    seen = attempts(
+        (9.0, 9.1, True, ""),
+        (9.9, 10.2, True, ""),  # straddles the fault: it proves nothing about "after"
+        (10.3, 10.4, False, "NOT_LEADER"),
+        (10.5, 11.5, False, "ServiceUnreachable"),
+        (11.6, 11.7, False, "NOT_LEADER"),
+        (11.8, 12.4, True, ""),
+        (12.5, 12.6, True, ""),
+    )
+    r = ha.probe_recovery(seen, at=10.0, healed=11.0, healthy=11.5)
+    assert r["last_ok_before"] == 9.1
+    assert r["first_ok_after"] == 12.4
+    assert r["outage_s"] == pytest.approx(2.4)
+    assert r["after_restart_s"] == pytest.approx(1.4)
+    assert r["after_healthy_s"] == pytest.approx(0.9)
+    assert r["failed_attempts"] == 3
+    assert r["failed_codes"] == {"NOT_LEADER": 2, "ServiceUnreachable": 1}
+
+
+def test_a_prober_that_never_succeeds_again_has_no_recovery_and_counts_every_failure():
+    r = ha.probe_recovery(
+        attempts((1.0, 1.1, True, ""), (2.0, 2.1, False, "NOT_FOUND"), (3.0, 3.1, False, "X")),
+        at=1.5,
+        healed=None,
+    )
+    assert r["first_ok_after"] is None and r["outage_s"] is None
+    assert r["after_restart_s"] is None
+    assert r["failed_attempts"] == 2
+
+
+def test_fault_recovery_uses_the_kill_time_and_rates_payouts_in_the_three_windows():
+    windows = [
+        {"kind": "pause", "target": "0", "start": 1.0, "end": 4.0},  # not an HA fault
+        {
+            "kind": REPLICA_KILL,
+            "target": "lockserver",
+            "start": 20.0,
+            "killed": 20.5,
+            "restarted": 20.6,
+            "end": 24.5,
+        },
+        {"kind": ETCD_LEADER_KILL, "target": "", "start": 10.0, "killed": 10.0, "end": 12.0},
+    ]
+    probes = {
+        "lockserver/r1": attempts((20.4, 20.45, True, ""), (20.6, 20.7, True, "")),
+        "lockserver/r2": attempts((20.4, 20.45, True, ""), (20.6, 24.0, False, "X")),
+    }
+    posted = [t / 10 for t in range(100, 300)]  # 10/s from 10 s to 30 s
+    posted = [t for t in posted if not 21.0 <= t < 24.0]  # none while the replica was down
+    out = ha.fault_recovery(windows, probes, posted, settle_s=4.0)
+    assert [f["kind"] for f in out] == [ETCD_LEADER_KILL, REPLICA_KILL]
+    kill = out[1]
+    assert kill["at"] == 20.5 and kill["killed"] == "lockserver/r2"
+    assert kill["probes"]["lockserver/r1"]["outage_s"] == pytest.approx(0.2)
+    assert kill["probes"]["lockserver/r2"]["outage_s"] is None
+    assert kill["payouts_per_s"]["before"] == pytest.approx(10.0)
+    # 20.5..21.0 and 24.0..24.5 of the 4 s: 10 payouts
+    assert kill["payouts_per_s"]["during"] == pytest.approx(10 / 4.0)
+    assert kill["payouts_per_s"]["after"] == pytest.approx(10.0)
+    lines = ha.recovery_lines(out)
+    assert any("lockserver/r2" in line and "the killed replica" in line for line in lines)
+    assert any("lockserver/r1" in line and "> goal" not in line for line in lines)
+
+
+def test_the_recovery_schedule_is_every_ha_fault_alone_each_after_a_settle():
+    events = recovery_schedule(settle_s=6.0)
+    assert [(e.kind, e.target) for e in events] == list(RECOVERY_FAULTS)
+    assert {e.kind for e in events} == {ETCD_LEADER_KILL, QUORUM_LOSS, REPLICA_KILL}
+    assert {e.target for e in events if e.kind == REPLICA_KILL} == {
+        "lockserver",
+        "payments",
+        "railproxy",
+    }
+    assert all(e.params == {"settle": 6.0} for e in events)
+    assert next(e for e in events if e.kind == QUORUM_LOSS).seconds >= 5.0
+    gaps = [b.at - a.at for a, b in zip(events, events[1:], strict=False)]
+    assert all(gap >= 6.0 for gap in gaps)
+    assert recovery_duration(6.0) > events[-1].at
+
+
+@pytest.fixture
+def replicated_stack(tmp_path, monkeypatch):
+    for var in DB_URL_ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("LOCK_BACKEND", raising=False)
+    monkeypatch.delenv("ETCD_URL", raising=False)
+    run = tmp_path / "run"
+    (run / "pids").mkdir(parents=True)
+    base = _free_block(len(ROLES), replicas=2)
+    try:  # a start that fails half-way leaves roles running: clean up either way
+        up("pg", replicas=2, run=run, ports={role: base + n for n, role in enumerate(ROLES, 1)})
+        yield from_stack_env(run)
+    finally:
+        clean(run=run)
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_probers_see_the_killed_replica_down_and_the_failover_client_carry_on(replicated_stack):
+    stack = replicated_stack
+    t0 = time.monotonic()
+    probers = build_probers(
+        stack.env, run_id="t1", account_id="acct-none", clock=lambda: time.monotonic() - t0
+    )
+    names = sorted(p.name for p in probers)
+    assert names == sorted(
+        f"{role}/{replica}"
+        for role in ("lockserver", "payments", "railproxy")
+        for replica in ("r1", "r2", "both")
+    )
+    by_name = {p.name: p for p in probers}
+    lock_probers = [by_name[f"lockserver/{r}"] for r in ("r1", "r2", "both")]
+    try:
+        for prober in lock_probers:
+            prober.start()
+        deadline = time.monotonic() + 30
+        while not all(p.attempts and p.attempts[-1].ok for p in lock_probers):
+            assert time.monotonic() < deadline, [p.attempts[-1:] for p in lock_probers]
+            time.sleep(0.1)
+        marks: dict[str, float] = {}
+
+        def mark(what: str) -> None:
+            marks[what] = time.monotonic() - t0
+
+        ha.kill_replica(stack, "lockserver", mark=mark)  # kill -9 lockserver-2, restart it
+        time.sleep(1.0)  # attempts against the restarted replica, on the record
+    finally:
+        for prober in lock_probers:
+            prober.stop()
+    at = marks["killed"]
+    killed = by_name["lockserver/r2"].attempts
+    failover = by_name["lockserver/both"].attempts
+    survivor = by_name["lockserver/r1"].attempts
+    # `both` lists the replica that dies first: it was on it before the kill
+    assert failover and failover[0].ok
+    # the killed replica's own prober saw it gone (nothing sent: connect refused), then back
+    down = [a for a in killed if a.start >= at and not a.ok]
+    assert down and {a.code for a in down} == {"ServiceUnreachable"}
+    assert ha.probe_recovery(killed, at=at, healed=marks["restarted"])["first_ok_after"]
+    # the survivor never failed; the client with both URLs moved to it on connect refused
+    # (at most the one acquire in flight when the process died is lost, not the outage)
+    assert all(a.ok for a in survivor), [a for a in survivor if not a.ok][:3]
+    after = [a for a in failover if a.start >= at]
+    assert sum(1 for a in after if not a.ok) <= 1, [a for a in after if not a.ok]
+    assert sum(1 for a in after if a.ok) > len(down) // 2

@@ -1,0 +1,85 @@
+"""The rail submission's fast body check accepts exactly what SubmissionIn accepts, and yields
+the same data; everything else is refused by the serializer itself (same details)."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.exceptions import ValidationError
+
+from railproxy.views import SubmissionIn, parse_submission
+
+PID = "0B4F8F0E-6A0E-4C1E-9C1E-3F1F0F7F7A01"
+GOOD = {
+    "payoutId": PID.lower(),
+    "accountId": "acct-1",
+    "amountMinor": 1_250,
+    "currency": "EUR",
+    "beneficiaryRef": "benef-1",
+}
+
+
+def body(**override):
+    out = {**GOOD, **override}
+    return {k: v for k, v in out.items() if v is not ...}
+
+
+BODIES = [
+    GOOD,
+    body(payoutId=PID),
+    body(payoutId=f" {PID}"),
+    body(payoutId="not-a-uuid"),
+    body(payoutId="0b4f8f0e6a0e4c1e9c1e3f1f0f7f7a01"),
+    body(payoutId="{0b4f8f0e-6a0e-4c1e-9c1e-3f1f0f7f7a01}"),
+    body(payoutId=5),
+    body(accountId=""),
+    body(accountId="   "),
+    body(accountId="a" * 64),
+    body(accountId="a" * 65),
+    body(accountId="a\x00b"),
+    body(accountId="kontó"),
+    body(accountId=None),
+    body(amountMinor=0),
+    body(amountMinor=-1),
+    body(amountMinor=1),
+    body(amountMinor=2**63 - 1),
+    body(amountMinor=2**63),
+    body(amountMinor=2**70),
+    body(amountMinor="100"),
+    body(amountMinor=1.0),
+    body(amountMinor=True),
+    body(currency="eur"),
+    body(currency="EURO"),
+    body(currency="EU"),
+    body(currency="ÉUR"),
+    body(currency=" EU"),
+    body(currency=978),
+    body(beneficiaryRef=""),
+    body(beneficiaryRef="b" * 128),
+    body(beneficiaryRef="b" * 129),
+    body(beneficiaryRef=" padded "),
+    body(beneficiaryRef="\ud800"),
+    body(beneficiaryRef=...),
+    body(extra=1),
+    {},
+    [],
+    "text",
+    None,
+]
+
+
+def outcome(parse, data):
+    try:
+        return ("ok", dict(parse(data)))
+    except ValidationError as exc:
+        return ("refused", exc.detail)
+
+
+def serializer(data):
+    parsed = SubmissionIn(data=data)
+    parsed.is_valid(raise_exception=True)
+    return parsed.validated_data
+
+
+@pytest.mark.parametrize("data", BODIES, ids=repr)
+def test_submission_fast_path_matches_the_serializer(data):
+    assert outcome(parse_submission, data) == outcome(serializer, data)
