@@ -112,7 +112,7 @@ def required_scope(request: HttpRequest) -> str | None:
 
 
 def request_principal(request: HttpRequest) -> Principal:
-    """The caller of a /v1 request (set by CredentialMiddleware before the view runs)."""
+    """The caller of a /v1 request (set by dlock.middleware.ApiMiddleware before the view runs)."""
     principal = getattr(request, "dlock_principal", None)
     if principal is None:  # a view reached without the middleware: fail closed
         raise ApiError(Code.UNAUTHENTICATED, "Authorization: Bearer <credential> is required")
