@@ -333,31 +333,82 @@ class Executor(Picker):
             raise Abandon  # post is finished even when stopping: RAIL_ACKED is money moved
 
     def _section(self, grant: Grant, candidate: Candidate, fields: dict[str, Any]) -> str:
-        payout = self.api.get_payout(candidate.payout_id)
+        """Claim what the listing says is claimable straight away: P2's answer carries what the
+        submission needs, so the payout is read (P4) only when the listing was stale (P2 said
+        PAYOUT_NOT_CLAIMABLE) or the payout is RAIL_ACKED (its submissions are needed)."""
+        if candidate.state in CLAIMABLE:
+            fields["state"] = candidate.state
+            try:
+                claimed = self._claim(grant, candidate.payout_id, candidate.state, fields)
+            except PayoutNotClaimable:
+                # The listing was stale (another executor moved it): act on where it is now.
+                return self._by_state(
+                    grant, candidate, self.api.get_payout(candidate.payout_id), fields
+                )
+            if claimed is None:
+                return "failed"
+            payout = {
+                "payoutId": candidate.payout_id,
+                "accountId": candidate.account_id,
+                "amountMinor": candidate.amount_minor,
+                "currency": candidate.currency,
+                "beneficiaryRef": claimed.get("beneficiaryRef"),
+            }
+            if payout["beneficiaryRef"] is None:  # a replay recorded before P2 carried it
+                payout = self.api.get_payout(candidate.payout_id)
+            return self._submit_and_post(grant, candidate, payout, fields)
+        return self._by_state(grant, candidate, self.api.get_payout(candidate.payout_id), fields)
+
+    def _by_state(
+        self, grant: Grant, candidate: Candidate, payout: dict[str, Any], fields: dict[str, Any]
+    ) -> str:
+        """The section from the payout as read now (P4): claim, recover a RAIL_ACKED, or skip."""
         state = payout["state"]
         fields["state"] = state
         if state in CLAIMABLE:
-            self._checkpoint(grant, "before_claim", fields)
-            self._present(grant)
-            try:
-                self.api.claim(
-                    candidate.payout_id, token=grant.token, proof=grant.proof, expected_state=state
-                )
-            except InsufficientFunds:
+            if self._claim(grant, candidate.payout_id, state, fields) is None:
                 return "failed"
-            self._hop("claim", fields)
-            self._checkpoint(grant, "before_submit", fields)
-            submission = self._submit(grant, payout, fields)
-            if isinstance(submission, str):
-                return submission
-        elif state == "RAIL_ACKED":
+            return self._submit_and_post(grant, candidate, payout, fields)
+        if state == "RAIL_ACKED":
             submission = _acked_submission(payout)
             if submission is None:
                 log_event("executor_no_acked_submission", level=logging.ERROR, **fields)
                 return "error"
-        else:
-            # The listing was stale (another executor finished it): not an execution.
-            return "skipped"
+            return self._post(grant, candidate, submission, fields)
+        # The listing was stale (another executor finished it): not an execution.
+        return "skipped"
+
+    def _claim(
+        self, grant: Grant, payout_id: str, state: str, fields: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """P2 under this grant; its answer, or None when the payout FAILED for funds."""
+        self._checkpoint(grant, "before_claim", fields)
+        self._present(grant)
+        try:
+            claimed = self.api.claim(
+                payout_id, token=grant.token, proof=grant.proof, expected_state=state
+            )
+        except InsufficientFunds:
+            return None
+        self._hop("claim", fields)
+        return claimed
+
+    def _submit_and_post(
+        self, grant: Grant, candidate: Candidate, payout: dict[str, Any], fields: dict[str, Any]
+    ) -> str:
+        self._checkpoint(grant, "before_submit", fields)
+        submission = self._submit(grant, payout, fields)
+        if isinstance(submission, str):
+            return submission
+        return self._post(grant, candidate, submission, fields)
+
+    def _post(
+        self,
+        grant: Grant,
+        candidate: Candidate,
+        submission: dict[str, Any],
+        fields: dict[str, Any],
+    ) -> str:
         self._renew_if_short(grant, BUDGETS["payments.write"].read_s, fields)
         if not self.stop_requested.is_set():
             self._checkpoint(grant, "before_post", fields)

@@ -96,14 +96,14 @@ WITH old AS (
        SET state = 'CLAIMED', claim_token = %(token)s, claim_owner_id = %(owner_id)s,
            attempt_count = attempt_count + 1, updated_at = clock_timestamp()
      WHERE payout_id = %(payout_id)s AND state = %(expected_state)s
- RETURNING payout_id, attempt_count, idempotency_key
+ RETURNING payout_id, attempt_count, idempotency_key, beneficiary_ref
 ), ev AS (
     INSERT INTO payout_event (payout_id, from_state, to_state, token, owner_id, note, at)
     SELECT moved.payout_id, old.state, 'CLAIMED', %(token)s, %(owner_id)s, NULL,
            clock_timestamp()
       FROM moved, old
 )
-SELECT attempt_count, idempotency_key FROM moved
+SELECT attempt_count, idempotency_key, beneficiary_ref FROM moved
 """
 
 FAIL_FOR_FUNDS_SQL = """
@@ -310,8 +310,9 @@ def claim_check(cursor: Any, *, payout_id: uuid.UUID) -> tuple[str, int, int | N
 
 def claim_transition(
     cursor: Any, *, payout_id: uuid.UUID, expected_state: str, token: int, owner_id: str
-) -> tuple[int, str] | None:
-    """expected_state → CLAIMED with token/owner, attempt+1, event row; None if not moved."""
+) -> tuple[int, str, str] | None:
+    """expected_state → CLAIMED with token/owner, attempt+1, event row; (attempt count, stable
+    idempotency key, beneficiary) or None if not moved."""
     cursor.execute(
         CLAIM_TRANSITION_SQL,
         {
@@ -322,7 +323,7 @@ def claim_transition(
         },
     )
     row = cursor.fetchone()
-    return (int(row[0]), row[1]) if row else None
+    return (int(row[0]), row[1], row[2]) if row else None
 
 
 def fail_for_funds(

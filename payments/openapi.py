@@ -87,6 +87,12 @@ class PayoutClaimed(serializers.Serializer):
     accountFence = _int64(help_text="The account's fence after the update.")
     attemptCount = serializers.IntegerField(min_value=0)
     idempotencyKey = serializers.CharField()
+    beneficiaryRef = serializers.CharField(
+        required=False,
+        help_text="The payout's beneficiary, exactly as the rail submission must carry it (so "
+        "the executor needs no P4 read before it submits). Absent only in a replay of a claim "
+        "recorded before this field existed.",
+    )
 
 
 class LedgerEntry(serializers.Serializer):

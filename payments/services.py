@@ -304,7 +304,7 @@ def _claim_transition(
     )
     if moved is None:  # pragma: no cover - the row is locked by claim_check
         raise _not_in_state(cur, payout_id, (expected_state,), token=token)
-    attempt_count, stable_key = moved
+    attempt_count, stable_key, beneficiary_ref = moved
     return {
         "payoutId": str(payout_id),
         "state": "CLAIMED",
@@ -312,6 +312,7 @@ def _claim_transition(
         "accountFence": account_fence,
         "attemptCount": attempt_count,
         "idempotencyKey": stable_key,
+        "beneficiaryRef": beneficiary_ref,  # what the rail submission carries (CHANGELOG row)
     }
 
 

@@ -39,6 +39,7 @@ def test_claim_with_a_winning_token_answers_claimed_with_the_post_update_fence(c
         "accountFence": token,
         "attemptCount": 1,
         "idempotencyKey": f"payout-{p.payout_id}",
+        "beneficiaryRef": p.beneficiary_ref,  # what the rail submission carries (CHANGELOG 53)
     }
     row = Payout.objects.get(payout_id=p.payout_id)
     assert (row.state, row.claim_token, row.claim_owner_id) == ("CLAIMED", token, "w1")
