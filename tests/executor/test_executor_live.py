@@ -16,6 +16,7 @@ import requests
 
 from devstack import free_port, wait_until
 from dlock.client import LockClient
+from executor.worker import Executor
 from tests.executor.conftest import (
     account_ids,
     fenced_out_count,
@@ -260,3 +261,66 @@ def test_sigterm_mid_section_abandons_releases_and_exits_zero(exec_stack, tmp_pa
 
     _drain(exec_stack, tmp_path, _owner("exec-after-term"))
     assert states(exec_stack, [pid]) == {pid: "POSTED"}
+
+
+def _payout_reads(stack) -> float:
+    """P4 answers the payment resource has given (its request metrics, every status)."""
+    text = requests.get(f"{stack.url('payments')}/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("django_http_responses_total_by_status_view_method_total{")
+        and 'view="payout-detail"' in line
+        and 'method="GET"' in line
+    )
+
+
+def test_a_listed_payout_is_claimed_without_reading_it_first_and_paid_to_its_own_beneficiary(
+    exec_stack, tmp_path
+):
+    """P2's answer carries beneficiaryRef (CHANGELOG 53): no P4 read per payout. The rail proxy
+    refuses a submission whose beneficiary is not the payout's (paydb's row), so every payout
+    POSTED proves the beneficiary the executor sent was the stored one."""
+    seeded = seed(exec_stack, accounts=4, per_account=3, balance=10_000, amount=1_000)
+    ids = payout_ids(seeded)
+    reads = _payout_reads(exec_stack)
+
+    _drain(exec_stack, tmp_path, _owner("exec-noread"))
+
+    assert set(states(exec_stack, ids).values()) == {"POSTED"}
+    assert rail_requests(exec_stack, ids) == dict.fromkeys(ids, 1)
+    assert _payout_reads(exec_stack) == reads
+    for account_id in account_ids(seeded):
+        account = _account(exec_stack, account_id)
+        assert account["balanceMinor"] == account["ledgerSumMinor"] == 10_000 - 3 * 1_000
+
+
+def test_a_stale_listing_is_read_after_the_claim_refuses_it_and_nothing_is_paid_twice(
+    exec_stack,
+):
+    """This executor listed two PENDING payouts; another paid both before it got to them. Each
+    claim (PENDING expected) answers PAYOUT_NOT_CLAIMABLE; only then is the payout read (P4),
+    found POSTED and skipped; the rail never hears of either again."""
+    seeded = seed(exec_stack, accounts=1, per_account=2, balance=10_000, amount=1_000)
+    ids = payout_ids(seeded)
+    urls = {
+        "lock_url": exec_stack.env["LOCK_SERVER_URL"],
+        "payments_url": exec_stack.env["PAYMENTS_URL"],
+        "rail_proxy_url": exec_stack.env["RAIL_PROXY_URL"],
+    }
+    late = Executor(owner_id=_owner("exec-late"), **urls)
+    listed = [c for c in late.api.list_payouts("PENDING", max_items=500) if c.payout_id in ids]
+    assert sorted(c.payout_id for c in listed) == sorted(ids)
+    early = Executor(owner_id=_owner("exec-early"), **urls)
+    assert early.run(until_idle=True) == 0
+    assert set(states(exec_stack, ids).values()) == {"POSTED"}
+    reads = _payout_reads(exec_stack)
+    try:
+        outcomes = [late.execute(candidate) for candidate in listed]
+    finally:
+        late.close()
+    assert outcomes == ["skipped", "skipped"]
+    assert _payout_reads(exec_stack) == reads + 2  # read only after the claim refused
+    assert rail_requests(exec_stack, ids) == dict.fromkeys(ids, 1)
+    account = _account(exec_stack, account_ids(seeded)[0])
+    assert account["balanceMinor"] == account["ledgerSumMinor"] == 10_000 - 2 * 1_000
