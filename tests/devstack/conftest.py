@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -44,14 +45,19 @@ def replica_ports() -> dict[str, int]:
     return {role: base + n for n, role in enumerate(ROLES, start=1)}
 
 
-@pytest.fixture
-def run_dir(tmp_path, monkeypatch):
-    """The suite's database URLs must not leak in: `up` would use them instead of its own
-    private cluster. Whatever a test leaves running is stopped and removed."""
+def isolated_run(tmp_path, monkeypatch) -> Path:
+    """A run directory of the test's own. The suite's database URLs (and backend choice) must
+    not leak in: `up` would use them instead of its own private cluster."""
     for var in DB_URL_ENV.values():
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("LOCK_BACKEND", raising=False)
     monkeypatch.delenv("ETCD_URL", raising=False)
-    run = tmp_path / "run"
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    """Whatever a test leaves running is stopped and removed."""
+    run = isolated_run(tmp_path, monkeypatch)
     yield run
     clean(run=run)

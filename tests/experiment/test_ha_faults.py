@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import pytest
 
-from devstack import DB_URL_ENV, ROLES, clean, etcd_cluster, free_port, pid_alive, ready, up
+from devstack import ROLES, clean, etcd_cluster, free_port, pid_alive, ready, up
 from devstack.postgres import state_root
 from devstack.roles import read_record
 from experiment import ha
 from experiment.stack import StackHandle, from_stack_env
-from tests.devstack.conftest import _free_block
+from tests.devstack.conftest import _free_block, isolated_run
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
 
 @pytest.fixture
 def run(tmp_path, monkeypatch):
-    for var in DB_URL_ENV.values():
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv("LOCK_BACKEND", raising=False)
-    monkeypatch.delenv("ETCD_URL", raising=False)
-    run = tmp_path / "run"
+    run = isolated_run(tmp_path, monkeypatch)
     (run / "pids").mkdir(parents=True)
     yield run
     clean(run=run)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from devstack import DB_URL_ENV, ROLES, clean, up
+from devstack import ROLES, clean, up
 from experiment import ha
 from experiment.probes import Attempt, build_probers
 from experiment.schedule import (
@@ -21,7 +21,7 @@ from experiment.schedule import (
     recovery_schedule,
 )
 from experiment.stack import from_stack_env
-from tests.devstack.conftest import _free_block
+from tests.devstack.conftest import _free_block, isolated_run
 
 
 def attempts(*spec: tuple[float, float, bool, str]) -> list[Attempt]:
@@ -111,11 +111,7 @@ def test_the_recovery_schedule_is_every_ha_fault_alone_each_after_a_settle():
 
 @pytest.fixture
 def replicated_stack(tmp_path, monkeypatch):
-    for var in DB_URL_ENV.values():
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv("LOCK_BACKEND", raising=False)
-    monkeypatch.delenv("ETCD_URL", raising=False)
-    run = tmp_path / "run"
+    run = isolated_run(tmp_path, monkeypatch)
     (run / "pids").mkdir(parents=True)
     base = _free_block(len(ROLES), replicas=2)
     try:  # a start that fails half-way leaves roles running: clean up either way
