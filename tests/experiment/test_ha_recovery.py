@@ -160,9 +160,13 @@ def test_probers_see_the_killed_replica_down_and_the_failover_client_carry_on(re
     survivor = by_name["lockserver/r1"].attempts
     # `both` lists the replica that dies first: it was on it before the kill
     assert failover and failover[0].ok
-    # the killed replica's own prober saw it gone (nothing sent: connect refused), then back
+    # the killed replica's own prober saw it gone (nothing sent: connect refused), then back;
+    # while the restarted process warms up under load it may shed a request (503 OVERLOADED,
+    # retry-safe), never answer anything else
     down = [a for a in killed if a.start >= at and not a.ok]
-    assert down and {a.code for a in down} == {"ServiceUnreachable"}
+    codes = {a.code for a in down}
+    assert down and "ServiceUnreachable" in codes, down[:3]
+    assert codes <= {"ServiceUnreachable", "OVERLOADED", "NOT_LEADER"}, down
     assert ha.probe_recovery(killed, at=at, healed=marks["restarted"])["first_ok_after"]
     # the survivor never failed; the client with both URLs moved to it on connect refused
     # (at most the one acquire in flight when the process died is lost, not the outage)
