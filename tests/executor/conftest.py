@@ -152,6 +152,18 @@ def start_executor(
     return ExecutorProcess(owner_id, process, log)
 
 
+def account_state(stack: LiveStack, account_id: str) -> dict:
+    """P5: the account as the payment resource answers it (balance, ledger sum, fence)."""
+    return requests.get(f"{stack.url('payments')}/v1/accounts/{account_id}", timeout=5).json()
+
+
+def drain(stack: LiveStack, tmp_path: Path, *owners: str) -> None:
+    """`run_executor --until-idle` as one real process per owner; each must exit 0."""
+    procs = [start_executor(stack, owner, "--until-idle", log_dir=tmp_path) for owner in owners]
+    for proc in procs:
+        assert proc.wait(120) == 0, proc.log.read_text()[-3000:]
+
+
 def second_replica(stack: LiveStack, role: str, log_dir: Path) -> RoleProcess:
     """Another replica of `role` on the stack's databases, on a port of its own (started)."""
     return RoleProcess(role, free_port(), stack.env, log_dir / f"{role}-2.log").start()

@@ -19,6 +19,8 @@ from dlock.client import LockClient
 from executor.worker import Executor
 from tests.executor.conftest import (
     account_ids,
+    account_state,
+    drain,
     fenced_out_count,
     paydb,
     payout_ids,
@@ -45,16 +47,6 @@ def _ledger_legs(stack, payout_id: str) -> list[tuple[str, int]]:
         ).fetchall()
 
 
-def _account(stack, account_id: str) -> dict:
-    return requests.get(f"{stack.url('payments')}/v1/accounts/{account_id}", timeout=5).json()
-
-
-def _drain(stack, tmp_path, *owners: str) -> None:
-    procs = [start_executor(stack, owner, "--until-idle", log_dir=tmp_path) for owner in owners]
-    for proc in procs:
-        assert proc.wait(120) == 0, proc.log.read_text()[-3000:]
-
-
 # --------------------------------------------------------------------------- end to end
 
 
@@ -72,7 +64,7 @@ def test_two_executors_drain_fifty_payouts_and_nothing_is_presented_twice(
     ids = payout_ids(seeded)
     assert len(ids) == 50
 
-    _drain(exec_stack, tmp_path, _owner("exec-a"), _owner("exec-b"))
+    drain(exec_stack, tmp_path, _owner("exec-a"), _owner("exec-b"))
 
     final = states(exec_stack, ids)
     assert set(final.values()) <= TERMINAL, final
@@ -88,7 +80,7 @@ def test_two_executors_drain_fifty_payouts_and_nothing_is_presented_twice(
         if state == "FAILED":  # for funds (never presented) or declined (presented once)
             assert booked.get(pid, 0) == 0 and _ledger_legs(exec_stack, pid) == []
     for account_id in account_ids(seeded):
-        account = _account(exec_stack, account_id)
+        account = account_state(exec_stack, account_id)
         assert account["balanceMinor"] == account["ledgerSumMinor"] >= 0
     report = exec_stack.manage("reconcile", "--json", check=False)
     assert report.returncode == 0, report.stdout[-3000:]
@@ -169,7 +161,7 @@ def test_paused_executor_is_fenced_out_after_another_takes_over_and_nothing_is_p
     stale_token = stale.events("executor_paused")[0]["token"]
 
     # While it sleeps past its 2 s lease, another executor recovers the CLAIMED payout.
-    _drain(exec_stack, tmp_path, _owner("exec-fresh"))
+    drain(exec_stack, tmp_path, _owner("exec-fresh"))
     assert states(exec_stack, [pid]) == {pid: "POSTED"}
 
     os.kill(stale.pid, signal.SIGCONT)
@@ -220,12 +212,12 @@ def test_kill_9_mid_section_is_recovered_by_the_next_holder(
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait(10)
 
-    _drain(exec_stack, tmp_path, _owner("exec-recover"))
+    drain(exec_stack, tmp_path, _owner("exec-recover"))
     assert states(exec_stack, [pid]) == {pid: "POSTED"}
     assert rail_requests(exec_stack, [pid]) == {pid: 1}
     assert rail_transfers(exec_stack, [pid]) == {pid: 1}
     assert _ledger_legs(exec_stack, pid) == [("CREDIT", 1_000), ("DEBIT", 1_000)]
-    account = _account(exec_stack, account_id)
+    account = account_state(exec_stack, account_id)
     assert account["balanceMinor"] == account["ledgerSumMinor"] == 4_000
 
 
@@ -259,7 +251,7 @@ def test_sigterm_mid_section_abandons_releases_and_exits_zero(exec_stack, tmp_pa
     assert locks.info(f"payout:{account_id}")["held"] is False  # released, not left to expire
     assert states(exec_stack, [pid]) == {pid: "CLAIMED"}
 
-    _drain(exec_stack, tmp_path, _owner("exec-after-term"))
+    drain(exec_stack, tmp_path, _owner("exec-after-term"))
     assert states(exec_stack, [pid]) == {pid: "POSTED"}
 
 
@@ -285,13 +277,13 @@ def test_a_listed_payout_is_claimed_without_reading_it_first_and_paid_to_its_own
     ids = payout_ids(seeded)
     reads = _payout_reads(exec_stack)
 
-    _drain(exec_stack, tmp_path, _owner("exec-noread"))
+    drain(exec_stack, tmp_path, _owner("exec-noread"))
 
     assert set(states(exec_stack, ids).values()) == {"POSTED"}
     assert rail_requests(exec_stack, ids) == dict.fromkeys(ids, 1)
     assert _payout_reads(exec_stack) == reads
     for account_id in account_ids(seeded):
-        account = _account(exec_stack, account_id)
+        account = account_state(exec_stack, account_id)
         assert account["balanceMinor"] == account["ledgerSumMinor"] == 10_000 - 3 * 1_000
 
 
@@ -322,5 +314,5 @@ def test_a_stale_listing_is_read_after_the_claim_refuses_it_and_nothing_is_paid_
     assert outcomes == ["skipped", "skipped"]
     assert _payout_reads(exec_stack) == reads + 2  # read only after the claim refused
     assert rail_requests(exec_stack, ids) == dict.fromkeys(ids, 1)
-    account = _account(exec_stack, account_ids(seeded)[0])
+    account = account_state(exec_stack, account_ids(seeded)[0])
     assert account["balanceMinor"] == account["ledgerSumMinor"] == 10_000 - 2 * 1_000

@@ -9,7 +9,14 @@ import psycopg
 import pytest
 import requests
 
-from tests.executor.conftest import account_ids, paydb, payout_ids, seed, start_executor, states
+from tests.executor.conftest import (
+    account_ids,
+    drain,
+    paydb,
+    payout_ids,
+    seed,
+    states,
+)
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -59,14 +66,6 @@ def _books(stack, account_id: str) -> tuple[int, int]:
             " WHERE a.account_id = %s GROUP BY a.balance_minor",
             (account_id,),
         ).fetchone()
-
-
-def _drain(stack, tmp_path) -> None:
-    """`run_executor --until-idle` as a real process; leaves nothing CLAIMED behind."""
-    proc = start_executor(
-        stack, f"exec-repaired-{uuid.uuid4().hex[:6]}", "--until-idle", log_dir=tmp_path
-    )
-    assert proc.wait(120) == 0, proc.log.read_text()[-3000:]
 
 
 def _runaway(stack) -> tuple[str, str]:
@@ -131,7 +130,7 @@ def test_a_runaway_fence_is_lowered_to_the_issued_bound_audited_and_the_payout_t
     assert "# TYPE fence_repaired_total counter" in metrics
 
     # The next legitimate grant is above the bound: the executor recovers the claim and pays.
-    _drain(ops_stack, tmp_path)
+    drain(ops_stack, tmp_path, f"exec-repaired-{uuid.uuid4().hex[:6]}")
     assert states(ops_stack, [pid]) == {pid: "POSTED"}
     balance, ledger_sum = _books(ops_stack, account_id)
     assert balance == ledger_sum == 4_000
@@ -171,7 +170,7 @@ def test_repair_without_a_reason_is_refused_and_changes_nothing(ops_stack, tmp_p
     assert _audit(ops_stack, account_id) == []
     # leave the stack drainable for the next test: repair it properly, then pay it
     assert _repair(ops_stack, "--account", account_id, "--reason", "test clean-up").returncode == 0
-    _drain(ops_stack, tmp_path)
+    drain(ops_stack, tmp_path, f"exec-repaired-{uuid.uuid4().hex[:6]}")
     assert states(ops_stack, [pid]) == {pid: "POSTED"}
 
 

@@ -8,12 +8,13 @@ import signal
 import uuid
 
 import pytest
-import requests
 
 from dlock.client import LockClient
 from tests.conftest import free_port, manage
 from tests.executor.conftest import (
     account_ids,
+    account_state,
+    drain,
     fenced_out_count,
     payout_ids,
     rail_requests,
@@ -26,16 +27,6 @@ from tests.executor.conftest import (
 )
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
-
-
-def _account(stack, account_id: str) -> dict:
-    return requests.get(f"{stack.url('payments')}/v1/accounts/{account_id}", timeout=5).json()
-
-
-def _drain(stack, tmp_path, *owners: str) -> None:
-    procs = [start_executor(stack, owner, "--until-idle", log_dir=tmp_path) for owner in owners]
-    for proc in procs:
-        assert proc.wait(120) == 0, proc.log.read_text()[-3000:]
 
 
 # --------------------------------------------------------------------------- revoke
@@ -92,7 +83,7 @@ def test_revoke_pushes_the_floor_so_the_evicted_holder_is_fenced_out_at_once(ops
         "railHighWater": floor,
         "skipped": None,
     }
-    assert _account(ops_stack, account_id)["fence"] == floor
+    assert account_state(ops_stack, account_id)["fence"] == floor
 
     os.kill(holder.pid, signal.SIGCONT)
     assert holder.wait(60) == 0
@@ -101,7 +92,7 @@ def test_revoke_pushes_the_floor_so_the_evicted_holder_is_fenced_out_at_once(ops
     assert rail_requests(ops_stack, [pid]) == {}  # the evicted holder never reached the rail
     assert states(ops_stack, [pid]) == {pid: "CLAIMED"}
 
-    _drain(ops_stack, tmp_path, _owner("exec-next"))  # the next grant is above the floor
+    drain(ops_stack, tmp_path, _owner("exec-next"))  # the next grant is above the floor
     assert states(ops_stack, [pid]) == {pid: "POSTED"}
     assert rail_requests(ops_stack, [pid]) == {pid: 1}
 
@@ -116,7 +107,7 @@ def test_revoke_without_the_push_leaves_the_fence_so_the_evicted_write_still_lan
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout)
     assert body["push"]["skipped"] == "--no-push"
-    assert _account(ops_stack, account_id)["fence"] == token  # still the evicted claim's
+    assert account_state(ops_stack, account_id)["fence"] == token  # still the evicted claim's
 
     # Without the push nothing at the resources knows yet: this is the gap the push closes.
     os.kill(holder.pid, signal.SIGCONT)
