@@ -5,6 +5,11 @@ an unknown key is read again (it may be written later)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
+K = TypeVar("K")
+
 
 class WriteOnceMap:
     """Oldest entry out first beyond `limit`. No lock: under the GIL a racing thread at worst
@@ -16,6 +21,15 @@ class WriteOnceMap:
 
     def get(self, key: object) -> str | None:
         return self._values.get(str(key))
+
+    def get_or_read(self, key: K, read: Callable[[K], str | None]) -> str | None:
+        """The kept value, else `read(key)` (kept when found; None is never kept)."""
+        value = self.get(key)
+        if value is None:
+            value = read(key)
+            if value is not None:
+                self.remember(key, value)
+        return value
 
     def remember(self, key: object, value: str) -> None:
         if len(self._values) >= self._limit:

@@ -19,12 +19,14 @@ import base64
 import hashlib
 import hmac
 import re
+import uuid
+from collections.abc import Callable
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from dlock.errors import ApiError, Code
+from dlock.errors import ApiError, Code, not_found
 
 HEADER = "X-Fencing-Proof"
 VERSION = "v1"
@@ -134,3 +136,21 @@ def require(request: HttpRequest, *, key: str, token: int) -> None:
 def payout_key(account_id: str) -> str:
     """The lock key that guards an account's payouts: what payments and the rail proxy verify."""
     return f"payout:{account_id}"
+
+
+def require_for_payout(
+    request: HttpRequest,
+    *,
+    payout_id: uuid.UUID,
+    token: int,
+    account_of: Callable[[uuid.UUID], str | None],
+) -> None:
+    """The receivers' rule (payments P2/P3, rail submissions): a well-formed proof first (no
+    database work for a missing one), then the payout's account as its owner stores it
+    (`account_of`; 404 for an unknown payout), then the proof must bind `token` to
+    `payout:{accountId}`."""
+    raw = presented(request)
+    account_id = account_of(payout_id)
+    if account_id is None:
+        raise not_found("payout", str(payout_id))
+    verify(raw, key=payout_key(account_id), token=token)

@@ -36,9 +36,7 @@ def record_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
 
 def check_owner(*, session_id: uuid.UUID, principal: Principal) -> None:
     """FORBIDDEN when another credential opened `session_id`."""
-    owner = _owners.get(session_id)
-    if owner is None:
-        owner = _read_owner(session_id)
+    owner = _owners.get_or_read(session_id, _read_owner)
     if owner is not None and owner != principal.credential_id:
         raise ApiError(Code.FORBIDDEN, "this session belongs to another credential")
 
@@ -52,7 +50,4 @@ def _read_owner(session_id: uuid.UUID) -> str | None:
         # Back to the pool now: an acquire that then parks in a waitMillis wait (etcd) must not
         # hold a lockdb slot for its whole wait, or parked waiters starve session opens.
         connection.close()
-    if row is None:
-        return None
-    _owners.remember(session_id, row[0])
-    return row[0]
+    return row[0] if row else None

@@ -15,7 +15,6 @@ from django.http import HttpRequest
 
 from dlock import proof
 from dlock.dbrouter import alias_for
-from dlock.errors import not_found
 from dlock.memo import WriteOnceMap
 
 # One round trip without the ORM's query compilation (it was ~10 % of this role's CPU on P2/P3,
@@ -25,24 +24,20 @@ ACCOUNT_OF_PAYOUT_SQL = "SELECT account_id FROM payout WHERE payout_id = %s"
 _accounts = WriteOnceMap()  # payout id → account id
 
 
-def account_of_payout(*, payout_id: uuid.UUID) -> str | None:
+def account_of_payout(payout_id: uuid.UUID) -> str | None:
     """The account a payout belongs to, or None for an unknown payout."""
-    account_id = _accounts.get(payout_id)
-    if account_id is not None:
-        return account_id
+    return _accounts.get_or_read(payout_id, _read_account)
+
+
+def _read_account(payout_id: uuid.UUID) -> str | None:
     with connections[alias_for("payments")].cursor() as cursor:
         cursor.execute(ACCOUNT_OF_PAYOUT_SQL, [payout_id])
         row = cursor.fetchone()
-    if row is None:
-        return None
-    _accounts.remember(payout_id, row[0])
-    return row[0]
+    return row[0] if row else None
 
 
 def require_payout_proof(request: HttpRequest, *, payout_id: uuid.UUID, token: int) -> None:
     """INVALID_TOKEN unless the request's proof binds `token` to the payout's account key."""
-    raw = proof.presented(request)
-    account_id = account_of_payout(payout_id=payout_id)
-    if account_id is None:
-        raise not_found("payout", str(payout_id))
-    proof.verify(raw, key=proof.payout_key(account_id), token=token)
+    proof.require_for_payout(
+        request, payout_id=payout_id, token=token, account_of=account_of_payout
+    )

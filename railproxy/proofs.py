@@ -14,7 +14,6 @@ from django.http import HttpRequest
 
 from dlock import proof
 from dlock.dbrouter import alias_for
-from dlock.errors import not_found
 from dlock.memo import WriteOnceMap
 from railproxy import fenced_sql
 
@@ -23,21 +22,15 @@ _accounts = WriteOnceMap()  # payout id → account id
 
 def account_of(payout_id: uuid.UUID) -> str | None:
     """The payout's account as paydb stores it, or None for an unknown payout."""
-    account_id = _accounts.get(payout_id)
-    if account_id is not None:
-        return account_id
+    return _accounts.get_or_read(payout_id, _read_account)
+
+
+def _read_account(payout_id: uuid.UUID) -> str | None:
     with connections[alias_for("railproxy")].cursor() as cursor:
         stored = fenced_sql.payout(cursor, payout_id=payout_id)
-    if stored is None:
-        return None
-    _accounts.remember(payout_id, stored.account_id)
-    return stored.account_id
+    return stored.account_id if stored else None
 
 
 def require_payout_proof(request: HttpRequest, *, payout_id: uuid.UUID, token: int) -> None:
     """INVALID_TOKEN unless the request's proof binds `token` to the payout's account key."""
-    raw = proof.presented(request)
-    account_id = account_of(payout_id)
-    if account_id is None:
-        raise not_found("payout", str(payout_id))
-    proof.verify(raw, key=proof.payout_key(account_id), token=token)
+    proof.require_for_payout(request, payout_id=payout_id, token=token, account_of=account_of)
