@@ -62,10 +62,13 @@ def test_a_hundred_parked_waiters_leave_l7_and_probes_answered(bounded_server):
         thread.start()
     time.sleep(1.0)  # the bound is full: BOUND threads parked, the rest refused
     for _ in range(3):
-        started = time.monotonic()
         assert server.get(f"/v1/locks/{keys[0]}").status_code == 200
         assert server.get("/health/live").status_code == 200
-        assert time.monotonic() - started < 1.0
+        # Answered while every parked waiter still waits out its 6 s waitMillis (a parked one
+        # answers 409 only then): neither call queued behind the parked waits. Causal, not a
+        # wall-clock bound (a 1 s bound failed once on a loaded 2-core CI run at 1.23 s).
+        with guard:
+            assert not [r for r in answers if r.status_code == 409], "a parked wait ended first"
     free = server.acquire(new_key(), server.session(), wait_ms=6_000)  # a free key: at once
     assert free.status_code == 200, free.text
     for thread in threads:
