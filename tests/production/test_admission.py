@@ -6,6 +6,7 @@ worker's thread queue — the wait no database deadline can see (dlock.serving, 
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -93,18 +94,31 @@ def test_probes_are_never_shed_and_an_idle_server_sheds_nothing(probe_factory):
     assert shed_count(probe) == 0
 
 
-def kernel_stamps_tcp() -> bool:
-    """Whether this kernel attaches SO_TIMESTAMP to TCP reads (Linux does; some sandboxed
-    network stacks, such as one CI machine's, never do)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        client = socket.create_connection(listener.getsockname())
-        server, _ = listener.accept()
+def stamped_pair(listener: socket.socket) -> tuple[socket.socket, socket.socket]:
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    server.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+    return client, server
+
+
+def kernel_stamps_tcp(listener: socket.socket) -> bool:
+    """Whether this kernel stamps TCP reads (SO_TIMESTAMP) that the reader peeks at.
+
+    Linux turns receive stamping on for the whole machine only once some socket asks for it, and
+    it does so a moment later, from a work queue: bytes that arrive first are not stamped. The
+    caller keeps one stamped socket open (so stamping stays on) and this polls for up to 5 s until
+    a fresh connection's bytes carry a stamp; some sandboxed network stacks never stamp at all."""
+    deadline = time.monotonic() + 5
+    while True:
+        client, server = stamped_pair(listener)
         with client, server:
-            server.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
             client.sendall(b"x")
-            server.settimeout(5)
-            _, ancillary, _, _ = server.recvmsg(1, 64)
-            return kernel_stamp(ancillary) is not None
+            select.select([server], [], [], 5)
+            if arrived_seconds_ago(server) is not None:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def test_the_arrival_clock_reads_the_kernels_receive_timestamp_without_consuming():
@@ -112,21 +126,21 @@ def test_the_arrival_clock_reads_the_kernels_receive_timestamp_without_consuming
     the wait for the worker's main loop, which the thread-pool stamp alone would not see. On a
     kernel that does not stamp TCP reads the reader says so (None) and the worker falls back to
     the time its main loop read the bytes (the shedding tests above run on that clock there)."""
-    stamps = kernel_stamps_tcp()
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        client = socket.create_connection(listener.getsockname())
-        server, _ = listener.accept()
-        with client, server:
-            server.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
-            assert arrived_seconds_ago(server) is None  # nothing buffered yet
-            client.sendall(b"GET / HTTP/1.1\r\n\r\n")
-            time.sleep(0.3)
-            ago = arrived_seconds_ago(server)
-            if stamps:
-                assert ago is not None and 0.3 <= ago < 60
-            else:
-                assert ago is None
-            assert server.recv(100) == b"GET / HTTP/1.1\r\n\r\n"  # the peek consumed nothing
+        holder_client, holder = stamped_pair(listener)  # keeps the kernel's stamping on
+        with holder_client, holder:
+            stamps = kernel_stamps_tcp(listener)
+            client, server = stamped_pair(listener)
+            with client, server:
+                assert arrived_seconds_ago(server) is None  # nothing buffered yet
+                client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                time.sleep(0.3)
+                ago = arrived_seconds_ago(server)
+                if stamps:
+                    assert ago is not None and 0.3 <= ago < 60
+                else:
+                    assert ago is None
+                assert server.recv(100) == b"GET / HTTP/1.1\r\n\r\n"  # the peek consumed nothing
 
 
 def test_a_receive_stamp_is_read_from_the_control_message_and_a_stepped_clock_is_refused():
