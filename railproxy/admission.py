@@ -14,12 +14,13 @@ import logging
 import uuid
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 
 from dlock import idempotency, metrics
 from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
 from dlock.fencing import fenced_out
 from dlock.logs import log_event
+from dlock.prepared import prepared_cursor
 from payments.fenced_sql import transition_payout
 from railproxy import fenced_sql
 from railproxy.models import Outcome
@@ -52,7 +53,7 @@ class _Fenced(Exception):
 def admit(request: SubmissionRequest) -> Admitted | Replay | FencedRecorded:
     """Steps 0–3 in one paydb transaction; raises the refusals that leave no row."""
     using = alias()
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    with transaction.atomic(using=using), prepared_cursor(using) as cursor:
         idempotency.lock_identity(
             cursor, operation=OPERATION, key=request.idempotency_key, token=request.token
         )

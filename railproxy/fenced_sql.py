@@ -25,20 +25,18 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------------------------------------
 # SQL
 
-ENSURE_HIGH_WATER_SQL = """
-INSERT INTO rail_high_water (account_id, highest_token, retry_payout_id, updated_at)
-VALUES (%(account_id)s, 0, NULL, clock_timestamp())
-ON CONFLICT (account_id) DO NOTHING
-"""
-
-# Admission step 1 (C3 §3.5). Strict `>`; the equality arm only re-admits the payout whose
-# attempt under this very token ended NOT_SENT (nothing was presented, C3 §3.2 RAIL_UNAVAILABLE).
+# Admission step 1 (C3 §3.5), one statement: the account's first admission creates its mark at
+# this token (every token is > 0, so that is the advance from 0); otherwise strict `>`, and the
+# equality arm only re-admits the payout whose attempt under this very token ended NOT_SENT
+# (nothing was presented, C3 §3.2 RAIL_UNAVAILABLE). No row back: we are fenced.
 ADVANCE_HIGH_WATER_SQL = """
-UPDATE rail_high_water
-   SET highest_token = %(token)s, retry_payout_id = NULL, updated_at = clock_timestamp()
- WHERE account_id = %(account_id)s
-   AND (highest_token < %(token)s
-        OR (highest_token = %(token)s AND retry_payout_id = %(payout_id)s::uuid))
+INSERT INTO rail_high_water AS hw (account_id, highest_token, retry_payout_id, updated_at)
+VALUES (%(account_id)s, %(token)s, NULL, clock_timestamp())
+    ON CONFLICT (account_id) DO UPDATE
+   SET highest_token = EXCLUDED.highest_token, retry_payout_id = NULL,
+       updated_at = clock_timestamp()
+ WHERE hw.highest_token < EXCLUDED.highest_token
+    OR (hw.highest_token = EXCLUDED.highest_token AND hw.retry_payout_id = %(payout_id)s::uuid)
 RETURNING highest_token
 """
 
@@ -87,7 +85,7 @@ VALUES (
     %(submission_id)s, %(payout_id)s, %(account_id)s, %(amount_minor)s, %(currency)s,
     %(token)s, %(highest_token)s, %(owner_id)s, %(key)s, %(request_hash)s, %(client_ref)s,
     %(outcome)s, %(detail)s, clock_timestamp(),
-    CASE WHEN %(outcome)s = 'PENDING' THEN NULL ELSE clock_timestamp() END,
+    CASE WHEN %(outcome)s::varchar = 'PENDING' THEN NULL ELSE clock_timestamp() END,
     %(response_status)s, %(response_body)s)
 RETURNING submitted_at
 """
@@ -149,7 +147,8 @@ def advance_high_water(
     cursor: Any, *, account_id: str, token: int, payout_id: uuid.UUID
 ) -> int | None:
     """Admission step 1: None if a token ≥ ours already reached the rail (we are fenced)."""
-    cursor.execute(ENSURE_HIGH_WATER_SQL, {"account_id": account_id})
+    if token <= 0:  # the first admission's insert is the advance from 0 only for tokens > 0
+        raise ValueError("fencing tokens are positive")
     cursor.execute(
         ADVANCE_HIGH_WATER_SQL,
         {"account_id": account_id, "token": token, "payout_id": str(payout_id)},

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 
 from dlock import idempotency, metrics
 from dlock.errors import ApiError, Code
 from dlock.logs import log_event
+from dlock.prepared import prepared_cursor
 from dlock.timefmt import rfc3339_ms
 from payments.fenced_sql import transition_payout
 from railproxy import fenced_sql
@@ -59,7 +60,7 @@ def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -
     using = alias()
     status, body, error = _answer_for(request, admitted, answer)
     try:
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        with transaction.atomic(using=using), prepared_cursor(using) as cursor:
             resolved = fenced_sql.resolve_submission(
                 cursor,
                 submission_id=admitted.submission_id,
