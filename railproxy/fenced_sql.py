@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dlock.idempotency import stored_body
-from payments.selectors import payout_for_submission
+from payments.selectors import PAYOUT_FOR_SUBMISSION_SQL, payout_for_submission
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -42,6 +42,16 @@ RETURNING highest_token
 
 HIGH_WATER_SQL = "SELECT highest_token FROM rail_high_water WHERE account_id = %(account_id)s"
 
+# Would ADVANCE_HIGH_WATER_SQL admit this token? Asked, row-locked, instead of advancing when the
+# payout is already known to be claimed under a newer token (the refusal must not move the mark).
+HIGH_WATER_ADMITS_SQL = """
+SELECT highest_token,
+       highest_token < %(token)s
+       OR (highest_token = %(token)s AND retry_payout_id = %(payout_id)s::uuid)
+  FROM rail_high_water WHERE account_id = %(account_id)s
+   FOR UPDATE
+"""
+
 RAISE_HIGH_WATER_SQL = """
 INSERT INTO rail_high_water (account_id, highest_token, retry_payout_id, updated_at)
 VALUES (%(account_id)s, %(floor)s, NULL, clock_timestamp())
@@ -66,6 +76,24 @@ SELECT submission_id, outcome, presented_token
   FROM rail_submission
  WHERE payout_id = %(payout_id)s AND outcome IN ('PENDING', 'ACKED', 'TIMEOUT', 'DECLINED')
  LIMIT 1
+"""
+
+# Admission step 0, after the identity's lock (an earlier statement, so this snapshot sees a
+# twin's committed row): the identity's recorded row, else the payout, row-locked for the whole
+# admission (its state and claim token cannot move until the intent commits).
+REPLAY_OR_PAYOUT_SQL = f"""
+WITH rec AS (
+    SELECT submission_id, outcome, request_hash, response_status, response_body
+      FROM rail_submission
+     WHERE idempotency_key = %(key)s AND presented_token = %(token)s AND outcome <> 'NOT_SENT'
+     ORDER BY submitted_at DESC
+     LIMIT 1
+), p AS (
+    {PAYOUT_FOR_SUBMISSION_SQL.strip()}
+       AND NOT EXISTS (SELECT 1 FROM rec)
+       FOR UPDATE
+)
+SELECT rec.*, p.* FROM (SELECT 1) AS one LEFT JOIN rec ON true LEFT JOIN p ON true
 """
 
 REPLAY_LOOKUP_SQL = """
@@ -193,6 +221,40 @@ def payout(cursor: Any, *, payout_id: uuid.UUID, for_update: bool = False) -> Pa
     admission step 3."""
     row = payout_for_submission(cursor, payout_id=payout_id, for_update=for_update)
     return PayoutRow(*row) if row else None
+
+
+@dataclass(frozen=True)
+class ReplayOrPayout:
+    """The identity's recorded row (submission_id, outcome, request_hash, response_status,
+    response_body), else the payout (row-locked; None for an unknown payout)."""
+
+    recorded: tuple | None
+    payout: PayoutRow | None
+
+
+def replay_or_payout(cursor: Any, *, key: str, token: int, payout_id: uuid.UUID) -> ReplayOrPayout:
+    """Admission step 0 in one round trip. Callers hold the identity's lock
+    (dlock.idempotency.lock_identity), taken in an earlier statement."""
+    cursor.execute(REPLAY_OR_PAYOUT_SQL, {"key": key, "token": token, "payout_id": str(payout_id)})
+    row = cursor.fetchone()
+    if row[0] is not None:
+        return ReplayOrPayout((*row[:4], stored_body(row[4])), None)
+    if row[5] is None:
+        return ReplayOrPayout(None, None)
+    return ReplayOrPayout(None, PayoutRow(*row[5:]))
+
+
+def high_water_admits(
+    cursor: Any, *, account_id: str, token: int, payout_id: uuid.UUID
+) -> tuple[int, bool]:
+    """(highest token, would ADVANCE_HIGH_WATER_SQL admit `token`), the mark row-locked; an
+    account without a mark admits every (positive) token."""
+    cursor.execute(
+        HIGH_WATER_ADMITS_SQL,
+        {"account_id": account_id, "token": token, "payout_id": str(payout_id)},
+    )
+    row = cursor.fetchone()
+    return (int(row[0]), bool(row[1])) if row else (0, True)
 
 
 def replay_lookup(cursor: Any, *, key: str, token: int) -> tuple | None:

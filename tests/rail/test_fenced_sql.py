@@ -8,6 +8,7 @@ import pytest
 from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
+from dlock.prepared import prepared_cursor
 from railproxy import fenced_sql
 
 pytestmark = pytest.mark.django_db(databases=["default"])
@@ -31,6 +32,46 @@ def test_high_water_advances_only_strictly_upwards():
         )
         assert fenced_sql.advance_high_water(cursor, account_id=account, token=6, payout_id=payout)
         assert fenced_sql.high_water(cursor, account_id=account) == 6
+
+
+def _mark(cursor, account: str) -> tuple | None:
+    cursor.execute(
+        "SELECT highest_token, retry_payout_id, updated_at FROM rail_high_water"
+        " WHERE account_id = %s",
+        [account],
+    )
+    return cursor.fetchone()
+
+
+def test_the_first_admission_creates_the_mark_at_its_token_and_a_refusal_writes_nothing():
+    """One upsert per admission (issue 18), on the server-binding prepared cursor the service
+    uses: the first admission is the advance from 0; a fenced one leaves the row as it was."""
+    account, payout = f"acct-{uuid.uuid4().hex[:8]}", uuid.uuid4()
+    with transaction.atomic(), prepared_cursor(alias_for("railproxy")) as cursor:
+        assert _mark(cursor, account) is None
+        assert (
+            fenced_sql.advance_high_water(cursor, account_id=account, token=7, payout_id=payout)
+            == 7
+        )
+        assert _mark(cursor, account)[:2] == (7, None)
+        fenced_sql.allow_same_token_retry(cursor, account_id=account, token=7, payout_id=payout)
+        before = _mark(cursor, account)
+        assert before[:2] == (7, payout)
+        for token, presenter in ((6, payout), (7, uuid.uuid4())):
+            assert (
+                fenced_sql.advance_high_water(
+                    cursor, account_id=account, token=token, payout_id=presenter
+                )
+                is None
+            )
+            assert _mark(cursor, account) == before  # not even updated_at moved
+        assert (
+            fenced_sql.advance_high_water(cursor, account_id=account, token=7, payout_id=payout)
+            == 7
+        )
+        assert _mark(cursor, account)[:2] == (7, None)
+        with pytest.raises(ValueError):
+            fenced_sql.advance_high_water(cursor, account_id=account, token=0, payout_id=payout)
 
 
 def test_equal_token_is_readmitted_only_for_the_payout_whose_attempt_was_not_sent():
