@@ -69,6 +69,7 @@ def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -
                 rail_reference=answer.rail_reference,
                 response_status=status,
                 response_body=body if error is None else stored_error(error),
+                stamped=error is None,  # the 200's times are the row's, stored with it
             )
             if resolved is None:
                 # The sweep already declared this intent ambiguous (we were paused that long).
@@ -77,9 +78,6 @@ def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -
                 if error is None:
                     body["submittedAt"] = rfc3339_ms(resolved[0])
                     body["resolvedAt"] = rfc3339_ms(resolved[1])
-                    fenced_sql.store_response_body(
-                        cursor, submission_id=admitted.submission_id, response_body=body
-                    )
                 _move_payout(cursor, request, admitted, answer)
     except DatabaseError as exc:
         raise _not_recorded(request, admitted, answer, exc) from exc

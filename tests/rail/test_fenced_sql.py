@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -160,3 +161,77 @@ def test_sweep_quarantines_an_old_intent_once_and_leaves_a_fresh_one():
 
     assert state(old) == ("TIMEOUT", "sweep", "RAIL_AMBIGUOUS")
     assert state(fresh) == ("PENDING", None, "SUBMITTING")
+
+
+def test_a_stamped_answer_is_stored_with_the_rows_own_times_as_the_wire_writes_them():
+    """The 200 and its record in one UPDATE (issue 18): the stored text carries submitted_at and
+    resolved_at exactly as rfc3339_ms writes the returned pair (UTC, ms truncated, "Z")."""
+    from dlock.timefmt import rfc3339_ms
+
+    account = f"acct-{uuid.uuid4().hex[:8]}"
+    with transaction.atomic(), prepared_cursor(alias_for("railproxy")) as cursor:
+        cursor.execute(
+            "INSERT INTO account (account_id, currency, kind, balance_minor, fence)"
+            " VALUES (%s, 'EUR', 'CUSTOMER', 100, 0)",
+            [account],
+        )
+        for n in range(40):  # many sub-millisecond remainders: truncation, never rounding
+            payout_id, submission_id = uuid.uuid4(), uuid.uuid4()
+            cursor.execute(
+                "INSERT INTO payout (payout_id, account_id, amount_minor, currency,"
+                " beneficiary_ref, state, attempt_count, claim_token, idempotency_key)"
+                " VALUES (%s, %s, 10, 'EUR', 'b', 'SUBMITTING', 1, 4, %s)",
+                [str(payout_id), account, f"payout-{payout_id}"],
+            )
+            cursor.execute(
+                "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
+                " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
+                " outcome, submitted_at) VALUES (%s, %s, %s, 10, 'EUR', 4, 'w', 'k', 'h', %s,"
+                " 'PENDING', clock_timestamp() - %s * interval '137 microseconds')",
+                [str(submission_id), str(payout_id), account, str(payout_id), n],
+            )
+            body = {"submissionId": str(submission_id), "outcome": "ACKED", "note": 'q"\\é'}
+            body.update(submittedAt=None, resolvedAt=None)
+            resolved = fenced_sql.resolve_submission(
+                cursor,
+                submission_id=submission_id,
+                outcome="ACKED",
+                detail=None,
+                rail_reference="rr",
+                response_status=200,
+                response_body=body,
+                stamped=True,
+            )
+            body.update(submittedAt=rfc3339_ms(resolved[0]), resolvedAt=rfc3339_ms(resolved[1]))
+            cursor.execute(
+                "SELECT response_body, resolved_at FROM rail_submission WHERE submission_id = %s",
+                [str(submission_id)],
+            )
+            stored, resolved_at = cursor.fetchone()
+            assert stored == json.dumps(body, separators=(",", ":"))
+            assert resolved_at == resolved[1]
+        # A resolved intent takes no second outcome, stamped or not.
+        assert (
+            fenced_sql.resolve_submission(
+                cursor,
+                submission_id=submission_id,
+                outcome="TIMEOUT",
+                detail="sweep",
+                rail_reference=None,
+                response_status=502,
+                response_body=body,
+                stamped=True,
+            )
+            is None
+        )
+        with pytest.raises(ValueError):
+            fenced_sql.resolve_submission(
+                cursor,
+                submission_id=submission_id,
+                outcome="ACKED",
+                detail=None,
+                rail_reference=None,
+                response_status=200,
+                response_body={"resolvedAt": None, "submittedAt": None},
+                stamped=True,
+            )
