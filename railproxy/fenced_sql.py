@@ -96,14 +96,6 @@ WITH rec AS (
 SELECT rec.*, p.* FROM (SELECT 1) AS one LEFT JOIN rec ON true LEFT JOIN p ON true
 """
 
-REPLAY_LOOKUP_SQL = """
-SELECT submission_id, outcome, request_hash, response_status, response_body
-  FROM rail_submission
- WHERE idempotency_key = %(key)s AND presented_token = %(token)s AND outcome <> 'NOT_SENT'
- ORDER BY submitted_at DESC
- LIMIT 1
-"""
-
 INSERT_SUBMISSION_SQL = """
 INSERT INTO rail_submission (
     submission_id, payout_id, account_id, amount_minor, currency, presented_token,
@@ -138,80 +130,6 @@ UPDATE rail_submission
   FROM now
  WHERE submission_id = %(submission_id)s AND outcome = 'PENDING'
 RETURNING submitted_at, resolved_at
-"""
-
-SUBMISSION_SQL = """
-SELECT submission_id, outcome, presented_token
-  FROM rail_submission
- WHERE payout_id = %(payout_id)s AND outcome IN ('PENDING', 'ACKED', 'TIMEOUT', 'DECLINED')
- LIMIT 1
-"""
-
-# Admission step 0, after the identity's lock (an earlier statement, so this snapshot sees a
-# twin's committed row): the identity's recorded row, else the payout, row-locked for the whole
-# admission (its state and claim token cannot move until the intent commits).
-REPLAY_OR_PAYOUT_SQL = f"""
-WITH rec AS (
-    SELECT submission_id, outcome, request_hash, response_status, response_body
-      FROM rail_submission
-     WHERE idempotency_key = %(key)s AND presented_token = %(token)s AND outcome <> 'NOT_SENT'
-     ORDER BY submitted_at DESC
-     LIMIT 1
-), p AS (
-    {PAYOUT_FOR_SUBMISSION_SQL.strip()}
-       AND NOT EXISTS (SELECT 1 FROM rec)
-       FOR UPDATE
-)
-SELECT rec.*, p.* FROM (SELECT 1) AS one LEFT JOIN rec ON true LEFT JOIN p ON true
-"""
-
-REPLAY_LOOKUP_SQL = """
-SELECT submission_id, outcome, request_hash, response_status, response_body
-  FROM rail_submission
- WHERE idempotency_key = %(key)s AND presented_token = %(token)s AND outcome <> 'NOT_SENT'
- ORDER BY submitted_at DESC
- LIMIT 1
-"""
-
-INSERT_SUBMISSION_SQL = """
-INSERT INTO rail_submission (
-    submission_id, payout_id, account_id, amount_minor, currency, presented_token,
-    highest_token, owner_id, idempotency_key, request_hash, client_ref, outcome, detail,
-    submitted_at, resolved_at, response_status, response_body)
-VALUES (
-    %(submission_id)s, %(payout_id)s, %(account_id)s, %(amount_minor)s, %(currency)s,
-    %(token)s, %(highest_token)s, %(owner_id)s, %(key)s, %(request_hash)s, %(client_ref)s,
-    %(outcome)s, %(detail)s, clock_timestamp(),
-    CASE WHEN %(outcome)s::varchar = 'PENDING' THEN NULL ELSE clock_timestamp() END,
-    %(response_status)s, %(response_body)s)
-RETURNING submitted_at
-"""
-
-# Only an unresolved intent takes an outcome: the forwarder and the sweep race here, and the
-# first conditional UPDATE wins. With `stamped`, the stored answer ends with the row's
-# submittedAt and resolvedAt as the wire writes them (dlock.timefmt.rfc3339_ms: UTC,
-# milliseconds truncated, "Z"), so the 200 and its record are written in this one statement.
-RESOLVE_SUBMISSION_SQL = """
-WITH now AS (SELECT clock_timestamp() AS at)
-UPDATE rail_submission
-   SET outcome = %(outcome)s, detail = %(detail)s, rail_reference = %(rail_reference)s,
-       resolved_at = now.at, response_status = %(response_status)s,
-       response_body = CASE WHEN %(stamped)s::boolean
-           THEN %(response_body)s::text
-                || '"submittedAt":"'
-                || to_char(submitted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-                || '","resolvedAt":"'
-                || to_char(now.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-                || '"}'
-           ELSE %(response_body)s::text END
-  FROM now
- WHERE submission_id = %(submission_id)s AND outcome = 'PENDING'
-RETURNING submitted_at, resolved_at
-"""
-
-STORE_RESPONSE_BODY_SQL = """
-UPDATE rail_submission SET response_body = %(response_body)s
- WHERE submission_id = %(submission_id)s
 """
 
 SUBMISSION_SQL = """
@@ -335,15 +253,6 @@ def high_water_admits(
     )
     row = cursor.fetchone()
     return (int(row[0]), bool(row[1])) if row else (0, True)
-
-
-def replay_lookup(cursor: Any, *, key: str, token: int) -> tuple | None:
-    """(submission_id, outcome, request_hash, response_status, response_body) or None. Callers
-    hold the identity's lock (dlock.idempotency.lock_identity): an identical request in flight
-    then replays instead of racing to step 1 and being fenced by its own twin."""
-    cursor.execute(REPLAY_LOOKUP_SQL, {"key": key, "token": token})
-    row = cursor.fetchone()
-    return (*row[:4], stored_body(row[4])) if row else None
 
 
 def insert_submission(
