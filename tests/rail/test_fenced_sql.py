@@ -235,3 +235,48 @@ def test_a_stamped_answer_is_stored_with_the_rows_own_times_as_the_wire_writes_t
                 response_body={"resolvedAt": None, "submittedAt": None},
                 stamped=True,
             )
+
+
+def test_an_outcome_arriving_after_the_sweep_answers_the_sweeps_record_and_moves_nothing():
+    from dlock.errors import ApiError
+    from railproxy.models import Outcome
+    from railproxy.recording import record
+    from railproxy.submission import Admitted, RailAnswer, SubmissionRequest
+
+    account, payout_id, submission_id = f"acct-{uuid.uuid4().hex[:8]}", uuid.uuid4(), uuid.uuid4()
+    swept = {"code": "RAIL_AMBIGUOUS", "message": "swept", "details": {"reason": "sweep"}}
+    with _cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO account (account_id, currency, kind, balance_minor, fence)"
+            " VALUES (%s, 'EUR', 'CUSTOMER', 100, 0)",
+            [account],
+        )
+        cursor.execute(
+            "INSERT INTO payout (payout_id, account_id, amount_minor, currency,"
+            " beneficiary_ref, state, attempt_count, claim_token, idempotency_key)"
+            " VALUES (%s, %s, 10, 'EUR', 'b', 'RAIL_AMBIGUOUS', 1, 4, %s)",
+            [str(payout_id), account, f"payout-{payout_id}"],
+        )
+        cursor.execute(
+            "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
+            " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
+            " outcome, detail, submitted_at, resolved_at, response_status, response_body)"
+            " VALUES (%s, %s, %s, 10, 'EUR', 4, 'w', 'k', 'h', %s, 'TIMEOUT', 'sweep',"
+            " clock_timestamp(), clock_timestamp(), 409, %s)",
+            [str(submission_id), str(payout_id), account, str(payout_id), json.dumps(swept)],
+        )
+    request = SubmissionRequest(payout_id, account, 10, "EUR", "b", 4, "w", "k")
+    admitted = Admitted(submission_id, None)
+
+    with pytest.raises(ApiError) as refused:
+        record(request, admitted, RailAnswer(Outcome.ACKED, "acked", "rr-late"))
+
+    assert refused.value.status == 409 and refused.value.code.value == "RAIL_AMBIGUOUS"
+    assert refused.value.details == {"reason": "sweep"}
+    with _cursor() as cursor:
+        cursor.execute(
+            "SELECT s.outcome, s.rail_reference, s.response_body, p.state FROM rail_submission s"
+            " JOIN payout p USING (payout_id) WHERE s.submission_id = %s",
+            [str(submission_id)],
+        )
+        assert cursor.fetchone() == ("TIMEOUT", None, json.dumps(swept), "RAIL_AMBIGUOUS")
