@@ -5,6 +5,7 @@ proves the plain path is the one the executor's reads take, and the browsable AP
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -12,6 +13,7 @@ from django.test import RequestFactory
 from rest_framework.response import Response
 
 from dlock.hotview import negotiates_plain_json
+from tests.payments import factories
 
 pytestmark = pytest.mark.django_db(databases="__all__")
 
@@ -45,26 +47,38 @@ def test_only_a_request_drf_would_answer_with_compact_json_is_plain(accept, quer
     assert negotiates_plain_json(request) is plain
 
 
-@pytest.mark.parametrize("path", ["/v1/payouts?limit=2", f"/v1/payouts/{uuid.uuid4()}"])
-def test_the_executors_reads_take_the_plain_view_and_a_browser_gets_drf(client, path):
+@pytest.mark.parametrize("route", ["list", "detail", "unknown"])
+def test_the_executors_reads_take_the_plain_view_and_a_browser_gets_drf(client, route):
+    payout = factories.payout(factories.account())
+    path = {
+        "list": "/v1/payouts?limit=2",
+        "detail": f"/v1/payouts/{payout.payout_id}",
+        "unknown": f"/v1/payouts/{uuid.uuid4()}",
+    }[route]
     machine = client.get(path, HTTP_ACCEPT="application/json")
     browser = client.get(path, HTTP_ACCEPT=BROWSER)
     indented = client.get(path, HTTP_ACCEPT="application/json; indent=4")
 
-    assert not isinstance(machine, Response)  # no DRF Response: the plain view answered
     assert machine["Content-Type"] == "application/json; charset=utf-8"
-    assert isinstance(indented, Response) and isinstance(browser, Response)
-    if path.startswith("/v1/payouts?"):
-        assert browser.status_code == 200
-        assert browser["Content-Type"] == "text/html; charset=utf-8"
-        assert indented.content.startswith(b'{\n    "items"')
-    else:  # an unknown payout: the envelope, whichever path answered it
-        assert machine.status_code == browser.status_code == indented.status_code == 404
-        assert browser["Content-Type"] == "application/json; charset=utf-8"
     assert machine["Vary"] == "Accept"
     for response in (machine, browser, indented):
         assert response["Allow"] == "GET, HEAD, OPTIONS"
         assert response["Vary"].startswith("Accept")  # a page also varies on Cookie
+    if route == "unknown":  # the envelope, as JSON, whichever path answered it
+        assert machine.status_code == browser.status_code == indented.status_code == 404
+        assert browser["Content-Type"] == "application/json; charset=utf-8"
+        assert machine.content.replace(machine.json()["traceId"].encode(), b"") == (
+            browser.content.replace(browser.json()["traceId"].encode(), b"")
+        )
+        return
+    assert not isinstance(machine, Response)  # no DRF Response: the plain view answered
+    assert isinstance(indented, Response) and isinstance(browser, Response)
+    assert machine.status_code == browser.status_code == indented.status_code == 200
+    assert browser["Content-Type"] == "text/html; charset=utf-8"
+    assert b"<html" in browser.content
+    assert indented.content.startswith(b"{\n    ")
+    assert json.loads(indented.content) == machine.json()
+    assert str(payout.payout_id) in machine.content.decode()
 
 
 def test_head_and_wrong_methods_stay_with_drf(client):
