@@ -15,6 +15,7 @@ import random
 import secrets
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -150,7 +151,7 @@ def record_call(
     """Log the call in the stub's books and, for ok and drop-after, book the transfer (two on a
     duplicate ack); a repeated clientRef is simply paid again. The booking, or None."""
     books = decision.fault in (Fault.OK, Fault.DROP_AFTER_BOOKING)
-    params: dict[str, object] = {
+    params: dict[str, Any] = {
         "client_ref": client_ref,
         "amount_minor": amount_minor,
         "currency": currency,
