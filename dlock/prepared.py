@@ -13,10 +13,10 @@ on a connection (settings/base.py `database()`); the ORM's client-binding cursor
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+import psycopg
 from django.db import connections
-from django.db.backends.postgresql.base import ServerBindingCursor
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -29,7 +29,7 @@ def prepared_cursor(alias: str) -> Iterator[Any]:
     with wrapper.wrap_database_errors:
         wrapper.ensure_connection()
     wrapper.validate_thread_sharing()
-    raw = ServerBindingCursor(wrapper.connection)
+    raw = cast(Any, psycopg.Cursor(wrapper.connection))  # the stubs expect Django's wrapper here
     cursor = wrapper.make_debug_cursor(raw) if wrapper.queries_logged else wrapper.make_cursor(raw)
     try:
         yield cursor

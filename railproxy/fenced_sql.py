@@ -316,11 +316,12 @@ def resolve_submission(
 
     `stamped`: `response_body` ends with the keys `STAMPS` (values ignored); the stored text
     gets the row's own times there, as `rfc3339_ms` of the returned pair writes them."""
+    text: str | None
     if stamped:
         if tuple(response_body)[-2:] != STAMPS:
             raise ValueError(f"a stamped answer ends with {STAMPS}")
         head = {k: v for k, v in response_body.items() if k not in STAMPS}
-        text = _text(head)[:-1] + ("," if head else "")
+        text = json.dumps(head, separators=(",", ":"))[:-1] + ("," if head else "")
     else:
         text = _text(response_body)
     cursor.execute(
