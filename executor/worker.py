@@ -99,9 +99,7 @@ class Executor(Picker):
         self.batch = batch
         # One keep-alive connection per section thread, plus the heartbeat's and the picker's.
         pool_size = concurrency + 2
-        self.locks = LockClient(
-            lock_url, owner_id, default_ttl_ms=lock_ttl_ms, pool_size=pool_size
-        )
+        self.locks = LockClient(lock_url, owner_id, default_ttl_ms=lock_ttl_ms, pool_size=pool_size)
         self.api = Api(
             payments_url=payments_url,
             rail_proxy_url=rail_proxy_url,
