@@ -23,12 +23,14 @@ caller cannot know whether the server acted.
 from __future__ import annotations
 
 import json
+import os
 import re
 import select
 import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -250,6 +252,7 @@ class ConnectionPool:
         self._tls: ssl.SSLContext | None = None
         self._idle: deque[Connection] = deque()
         self._mutex = threading.Lock()
+        _every_pool.add(self)
 
     def __repr__(self) -> str:
         return f"<ConnectionPool {self.scheme}://{self.host_header} size={self.size}>"
@@ -306,6 +309,19 @@ class ConnectionPool:
 
 _pools: dict[tuple[str, str, int], ConnectionPool] = {}
 _pools_mutex = threading.Lock()
+_every_pool: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: never share the parent's sockets (or a lock a parent thread held)."""
+    global _pools_mutex
+    _pools_mutex = threading.Lock()
+    for pool in list(_every_pool):
+        pool._idle = deque()
+        pool._mutex = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def pool_for(url: str, *, size: int | None = None) -> ConnectionPool:

@@ -7,6 +7,7 @@ count the connections it accepted. `sent=False` must mean that no request byte r
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -284,3 +285,19 @@ def test_a_full_pool_closes_what_it_cannot_keep(peer):
     pool.give_back(first)
     pool.give_back(second)
     assert pool.idle() == 1 and second.sock.fileno() == -1
+
+
+def test_a_forked_child_never_reuses_the_parents_connections(peer):
+    server = peer(lambda n, _: _json(200, b"{}"))
+    endpoints = Endpoints(server.url, pool_size=2)
+    endpoints.call("GET", "/x", hop=FAST)
+    assert endpoints.pools[0].idle() == 1
+    pid = os.fork()
+    if pid == 0:  # the child: its pool starts empty, and a call opens its own connection
+        ok = endpoints.pools[0].idle() == 0 and endpoints.call("GET", "/y", hop=FAST).ok
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert endpoints.pools[0].idle() == 1  # the parent's connection is still its own
+    endpoints.call("GET", "/z", hop=FAST)
+    assert server.connections == 2
