@@ -92,6 +92,16 @@ SELECT p.state, p.amount_minor, p.claim_token, p.attempt_count, p.beneficiary_re
    FOR UPDATE OF p
 """
 
+# The stored answer of a fenced write, in the statement that makes the write (`moved` is the
+# payout row it moved): a replay then finds it, and a failed write stores nothing.
+_RECORD_MOVED_CTE = """
+    INSERT INTO idempotency_record (operation, idempotency_key, token, request_hash, payout_id,
+                                    status, body, created_at)
+    SELECT {operation}, %(key)s, %(token)s, %(request_hash)s, moved.payout_id, 200, %(body)s,
+           clock_timestamp()
+      FROM moved
+"""
+
 # Runs with the payout row locked by CLAIM_CHECK_SQL in state `expected_state`: the move, its
 # history row and the identity's recorded 200 in one statement (nothing is written unless the
 # payout moved).
@@ -107,15 +117,9 @@ WITH moved AS (
     SELECT moved.payout_id, %(expected_state)s, 'CLAIMED', %(token)s, %(owner_id)s, NULL,
            clock_timestamp()
       FROM moved
-), rec AS (
-    INSERT INTO idempotency_record (operation, idempotency_key, token, request_hash, payout_id,
-                                    status, body, created_at)
-    SELECT 'claim', %(key)s, %(token)s, %(request_hash)s, moved.payout_id, 200, %(body)s,
-           clock_timestamp()
-      FROM moved
-)
+), rec AS ({record})
 SELECT attempt_count FROM moved
-"""
+""".format(record=_RECORD_MOVED_CTE.format(operation="'claim'"))
 
 FAIL_FOR_FUNDS_SQL = """
 WITH old AS (
@@ -193,17 +197,11 @@ WITH moved AS (
            LATERAL (VALUES (%(debit_entry)s::uuid, moved.account_id, 'DEBIT'),
                            (%(credit_entry)s::uuid, 'settlement:' || moved.currency, 'CREDIT'))
                 AS leg (entry_id, account_id, direction)
-), rec AS (
-    INSERT INTO idempotency_record (operation, idempotency_key, token, request_hash, payout_id,
-                                    status, body, created_at)
-    SELECT 'post', %(key)s, %(token)s, %(request_hash)s, moved.payout_id, 200, %(body)s,
-           clock_timestamp()
-      FROM moved
-)
+), rec AS ({record})
 SELECT moved.account_id, moved.amount_minor, moved.currency,
        (SELECT balance_minor FROM debited), (SELECT balance_minor FROM credited)
   FROM moved
-"""
+""".format(record=_RECORD_MOVED_CTE.format(operation="'post'"))
 
 PAYOUT_STATE_SQL = "SELECT state, claim_token FROM payout WHERE payout_id = %(payout_id)s"
 

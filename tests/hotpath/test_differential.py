@@ -26,6 +26,7 @@ import requests
 from devstack import RoleProcess, free_port
 from dlock import proof
 from tests import credentials
+from tests.rail.conftest import stub_config_statement
 
 pytestmark = pytest.mark.live
 
@@ -725,26 +726,9 @@ READ_ROWS: dict[str, Callable[[Arm, int], requests.Response]] = {
 
 # -- rail stub rows (POST /submit; the stub's faults are set per row on its shared config) -------
 
-STUB_CLEAN = {
-    "latency_ms": 0,
-    "failure_rate": 0.0,
-    "duplicate_ack_rate": 0.0,
-    "decline_rate": 0.0,
-    "split_5xx": 1,
-    "split_drop_before": 1,
-    "split_drop_after": 1,
-    "hold_ms": 0,
-    "seed": None,
-}
-
 
 def stub_config(arm: Arm, **values) -> None:
-    config = {**STUB_CLEAN, **values}
-    assignments = ", ".join(f"{name} = %({name})s" for name in config)
-    arm.rail(
-        f"UPDATE railstub_config SET {assignments}, updated_at = clock_timestamp() WHERE id = 1",
-        config,
-    )
+    arm.rail(*stub_config_statement(**values))
 
 
 def rail_submit(arm: Arm, ref: str, *, body=None, **kw) -> requests.Response:

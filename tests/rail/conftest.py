@@ -13,6 +13,30 @@ import requests
 from dlock import proof
 from tests.conftest import LiveStack, start_stack, stop_stack
 
+# The rail stub's config row with every fault off: tests start from it and set what they need.
+STUB_CLEAN = {
+    "latency_ms": 0,
+    "failure_rate": 0.0,
+    "duplicate_ack_rate": 0.0,
+    "decline_rate": 0.0,
+    "split_5xx": 1,
+    "split_drop_before": 1,
+    "split_drop_after": 1,
+    "hold_ms": 0,
+    "seed": None,
+}
+
+
+def stub_config_statement(**values) -> tuple[str, dict]:
+    """The UPDATE that sets the stub's config row to STUB_CLEAN overlaid with `values`."""
+    config = {**STUB_CLEAN, **values}
+    assignments = ", ".join(f"{name} = %({name})s" for name in config)
+    return (
+        f"UPDATE railstub_config SET {assignments}, updated_at = clock_timestamp() WHERE id = 1",
+        config,
+    )
+
+
 # Short timeouts keep ambiguous outcomes fast: connect 0.5 s, read 1.5 s, sweep after 2.5 s.
 RAIL_ENV = {
     "RAIL_CONNECT_TIMEOUT_MS": "500",
@@ -73,25 +97,9 @@ class Rail:
             return cur.fetchall() if cur.description else None
 
     def stub_config(self, **values) -> None:
-        """Set the stub's config row (all rates 0 unless given): read by the stub per request."""
-        config = {
-            "latency_ms": 0,
-            "failure_rate": 0.0,
-            "duplicate_ack_rate": 0.0,
-            "decline_rate": 0.0,
-            "split_5xx": 1,
-            "split_drop_before": 1,
-            "split_drop_after": 1,
-            "hold_ms": 10_000,
-            "seed": None,
-            **values,
-        }
-        assignments = ", ".join(f"{name} = %({name})s" for name in config)
-        self.raildb(
-            f"UPDATE railstub_config SET {assignments}, updated_at = clock_timestamp()"
-            " WHERE id = 1",
-            config,
-        )
+        """Set the stub's config row (all rates 0, holds 10 s, unless given): read by the stub per
+        request."""
+        self.raildb(*stub_config_statement(**{"hold_ms": 10_000, **values}))
 
     def transfers(self, client_ref: str) -> list[tuple]:
         return self.raildb(

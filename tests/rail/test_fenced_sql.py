@@ -121,31 +121,40 @@ def test_sweeper_thread_starts_only_in_the_rail_proxy_server_process(settings):
     assert sweep.maybe_start() is False
 
 
+def _pending_intents(cursor, ages: list[str]) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """A funded account, and per age a SUBMITTING payout (token 4) whose PENDING intent was
+    submitted that long ago (an SQL interval); (payout_id, submission_id) for each."""
+    account = f"acct-{uuid.uuid4().hex[:8]}"
+    cursor.execute(
+        "INSERT INTO account (account_id, currency, kind, balance_minor, fence)"
+        " VALUES (%s, 'EUR', 'CUSTOMER', 100, 0)",
+        [account],
+    )
+    made = []
+    for age in ages:
+        payout_id, submission_id = uuid.uuid4(), uuid.uuid4()
+        cursor.execute(
+            "INSERT INTO payout (payout_id, account_id, amount_minor, currency,"
+            " beneficiary_ref, state, attempt_count, claim_token, idempotency_key)"
+            " VALUES (%s, %s, 10, 'EUR', 'b', 'SUBMITTING', 1, 4, %s)",
+            [str(payout_id), account, f"payout-{payout_id}"],
+        )
+        cursor.execute(
+            "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
+            " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
+            " outcome, submitted_at) VALUES (%s, %s, %s, 10, 'EUR', 4, 'w', 'k', 'h', %s,"
+            " 'PENDING', clock_timestamp() - %s::interval)",
+            [str(submission_id), str(payout_id), account, str(payout_id), age],
+        )
+        made.append((payout_id, submission_id))
+    return made
+
+
 def test_sweep_quarantines_an_old_intent_once_and_leaves_a_fresh_one():
     from railproxy.services import sweep_unresolved_intents
 
-    account = f"acct-{uuid.uuid4().hex[:8]}"
-    old, fresh = uuid.uuid4(), uuid.uuid4()
     with _cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO account (account_id, currency, kind, balance_minor, fence)"
-            " VALUES (%s, 'EUR', 'CUSTOMER', 100, 0)",
-            [account],
-        )
-        for payout_id, age in ((old, "1 hour"), (fresh, "0 seconds")):
-            cursor.execute(
-                "INSERT INTO payout (payout_id, account_id, amount_minor, currency,"
-                " beneficiary_ref, state, attempt_count, claim_token, idempotency_key)"
-                " VALUES (%s, %s, 10, 'EUR', 'b', 'SUBMITTING', 1, 4, %s)",
-                [str(payout_id), account, f"payout-{payout_id}"],
-            )
-            cursor.execute(
-                "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
-                " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
-                " outcome, submitted_at) VALUES (gen_random_uuid(), %s, %s, 10, 'EUR', 4, 'w',"
-                " 'k', 'h', %s, 'PENDING', clock_timestamp() - %s::interval)",
-                [str(payout_id), account, str(payout_id), age],
-            )
+        (old, _), (fresh, _) = _pending_intents(cursor, ["1 hour", "0 seconds"])
 
     assert sweep_unresolved_intents(older_than_s=60) == 1
     assert sweep_unresolved_intents(older_than_s=60) == 0
@@ -168,28 +177,10 @@ def test_a_stamped_answer_is_stored_with_the_rows_own_times_as_the_wire_writes_t
     resolved_at exactly as rfc3339_ms writes the returned pair (UTC, ms truncated, "Z")."""
     from dlock.timefmt import rfc3339_ms
 
-    account = f"acct-{uuid.uuid4().hex[:8]}"
     with transaction.atomic(), prepared_cursor(alias_for("railproxy")) as cursor:
-        cursor.execute(
-            "INSERT INTO account (account_id, currency, kind, balance_minor, fence)"
-            " VALUES (%s, 'EUR', 'CUSTOMER', 100, 0)",
-            [account],
-        )
-        for n in range(40):  # many sub-millisecond remainders: truncation, never rounding
-            payout_id, submission_id = uuid.uuid4(), uuid.uuid4()
-            cursor.execute(
-                "INSERT INTO payout (payout_id, account_id, amount_minor, currency,"
-                " beneficiary_ref, state, attempt_count, claim_token, idempotency_key)"
-                " VALUES (%s, %s, 10, 'EUR', 'b', 'SUBMITTING', 1, 4, %s)",
-                [str(payout_id), account, f"payout-{payout_id}"],
-            )
-            cursor.execute(
-                "INSERT INTO rail_submission (submission_id, payout_id, account_id, amount_minor,"
-                " currency, presented_token, owner_id, idempotency_key, request_hash, client_ref,"
-                " outcome, submitted_at) VALUES (%s, %s, %s, 10, 'EUR', 4, 'w', 'k', 'h', %s,"
-                " 'PENDING', clock_timestamp() - %s * interval '137 microseconds')",
-                [str(submission_id), str(payout_id), account, str(payout_id), n],
-            )
+        # many sub-millisecond remainders: truncation, never rounding
+        ages = [f"{137 * n} microseconds" for n in range(40)]
+        for _, submission_id in _pending_intents(cursor, ages):
             body = {"submissionId": str(submission_id), "outcome": "ACKED", "note": 'q"\\é'}
             body.update(submittedAt=None, resolvedAt=None)
             resolved = fenced_sql.resolve_submission(
