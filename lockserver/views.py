@@ -104,7 +104,7 @@ def _parse_release(data: Any) -> dict:
 
 
 def _optional_owner(request: Request) -> str | None:
-    raw = request.headers.get("X-Owner-Id")
+    raw = request.META.get("HTTP_X_OWNER_ID")
     return None if raw is None or raw == "" else validate_owner_id(raw, field="X-Owner-Id")
 
 

@@ -122,11 +122,26 @@ class PgLockBackend:
 
         Django's own cursor binds client-side and never prepares, so PostgreSQL would parse and
         plan the (large, CTE) lock statements on every call; these are prepared once per pooled
-        connection instead. Same connection, so transaction.atomic and the pool still apply;
-        driver errors still surface as django.db errors.
+        connection instead. Inside transaction.atomic (or while Django holds this thread's
+        connection) it is Django's connection; otherwise the statement takes a connection from
+        the same pool and hands it back at once, which skips Django's per-request connect and
+        close bookkeeping (issue 18). Either way driver errors surface as django.db errors.
         """
         wrapper = connections[self.alias]
         with wrapper.wrap_database_errors:
+            pool = wrapper.pool
+            if wrapper.connection is None and not wrapper.in_atomic_block and pool is not None:
+                # An autocommit statement with nothing of Django's open: the pool's connection
+                # for this statement only, without Django's per-request connect/close work.
+                if pool.closed:
+                    pool.open()
+                connection = pool.getconn()
+                try:
+                    with psycopg.Cursor(connection) as cursor:
+                        yield _PreparingCursor(cursor)
+                finally:
+                    pool.putconn(connection)  # idle (autocommit), or discarded if broken
+                return
             wrapper.ensure_connection()
             with psycopg.Cursor(wrapper.connection) as cursor:
                 yield _PreparingCursor(cursor)
