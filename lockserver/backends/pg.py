@@ -94,8 +94,15 @@ class PgLockBackend:
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator:
-        with self._store_errors_mapped(), self._prepared_cursor() as cursor:
-            yield cursor
+        # _store_errors_mapped, inlined: this runs around every statement of the hot paths.
+        try:
+            with self._prepared_cursor() as cursor:
+                yield cursor
+        except DatabaseError as exc:
+            error = self._store_error(exc)
+            if error is None:
+                raise
+            raise error from exc
 
     @contextlib.contextmanager
     def _atomic(self) -> Iterator:
