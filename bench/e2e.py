@@ -93,6 +93,16 @@ SELECT max(at) FILTER (WHERE to_state = 'CLAIMED'), max(at) FILTER (WHERE to_sta
   FROM payout_event WHERE payout_id = ANY(%s::uuid[]) GROUP BY payout_id
 """
 STATES = "SELECT state, count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) GROUP BY state"
+# BENCH_E2E_PG_STATS=1: the cluster preloads pg_stat_statements, and each point reports the
+# statements and transactions per payout by database (the bench's own polls under another user).
+PG_STATS = os.environ.get("BENCH_E2E_PG_STATS", "") not in ("", "0")
+PG_STATS_SETTINGS = ("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.max=2000")
+BENCH_USER = "dlock_bench"
+XACTS = "SELECT datname, xact_commit + xact_rollback FROM pg_stat_database WHERE datname <> ''"
+STATEMENTS = """
+SELECT d.datname, s.calls, s.query FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+ WHERE s.userid <> (SELECT oid FROM pg_roles WHERE rolname = %s)
+"""
 
 
 def role_pids(stack) -> dict[str, int]:
@@ -197,6 +207,46 @@ def _planned_payouts(slots: int, latency_ms: int) -> int:
     return max(4 * slots, 12, int(POINT_S * expected))
 
 
+def _as_bench_user(url: str) -> str:
+    """The same database as the bench's own user, so pg_stat_statements can leave it out."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=f"{BENCH_USER}@{parts.hostname}:{parts.port}").geturl()
+
+
+def _pg_stats_setup(stack) -> None:
+    admin = stack.pg_cluster.url("postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (BENCH_USER,)).fetchone():
+            conn.execute(f"CREATE ROLE {BENCH_USER} LOGIN SUPERUSER")
+
+
+def _pg_stats_begin(stack) -> dict[str, int]:
+    with psycopg.connect(stack.pg_cluster.url("postgres"), autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return dict(conn.execute(XACTS).fetchall())
+
+
+def _pg_stats_end(stack, xacts_before: dict[str, int], *, posted: int, polls: int) -> dict:
+    """Statements (by text, top ones) and transactions per posted payout, by database."""
+    time.sleep(0.6)  # the cumulative statistics are flushed at most once a second
+    with psycopg.connect(stack.pg_cluster.url("postgres"), autocommit=True) as conn:
+        xacts = dict(conn.execute(XACTS).fetchall())
+        rows = conn.execute(STATEMENTS, (BENCH_USER,)).fetchall()
+    per = max(posted, 1)
+    out: dict[str, dict] = {}
+    for db in ("lockdb", "paydb", "raildb"):
+        mine = sorted(((c, q) for d, c, q in rows if d == db), reverse=True)
+        done = xacts.get(db, 0) - xacts_before.get(db, 0) - (polls if db == "paydb" else 0)
+        out[db] = {
+            "statements": round(sum(c for c, _ in mine) / per, 2),
+            "transactions": round(done / per, 2),
+            "top": [[round(c / per, 2), " ".join(q.split())[:160]] for c, q in mine[:25]],
+        }
+    return out
+
+
 def _timeline(pay: str, ids: list[str]) -> dict:
     """Per payout, from payout_event: claimed → rail acked → posted (medians, ms)."""
     with psycopg.connect(pay) as conn:
@@ -235,6 +285,8 @@ def _point(
     profilers = _profilers(pids, profile_dir)
     time.sleep(1.0 if profilers else 0.0)
     load_1m = round(os.getloadavg()[0], 2)
+    xacts_before = _pg_stats_begin(stack) if PG_STATS else {}
+    polls = 0
     spawn = spawn_executor(stack.env, logdir, concurrency=concurrency)
     tag = f"bench-e2e-p{processes}-n{concurrency}-l{latency_ms}"
     procs = [spawn(f"{tag}-{i}", None) for i in range(processes)]
@@ -242,11 +294,14 @@ def _point(
     sampler.__enter__()
     deadline = time.monotonic() + POINT_TIMEOUT_S
     pay = stack.env["PAY_DATABASE_URL"]
+    if PG_STATS:
+        pay = _as_bench_user(pay)
     states: dict[str, int] = {}
     peak_kib: dict[int, int] = {}
     while time.monotonic() < deadline:
         with psycopg.connect(pay) as conn:
             states = dict(conn.execute(STATES, (ids,)).fetchall())
+        polls += 1
         for proc in procs:
             peak_kib[proc.pid] = _proc_status_kib(proc.pid, "VmHWM") or peak_kib.get(proc.pid, 0)
         if not any(states.get(s) for s in ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")):
@@ -268,6 +323,10 @@ def _point(
             profiler.wait(30)
         except subprocess.TimeoutExpired:
             profiler.kill()
+    sql = None
+    if PG_STATS:
+        posted = states.get("POSTED", 0)
+        sql = _pg_stats_end(stack, xacts_before, posted=posted, polls=polls)
     with psycopg.connect(pay) as conn:
         count, first, last = conn.execute(POSTED_WINDOW, (ids,)).fetchone()
     span = (last - first).total_seconds() if count and count > 1 else 0.0
@@ -307,6 +366,7 @@ def _point(
         "payouts_per_s": round((count - 1) / span, 2) if span else None,
         "claimed_to_posted_in_flight": in_flight,
         **timeline,
+        **({"sql_per_payout": sql} if sql is not None else {}),
     }
 
 
@@ -317,7 +377,11 @@ def run(out_dir: Path) -> dict:
     logdir = out_dir / "e2e-logs"
     shutil.rmtree(logdir, ignore_errors=True)
     logdir.mkdir()
-    stack, stop = private_stack(base / "stack", fast=False)
+    stack, stop = private_stack(
+        base / "stack", fast=False, pg_settings=PG_STATS_SETTINGS if PG_STATS else ()
+    )
+    if PG_STATS:
+        _pg_stats_setup(stack)
     profile = os.environ.get("BENCH_E2E_PROFILE")
     plan = [(1, n, ms) for ms in LATENCIES_MS for n in CONCURRENCY]
     plan += [(p, n, 0) for p, n in MULTI]

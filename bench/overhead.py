@@ -5,7 +5,9 @@ settings overlay, DEBUG off), Django's WSGI handler called in-process exactly as
 it, CPU time of the calling thread per request for three paths that touch no database —
 `GET /health/live`, a `/v1` write without a credential (401 envelope) and an unknown `/v1` route
 (404 envelope) — so what is measured is the handler, the middleware, URL resolution, the
-credential check and the envelope. For rail-proxy also one rail forward (`rail_call.forward`)
+credential check and the envelope. For payment-resource also P4 and P1 refused in the view
+(a non-UUID id, `limit=0`: the executor's reads up to the SQL), for rail-stub `POST /submit`
+with an empty object (400). For rail-proxy also one rail forward (`rail_call.forward`)
 against a loopback socket that answers a valid ack. Thread CPU, not wall time: the number moves
 less with other load on the box; compare trees interleaved all the same.
 """
@@ -30,19 +32,30 @@ NOWHERE = "postgres://bench@127.0.0.1:1/unused"
 ACK = json.dumps({"railReference": "RR-1", "acceptedAt": "2026-12-01T00:00:00.000Z"}).encode()
 
 
-def _environ(method: str, path: str) -> dict:
+# A credential the child's DLOCK_CREDENTIALS accepts (the refused reads below reach the view);
+# the parent makes it, each child reads it from its environment.
+CREDENTIAL_ENV = "BENCH_OVERHEAD_CREDENTIAL"
+
+
+def _environ(
+    method: str, path: str, query: str = "", body: bytes = b"", auth: bool = False
+) -> dict:
+    extra = {"HTTP_AUTHORIZATION": f"Bearer {os.environ[CREDENTIAL_ENV]}"} if auth else {}
+    if body:
+        extra["CONTENT_TYPE"] = "application/json"
     return {
+        **extra,
         "REQUEST_METHOD": method,
         "PATH_INFO": path,
-        "QUERY_STRING": "",
+        "QUERY_STRING": query,
         "SERVER_NAME": "127.0.0.1",
         "SERVER_PORT": "8080",
         "SERVER_PROTOCOL": "HTTP/1.1",
         "HTTP_HOST": "127.0.0.1",
         "HTTP_ACCEPT": "application/json",
         "HTTP_TRACEPARENT": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-        "CONTENT_LENGTH": "0",
-        "wsgi.input": io.BytesIO(b""),
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
         "wsgi.url_scheme": "http",
         "wsgi.errors": sys.stderr,
     }
@@ -95,13 +108,22 @@ def measure(role: str, n: int) -> dict:
     def start_response(status, headers, exc_info=None):
         return None
 
-    def call(method: str, path: str):
-        return lambda: b"".join(app(_environ(method, path), start_response))
+    def call(method: str, path: str, **kw):
+        return lambda: b"".join(app(_environ(method, path, **kw), start_response))
 
     result: dict = {"role": role}
     result["health_live_us"] = _per_call_us(call("GET", "/health/live"), n)
     result["v1_401_us"] = _per_call_us(call("POST", WRITE_PATH.get(role, "/v1/payouts/x/claim")), n)
     result["v1_404_us"] = _per_call_us(call("GET", "/v1/no-such-route"), n)
+    # The view layer on the executor's reads and the stub's endpoint, refused before any SQL:
+    # P4 with a non-UUID id, P1 with limit=0 (400s), POST /submit with an empty object (400).
+    if role == "payments":
+        result["p4_bad_id_us"] = _per_call_us(call("GET", "/v1/payouts/x", auth=True), n)
+        result["p1_bad_limit_us"] = _per_call_us(
+            call("GET", "/v1/payouts", query="state=PENDING&limit=0", auth=True), n
+        )
+    if role == "railstub":
+        result["submit_400_us"] = _per_call_us(call("POST", "/submit", body=b"{}"), n)
     if role == "railproxy":
         from django.conf import settings
 
@@ -116,7 +138,9 @@ def measure(role: str, n: int) -> dict:
     return result
 
 
-def _role_env(role: str) -> dict:
+def _role_env(role: str, credential: str) -> dict:
+    from dlock.auth import credentials_entry
+
     return {
         **os.environ,
         "ROLE": role,
@@ -124,7 +148,8 @@ def _role_env(role: str) -> dict:
         "DJANGO_DEBUG": "false",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
         "DLOCK_PROOF_KEYS": "bench:" + secrets.token_urlsafe(32),
-        "DLOCK_CREDENTIALS": "executor:" + "0" * 64,
+        "DLOCK_CREDENTIALS": credentials_entry(credential, "executor"),
+        CREDENTIAL_ENV: credential,
         "DLOCK_LOG_LEVEL": "WARNING",
         "PAY_DATABASE_URL": NOWHERE,
         "LOCK_DATABASE_URL": NOWHERE,
@@ -142,10 +167,13 @@ def main(argv: list[str]) -> int:
         n = int(argv[at + 1])
         argv = argv[:at] + argv[at + 2 :]
     project = Path(__file__).resolve().parent.parent
+    from dlock.auth import new_credential
+
+    credential = new_credential()
     for role in argv or ROLES:
         child = subprocess.run(
             [sys.executable, "-m", "bench.overhead", "--child", role, str(n)],
-            env=_role_env(role),
+            env=_role_env(role, credential),
             cwd=project,
             capture_output=True,
             text=True,

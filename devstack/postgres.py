@@ -65,6 +65,8 @@ class PgCluster:
     port: int
     fast: bool = False  # fsync off: for tests only, never for numbers that claim durability
     user: str | None = field(default_factory=unprivileged_user)
+    # More `-c name=value` settings (bench: pg_stat_statements); never fsync/synchronous_commit.
+    settings: tuple[str, ...] = ()
 
     @property
     def logfile(self) -> Path:
@@ -115,6 +117,7 @@ class PgCluster:
         ]
         if self.fast:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        options += [f"-c {setting}" for setting in self.settings]
         self._pg_ctl(
             "-l", str(self.logfile), "-w", "-t", "60", "-o", " ".join(options), "start", check=True
         )

@@ -39,7 +39,14 @@ from dlock.parsers import StrictJSONParser
 from dlock.rendering import JSONRenderer
 from dlock.wire import JSON_CONTENT_TYPE
 
-__all__ = ["answer", "hot_view", "json_body", "no_content"]
+__all__ = [
+    "answer",
+    "hot_read_view",
+    "hot_view",
+    "json_body",
+    "negotiates_plain_json",
+    "no_content",
+]
 
 Handler = Callable[..., HttpResponse]
 
@@ -148,4 +155,44 @@ def hot_view(reference: type[APIView], **handlers: Handler) -> Handler:
     view.view_initkwargs = {}  # type: ignore[attr-defined]
     view.csrf_exempt = True  # type: ignore[attr-defined]  # as APIView.as_view
     view.dlock_hot_methods = frozenset(methods)  # type: ignore[attr-defined]
+    return view
+
+
+# -- Plain reads (P1, P4): a machine's JSON GET plainly, everything else through DRF ----------
+#
+# Decision 17 keeps the browsable API on GET endpoints. DRF picks a renderer per request
+# (dlock.rendering.LenientNegotiation): HTML for a browser, an indented JSON for
+# `Accept: application/json; indent=4`, whatever `?format=` names. The plain view takes only
+# the requests whose negotiation cannot end anywhere but compact JSON, and leaves every other
+# one (and HEAD, OPTIONS, a wrong method) to the DRF class, whose answer it then is by
+# construction.
+
+# Accept values DRF answers with JSONRenderer and no media-type parameters (so no indent).
+_PLAIN_JSON_ACCEPTS = frozenset({"application/json", "*/*", "application/*"})
+
+
+def negotiates_plain_json(request: HttpRequest) -> bool:
+    """Would DRF's negotiation give this GET compact JSON? (No Accept header is `*/*` to DRF;
+    `format` is DRF's URL_FORMAT_OVERRIDE, which wins over Accept.)"""
+    accept = request.META.get("HTTP_ACCEPT")
+    if accept is not None and accept not in _PLAIN_JSON_ACCEPTS:
+        return False
+    return "format" not in request.GET
+
+
+def hot_read_view(reference: type[APIView], *, get: Handler) -> Handler:
+    """A URL callback answering a JSON GET with `get` (as hot_view does) and every other
+    request, the browsable API's included, through `reference`."""
+    plain = hot_view(reference, get=get)
+    fallback = reference.as_view()
+
+    def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.method == "GET" and negotiates_plain_json(request):
+            return plain(request, *args, **kwargs)
+        return fallback(request, *args, **kwargs)
+
+    view.__dict__.update(plain.__dict__)  # cls, view_class, csrf_exempt, dlock_hot_methods
+    view.__name__ = view.__qualname__ = plain.__name__
+    view.__module__ = plain.__module__
+    view.__doc__ = plain.__doc__
     return view

@@ -77,9 +77,10 @@ class Api:
         rail_proxy_url: str,
         owner_id: str,
         sleep: Callable[[float], None] = time.sleep,
+        pool_size: int | None = None,
     ) -> None:
-        self.payments = Endpoints(payments_url)
-        self.rail_proxy = Endpoints(rail_proxy_url)
+        self.payments = Endpoints(payments_url, pool_size=pool_size)
+        self.rail_proxy = Endpoints(rail_proxy_url, pool_size=pool_size)
         self.owner_id = owner_id
         self.sleep = sleep
 

@@ -8,15 +8,16 @@ on a stop request picks nothing more, drains within the drain budget and returns
 
 Threads, not asyncio or processes: every hop is a blocking HTTP call that releases the GIL, the
 client library is synchronous and thread-safe, and one process keeps one lock session (one
-heartbeat) for all its sections. Each thread has its own pooled HTTP session per service, so the
-pools grow with N.
+heartbeat) for all its sections. The threads share one keep-alive connection pool per service
+replica (`dlock.http.ConnectionPool`) sized to N + 2, so no section reconnects per hop.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 from dlock.logs import log_event
@@ -40,6 +41,9 @@ class Dispatcher:
         self.n = concurrency
         self.drain_budget_s = drain_budget_s
         self.inflight: dict[Future[str], Candidate] = {}
+        # Set when a section ends: waiting on it, not on every in-flight future (wait() installs
+        # and removes a waiter on each of the N futures per wake-up).
+        self._finished = threading.Event()
 
     def run(self, *, max_payouts: int | None, until_idle: bool, idle_timeout_s: float) -> int:
         ex = self.ex
@@ -55,7 +59,9 @@ class Dispatcher:
                     return 0
                 dispatched = self._fill(pool, max_payouts)
                 if self.inflight:
-                    wait(list(self.inflight), timeout=TICK_S, return_when=FIRST_COMPLETED)
+                    # A section's end sets it; one cleared after waking is seen by _reap next.
+                    self._finished.wait(TICK_S)
+                    self._finished.clear()
                     continue
                 if dispatched or ex.deferred():
                     ex.stop_requested.wait(TICK_S)  # contended keys: their delay runs out soon
@@ -82,9 +88,14 @@ class Dispatcher:
             candidate = ex.pick(busy_accounts=busy, busy_payouts=self._busy_payouts())
             if candidate is None:
                 break
-            self.inflight[pool.submit(self._section, candidate)] = candidate
+            future = pool.submit(self._section, candidate)
+            self.inflight[future] = candidate
+            future.add_done_callback(self._on_finished)
             started += 1
         return started
+
+    def _on_finished(self, _future: Future[str]) -> None:
+        self._finished.set()
 
     def _busy_payouts(self) -> set[str]:
         return {c.payout_id for c in self.inflight.values()}

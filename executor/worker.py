@@ -97,8 +97,15 @@ class Executor(Picker):
         self.session_ttl_ms = session_ttl_ms
         self.idle_sleep_s = idle_sleep_s
         self.batch = batch
-        self.locks = LockClient(lock_url, owner_id, default_ttl_ms=lock_ttl_ms)
-        self.api = Api(payments_url=payments_url, rail_proxy_url=rail_proxy_url, owner_id=owner_id)
+        # One keep-alive connection per section thread, plus the heartbeat's and the picker's.
+        pool_size = concurrency + 2
+        self.locks = LockClient(lock_url, owner_id, default_ttl_ms=lock_ttl_ms, pool_size=pool_size)
+        self.api = Api(
+            payments_url=payments_url,
+            rail_proxy_url=rail_proxy_url,
+            owner_id=owner_id,
+            pool_size=pool_size,
+        )
         self.pause = pause or PausePlan(None)
         # Another executor on the same account is working; move on rather than queue (≤ C3's 5).
         self.acquire_retry = acquire_retry or RetryPolicy(max_retries=1)

@@ -130,12 +130,17 @@ __all__ = ["MissingPiece", "StackError", "StackHandle", "from_stack_env", "scrap
 
 
 def private_stack(
-    run_dir: Path, *, fast: bool = True, extra_env: dict[str, str] | None = None
+    run_dir: Path,
+    *,
+    fast: bool = True,
+    extra_env: dict[str, str] | None = None,
+    pg_settings: tuple[str, ...] = (),
 ) -> tuple[StackHandle, Callable[[], None]]:
     """A stack of our own: a PostgreSQL cluster and the four roles on free ports under run_dir.
 
     For tests (fast=True: fsync off) and benchmarks (fast=False: durable). Returns the handle and
     a stop function. The experiment restarts this cluster too, so it is never the suite's own.
+    `pg_settings`: more `name=value` settings for the cluster (the bench's pg_stat_statements).
     """
     import secrets
     import shutil
@@ -148,7 +153,7 @@ def private_stack(
     shutil.rmtree(datadir, ignore_errors=True)  # a throwaway stack starts from nothing
     datadir.parent.mkdir(parents=True, exist_ok=True)
     datadir.parent.chmod(0o755)
-    cluster = PgCluster(datadir, free_port(), fast=fast)
+    cluster = PgCluster(datadir, free_port(), fast=fast, settings=pg_settings)
     cluster.start()
     env = {
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 PAYOUT_LOCK_SQL = "SELECT state FROM payout WHERE payout_id = %(payout_id)s FOR UPDATE"
 
-# Runs with the payout row locked (PAYOUT_LOCK_SQL), so `from_state` is the state we moved from.
+# `from_state` is the state we moved from: the only one allowed, or the one PAYOUT_LOCK_SQL saw
+# with the row locked.
 TRANSITION_PAYOUT_SQL = """
 WITH moved AS (
     UPDATE payout
@@ -34,8 +35,8 @@ WITH moved AS (
  RETURNING payout_id
 ), ev AS (
     INSERT INTO payout_event (payout_id, from_state, to_state, token, owner_id, note, at)
-    SELECT moved.payout_id, %(from_state)s, %(to_state)s, %(token)s, %(owner_id)s, %(note)s,
-           clock_timestamp()
+    SELECT moved.payout_id, %(from_state)s, %(to_state)s, %(token)s::bigint, %(owner_id)s,
+           %(note)s, clock_timestamp()
       FROM moved
 )
 SELECT 1 FROM moved
@@ -47,26 +48,29 @@ UPDATE account SET fence = GREATEST(fence, %(floor)s), updated_at = clock_timest
 RETURNING fence
 """
 
-# P2: first write of a grant; strictly newer than anything that touched the account. Only
-# under the payout's own stable idempotency key (C3 §3.1), so a foreign key writes nothing.
-CLAIM_FENCE_SQL = """
-UPDATE account a
-   SET fence = %(token)s, updated_at = clock_timestamp()
-  FROM payout p
- WHERE p.payout_id = %(payout_id)s AND a.account_id = p.account_id AND a.fence < %(token)s
-   AND p.idempotency_key = %(key)s
-RETURNING a.account_id, a.fence, a.balance_minor
+# P2 / P3, step 1 (the identity's advisory lock is held, so a twin's record is committed or
+# absent, never in flight): the identity's recorded answer, else the fence UPDATE — P2 strict
+# (`fence < token`), P3 `fence <= token` (CHANGELOG row 5) — under the payout's own stable key
+# (C3 §3.1), so a foreign key writes nothing. A replay writes nothing either.
+_RECORD_OR_FENCE_SQL = """
+WITH rec AS (
+    SELECT request_hash, status, body FROM idempotency_record
+     WHERE operation = %(operation)s AND idempotency_key = %(key)s AND token = %(token)s
+), fenced AS (
+    UPDATE account a
+       SET fence = %(token)s, updated_at = clock_timestamp()
+      FROM payout p
+     WHERE p.payout_id = %(payout_id)s AND a.account_id = p.account_id
+       AND a.fence {comparison} %(token)s
+       AND p.idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM rec)
+ RETURNING a.account_id, a.fence, a.balance_minor, p.amount_minor
+)
+SELECT rec.request_hash, rec.status, rec.body,
+       fenced.account_id, fenced.fence, fenced.balance_minor, fenced.amount_minor
+  FROM (SELECT 1) AS one LEFT JOIN rec ON true LEFT JOIN fenced ON true
 """
-
-# P3: the same grant continues its critical section (CHANGELOG row 5): fence <= token.
-POST_FENCE_SQL = """
-UPDATE account a
-   SET fence = %(token)s, updated_at = clock_timestamp()
-  FROM payout p
- WHERE p.payout_id = %(payout_id)s AND a.account_id = p.account_id AND a.fence <= %(token)s
-   AND p.idempotency_key = %(key)s
-RETURNING a.account_id, a.fence, a.balance_minor
-"""
+CLAIM_RECORD_OR_FENCE_SQL = _RECORD_OR_FENCE_SQL.format(comparison="<")
+POST_RECORD_OR_FENCE_SQL = _RECORD_OR_FENCE_SQL.format(comparison="<=")
 
 # Zero rows from a fence UPDATE: which payout/account, what fence beat us, which key it has.
 FENCE_DIAGNOSIS_SQL = """
@@ -78,7 +82,7 @@ SELECT p.account_id, a.fence, p.idempotency_key
 # Runs after the account row is locked by the fence UPDATE, so every other claim/post on this
 # account is serialised behind us and the reservation sum is current (ARCHITECTURE §4).
 CLAIM_CHECK_SQL = """
-SELECT p.state, p.amount_minor, p.claim_token,
+SELECT p.state, p.amount_minor, p.claim_token, p.attempt_count, p.beneficiary_ref,
        COALESCE((SELECT SUM(r.amount_minor) FROM payout r
                   WHERE r.account_id = p.account_id
                     AND r.state = ANY(%(reserving)s::varchar[])
@@ -88,22 +92,29 @@ SELECT p.state, p.amount_minor, p.claim_token,
    FOR UPDATE OF p
 """
 
+# Runs with the payout row locked by CLAIM_CHECK_SQL in state `expected_state`: the move, its
+# history row and the identity's recorded 200 in one statement (nothing is written unless the
+# payout moved).
 CLAIM_TRANSITION_SQL = """
-WITH old AS (
-    SELECT state FROM payout WHERE payout_id = %(payout_id)s
-), moved AS (
+WITH moved AS (
     UPDATE payout
        SET state = 'CLAIMED', claim_token = %(token)s, claim_owner_id = %(owner_id)s,
            attempt_count = attempt_count + 1, updated_at = clock_timestamp()
      WHERE payout_id = %(payout_id)s AND state = %(expected_state)s
- RETURNING payout_id, attempt_count, idempotency_key, beneficiary_ref
+ RETURNING payout_id, attempt_count
 ), ev AS (
     INSERT INTO payout_event (payout_id, from_state, to_state, token, owner_id, note, at)
-    SELECT moved.payout_id, old.state, 'CLAIMED', %(token)s, %(owner_id)s, NULL,
+    SELECT moved.payout_id, %(expected_state)s, 'CLAIMED', %(token)s, %(owner_id)s, NULL,
            clock_timestamp()
-      FROM moved, old
+      FROM moved
+), rec AS (
+    INSERT INTO idempotency_record (operation, idempotency_key, token, request_hash, payout_id,
+                                    status, body, created_at)
+    SELECT 'claim', %(key)s, %(token)s, %(request_hash)s, moved.payout_id, 200, %(body)s,
+           clock_timestamp()
+      FROM moved
 )
-SELECT attempt_count, idempotency_key, beneficiary_ref FROM moved
+SELECT attempt_count FROM moved
 """
 
 FAIL_FOR_FUNDS_SQL = """
@@ -142,6 +153,58 @@ WITH old AS (
 SELECT account_id, amount_minor, currency FROM moved
 """
 
+# P3 after its fence (the account row locked): RAIL_ACKED → POSTED with its history row, both
+# legs, both balances (the settlement account created on its first credit) and the identity's
+# recorded 200, in one statement; nothing is written unless the payout moved. The entry ids and
+# the body come from the caller, who knows them from the locked account and payout rows.
+POST_SQL = """
+WITH moved AS (
+    UPDATE payout
+       SET state = 'POSTED', rail_reference = %(rail_reference)s,
+           rail_submission_id = %(submission_id)s, updated_at = clock_timestamp()
+     WHERE payout_id = %(payout_id)s AND state = 'RAIL_ACKED'
+ RETURNING payout_id, account_id, amount_minor, currency
+), ev AS (
+    INSERT INTO payout_event (payout_id, from_state, to_state, token, owner_id, note, at)
+    SELECT moved.payout_id, 'RAIL_ACKED', 'POSTED', %(token)s, %(owner_id)s, NULL,
+           clock_timestamp()
+      FROM moved
+), debited AS (
+    UPDATE account
+       SET balance_minor = balance_minor - moved.amount_minor, updated_at = clock_timestamp()
+      FROM moved
+     WHERE account.account_id = moved.account_id
+ RETURNING account.balance_minor
+), credited AS (
+    INSERT INTO account (account_id, currency, kind, balance_minor, fence, updated_at)
+    SELECT 'settlement:' || moved.currency, moved.currency, 'SETTLEMENT', moved.amount_minor, 0,
+           clock_timestamp()
+      FROM moved
+        ON CONFLICT (account_id) DO UPDATE
+       SET balance_minor = account.balance_minor + EXCLUDED.balance_minor,
+           updated_at = clock_timestamp()
+ RETURNING balance_minor
+), legs AS (
+    INSERT INTO ledger_entry (entry_id, payout_id, account_id, direction, amount_minor, fence,
+                              posted_at)
+    SELECT leg.entry_id, moved.payout_id, leg.account_id, leg.direction, moved.amount_minor,
+           %(token)s, clock_timestamp()
+      FROM moved,
+           LATERAL (VALUES (%(debit_entry)s::uuid, moved.account_id, 'DEBIT'),
+                           (%(credit_entry)s::uuid, 'settlement:' || moved.currency, 'CREDIT'))
+                AS leg (entry_id, account_id, direction)
+), rec AS (
+    INSERT INTO idempotency_record (operation, idempotency_key, token, request_hash, payout_id,
+                                    status, body, created_at)
+    SELECT 'post', %(key)s, %(token)s, %(request_hash)s, moved.payout_id, 200, %(body)s,
+           clock_timestamp()
+      FROM moved
+)
+SELECT moved.account_id, moved.amount_minor, moved.currency,
+       (SELECT balance_minor FROM debited), (SELECT balance_minor FROM credited)
+  FROM moved
+"""
+
 PAYOUT_STATE_SQL = "SELECT state, claim_token FROM payout WHERE payout_id = %(payout_id)s"
 
 ENSURE_ACCOUNT_SQL = """
@@ -178,11 +241,6 @@ SELECT legs.entry_id, legs.direction, legs.amount_minor, legs.fence,
  ORDER BY legs.direction DESC
 """
 
-IDEMPOTENCY_LOOKUP_SQL = """
-SELECT request_hash, status, body FROM idempotency_record
- WHERE operation = %(operation)s AND idempotency_key = %(key)s AND token = %(token)s
-"""
-
 IDEMPOTENCY_STORE_SQL = """
 INSERT INTO idempotency_record (operation, idempotency_key, token, request_hash, payout_id,
                                 status, body, created_at)
@@ -215,15 +273,19 @@ def transition_payout(
     """
     if token is not None and set(from_states) & QUARANTINED_OR_TERMINAL:
         raise ValueError("no token-bearing transition leaves RAIL_AMBIGUOUS or a terminal state")
-    cursor.execute(PAYOUT_LOCK_SQL, {"payout_id": str(payout_id)})
-    row = cursor.fetchone()
-    if row is None or row[0] not in from_states:
-        return False
+    if len(from_states) == 1:
+        from_state = from_states[0]  # the UPDATE's own row lock and recheck decide; one trip
+    else:
+        cursor.execute(PAYOUT_LOCK_SQL, {"payout_id": str(payout_id)})
+        row = cursor.fetchone()
+        if row is None or row[0] not in from_states:
+            return False
+        from_state = row[0]
     cursor.execute(
         TRANSITION_PAYOUT_SQL,
         {
             "payout_id": str(payout_id),
-            "from_state": row[0],
+            "from_state": from_state,
             "to_state": to_state,
             "token": token,
             "owner_id": owner_id,
@@ -253,6 +315,7 @@ class FencedAccount:
     account_id: str
     fence: int
     balance_minor: int
+    payout_amount_minor: int  # of the payout the fence was taken for (immutable)
 
 
 @dataclass(frozen=True)
@@ -264,31 +327,38 @@ class FenceDiagnosis:
     idempotency_key: str
 
 
-def _fence_account(
-    cursor: Any, sql: str, *, payout_id: uuid.UUID, token: int, idempotency_key: str
-) -> FencedAccount | None:
-    cursor.execute(sql, {"payout_id": str(payout_id), "token": token, "key": idempotency_key})
-    row = cursor.fetchone()
-    return FencedAccount(row[0], int(row[1]), int(row[2])) if row else None
+@dataclass(frozen=True)
+class RecordOrFence:
+    """Step 1 of P2/P3: the identity's recorded answer (a replay), else the fenced account
+    (None: no row moved — unknown payout, foreign key or fenced: `fence_diagnosis` says which)."""
+
+    recorded: tuple[str, int, Any] | None
+    account: FencedAccount | None
 
 
-def fence_account_for_claim(
-    cursor: Any, *, payout_id: uuid.UUID, token: int, idempotency_key: str
-) -> FencedAccount | None:
-    """Strict `fence < token` on the payout's account under the payout's own key; None if no
-    row moved (unknown payout, foreign key or fenced: `fence_diagnosis` says which)."""
-    return _fence_account(
-        cursor, CLAIM_FENCE_SQL, payout_id=payout_id, token=token, idempotency_key=idempotency_key
+def record_or_fence(
+    cursor: Any, *, operation: str, payout_id: uuid.UUID, token: int, idempotency_key: str
+) -> RecordOrFence:
+    """The identity's record, else the fence UPDATE of `operation` (claim: `fence < token`,
+    post: `fence <= token`), in one round trip. Callers hold the identity's lock
+    (dlock.idempotency.lock_identity), taken in an earlier statement so this one's snapshot
+    sees a twin's committed record."""
+    sql = CLAIM_RECORD_OR_FENCE_SQL if operation == "claim" else POST_RECORD_OR_FENCE_SQL
+    cursor.execute(
+        sql,
+        {
+            "operation": operation,
+            "payout_id": str(payout_id),
+            "token": token,
+            "key": idempotency_key,
+        },
     )
-
-
-def fence_account_for_post(
-    cursor: Any, *, payout_id: uuid.UUID, token: int, idempotency_key: str
-) -> FencedAccount | None:
-    """`fence <= token` (CHANGELOG row 5) under the payout's own key; None if no row moved."""
-    return _fence_account(
-        cursor, POST_FENCE_SQL, payout_id=payout_id, token=token, idempotency_key=idempotency_key
-    )
+    request_hash, status, body, account_id, fence, balance, amount = cursor.fetchone()
+    if request_hash is not None:
+        return RecordOrFence((request_hash, int(status), body), None)
+    if account_id is None:
+        return RecordOrFence(None, None)
+    return RecordOrFence(None, FencedAccount(account_id, int(fence), int(balance), int(amount)))
 
 
 def fence_diagnosis(cursor: Any, *, payout_id: uuid.UUID) -> FenceDiagnosis | None:
@@ -298,21 +368,38 @@ def fence_diagnosis(cursor: Any, *, payout_id: uuid.UUID) -> FenceDiagnosis | No
     return FenceDiagnosis(row[0], int(row[1]), row[2]) if row else None
 
 
-def claim_check(cursor: Any, *, payout_id: uuid.UUID) -> tuple[str, int, int | None, int]:
-    """(state, amount, claim token, reserved by the account's other in-flight payouts); the
-    payout row locked."""
+@dataclass(frozen=True)
+class ClaimCheck:
+    state: str
+    amount_minor: int
+    claim_token: int | None
+    attempt_count: int
+    beneficiary_ref: str
+    reserved_minor: int  # by the account's other in-flight payouts
+
+
+def claim_check(cursor: Any, *, payout_id: uuid.UUID) -> ClaimCheck:
+    """The payout (row locked) and what the account's other in-flight payouts reserve."""
     cursor.execute(
         CLAIM_CHECK_SQL, {"payout_id": str(payout_id), "reserving": list(RESERVING_STATES)}
     )
-    state, amount, claim_token, reserved = cursor.fetchone()
-    return state, int(amount), claim_token, int(reserved)
+    state, amount, claim_token, attempts, beneficiary, reserved = cursor.fetchone()
+    return ClaimCheck(state, int(amount), claim_token, int(attempts), beneficiary, int(reserved))
 
 
 def claim_transition(
-    cursor: Any, *, payout_id: uuid.UUID, expected_state: str, token: int, owner_id: str
-) -> tuple[int, str, str] | None:
-    """expected_state → CLAIMED with token/owner, attempt+1, event row; (attempt count, stable
-    idempotency key, beneficiary) or None if not moved."""
+    cursor: Any,
+    *,
+    payout_id: uuid.UUID,
+    expected_state: str,
+    token: int,
+    owner_id: str,
+    idempotency_key: str,
+    request_hash: str,
+    body_json: str,
+) -> int | None:
+    """expected_state → CLAIMED with token/owner, attempt+1, its event row and the identity's
+    recorded 200 (`body_json`); the new attempt count, or None if not moved (nothing written)."""
     cursor.execute(
         CLAIM_TRANSITION_SQL,
         {
@@ -320,10 +407,13 @@ def claim_transition(
             "expected_state": expected_state,
             "token": token,
             "owner_id": owner_id,
+            "key": idempotency_key,
+            "request_hash": request_hash,
+            "body": body_json,
         },
     )
     row = cursor.fetchone()
-    return (int(row[0]), row[1], row[2]) if row else None
+    return int(row[0]) if row else None
 
 
 def fail_for_funds(
@@ -369,6 +459,52 @@ def post_transition(
     )
     row = cursor.fetchone()
     return (row[0], int(row[1]), row[2]) if row else None
+
+
+@dataclass(frozen=True)
+class Posted:
+    account_id: str
+    amount_minor: int
+    currency: str
+    debit_balance: int
+    credit_balance: int
+
+
+def post(
+    cursor: Any,
+    *,
+    payout_id: uuid.UUID,
+    token: int,
+    owner_id: str,
+    rail_reference: str,
+    submission_id: uuid.UUID,
+    debit_entry: uuid.UUID,
+    credit_entry: uuid.UUID,
+    idempotency_key: str,
+    request_hash: str,
+    body_json: str,
+) -> Posted | None:
+    """RAIL_ACKED → POSTED, both legs, both balances and the recorded 200, one statement; None
+    if the payout was not RAIL_ACKED (nothing written)."""
+    cursor.execute(
+        POST_SQL,
+        {
+            "payout_id": str(payout_id),
+            "token": token,
+            "owner_id": owner_id,
+            "rail_reference": rail_reference,
+            "submission_id": str(submission_id),
+            "debit_entry": str(debit_entry),
+            "credit_entry": str(credit_entry),
+            "key": idempotency_key,
+            "request_hash": request_hash,
+            "body": body_json,
+        },
+    )
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    return Posted(row[0], int(row[1]), row[2], int(row[3]), int(row[4]))
 
 
 def payout_state(cursor: Any, *, payout_id: uuid.UUID) -> tuple[str | None, int | None]:
@@ -423,15 +559,6 @@ def lock_account(cursor: Any, *, account_id: str) -> tuple[str, int, int] | None
     cursor.execute(ACCOUNT_FOR_UPDATE_SQL, {"account_id": account_id})
     row = cursor.fetchone()
     return (row[0], int(row[1]), int(row[2])) if row else None
-
-
-def idempotency_lookup(
-    cursor: Any, *, operation: str, key: str, token: int
-) -> tuple[str, int, Any] | None:
-    """(request_hash, status, body) recorded for the identity, or None. Callers hold the
-    identity's lock (dlock.idempotency.lock_identity) so the answer cannot change under them."""
-    cursor.execute(IDEMPOTENCY_LOOKUP_SQL, {"operation": operation, "key": key, "token": token})
-    return cursor.fetchone()
 
 
 def idempotency_store(

@@ -6,12 +6,20 @@ Exactly the five C3 §3.4 paths, plus the staff-only Django admin.
 from django.contrib import admin
 from django.urls import path
 
-from dlock.hotview import hot_view
+from dlock.hotview import hot_read_view, hot_view
 from payments import views
 
 urlpatterns = [
-    path("v1/payouts", views.PayoutListView.as_view(), name="payouts-list"),
-    path("v1/payouts/<str:payout_id>", views.PayoutDetailView.as_view(), name="payout-detail"),
+    path(
+        "v1/payouts",
+        hot_read_view(views.PayoutListView, get=views.list_payouts),
+        name="payouts-list",
+    ),
+    path(
+        "v1/payouts/<str:payout_id>",
+        hot_read_view(views.PayoutDetailView, get=views.get_payout),
+        name="payout-detail",
+    ),
     path(
         "v1/payouts/<str:payout_id>/claim",
         hot_view(views.PayoutClaimView, post=views.claim),

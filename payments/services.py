@@ -19,6 +19,7 @@ from dlock import idempotency
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
 from dlock.fencing import fenced_out
+from dlock.prepared import prepared_cursor
 from dlock.tracing import current_trace_id
 from payments import fenced_sql
 from payments.models import CLAIMABLE_STATES, RESOLUTION_STATES, AccountKind, Payout
@@ -74,29 +75,37 @@ def _request_hash(operation: str, payout_id: uuid.UUID, body: dict[str, Any]) ->
     )
 
 
-def _replay_or_conflict(
-    cursor: Any, *, operation: str, key: str, token: int, request_hash: str
-) -> CommandResult | None:
-    """Serialise on the identity, then answer from its stored record if there is one."""
-    idempotency.lock_identity(cursor, operation=operation, key=key, token=token)
-    stored = fenced_sql.idempotency_lookup(cursor, operation=operation, key=key, token=token)
-    if stored is None:
-        return None
-    stored_hash, status, body = stored
-    idempotency.check_same_request(
-        stored_hash=stored_hash, presented_hash=request_hash, key=key, operation=operation
+def _replay_or_fence(
+    cur: Any,
+    *,
+    operation: str,
+    payout_id: uuid.UUID,
+    token: int,
+    owner_id: str,
+    idempotency_key: str,
+    request_hash: str,
+) -> CommandResult | fenced_sql.FencedAccount:
+    """Serialise on the identity; then its stored answer (a replay) or the fence UPDATE of P2
+    (strict) or P3 (`<=`) in one round trip. A refused fence is 404, 400 or FENCED_OUT."""
+    idempotency.lock_identity(cur, operation=operation, key=idempotency_key, token=token)
+    step = fenced_sql.record_or_fence(
+        cur,
+        operation=operation,
+        payout_id=payout_id,
+        token=token,
+        idempotency_key=idempotency_key,
     )
-    return CommandResult(status=int(status), body=idempotency.stored_body(body), replayed=True)
-
-
-def _fenced_account(
-    cur: Any, *, payout_id: uuid.UUID, token: int, owner_id: str, idempotency_key: str, post: bool
-) -> fenced_sql.FencedAccount:
-    """The fence UPDATE of P2 (strict) or P3 (`<=`); its refusal is 404, 400 or FENCED_OUT."""
-    fence = fenced_sql.fence_account_for_post if post else fenced_sql.fence_account_for_claim
-    account = fence(cur, payout_id=payout_id, token=token, idempotency_key=idempotency_key)
-    if account is not None:
-        return account
+    if step.recorded is not None:
+        stored_hash, status, body = step.recorded
+        idempotency.check_same_request(
+            stored_hash=stored_hash,
+            presented_hash=request_hash,
+            key=idempotency_key,
+            operation=operation,
+        )
+        return CommandResult(status=status, body=idempotency.stored_body(body), replayed=True)
+    if step.account is not None:
+        return step.account
     found = fenced_sql.fence_diagnosis(cur, payout_id=payout_id)
     if found is None:
         raise not_found("payout", str(payout_id))
@@ -124,6 +133,10 @@ def _not_in_state(
     )
 
 
+def _body_json(body: dict[str, Any]) -> str:
+    return json.dumps(body, separators=(",", ":"))
+
+
 def _store(
     cursor: Any,
     *,
@@ -143,7 +156,7 @@ def _store(
         request_hash=request_hash,
         payout_id=payout_id,
         status=status,
-        body_json=json.dumps(body, separators=(",", ":")),
+        body_json=_body_json(body),
     )
 
 
@@ -165,7 +178,7 @@ def claim_payout(
             "expectedState must be PENDING or CLAIMED",
             [{"field": "expectedState", "message": "PENDING or CLAIMED"}],
         )
-    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
+    with transaction.atomic(using=_alias()), prepared_cursor(_alias()) as cur:
         result, failure = claim_steps(
             cur,
             payout_id=payout_id,
@@ -191,36 +204,34 @@ def claim_steps(
     expected_state: str,
 ) -> tuple[CommandResult, ApiError | None]:
     """The claim's statements on one cursor inside the caller's transaction (also driven
-    directly by bench/payments.py): idempotency lock+lookup → fenced account UPDATE (row
-    lock) → payout row lock + reservation sum → transition + payout_event → idempotency
+    directly by bench/payments.py): identity lock → its record, else the fenced account UPDATE
+    (row lock) → payout row lock + reservation sum → transition + payout_event + the identity's
     record. Returns the answer and, for INSUFFICIENT_FUNDS, the error to raise after commit."""
     operation = "claim"
     request_hash = _request_hash(operation, payout_id, {"expectedState": expected_state})
-    replay = _replay_or_conflict(
-        cur, operation=operation, key=idempotency_key, token=token, request_hash=request_hash
-    )
-    if replay is not None:
-        return replay, None  # a replayed error is answered from its stored envelope
-    account = _fenced_account(
+    step = _replay_or_fence(
         cur,
+        operation=operation,
         payout_id=payout_id,
         token=token,
         owner_id=owner_id,
         idempotency_key=idempotency_key,
-        post=False,
+        request_hash=request_hash,
     )
-    state, amount, claim_token, reserved = fenced_sql.claim_check(cur, payout_id=payout_id)
-    if state != expected_state:
+    if isinstance(step, CommandResult):
+        return step, None  # a replayed error is answered from its stored envelope
+    account = step
+    check = fenced_sql.claim_check(cur, payout_id=payout_id)
+    if check.state != expected_state:
         raise payout_not_claimable(
             payout_id=str(payout_id),
-            state=state,
+            state=check.state,
             expected_states=(expected_state,),
-            claim_token=claim_token,
+            claim_token=check.claim_token,
             presented_token=token,
         )
-    available = account.balance_minor - reserved
-    failure: ApiError | None = None
-    if amount > available:
+    available = account.balance_minor - check.reserved_minor
+    if check.amount_minor > available:
         failure = _fail_for_funds(
             cur,
             payout_id=payout_id,
@@ -228,33 +239,33 @@ def claim_steps(
             token=token,
             owner_id=owner_id,
             account_id=account.account_id,
-            amount=amount,
+            amount=check.amount_minor,
             available=available,
         )
         status, body = failure.status, failure.envelope(current_trace_id())
-    else:
-        status, body = (
-            200,
-            _claim_transition(
-                cur,
-                payout_id=payout_id,
-                expected_state=expected_state,
-                token=token,
-                owner_id=owner_id,
-                account_fence=account.fence,
-            ),
+        _store(
+            cur,
+            operation=operation,
+            key=idempotency_key,
+            token=token,
+            request_hash=request_hash,
+            payout_id=payout_id,
+            status=status,
+            body=body,
         )
-    _store(
+        return CommandResult(status=status, body=body), failure
+    body = _claim_transition(
         cur,
-        operation=operation,
-        key=idempotency_key,
-        token=token,
-        request_hash=request_hash,
         payout_id=payout_id,
-        status=status,
-        body=body,
+        expected_state=expected_state,
+        token=token,
+        owner_id=owner_id,
+        account_fence=account.fence,
+        check=check,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
     )
-    return CommandResult(status=status, body=body), failure
+    return CommandResult(status=200, body=body), None
 
 
 def _fail_for_funds(
@@ -297,23 +308,37 @@ def _claim_transition(
     token: int,
     owner_id: str,
     account_fence: int,
+    check: fenced_sql.ClaimCheck,
+    idempotency_key: str,
+    request_hash: str,
 ) -> dict[str, Any]:
-    """The claim's 200 branch: expected_state → CLAIMED under this token; the answer's body."""
-    moved = fenced_sql.claim_transition(
-        cur, payout_id=payout_id, expected_state=expected_state, token=token, owner_id=owner_id
-    )
-    if moved is None:  # pragma: no cover - the row is locked by claim_check
-        raise _not_in_state(cur, payout_id, (expected_state,), token=token)
-    attempt_count, stable_key, beneficiary_ref = moved
-    return {
+    """The claim's 200 branch: expected_state → CLAIMED under this token, recorded with the
+    answer's body in the same statement. The payout row is locked by claim_check, so the body
+    (attempt count + 1) is known before the write; the write's own count is checked."""
+    body = {
         "payoutId": str(payout_id),
         "state": "CLAIMED",
         "claimToken": token,
         "accountFence": account_fence,
-        "attemptCount": attempt_count,
-        "idempotencyKey": stable_key,
-        "beneficiaryRef": beneficiary_ref,  # what the rail submission carries (CHANGELOG row)
+        "attemptCount": check.attempt_count + 1,
+        "idempotencyKey": idempotency_key,  # the payout's stable key: the fence matched it
+        "beneficiaryRef": check.beneficiary_ref,  # what the rail submission carries
     }
+    attempts = fenced_sql.claim_transition(
+        cur,
+        payout_id=payout_id,
+        expected_state=expected_state,
+        token=token,
+        owner_id=owner_id,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        body_json=_body_json(body),
+    )
+    if attempts is None:  # pragma: no cover - the row is locked by claim_check
+        raise _not_in_state(cur, payout_id, (expected_state,), token=token)
+    if attempts != body["attemptCount"]:  # pragma: no cover - the row is locked by claim_check
+        raise RuntimeError(f"payout {payout_id}: attempt count {attempts}, expected {body}")
+    return body
 
 
 def post_payout(
@@ -327,7 +352,7 @@ def post_payout(
 ) -> CommandResult:
     """P3: fence the account (`fence <= token`, CHANGELOG row 5), RAIL_ACKED → POSTED, and post
     two balanced legs (DEBIT the account, CREDIT `settlement:<currency>`), one transaction."""
-    with transaction.atomic(using=_alias()), connections[_alias()].cursor() as cur:
+    with transaction.atomic(using=_alias()), prepared_cursor(_alias()) as cur:
         result = post_steps(
             cur,
             payout_id=payout_id,
@@ -352,64 +377,59 @@ def post_steps(
     rail_reference: str,
     submission_id: uuid.UUID,
 ) -> CommandResult:
-    """The post's statements on one cursor inside the caller's transaction: idempotency
-    lock+lookup → fenced account UPDATE → RAIL_ACKED → POSTED + payout_event → settlement
-    account (on demand) → both legs and both balances → idempotency record."""
+    """The post's statements on one cursor inside the caller's transaction: identity lock →
+    its record, else the fenced account UPDATE → one statement for RAIL_ACKED → POSTED +
+    payout_event, both legs and balances (settlement account on demand) and the identity's
+    record."""
     operation = "post"
     request_hash = _request_hash(
         operation,
         payout_id,
         {"railReference": rail_reference, "submissionId": str(submission_id)},
     )
-    replay = _replay_or_conflict(
-        cur, operation=operation, key=idempotency_key, token=token, request_hash=request_hash
-    )
-    if replay is not None:
-        return replay
-    _fenced_account(
+    step = _replay_or_fence(
         cur,
+        operation=operation,
         payout_id=payout_id,
         token=token,
         owner_id=owner_id,
         idempotency_key=idempotency_key,
-        post=True,
+        request_hash=request_hash,
     )
-    moved = fenced_sql.post_transition(
+    if isinstance(step, CommandResult):
+        return step
+    account = step
+    amount = account.payout_amount_minor
+    debit_entry, credit_entry = uuid.uuid4(), uuid.uuid4()
+    leg = {"amountMinor": amount, "fence": token}
+    body = {
+        "payoutId": str(payout_id),
+        "state": "POSTED",
+        "entries": [
+            {"entryId": str(debit_entry), "direction": "DEBIT", **leg},
+            {"entryId": str(credit_entry), "direction": "CREDIT", **leg},
+        ],
+        # The account row is locked by the fence UPDATE: this is the balance the debit leaves.
+        "balanceMinor": account.balance_minor - amount,
+    }
+    posted = fenced_sql.post(
         cur,
         payout_id=payout_id,
-        from_states=("RAIL_ACKED",),
         token=token,
         owner_id=owner_id,
         rail_reference=rail_reference,
         submission_id=submission_id,
-    )
-    if moved is None:
-        raise _not_in_state(cur, payout_id, ("RAIL_ACKED",), token=token)
-    account_id, amount, currency = moved
-    posting = _post_to_settlement(
-        cur,
-        payout_id=payout_id,
-        account_id=account_id,
-        amount=amount,
-        currency=currency,
-        fence=token,
-    )
-    body = {
-        "payoutId": str(payout_id),
-        "state": "POSTED",
-        "entries": posting.entries,
-        "balanceMinor": posting.debit_balance,
-    }
-    _store(
-        cur,
-        operation=operation,
-        key=idempotency_key,
-        token=token,
+        debit_entry=debit_entry,
+        credit_entry=credit_entry,
+        idempotency_key=idempotency_key,
         request_hash=request_hash,
-        payout_id=payout_id,
-        status=200,
-        body=body,
+        body_json=_body_json(body),
     )
+    if posted is None:
+        raise _not_in_state(cur, payout_id, ("RAIL_ACKED",), token=token)
+    if (posted.amount_minor, posted.debit_balance) != (amount, body["balanceMinor"]):
+        # pragma: no cover - the account row is locked and the amount immutable
+        raise RuntimeError(f"payout {payout_id}: balance {posted.debit_balance}, body {body}")
     return CommandResult(status=200, body=body)
 
 

@@ -2,7 +2,8 @@
 
 Headers go through `dlock.headers` first: a malformed token is INVALID_TOKEN before any DB work.
 P2 and P3 are also plain Django views (`claim`, `post`; ARCHITECTURE decision 17, dlock.hotview)
-sharing their code with the DRF classes, which stay the OpenAPI source.
+sharing their code with the DRF classes, which stay the OpenAPI source; so are P1 and P4
+(`list_payouts`, `get_payout`) for a machine's JSON GET, the browsable API staying DRF's.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -134,41 +135,48 @@ def _limit(raw: str | None) -> int:
     return int(raw)
 
 
+def _list(params: QueryDict) -> dict[str, Any]:
+    unknown = sorted(set(params) - _LIST_PARAMS)
+    if unknown:
+        raise validation_error(
+            "unknown query parameter", [{"field": n, "message": "unknown"} for n in unknown]
+        )
+    for name in params:
+        if len(params.getlist(name)) > 1:
+            raise validation_error(
+                f"{name} given more than once", [{"field": name, "message": "once"}]
+            )
+    state = params.get("state") or None
+    if state is not None and state not in selectors.STATES:
+        raise validation_error(
+            "state must be one of the eight payout states",
+            [{"field": "state", "message": "|".join(selectors.STATES)}],
+        )
+    account = params.get("accountId") or None
+    if account is not None and len(account) > ACCOUNT_ID_MAX:
+        raise validation_error(
+            "accountId is too long",
+            [{"field": "accountId", "message": f"at most {ACCOUNT_ID_MAX}"}],
+        )
+    return selectors.list_payouts(
+        state=state,
+        account_id=account,
+        limit=_limit(params.get("limit")),
+        cursor=params.get("cursor") or None,
+    )
+
+
 class PayoutListView(APIView):
     """P1 GET /v1/payouts?state=&accountId=&limit=&cursor=."""
 
     @openapi.list_payouts
     def get(self, request: Request) -> Response:
-        params = request.query_params
-        unknown = sorted(set(params) - _LIST_PARAMS)
-        if unknown:
-            raise validation_error(
-                "unknown query parameter", [{"field": n, "message": "unknown"} for n in unknown]
-            )
-        for name in params:
-            if len(params.getlist(name)) > 1:
-                raise validation_error(
-                    f"{name} given more than once", [{"field": name, "message": "once"}]
-                )
-        state = params.get("state") or None
-        if state is not None and state not in selectors.STATES:
-            raise validation_error(
-                "state must be one of the eight payout states",
-                [{"field": "state", "message": "|".join(selectors.STATES)}],
-            )
-        account = params.get("accountId") or None
-        if account is not None and len(account) > ACCOUNT_ID_MAX:
-            raise validation_error(
-                "accountId is too long",
-                [{"field": "accountId", "message": f"at most {ACCOUNT_ID_MAX}"}],
-            )
-        body = selectors.list_payouts(
-            state=state,
-            account_id=account,
-            limit=_limit(params.get("limit")),
-            cursor=params.get("cursor") or None,
-        )
-        return Response(body)
+        return Response(_list(request.query_params))
+
+
+def list_payouts(request: HttpRequest) -> HttpResponse:
+    """P1 as a plain view for a JSON GET (decision 17; dlock.hotview.hot_read_view)."""
+    return hotview.answer(_list(request.GET))
 
 
 class PayoutDetailView(APIView):
@@ -178,6 +186,12 @@ class PayoutDetailView(APIView):
     def get(self, request: Request, payout_id: str) -> Response:
         pid = parse_uuid(payout_id, field="payoutId")
         return Response(selectors.get_payout(payout_id=pid))
+
+
+def get_payout(request: HttpRequest, payout_id: str) -> HttpResponse:
+    """P4 as a plain view for a JSON GET (decision 17; dlock.hotview.hot_read_view)."""
+    pid = parse_uuid(payout_id, field="payoutId")
+    return hotview.answer(selectors.get_payout(payout_id=pid))
 
 
 class AccountDetailView(APIView):

@@ -1,8 +1,9 @@
 """Admission (C3 §3.5 steps 0–3): one transaction that either commits an intent or refuses.
 
-0. identity lock + replay lookup (same key, same token, same body → the recorded answer); the
-   request must name the payout exactly as paydb stores it, its own stable key included
-   (404 / 400 VALIDATION_FAILED, nothing written);
+0. identity lock, then the replay lookup (same key, same token, same body → the recorded answer)
+   or else the payout, row-locked until the commit, in one statement; the request must name the
+   payout exactly as paydb stores it, its own stable key included (404 / 400 VALIDATION_FAILED,
+   nothing written);
 1. strict high-water advance for the account → else a FENCED row, 409 FENCED_OUT;
 2. no live submission for the payout → else 409 DUPLICATE_SUBMISSION;
 3. the payout CLAIMED under this very token → SUBMITTING, intent row PENDING; COMMIT.
@@ -14,12 +15,13 @@ import logging
 import uuid
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 
 from dlock import idempotency, metrics
 from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
 from dlock.fencing import fenced_out
 from dlock.logs import log_event
+from dlock.prepared import prepared_cursor
 from payments.fenced_sql import transition_payout
 from railproxy import fenced_sql
 from railproxy.models import Outcome
@@ -40,7 +42,7 @@ FENCED_MESSAGE = {
 
 
 class _Fenced(Exception):
-    """Raised inside the steps-1–3 savepoint so the high-water advance rolls back with it."""
+    """A step-1 or step-3 refusal: recorded as a FENCED row, the high-water mark unmoved."""
 
     def __init__(self, *, highest: int, resource_id: str, detail: str) -> None:
         self.highest = highest
@@ -52,15 +54,15 @@ class _Fenced(Exception):
 def admit(request: SubmissionRequest) -> Admitted | Replay | FencedRecorded:
     """Steps 0–3 in one paydb transaction; raises the refusals that leave no row."""
     using = alias()
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    with transaction.atomic(using=using), prepared_cursor(using) as cursor:
         idempotency.lock_identity(
             cursor, operation=OPERATION, key=request.idempotency_key, token=request.token
         )
-        previous = fenced_sql.replay_lookup(
-            cursor, key=request.idempotency_key, token=request.token
+        step = fenced_sql.replay_or_payout(
+            cursor, key=request.idempotency_key, token=request.token, payout_id=request.payout_id
         )
-        if previous is not None:
-            submission_id, outcome, request_hash, status, body = previous
+        if step.recorded is not None:
+            submission_id, outcome, request_hash, status, body = step.recorded
             idempotency.check_same_request(
                 stored_hash=request_hash,
                 presented_hash=request.body_hash(),
@@ -68,18 +70,17 @@ def admit(request: SubmissionRequest) -> Admitted | Replay | FencedRecorded:
             )
             return Replay(status, body, outcome, submission_id)
 
-        stored = fenced_sql.payout(cursor, payout_id=request.payout_id)
-        if stored is None:
+        if step.payout is None:
             raise not_found("payout", str(request.payout_id))
-        _check_request_names_the_payout(request, stored)
+        _check_request_names_the_payout(request, step.payout)
 
         try:
-            with transaction.atomic(using=using):  # steps 1–3 stand or fall together
-                return _steps_one_to_three(cursor, request)
+            return _steps_one_to_three(cursor, request, step.payout)
         except _Fenced as fenced:
             return _record_fenced(cursor, request, fenced)
         except IntegrityError:
             # Two submissions for one payout raced past step 2: the partial unique index wins.
+            # Raised out of the transaction, which rolls back whole.
             raise _duplicate(request, existing=None) from None
 
 
@@ -111,25 +112,38 @@ def _check_request_names_the_payout(
         raise validation_error("the request does not match the payout it names", fields)
 
 
-def _steps_one_to_three(cursor: Any, request: SubmissionRequest) -> Admitted:
+def _steps_one_to_three(
+    cursor: Any, request: SubmissionRequest, payout: fenced_sql.PayoutRow
+) -> Admitted:
+    """Steps 1–3 on the payout row-locked by step 0. A refusal raised here either rolls the
+    whole transaction back or (_Fenced) is recorded with the mark where it was."""
+    # A newer holder re-claimed the payout: the presenter lost its lock (step 3's refusal). Step
+    # 1 is then only asked, so the refusal leaves the mark unmoved.
+    claimed_by_newer = payout.claim_token is not None and payout.claim_token > request.token
     # Step 1: the strict conditional write; its row lock serialises every admission per account.
-    advanced = fenced_sql.advance_high_water(
-        cursor, account_id=request.account_id, token=request.token, payout_id=request.payout_id
-    )
-    if advanced is None:
-        raise _Fenced(
-            highest=fenced_sql.high_water(cursor, account_id=request.account_id),
-            resource_id=request.account_id,
-            detail="fenced_high_water",
+    if claimed_by_newer:
+        highest, admits = fenced_sql.high_water_admits(
+            cursor, account_id=request.account_id, token=request.token, payout_id=request.payout_id
         )
+    else:
+        admits = (
+            fenced_sql.advance_high_water(
+                cursor,
+                account_id=request.account_id,
+                token=request.token,
+                payout_id=request.payout_id,
+            )
+            is not None
+        )
+        highest = 0 if admits else fenced_sql.high_water(cursor, account_id=request.account_id)
+    if not admits:
+        raise _Fenced(highest=highest, resource_id=request.account_id, detail="fenced_high_water")
     # Step 2: one submission per payout, whatever the token (FR-18).
     existing = fenced_sql.live_submission(cursor, payout_id=request.payout_id)
     if existing is not None:
         raise _duplicate(request, existing=existing)
     # Step 3: the payout must be CLAIMED under this very token; then the intent commits.
-    payout = fenced_sql.payout(cursor, payout_id=request.payout_id, for_update=True)
-    if payout.claim_token is not None and payout.claim_token > request.token:
-        # A newer holder re-claimed the payout: the presenter lost its lock.
+    if claimed_by_newer:
         raise _Fenced(
             highest=payout.claim_token, resource_id=str(request.payout_id), detail="fenced_claim"
         )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dlock.idempotency import stored_body
-from payments.selectors import payout_for_submission
+from payments.selectors import PAYOUT_FOR_SUBMISSION_SQL, payout_for_submission
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -25,24 +25,32 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------------------------------------
 # SQL
 
-ENSURE_HIGH_WATER_SQL = """
-INSERT INTO rail_high_water (account_id, highest_token, retry_payout_id, updated_at)
-VALUES (%(account_id)s, 0, NULL, clock_timestamp())
-ON CONFLICT (account_id) DO NOTHING
-"""
-
-# Admission step 1 (C3 §3.5). Strict `>`; the equality arm only re-admits the payout whose
-# attempt under this very token ended NOT_SENT (nothing was presented, C3 §3.2 RAIL_UNAVAILABLE).
+# Admission step 1 (C3 §3.5), one statement: the account's first admission creates its mark at
+# this token (every token is > 0, so that is the advance from 0); otherwise strict `>`, and the
+# equality arm only re-admits the payout whose attempt under this very token ended NOT_SENT
+# (nothing was presented, C3 §3.2 RAIL_UNAVAILABLE). No row back: we are fenced.
 ADVANCE_HIGH_WATER_SQL = """
-UPDATE rail_high_water
-   SET highest_token = %(token)s, retry_payout_id = NULL, updated_at = clock_timestamp()
- WHERE account_id = %(account_id)s
-   AND (highest_token < %(token)s
-        OR (highest_token = %(token)s AND retry_payout_id = %(payout_id)s::uuid))
+INSERT INTO rail_high_water AS hw (account_id, highest_token, retry_payout_id, updated_at)
+VALUES (%(account_id)s, %(token)s, NULL, clock_timestamp())
+    ON CONFLICT (account_id) DO UPDATE
+   SET highest_token = EXCLUDED.highest_token, retry_payout_id = NULL,
+       updated_at = clock_timestamp()
+ WHERE hw.highest_token < EXCLUDED.highest_token
+    OR (hw.highest_token = EXCLUDED.highest_token AND hw.retry_payout_id = %(payout_id)s::uuid)
 RETURNING highest_token
 """
 
 HIGH_WATER_SQL = "SELECT highest_token FROM rail_high_water WHERE account_id = %(account_id)s"
+
+# Would ADVANCE_HIGH_WATER_SQL admit this token? Asked, row-locked, instead of advancing when the
+# payout is already known to be claimed under a newer token (the refusal must not move the mark).
+HIGH_WATER_ADMITS_SQL = """
+SELECT highest_token,
+       highest_token < %(token)s
+       OR (highest_token = %(token)s AND retry_payout_id = %(payout_id)s::uuid)
+  FROM rail_high_water WHERE account_id = %(account_id)s
+   FOR UPDATE
+"""
 
 RAISE_HIGH_WATER_SQL = """
 INSERT INTO rail_high_water (account_id, highest_token, retry_payout_id, updated_at)
@@ -70,12 +78,22 @@ SELECT submission_id, outcome, presented_token
  LIMIT 1
 """
 
-REPLAY_LOOKUP_SQL = """
-SELECT submission_id, outcome, request_hash, response_status, response_body
-  FROM rail_submission
- WHERE idempotency_key = %(key)s AND presented_token = %(token)s AND outcome <> 'NOT_SENT'
- ORDER BY submitted_at DESC
- LIMIT 1
+# Admission step 0, after the identity's lock (an earlier statement, so this snapshot sees a
+# twin's committed row): the identity's recorded row, else the payout, row-locked for the whole
+# admission (its state and claim token cannot move until the intent commits).
+REPLAY_OR_PAYOUT_SQL = f"""
+WITH rec AS (
+    SELECT submission_id, outcome, request_hash, response_status, response_body
+      FROM rail_submission
+     WHERE idempotency_key = %(key)s AND presented_token = %(token)s AND outcome <> 'NOT_SENT'
+     ORDER BY submitted_at DESC
+     LIMIT 1
+), p AS (
+    {PAYOUT_FOR_SUBMISSION_SQL.strip()}
+       AND NOT EXISTS (SELECT 1 FROM rec)
+       FOR UPDATE
+)
+SELECT rec.*, p.* FROM (SELECT 1) AS one LEFT JOIN rec ON true LEFT JOIN p ON true
 """
 
 INSERT_SUBMISSION_SQL = """
@@ -87,25 +105,31 @@ VALUES (
     %(submission_id)s, %(payout_id)s, %(account_id)s, %(amount_minor)s, %(currency)s,
     %(token)s, %(highest_token)s, %(owner_id)s, %(key)s, %(request_hash)s, %(client_ref)s,
     %(outcome)s, %(detail)s, clock_timestamp(),
-    CASE WHEN %(outcome)s = 'PENDING' THEN NULL ELSE clock_timestamp() END,
+    CASE WHEN %(outcome)s::varchar = 'PENDING' THEN NULL ELSE clock_timestamp() END,
     %(response_status)s, %(response_body)s)
 RETURNING submitted_at
 """
 
 # Only an unresolved intent takes an outcome: the forwarder and the sweep race here, and the
-# first conditional UPDATE wins.
+# first conditional UPDATE wins. With `stamped`, the stored answer ends with the row's
+# submittedAt and resolvedAt as the wire writes them (dlock.timefmt.rfc3339_ms: UTC,
+# milliseconds truncated, "Z"), so the 200 and its record are written in this one statement.
 RESOLVE_SUBMISSION_SQL = """
+WITH now AS (SELECT clock_timestamp() AS at)
 UPDATE rail_submission
    SET outcome = %(outcome)s, detail = %(detail)s, rail_reference = %(rail_reference)s,
-       resolved_at = clock_timestamp(), response_status = %(response_status)s,
-       response_body = %(response_body)s
+       resolved_at = now.at, response_status = %(response_status)s,
+       response_body = CASE WHEN %(stamped)s::boolean
+           THEN %(response_body)s::text
+                || '"submittedAt":"'
+                || to_char(submitted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                || '","resolvedAt":"'
+                || to_char(now.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                || '"}'
+           ELSE %(response_body)s::text END
+  FROM now
  WHERE submission_id = %(submission_id)s AND outcome = 'PENDING'
 RETURNING submitted_at, resolved_at
-"""
-
-STORE_RESPONSE_BODY_SQL = """
-UPDATE rail_submission SET response_body = %(response_body)s
- WHERE submission_id = %(submission_id)s
 """
 
 SUBMISSION_SQL = """
@@ -149,7 +173,8 @@ def advance_high_water(
     cursor: Any, *, account_id: str, token: int, payout_id: uuid.UUID
 ) -> int | None:
     """Admission step 1: None if a token ≥ ours already reached the rail (we are fenced)."""
-    cursor.execute(ENSURE_HIGH_WATER_SQL, {"account_id": account_id})
+    if token <= 0:  # the first admission's insert is the advance from 0 only for tokens > 0
+        raise ValueError("fencing tokens are positive")
     cursor.execute(
         ADVANCE_HIGH_WATER_SQL,
         {"account_id": account_id, "token": token, "payout_id": str(payout_id)},
@@ -196,13 +221,38 @@ def payout(cursor: Any, *, payout_id: uuid.UUID, for_update: bool = False) -> Pa
     return PayoutRow(*row) if row else None
 
 
-def replay_lookup(cursor: Any, *, key: str, token: int) -> tuple | None:
-    """(submission_id, outcome, request_hash, response_status, response_body) or None. Callers
-    hold the identity's lock (dlock.idempotency.lock_identity): an identical request in flight
-    then replays instead of racing to step 1 and being fenced by its own twin."""
-    cursor.execute(REPLAY_LOOKUP_SQL, {"key": key, "token": token})
+@dataclass(frozen=True)
+class ReplayOrPayout:
+    """The identity's recorded row (submission_id, outcome, request_hash, response_status,
+    response_body), else the payout (row-locked; None for an unknown payout)."""
+
+    recorded: tuple | None
+    payout: PayoutRow | None
+
+
+def replay_or_payout(cursor: Any, *, key: str, token: int, payout_id: uuid.UUID) -> ReplayOrPayout:
+    """Admission step 0 in one round trip. Callers hold the identity's lock
+    (dlock.idempotency.lock_identity), taken in an earlier statement."""
+    cursor.execute(REPLAY_OR_PAYOUT_SQL, {"key": key, "token": token, "payout_id": str(payout_id)})
     row = cursor.fetchone()
-    return (*row[:4], stored_body(row[4])) if row else None
+    if row[0] is not None:
+        return ReplayOrPayout((*row[:4], stored_body(row[4])), None)
+    if row[5] is None:
+        return ReplayOrPayout(None, None)
+    return ReplayOrPayout(None, PayoutRow(*row[5:]))
+
+
+def high_water_admits(
+    cursor: Any, *, account_id: str, token: int, payout_id: uuid.UUID
+) -> tuple[int, bool]:
+    """(highest token, would ADVANCE_HIGH_WATER_SQL admit `token`), the mark row-locked; an
+    account without a mark admits every (positive) token."""
+    cursor.execute(
+        HIGH_WATER_ADMITS_SQL,
+        {"account_id": account_id, "token": token, "payout_id": str(payout_id)},
+    )
+    row = cursor.fetchone()
+    return (int(row[0]), bool(row[1])) if row else (0, True)
 
 
 def insert_submission(
@@ -248,6 +298,9 @@ def insert_submission(
     return cursor.fetchone()[0]
 
 
+STAMPS = ("submittedAt", "resolvedAt")
+
+
 def resolve_submission(
     cursor: Any,
     *,
@@ -257,8 +310,20 @@ def resolve_submission(
     rail_reference: str | None,
     response_status: int,
     response_body: dict,
+    stamped: bool = False,
 ) -> tuple[dt.datetime, dt.datetime] | None:
-    """PENDING → outcome; (submitted_at, resolved_at), or None if already resolved (swept)."""
+    """PENDING → outcome; (submitted_at, resolved_at), or None if already resolved (swept).
+
+    `stamped`: `response_body` ends with the keys `STAMPS` (values ignored); the stored text
+    gets the row's own times there, as `rfc3339_ms` of the returned pair writes them."""
+    text: str | None
+    if stamped:
+        if tuple(response_body)[-2:] != STAMPS:
+            raise ValueError(f"a stamped answer ends with {STAMPS}")
+        head = {k: v for k, v in response_body.items() if k not in STAMPS}
+        text = json.dumps(head, separators=(",", ":"))[:-1] + ("," if head else "")
+    else:
+        text = _text(response_body)
     cursor.execute(
         RESOLVE_SUBMISSION_SQL,
         {
@@ -267,17 +332,11 @@ def resolve_submission(
             "detail": detail,
             "rail_reference": rail_reference,
             "response_status": response_status,
-            "response_body": _text(response_body),
+            "response_body": text,
+            "stamped": stamped,
         },
     )
     return cursor.fetchone()
-
-
-def store_response_body(cursor: Any, *, submission_id: uuid.UUID, response_body: dict) -> None:
-    cursor.execute(
-        STORE_RESPONSE_BODY_SQL,
-        {"submission_id": str(submission_id), "response_body": _text(response_body)},
-    )
 
 
 def submission(cursor: Any, *, submission_id: uuid.UUID) -> tuple | None:

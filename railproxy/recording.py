@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 
 from dlock import idempotency, metrics
 from dlock.errors import ApiError, Code
 from dlock.logs import log_event
+from dlock.prepared import prepared_cursor
 from dlock.timefmt import rfc3339_ms
 from payments.fenced_sql import transition_payout
 from railproxy import fenced_sql
@@ -59,7 +60,7 @@ def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -
     using = alias()
     status, body, error = _answer_for(request, admitted, answer)
     try:
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        with transaction.atomic(using=using), prepared_cursor(using) as cursor:
             resolved = fenced_sql.resolve_submission(
                 cursor,
                 submission_id=admitted.submission_id,
@@ -68,6 +69,7 @@ def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -
                 rail_reference=answer.rail_reference,
                 response_status=status,
                 response_body=body if error is None else stored_error(error),
+                stamped=error is None,  # the 200's times are the row's, stored with it
             )
             if resolved is None:
                 # The sweep already declared this intent ambiguous (we were paused that long).
@@ -76,9 +78,6 @@ def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -
                 if error is None:
                     body["submittedAt"] = rfc3339_ms(resolved[0])
                     body["resolvedAt"] = rfc3339_ms(resolved[1])
-                    fenced_sql.store_response_body(
-                        cursor, submission_id=admitted.submission_id, response_body=body
-                    )
                 _move_payout(cursor, request, admitted, answer)
     except DatabaseError as exc:
         raise _not_recorded(request, admitted, answer, exc) from exc

@@ -2,6 +2,7 @@
 
 from django.urls import path
 
-from railstub.views import SubmitView
+from dlock.hotview import hot_view
+from railstub.views import SubmitView, submit
 
-urlpatterns: list = [path("submit", SubmitView.as_view(), name="railstub-submit")]
+urlpatterns: list = [path("submit", hot_view(SubmitView, post=submit), name="railstub-submit")]

@@ -4,7 +4,8 @@ Steps for one POST /submit (the view runs them in this order):
 1. `load_config()` — the single config row, read per request so rates change while running.
 2. sleep `latency_ms`.
 3. `choose_fault(config)` — declined / 5xx / drop before booking / drop after booking / ok.
-4. `book_transfer(...)` for ok and drop-after (plus a second booking on a duplicate ack).
+4. `record_call(...)`: the request log row and, for ok and drop-after, the booking (plus a
+   second one on a duplicate ack), in one statement.
 """
 
 from __future__ import annotations
@@ -14,16 +15,13 @@ import random
 import secrets
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
 from dlock.timefmt import utcnow
 from railstub.models import RailstubConfig, RailTransfer
-
-if TYPE_CHECKING:
-    from django.db.backends.utils import CursorWrapper
 
 
 class Fault(enum.StrEnum):
@@ -71,19 +69,34 @@ CONFIG_FIELDS = (
 )
 _CONFIG_FIELDS = (*CONFIG_FIELDS, "updated_at")
 CONFIG_SQL = f"SELECT {', '.join(_CONFIG_FIELDS)} FROM railstub_config WHERE id = 1"
-FIRST_TRANSFER_SQL = """
-SELECT rail_reference FROM rail_transfer WHERE client_ref = %s
+# One statement per call, so one round trip and one commit: the request log row, and for a
+# booking the transfer (two on a duplicate ack) with `duplicate_of` pointing at the first
+# transfer ever booked for this clientRef (the data-modifying CTE always runs to completion).
+_FIRST_TRANSFER = """
+SELECT rail_reference FROM rail_transfer WHERE client_ref = %(client_ref)s
  ORDER BY accepted_at, rail_reference LIMIT 1
 """
-INSERT_TRANSFER_SQL = """
-INSERT INTO rail_transfer (rail_reference, client_ref, amount_minor, currency, accepted_at,
-                           duplicate_of)
-VALUES (%s, %s, %s, %s, %s, %s)
-"""
+_BOOKED_ONE = "(%(reference)s, %(client_ref)s, %(amount_minor)s, %(currency)s, %(accepted_at)s,"
+_BOOKED = {
+    False: f"{_BOOKED_ONE} (SELECT rail_reference FROM first))",
+    True: f"{_BOOKED_ONE} (SELECT rail_reference FROM first)),"
+    " (%(duplicate)s, %(client_ref)s, %(amount_minor)s, %(currency)s, %(duplicate_at)s,"
+    " COALESCE((SELECT rail_reference FROM first), %(reference)s))",
+}
 INSERT_REQUEST_SQL = """
 INSERT INTO rail_request (client_ref, amount_minor, currency, received_at, fault, rail_reference)
-VALUES (%s, %s, %s, %s, %s, %s)
+VALUES (%(client_ref)s, %(amount_minor)s, %(currency)s, %(received_at)s, %(fault)s, %(reference)s)
 """
+BOOK_AND_LOG_SQL = {
+    duplicate: f"""
+WITH first AS ({_FIRST_TRANSFER}), booked AS (
+INSERT INTO rail_transfer (rail_reference, client_ref, amount_minor, currency, accepted_at,
+                           duplicate_of)
+VALUES {values}
+RETURNING 1)
+{INSERT_REQUEST_SQL}"""
+    for duplicate, values in _BOOKED.items()
+}
 
 
 def load_config() -> RailstubConfig:
@@ -132,55 +145,34 @@ def new_reference() -> str:
     return f"RR-{secrets.token_hex(10).upper()}"
 
 
-def book_transfer(
-    *, client_ref: str, amount_minor: int, currency: str, duplicate_ack: bool
-) -> Booking:
-    """Book one transfer (two on a duplicate ack); a repeated clientRef is simply paid again."""
-    alias = _alias()
-
-    def book(cur: CursorWrapper, duplicate_of: str | None) -> RailTransfer:
-        transfer = RailTransfer(
-            rail_reference=new_reference(),
-            client_ref=client_ref,
-            amount_minor=amount_minor,
-            currency=currency,
-            accepted_at=utcnow(),
-            duplicate_of=duplicate_of,
+def record_call(
+    *, client_ref: str, amount_minor: int, currency: str, decision: Decision
+) -> Booking | None:
+    """Log the call in the stub's books and, for ok and drop-after, book the transfer (two on a
+    duplicate ack); a repeated clientRef is simply paid again. The booking, or None."""
+    books = decision.fault in (Fault.OK, Fault.DROP_AFTER_BOOKING)
+    params: dict[str, Any] = {
+        "client_ref": client_ref,
+        "amount_minor": amount_minor,
+        "currency": currency,
+        "fault": decision.fault.value,
+        "reference": None,
+    }
+    booking = None
+    if books:
+        booking = Booking(
+            new_reference(),
+            utcnow(),
+            new_reference() if decision.duplicate_ack else None,
         )
-        cur.execute(
-            INSERT_TRANSFER_SQL,
-            (
-                transfer.rail_reference,
-                client_ref,
-                amount_minor,
-                currency,
-                transfer.accepted_at,
-                duplicate_of,
-            ),
-        )
-        return transfer
-
-    with transaction.atomic(using=alias), connections[alias].cursor() as cur:
-        cur.execute(FIRST_TRANSFER_SQL, (client_ref,))
-        row = cur.fetchone()
-        first = row[0] if row else None
-        transfer = book(cur, first)
-        duplicate = book(cur, first or transfer.rail_reference) if duplicate_ack else None
-    return Booking(
-        transfer.rail_reference,
-        transfer.accepted_at,
-        duplicate.rail_reference if duplicate else None,
-    )
-
-
-def log_request(
-    *, client_ref: str, amount_minor: int, currency: str, fault: Fault, rail_reference: str | None
-) -> None:
+        params.update(reference=booking.rail_reference, accepted_at=booking.accepted_at)
+        if booking.duplicate_reference:
+            params.update(duplicate=booking.duplicate_reference, duplicate_at=utcnow())
+    params["received_at"] = utcnow()
+    sql = BOOK_AND_LOG_SQL[decision.duplicate_ack] if books else INSERT_REQUEST_SQL
     with connections[_alias()].cursor() as cur:
-        cur.execute(
-            INSERT_REQUEST_SQL,
-            (client_ref, amount_minor, currency, utcnow(), fault.value, rail_reference),
-        )
+        cur.execute(sql, params)
+    return booking
 
 
 def statement(*, client_ref: str | None = None) -> list[RailTransfer]:

@@ -183,6 +183,9 @@ DB_QUEUE_DEADLINE_MS = env_int("DB_QUEUE_DEADLINE_MS", 2_000, minimum=10)
 DB_STATEMENT_TIMEOUT_MS = env_int("DB_STATEMENT_TIMEOUT_MS", 2_500, minimum=10)
 # Waiters beyond this are refused at once (503 OVERLOADED), so a burst can't pile up threads.
 DB_POOL_MAX_WAITING = env_int("DB_POOL_MAX_WAITING", 2 * DB_POOL_MAX, minimum=0)
+# Executions of one statement text on a connection before psycopg prepares it (server-binding
+# cursors only: dlock.prepared and the lock server's backend).
+DB_PREPARE_THRESHOLD = 1
 
 
 def database(url_env: str) -> dict:
@@ -197,6 +200,9 @@ def database(url_env: str) -> dict:
         # A killed worker's query is cancelled within 2 s instead of running on detached.
         " -c client_connection_check_interval=2000"
     )
+    # Server-binding cursors (dlock.prepared, the lock server's backend) prepare a statement
+    # the second time it runs on a connection; Django's client-binding ORM cursors never do.
+    options["prepare_threshold"] = DB_PREPARE_THRESHOLD
     options["pool"] = {
         "min_size": 1,
         "max_size": DB_POOL_MAX,

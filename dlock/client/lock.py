@@ -235,12 +235,14 @@ class LockClient:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         safety_margin: float = CLIENT_SAFETY_MARGIN,
+        pool_size: int | None = None,
     ) -> None:
         if not owner_id or len(owner_id) > 64:
             raise ValueError("owner_id must be 1..64 characters")
         if not 0.0 <= safety_margin < 1.0:
             raise ValueError("safety_margin must be in [0, 1)")
-        self.endpoints = Endpoints(base_url)
+        # Idle keep-alive connections kept per replica: at least the caller's threads in flight.
+        self.endpoints = Endpoints(base_url, pool_size=pool_size)
         self.owner_id = owner_id
         self.default_ttl_ms = default_ttl_ms
         self.retry = retry or RetryPolicy(sleep=sleep)

@@ -22,7 +22,7 @@ from dlock.client.errors import (
     ServiceUnreachable,
     error_from_reply,
 )
-from dlock.http import Reply, TransportError, exchange
+from dlock.http import ConnectionPool, Reply, TransportError, exchange, pool_for
 
 
 def parse_endpoints(value: str | Sequence[str]) -> tuple[str, ...]:
@@ -49,10 +49,15 @@ def changed_nothing(exc: DlockError, *, after_send: bool = True) -> bool:
 
 
 class Endpoints:
-    """A service's replicas, in order; calls stick to the last one that answered."""
+    """A service's replicas, in order; calls stick to the last one that answered.
 
-    def __init__(self, urls: str | Sequence[str]) -> None:
+    `pool_size`: keep at least that many idle keep-alive connections per replica (a caller with
+    N threads in flight passes N, so no thread reconnects per call).
+    """
+
+    def __init__(self, urls: str | Sequence[str], *, pool_size: int | None = None) -> None:
         self.urls = parse_endpoints(urls)
+        self.pools = [pool_for(url, size=pool_size) for url in self.urls]
         self._current = 0
         self._mutex = threading.Lock()
 
@@ -83,7 +88,7 @@ class Endpoints:
         last: DlockError | None = None
         for index in self._order():
             try:
-                reply = call(method, self.urls[index] + path, **kwargs)
+                reply = call(method, self.urls[index] + path, pool=self.pools[index], **kwargs)
             except DlockError as exc:
                 if not changed_nothing(exc, after_send=failover_after_send):
                     raise
@@ -106,6 +111,7 @@ def call(
     headers: dict[str, str] | None = None,
     read_timeout_s: float | None = None,
     trace_id: str | None = None,
+    pool: ConnectionPool | None = None,
 ) -> Reply:
     """One exchange; a non-2xx becomes its typed DlockError, no response ServiceUnreachable."""
     # The caller's credential (DLOCK_EXECUTOR_CREDENTIAL) unless the caller chose one: revoke
@@ -122,6 +128,7 @@ def call(
             headers=headers,
             read_timeout_s=read_timeout_s,
             trace_id=trace_id,
+            pool=pool,
         )
     except TransportError as exc:
         raise ServiceUnreachable(str(exc), sent=exc.sent) from exc

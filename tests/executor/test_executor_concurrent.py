@@ -7,6 +7,7 @@ executor's own logs.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from datetime import datetime
@@ -118,7 +119,11 @@ def test_lock_server_stopped_aborts_every_section_before_its_next_write(exec_sta
             timeout=60,
             what="four sections past their claim",
         )
-        lockserver.stop()
+        # Killed, not drained: a draining lock server still answers requests that arrive on
+        # kept-alive connections for gunicorn's 2 s linger (heartbeats and renews included, on
+        # the executor's pooled connections), and this test is about the heartbeat being lost.
+        os.killpg(lockserver.process.pid, signal.SIGKILL)
+        lockserver.process.wait()
         wait_until(lambda: proc.events("lock_session_lost"), timeout=30, what="the lost session")
         (lost,) = proc.events("lock_session_lost")[:1]
         lost_at = datetime.fromisoformat(lost["ts"])

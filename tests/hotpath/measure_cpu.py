@@ -7,7 +7,9 @@ blocks of well-formed requests to one arm, then the other, interleaved; each blo
 serving process tree's utime+stime from /proc (bench.proc.cpu_seconds) before and after. CPU
 time per request, not wall time: the box is shared, and a sequential client keeps each process
 to the request it is serving. Rows: L4+L6 pair (lock-server), P2 claim (payment-resource), rail
-submission (rail-proxy, including its call to the stub, which is a separate process).
+submission (rail-proxy, including its call to the stub, which is a separate process), P1 list
+of 100 PENDING payouts and P4 read (payment-resource, the executor's JSON GETs), POST /submit
+(rail-stub, called directly).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def main(rounds: int = 3) -> dict:
     stack = start_stack("hvcpu")
     refs: dict[str, RoleProcess] = {}
     try:
-        for role in ("lockserver", "payments", "railproxy"):
+        for role in ("lockserver", "payments", "railproxy", "railstub"):
             refs[role] = RoleProcess(
                 role,
                 free_port(),
@@ -147,18 +149,56 @@ def main(rounds: int = 3) -> dict:
                     "SELECT beneficiary_ref FROM payout WHERE payout_id = %s", [payout_id]
                 ).fetchone()[0]
 
+        def reads(arm: str, ids: list[str]) -> None:
+            url, pid = arms[arm]["payments"]
+            json_only = {"Accept": "application/json"}
+            before = cpu_seconds(pid)
+            for _ in range(BLOCK):
+                page = http.get(
+                    f"{url}/v1/payouts",
+                    params={"state": "PENDING", "limit": 100},
+                    headers=json_only,
+                )
+                assert page.status_code == 200, page.text
+            record(arm, "payments P1 list (100 items)", (cpu_seconds(pid) - before) / BLOCK)
+            before = cpu_seconds(pid)
+            for payout_id in ids:
+                answer = http.get(f"{url}/v1/payouts/{payout_id}", headers=json_only)
+                assert answer.status_code == 200, answer.text
+            record(arm, "payments P4 read", (cpu_seconds(pid) - before) / BLOCK)
+
+        def stub_calls(arm: str) -> None:
+            url, pid = arms[arm]["railstub"]
+            before = cpu_seconds(pid)
+            for _ in range(BLOCK):
+                answer = http.post(
+                    f"{url}/submit",
+                    json={
+                        "clientRef": f"cpu-{uuid.uuid4()}",
+                        "amountMinor": 100,
+                        "currency": "EUR",
+                    },
+                )
+                assert answer.status_code == 200, answer.text
+            record(arm, "railstub submit", (cpu_seconds(pid) - before) / BLOCK)
+
+        def one_round(arm: str) -> None:
+            lock_pair(arm)
+            ids = claims(arm)
+            submissions(arm, ids)
+            reads(arm, ids)
+            stub_calls(arm)
+
         def record(arm: str, row: str, seconds: float) -> None:
             results.setdefault(row, {}).setdefault(arm, []).append(round(seconds * 1000, 3))
 
         for arm in arms:  # warm-up: imports, pools, first connections
-            lock_pair(arm)
-            submissions(arm, claims(arm))
+            one_round(arm)
         results.clear()
         for index in range(rounds):
             order = list(arms) if index % 2 == 0 else list(reversed(arms))
             for arm in order:
-                lock_pair(arm)
-                submissions(arm, claims(arm))
+                one_round(arm)
         summary = {
             row: {
                 **{f"{arm}_ms": values for arm, values in by_arm.items()},
@@ -177,4 +217,11 @@ def main(rounds: int = 3) -> dict:
 
 def test_measure() -> None:
     summary = main(int(os.environ.get("HOTPATH_ROUNDS", "3")))
-    assert set(summary) == {"lockserver L4+L6 pair", "payments P2 claim", "railproxy submission"}
+    assert set(summary) == {
+        "lockserver L4+L6 pair",
+        "payments P2 claim",
+        "railproxy submission",
+        "payments P1 list (100 items)",
+        "payments P4 read",
+        "railstub submit",
+    }

@@ -17,6 +17,7 @@ ROLE_URLCONFS = {
     "lockserver": "lockserver.urls",
     "payments": "payments.urls",
     "railproxy": "railproxy.urls",
+    "railstub": "railstub.urls",
 }
 
 

@@ -10,6 +10,7 @@ Afterwards: refused requests wrote nothing, and every account's balance is its l
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.live
 
 TIMEOUT = 15
 OWNER = "w-diff"
-HOT_ROLES = ("lockserver", "payments", "railproxy")
+HOT_ROLES = ("lockserver", "payments", "railproxy", "railstub")
 IGNORED_HEADERS = {"date", "server", "content-length", "connection", "keep-alive"}
 _MASKS = [
     (re.compile(r'"traceId":"[^"]*"'), '"traceId":"<trace>"'),
@@ -46,8 +47,23 @@ _MASKS = [
 ]
 
 
-def normalized(text: str) -> str:
-    for pattern, mask in _MASKS:
+# A browsable API page (DRF's on both arms) also names its own host and port and carries a
+# fresh CSRF token, in the page and in its cookie.
+_HTML_MASKS = [
+    (re.compile(r"127\.0\.0\.1:\d+"), "<host>"),
+    (re.compile(r"csrftoken=[A-Za-z0-9]+"), "csrftoken=<csrf>"),
+    (re.compile(r"expires=[^;]+"), "expires=<time>"),
+    (
+        re.compile(
+            r'(csrfToken|csrfmiddlewaretoken|csrf-token)([\'"]?[:=,]?\s*(?:value=)?[\'"])[^\'"]+'
+        ),
+        r"\1\2<csrf>",
+    ),
+]
+
+
+def normalized(text: str, *, html: bool = False) -> str:
+    for pattern, mask in _MASKS + (_HTML_MASKS if html else []):
         text = pattern.sub(mask, text)
     return text
 
@@ -61,6 +77,7 @@ class Arm:
     account: str
     payouts: list[str]
     pay_url: str
+    rail_url: str
     used: list[str] = field(default_factory=list)
 
     def url(self, role: str, path: str) -> str:
@@ -73,6 +90,11 @@ class Arm:
 
     def pay(self, sql: str, params=None):
         with psycopg.connect(self.pay_url, autocommit=True) as conn:
+            cur = conn.execute(sql, params)
+            return cur.fetchall() if cur.description else None
+
+    def rail(self, sql: str, params=None):
+        with psycopg.connect(self.rail_url, autocommit=True) as conn:
             cur = conn.execute(sql, params)
             return cur.fetchall() if cur.description else None
 
@@ -537,6 +559,338 @@ REFUSED_PAY_ROWS = {name for name in PAY_ROWS if name.startswith("claim ")} - {
 }
 
 
+# -- P1 / P4 reads (plain for a JSON GET, the browsable API and the rest DRF's) ----------------
+#
+# Both arms read the same database back to back with nothing written in between, so a query
+# over every account answers the same rows (cursors included); a query over the arm's own
+# account, in one state, answers rows of the same shape (the two accounts live through the same
+# rows, though not on payouts at the same place in created_at order).
+
+
+def read(arm: Arm, path: str, **kw) -> requests.Response:
+    return send(kw.pop("method", "GET"), arm.url("payments", path), content_type=None, **kw)
+
+
+def listing(arm: Arm, params: dict | None = None, **kw) -> requests.Response:
+    return read(arm, "/v1/payouts", params=params, **kw)
+
+
+def own_listing(arm: Arm, **extra) -> requests.Response:
+    return listing(arm, {"accountId": arm.account, "limit": "500", **extra})
+
+
+def next_page(arm: Arm, params: dict) -> requests.Response:
+    first = listing(arm, params)
+    assert first.status_code == 200 and "nextCursor" in first.json(), first.text
+    return listing(arm, {**params, "cursor": first.json()["nextCursor"]})
+
+
+def cursor_of(payload: object) -> str:
+    return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
+
+
+def forged_cursor(**change) -> str:
+    position = {"at": "2026-12-01T10:00:00+00:00", "id": str(uuid.uuid4()), "state": ""}
+    position.update(change)
+    return cursor_of([1, position["at"], position["id"], position["state"], ""])
+
+
+def detail(arm: Arm, payout_id: str, suffix: str = "", **kw) -> requests.Response:
+    return read(arm, f"/v1/payouts/{payout_id}{suffix}", **kw)
+
+
+def posted_detail(arm: Arm, token: int) -> requests.Response:
+    payout_id, ack = acked(arm, token)
+    body = {"railReference": ack["railReference"], "submissionId": ack["submissionId"]}
+    assert post(arm, token, payout_id, body=body).status_code == 200
+    return detail(arm, payout_id)
+
+
+BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+OPERATOR = {"Authorization": f"Bearer {credentials.OPERATOR}"}
+
+READ_ROWS: dict[str, Callable[[Arm, int], requests.Response]] = {
+    "list default": lambda a, t: listing(a),
+    "list PENDING page": lambda a, t: listing(a, {"state": "PENDING", "limit": "3"}),
+    "list POSTED": lambda a, t: listing(a, {"state": "POSTED", "limit": "500"}),
+    "list own account PENDING": lambda a, t: own_listing(a, state="PENDING"),
+    "list own account CLAIMED": lambda a, t: own_listing(a, state="CLAIMED"),
+    "list next page": lambda a, t: next_page(a, {"limit": "2"}),
+    "list next page filtered": lambda a, t: next_page(a, {"state": "PENDING", "limit": "2"}),
+    "list empty state": lambda a, t: listing(a, {"state": "", "limit": "2"}),
+    "list state lower case": lambda a, t: listing(a, {"state": "pending"}),
+    "list state unknown": lambda a, t: listing(a, {"state": "LOST"}),
+    "list accountId too long": lambda a, t: listing(a, {"accountId": "a" * 65}),
+    "list accountId unknown": lambda a, t: listing(a, {"accountId": "acct-nobody"}),
+    "list accountId unicode": lambda a, t: listing(a, {"accountId": "kontó\u2028"}),
+    "list limit 0": lambda a, t: listing(a, {"limit": "0"}),
+    "list limit 1": lambda a, t: listing(a, {"limit": "1"}),
+    "list limit 500": lambda a, t: listing(a, {"limit": "500", "state": "POSTED"}),
+    "list limit 501": lambda a, t: listing(a, {"limit": "501"}),
+    "list limit negative": lambda a, t: listing(a, {"limit": "-1"}),
+    "list limit float": lambda a, t: listing(a, {"limit": "1.5"}),
+    "list limit text": lambda a, t: listing(a, {"limit": "ten"}),
+    "list limit padded": lambda a, t: listing(a, {"limit": " 5"}),
+    "list limit leading zeros": lambda a, t: listing(a, {"limit": "0005"}),
+    "list limit huge": lambda a, t: listing(a, {"limit": "9" * 40}),
+    "list limit arabic digits": lambda a, t: listing(a, {"limit": "\u0665"}),
+    "list limit empty": lambda a, t: listing(a, {"limit": ""}),
+    "list limit twice": lambda a, t: listing(a, {"limit": ["1", "2"]}),
+    "list state twice": lambda a, t: listing(a, {"state": ["PENDING", "PENDING"]}),
+    "list unknown param": lambda a, t: listing(a, {"page": "2"}),
+    "list unknown params sorted": lambda a, t: listing(a, {"zeta": "1", "alpha": "2"}),
+    "list cursor garbage": lambda a, t: listing(a, {"cursor": "!!!not-base64!!!"}),
+    "list cursor not json": lambda a, t: listing(a, {"cursor": "bm90IGpzb24"}),
+    "list cursor too long": lambda a, t: listing(a, {"cursor": "A" * 513}),
+    "list cursor wrong shape": lambda a, t: listing(a, {"cursor": cursor_of({"a": 1})}),
+    "list cursor wrong version": lambda a, t: listing(
+        a, {"cursor": cursor_of([2, "", "", "", ""])}
+    ),
+    "list cursor bad time": lambda a, t: listing(a, {"cursor": forged_cursor(at="yesterday")}),
+    "list cursor bad id": lambda a, t: listing(a, {"cursor": forged_cursor(id="nope")}),
+    "list cursor forged offset": lambda a, t: listing(
+        a, {"cursor": forged_cursor(at="2026-12-01T10:00:00+23:59")}
+    ),
+    "list cursor other filters": lambda a, t: listing(
+        a, {"cursor": forged_cursor(state="POSTED"), "state": "PENDING"}
+    ),
+    "list cursor forged position": lambda a, t: listing(a, {"cursor": forged_cursor()}),
+    "list format json": lambda a, t: listing(a, {"format": "json"}),
+    "list format api": lambda a, t: listing(a, {"format": "api"}),
+    "list no Accept": lambda a, t: listing(a, {"limit": "2"}, headers={"Accept": None}),
+    "list Accept json": lambda a, t: listing(
+        a, {"limit": "2"}, headers={"Accept": "application/json"}
+    ),
+    "list Accept application/*": lambda a, t: listing(
+        a, {"limit": "2"}, headers={"Accept": "application/*"}
+    ),
+    "list Accept indent": lambda a, t: listing(
+        a, {"limit": "2"}, headers={"Accept": "application/json; indent=4"}
+    ),
+    "list Accept q": lambda a, t: listing(a, {"limit": "2"}, headers={"Accept": "*/*;q=0.5"}),
+    "list Accept empty": lambda a, t: listing(a, {"limit": "2"}, headers={"Accept": ""}),
+    "list Accept unsatisfiable": lambda a, t: listing(
+        a, {"limit": "2"}, headers={"Accept": "application/xml"}
+    ),
+    "list Accept html (browsable)": lambda a, t: listing(a, {"limit": "2"}, headers=BROWSER),
+    "list browsable bad limit": lambda a, t: listing(a, {"limit": "0"}, headers=BROWSER),
+    "list no credential": lambda a, t: listing(a, headers={"Authorization": ""}),
+    "list wrong credential": lambda a, t: listing(a, headers={"Authorization": "Bearer dlk_x"}),
+    "list malformed authorization": lambda a, t: listing(a, headers={"Authorization": "Basic x"}),
+    "list operator scope only": lambda a, t: listing(a, headers=OPERATOR),
+    "list POST": lambda a, t: listing(a, method="POST"),
+    "list PUT": lambda a, t: listing(a, method="PUT"),
+    "list DELETE": lambda a, t: listing(a, method="DELETE"),
+    "list PATCH": lambda a, t: listing(a, method="PATCH"),
+    "list HEAD": lambda a, t: listing(a, {"limit": "2"}, method="HEAD"),
+    "list OPTIONS": lambda a, t: listing(a, method="OPTIONS"),
+    "list trailing slash": lambda a, t: read(a, "/v1/payouts/"),
+    "detail pending": lambda a, t: detail(a, a.payout()),
+    "detail claimed": lambda a, t: detail(a, claimed(a, t)),
+    "detail acked": lambda a, t: detail(a, acked(a, t)[0]),
+    "detail posted": posted_detail,
+    "detail unknown id": lambda a, t: detail(a, str(uuid.uuid4())),
+    "detail upper-case id": lambda a, t: detail(a, a.payout().upper()),
+    "detail id without dashes": lambda a, t: detail(a, a.payout().replace("-", "")),
+    "detail id in braces": lambda a, t: detail(a, "{" + a.payout() + "}"),
+    "detail id not uuid": lambda a, t: detail(a, "not-a-uuid"),
+    "detail id unicode": lambda a, t: detail(a, "zahlung-ü"),
+    "detail id very long": lambda a, t: detail(a, "9" * 2_000),
+    "detail query ignored": lambda a, t: detail(a, a.payout(), params={"x": "1"}),
+    "detail format json": lambda a, t: detail(a, a.payout(), params={"format": "json"}),
+    "detail format api": lambda a, t: detail(a, a.payout(), params={"format": "api"}),
+    "detail format unknown": lambda a, t: detail(a, a.payout(), params={"format": "xml"}),
+    "detail no Accept": lambda a, t: detail(a, a.payout(), headers={"Accept": None}),
+    "detail Accept indent": lambda a, t: detail(
+        a, a.payout(), headers={"Accept": "application/json; indent=2"}
+    ),
+    "detail Accept html (browsable)": lambda a, t: detail(a, a.payout(), headers=BROWSER),
+    "detail browsable unknown id": lambda a, t: detail(a, str(uuid.uuid4()), headers=BROWSER),
+    "detail no credential": lambda a, t: detail(a, a.payout(), headers={"Authorization": ""}),
+    "detail forged credential": lambda a, t: detail(
+        a, a.payout(), headers={"Authorization": "Bearer dlk_forged"}
+    ),
+    "detail operator scope only": lambda a, t: detail(a, a.payout(), headers=OPERATOR),
+    "detail unknown id no credential": lambda a, t: detail(
+        a, str(uuid.uuid4()), headers={"Authorization": ""}
+    ),
+    "detail POST": lambda a, t: detail(a, a.payout(), method="POST"),
+    "detail PUT": lambda a, t: detail(a, a.payout(), method="PUT"),
+    "detail DELETE": lambda a, t: detail(a, a.payout(), method="DELETE"),
+    "detail HEAD": lambda a, t: detail(a, a.payout(), method="HEAD"),
+    "detail OPTIONS": lambda a, t: detail(a, a.payout(), method="OPTIONS"),
+    "detail trailing slash": lambda a, t: detail(a, a.payout(), "/"),
+}
+
+
+# -- rail stub rows (POST /submit; the stub's faults are set per row on its shared config) -------
+
+STUB_CLEAN = {
+    "latency_ms": 0,
+    "failure_rate": 0.0,
+    "duplicate_ack_rate": 0.0,
+    "decline_rate": 0.0,
+    "split_5xx": 1,
+    "split_drop_before": 1,
+    "split_drop_after": 1,
+    "hold_ms": 0,
+    "seed": None,
+}
+
+
+def stub_config(arm: Arm, **values) -> None:
+    config = {**STUB_CLEAN, **values}
+    assignments = ", ".join(f"{name} = %({name})s" for name in config)
+    arm.rail(
+        f"UPDATE railstub_config SET {assignments}, updated_at = clock_timestamp() WHERE id = 1",
+        config,
+    )
+
+
+def rail_submit(arm: Arm, ref: str, *, body=None, **kw) -> requests.Response:
+    if body is None and "raw" not in kw:
+        body = {"clientRef": ref, "amountMinor": 990, "currency": "EUR"}
+    return send(kw.pop("method", "POST"), arm.url("railstub", "/submit"), body=body, **kw)
+
+
+def transfer(ref: str, **override) -> dict:
+    body = {"clientRef": ref, "amountMinor": 990, "currency": "EUR", **override}
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+def stub_repeat(arm: Arm, ref: str) -> requests.Response:
+    assert rail_submit(arm, ref).status_code == 200
+    return rail_submit(arm, ref)
+
+
+def with_faults(**config) -> Callable[[Arm, str], requests.Response]:
+    def row(arm: Arm, ref: str) -> requests.Response:
+        stub_config(arm, **config)
+        return rail_submit(arm, ref)
+
+    return row
+
+
+# row → (transfers booked, requests logged) for its clientRef afterwards
+STUB_ROWS: dict[str, tuple[Callable[[Arm, str], requests.Response], int, int]] = {
+    "stub ok": (lambda a, r: rail_submit(a, r), 1, 1),
+    "stub repeat books again": (stub_repeat, 2, 2),
+    "stub duplicate ack": (with_faults(duplicate_ack_rate=1.0), 2, 1),
+    "stub declined": (with_faults(decline_rate=1.0), 0, 1),
+    "stub injected 5xx": (
+        with_faults(failure_rate=1.0, split_drop_before=0, split_drop_after=0),
+        0,
+        1,
+    ),
+    "stub padded clientRef": (lambda a, r: rail_submit(a, r, body=transfer(f" {r} ")), 1, 1),
+    "stub clientRef 128": (
+        lambda a, r: rail_submit(a, r, body=transfer(r + "x" * (128 - len(r)))),
+        1,
+        1,
+    ),
+    "stub clientRef 129": (
+        lambda a, r: rail_submit(a, r, body=transfer(r + "x" * (129 - len(r)))),
+        0,
+        0,
+    ),
+    "stub clientRef empty": (lambda a, r: rail_submit(a, r, body=transfer("")), 0, 0),
+    "stub clientRef blank": (lambda a, r: rail_submit(a, r, body=transfer("  ")), 0, 0),
+    "stub clientRef int": (lambda a, r: rail_submit(a, r, body=transfer(7)), 0, 0),
+    "stub clientRef NUL": (lambda a, r: rail_submit(a, r, body=transfer(r + "\x00")), 0, 0),
+    "stub clientRef unicode": (lambda a, r: rail_submit(a, r, body=transfer(r + "\u2028ü")), 1, 1),
+    "stub clientRef surrogate": (
+        lambda a, r: rail_submit(
+            a, r, raw=b'{"clientRef":"\\ud800","amountMinor":1,"currency":"EUR"}'
+        ),
+        0,
+        0,
+    ),
+    "stub amount 1": (lambda a, r: rail_submit(a, r, body=transfer(r, amountMinor=1)), 1, 1),
+    "stub amount int64 max": (
+        lambda a, r: rail_submit(a, r, body=transfer(r, amountMinor=2**63 - 1)),
+        1,
+        1,
+    ),
+    "stub amount beyond int64": (
+        lambda a, r: rail_submit(a, r, body=transfer(r, amountMinor=2**63)),
+        0,
+        0,
+    ),
+    "stub amount zero": (lambda a, r: rail_submit(a, r, body=transfer(r, amountMinor=0)), 0, 0),
+    "stub amount negative": (
+        lambda a, r: rail_submit(a, r, body=transfer(r, amountMinor=-1)),
+        0,
+        0,
+    ),
+    "stub amount string": (
+        lambda a, r: rail_submit(a, r, body=transfer(r, amountMinor="990")),
+        0,
+        0,
+    ),
+    "stub amount float": (
+        lambda a, r: rail_submit(a, r, body=transfer(r, amountMinor=990.0)),
+        0,
+        0,
+    ),
+    "stub amount bool": (lambda a, r: rail_submit(a, r, body=transfer(r, amountMinor=True)), 0, 0),
+    "stub amount null": (lambda a, r: rail_submit(a, r, body=transfer(r, amountMinor=None)), 0, 0),
+    "stub currency lower": (lambda a, r: rail_submit(a, r, body=transfer(r, currency="eur")), 0, 0),
+    "stub currency long": (lambda a, r: rail_submit(a, r, body=transfer(r, currency="EURO")), 0, 0),
+    "stub currency accented": (
+        lambda a, r: rail_submit(a, r, body=transfer(r, currency="ÉUR")),
+        0,
+        0,
+    ),
+    "stub currency int": (lambda a, r: rail_submit(a, r, body=transfer(r, currency=978)), 0, 0),
+    "stub missing field": (lambda a, r: rail_submit(a, r, body=transfer(r, currency=...)), 0, 0),
+    "stub extra field": (lambda a, r: rail_submit(a, r, body=transfer(r, token="x")), 0, 0),
+    "stub empty object": (lambda a, r: rail_submit(a, r, body={}), 0, 0),
+    "stub JSON array": (lambda a, r: rail_submit(a, r, raw=b"[]"), 0, 0),
+    "stub JSON null": (lambda a, r: rail_submit(a, r, raw=b"null"), 0, 0),
+    "stub bad JSON": (lambda a, r: rail_submit(a, r, raw=b'{"clientRef":'), 0, 0),
+    "stub duplicate keys": (
+        lambda a, r: rail_submit(a, r, raw=b'{"clientRef":"a","clientRef":"b"}'),
+        0,
+        0,
+    ),
+    "stub deep nesting": (
+        lambda a, r: rail_submit(a, r, raw=b'{"clientRef":' + b"[" * 200 + b"]" * 200 + b"}"),
+        0,
+        0,
+    ),
+    "stub invalid utf-8": (lambda a, r: rail_submit(a, r, raw=b'{"clientRef":"\xff"}'), 0, 0),
+    "stub empty body": (lambda a, r: rail_submit(a, r, raw=b""), 0, 0),
+    "stub text/plain": (lambda a, r: rail_submit(a, r, raw=b"{}", content_type="text/plain"), 0, 0),
+    "stub no content type": (lambda a, r: rail_submit(a, r, raw=b"{}", content_type=None), 0, 0),
+    "stub oversized": (
+        lambda a, r: rail_submit(a, r, raw=b'{"clientRef":"' + b"a" * 3_000_000 + b'"}'),
+        0,
+        0,
+    ),
+    "stub Accept html": (lambda a, r: rail_submit(a, r, headers=BROWSER), 1, 1),
+    "stub Accept indent": (
+        lambda a, r: rail_submit(a, r, headers={"Accept": "application/json; indent=4"}),
+        1,
+        1,
+    ),
+    "stub forged credential": (
+        lambda a, r: rail_submit(a, r, headers={"Authorization": "Bearer dlk_x"}),
+        1,
+        1,
+    ),
+    "stub GET": (lambda a, r: rail_submit(a, r, method="GET", body={}), 0, 0),
+    "stub PUT": (lambda a, r: rail_submit(a, r, method="PUT"), 0, 0),
+    "stub DELETE": (lambda a, r: rail_submit(a, r, method="DELETE", body={}), 0, 0),
+    "stub HEAD": (lambda a, r: rail_submit(a, r, method="HEAD", body={}), 0, 0),
+    "stub OPTIONS": (lambda a, r: rail_submit(a, r, method="OPTIONS", body={}), 0, 0),
+    "stub trailing slash": (
+        lambda a, r: send("POST", a.url("railstub", "/submit/"), body=transfer(r)),
+        0,
+        0,
+    ),
+}
+
+
 # -- fixtures and the comparison --------------------------------------------------------------
 
 
@@ -572,11 +926,22 @@ def arms(live_stack):
             [accounts],
         ):
             owned[account].append(payout_id)
+    rail_url = live_stack.env["RAIL_DATABASE_URL"]
     hot = Arm(
-        "hot", {r: live_stack.url(r) for r in HOT_ROLES}, accounts[0], owned[accounts[0]], pay_url
+        "hot",
+        {r: live_stack.url(r) for r in HOT_ROLES},
+        accounts[0],
+        owned[accounts[0]],
+        pay_url,
+        rail_url,
     )
     ref = Arm(
-        "ref", {r: p.url for r, p in references.items()}, accounts[1], owned[accounts[1]], pay_url
+        "ref",
+        {r: p.url for r, p in references.items()},
+        accounts[1],
+        owned[accounts[1]],
+        pay_url,
+        rail_url,
     )
     yield hot, ref
     for process in references.values():
@@ -585,10 +950,17 @@ def arms(live_stack):
 
 def assert_same(hot: requests.Response, ref: requests.Response) -> None:
     assert hot.status_code == ref.status_code, (hot.text, ref.text)
-    hot_headers = {k.lower(): v for k, v in hot.headers.items() if k.lower() not in IGNORED_HEADERS}
-    ref_headers = {k.lower(): v for k, v in ref.headers.items() if k.lower() not in IGNORED_HEADERS}
-    assert hot_headers == ref_headers
-    assert normalized(hot.text) == normalized(ref.text)
+    html = hot.headers.get("Content-Type", "").startswith("text/html")
+
+    def headers(response: requests.Response) -> dict[str, str]:
+        return {
+            k.lower(): normalized(v, html=True) if html else v
+            for k, v in response.headers.items()
+            if k.lower() not in IGNORED_HEADERS
+        }
+
+    assert headers(hot) == headers(ref)
+    assert normalized(hot.text, html=html) == normalized(ref.text, html=html)
     for response in (hot, ref):
         if "content-length" in response.headers and response.request.method != "HEAD":
             assert int(response.headers["content-length"]) == len(response.content)
@@ -618,6 +990,45 @@ def test_payout_rows_answer_the_same(arms, row):
                     "SELECT count(*) FROM idempotency_record WHERE payout_id = %s", [payout_id]
                 )[0][0]
                 assert records == 0, (arm.name, row)
+
+
+@pytest.mark.parametrize("row", list(READ_ROWS))
+def test_payout_reads_answer_the_same(arms, row):
+    token = next(_tokens)
+    assert_same(*[READ_ROWS[row](arm, token) for arm in arms])
+
+
+def test_a_browser_still_gets_the_browsable_api_from_the_plain_read_routes(arms):
+    hot, _ = arms
+    payout_id = hot.payout()
+    for path in ("/v1/payouts?limit=2", f"/v1/payouts/{payout_id}"):
+        page = read(hot, path, headers=BROWSER)
+        assert page.status_code == 200
+        assert page.headers["Content-Type"] == "text/html; charset=utf-8"
+        assert "<html" in page.text and "Allow" in page.headers
+        machine = read(hot, path, headers={"Accept": "application/json"})
+        assert machine.headers["Content-Type"] == "application/json; charset=utf-8"
+        assert machine.json()
+
+
+@pytest.mark.parametrize("row", list(STUB_ROWS))
+def test_rail_stub_rows_answer_the_same(arms, row):
+    fn, transfers, requests_logged = STUB_ROWS[row]
+    answers = []
+    try:
+        for arm in arms:
+            ref = f"diff-{arm.name}-{uuid.uuid4().hex[:12]}"
+            answers.append(fn(arm, ref))
+            booked = arm.rail(
+                "SELECT count(*) FROM rail_transfer WHERE client_ref LIKE %s", [f"%{ref}%"]
+            )[0][0]
+            logged = arm.rail(
+                "SELECT count(*) FROM rail_request WHERE client_ref LIKE %s", [f"%{ref}%"]
+            )[0][0]
+            assert (booked, logged) == (transfers, requests_logged), (arm.name, row)
+    finally:
+        stub_config(arms[0])
+    assert_same(*answers)
 
 
 def test_a_refused_submission_writes_no_rail_row(arms):
@@ -653,11 +1064,27 @@ def test_the_hot_routes_are_the_plain_views(live_stack):
     from lockserver import routes as lock_routes
     from payments import routes as pay_routes
     from railproxy import routes as rail_routes
+    from railstub import routes as stub_routes
     from tests.hotpath.routes import hot_routes
 
-    names = hot_routes(lock_routes.urlpatterns + pay_routes.urlpatterns + rail_routes.urlpatterns)
+    names = hot_routes(
+        lock_routes.urlpatterns
+        + pay_routes.urlpatterns
+        + rail_routes.urlpatterns
+        + stub_routes.urlpatterns
+    )
     assert sorted(names) == sorted(
-        ["lock-acquire", "lock-renew", "lock", "payout-claim", "payout-post", "rail-submissions"]
+        [
+            "lock-acquire",
+            "lock-renew",
+            "lock",
+            "payout-claim",
+            "payout-post",
+            "rail-submissions",
+            "payouts-list",
+            "payout-detail",
+            "railstub-submit",
+        ]
     )
 
 
@@ -674,7 +1101,12 @@ def test_the_openapi_description_is_the_drf_views_byte_for_byte(arms, role):
     operations = {(m, p) for p, item in paths["paths"].items() for m in item}
     expected = {
         "lockserver": {("post", "/v1/locks/{key}/acquire"), ("delete", "/v1/locks/{key}")},
-        "payments": {("post", "/v1/payouts/{payout_id}/claim")},
+        "payments": {
+            ("post", "/v1/payouts/{payout_id}/claim"),
+            ("get", "/v1/payouts"),
+            ("get", "/v1/payouts/{payout_id}"),
+        },
         "railproxy": {("post", "/v1/rail/submissions")},
+        "railstub": {("post", "/submit")},
     }[role]
     assert expected <= operations

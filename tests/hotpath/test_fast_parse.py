@@ -7,6 +7,7 @@ import pytest
 from rest_framework.exceptions import ValidationError
 
 from railproxy.views import SubmissionIn, parse_submission
+from railstub.views import SubmitIn, parse_transfer
 
 PID = "0B4F8F0E-6A0E-4C1E-9C1E-3F1F0F7F7A01"
 GOOD = {
@@ -83,3 +84,62 @@ def serializer(data):
 @pytest.mark.parametrize("data", BODIES, ids=repr)
 def test_submission_fast_path_matches_the_serializer(data):
     assert outcome(parse_submission, data) == outcome(serializer, data)
+
+
+# -- the rail stub's transfer body (railstub.views.parse_transfer against SubmitIn) -----------
+
+TRANSFER = {"clientRef": "payout-1:5000000001", "amountMinor": 990, "currency": "EUR"}
+
+
+def transfer(**override):
+    out = {**TRANSFER, **override}
+    return {k: v for k, v in out.items() if v is not ...}
+
+
+TRANSFERS = [
+    TRANSFER,
+    transfer(clientRef=""),
+    transfer(clientRef=" "),
+    transfer(clientRef=" padded "),
+    transfer(clientRef="r" * 128),
+    transfer(clientRef="r" * 129),
+    transfer(clientRef="a\x00b"),
+    transfer(clientRef="kontó"),
+    transfer(clientRef="\ud800"),
+    transfer(clientRef="line\u2028sep"),
+    transfer(clientRef=7),
+    transfer(clientRef=None),
+    transfer(clientRef=...),
+    transfer(amountMinor=0),
+    transfer(amountMinor=-1),
+    transfer(amountMinor=1),
+    transfer(amountMinor=2**63 - 1),
+    transfer(amountMinor=2**63),
+    transfer(amountMinor="990"),
+    transfer(amountMinor=990.0),
+    transfer(amountMinor=True),
+    transfer(amountMinor=None),
+    transfer(currency="eur"),
+    transfer(currency="EURO"),
+    transfer(currency="EU"),
+    transfer(currency="ÉUR"),
+    transfer(currency="E1R"),
+    transfer(currency=978),
+    transfer(currency=...),
+    transfer(extra=1),
+    {},
+    [],
+    "text",
+    None,
+]
+
+
+def transfer_serializer(data):
+    parsed = SubmitIn(data=data)
+    parsed.is_valid(raise_exception=True)
+    return parsed.validated_data
+
+
+@pytest.mark.parametrize("data", TRANSFERS, ids=repr)
+def test_rail_stub_fast_path_matches_the_serializer(data):
+    assert outcome(parse_transfer, data) == outcome(transfer_serializer, data)

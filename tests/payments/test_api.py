@@ -310,9 +310,9 @@ def test_same_identity_with_a_different_body_is_idempotency_conflict(client):
 
 def test_claim_hot_path_query_count(client, django_assert_num_queries):
     p = f.payout(f.account())
-    # the payout's account for the proof check, then savepoint + (idempotency lock, lookup,
-    # fenced UPDATE, claim check, transition, store) + release savepoint
-    with django_assert_num_queries(9):
+    # the payout's account for the proof check, then savepoint + (idempotency lock, record or
+    # fenced UPDATE, claim check, transition + event + record) + release savepoint
+    with django_assert_num_queries(7):
         response = f.claim(client, p, f.next_token())
     assert response.status_code == 200
 

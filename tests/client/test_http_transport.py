@@ -1,0 +1,303 @@
+"""dlock.http against scripted HTTP peers on loopback: framing, keep-alive, and what `sent` means.
+
+Each test starts a real TCP server whose answers are raw bytes, so a peer can misbehave in ways
+gunicorn never does (chunked bodies, 1xx, a close mid-response, junk, silence) and the test can
+count the connections it accepted. `sent=False` must mean that no request byte reached the peer.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from dlock.budgets import Budget
+from dlock.client import Endpoints, InternalError, LockContended, ServiceUnreachable, call
+from dlock.http import ConnectionPool, exchange
+
+FAST = Budget(0.5, 1.0, 0, "test")
+Answer = Callable[[int, bytes], bytes | None]  # (request number, request bytes) → bytes to send
+
+
+class Close(bytes):
+    """An answer after which the peer closes the connection (as a keep-alive timeout does)."""
+
+
+def _json(status: int, body: bytes, *extra: str, version: str = "1.1") -> bytes:
+    head = [f"HTTP/{version} {status} X", "Content-Type: application/json", *extra]
+    head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class ScriptedPeer:
+    """Accepts connections; reads each request (head + Content-Length body); sends `answer`'s
+    bytes (None: close without answering). Records every request and connection."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self._mutex = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with self._mutex:
+                self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buffer = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                head, _, rest = buffer.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                request, buffer = head + b"\r\n\r\n" + rest[:length], rest[length:]
+                with self._mutex:
+                    self.requests.append(request)
+                    number = len(self.requests)
+                reply = self.answer(number, request)
+                if reply is None:
+                    return
+                conn.sendall(reply)
+                if isinstance(reply, Close):
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def peer():
+    peers: list[ScriptedPeer] = []
+
+    def start(answer: Answer) -> ScriptedPeer:
+        peers.append(ScriptedPeer(answer))
+        return peers[-1]
+
+    yield start
+    for p in peers:
+        p.close()
+
+
+def test_calls_reuse_one_keep_alive_connection(peer):
+    server = peer(lambda n, _: _json(200, b'{"n":%d}' % n))
+    bodies = [exchange("GET", f"{server.url}/v1/x", hop=FAST).body for _ in range(5)]
+    assert bodies == [{"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}, {"n": 5}]
+    assert server.connections == 1
+
+
+def test_a_request_is_one_http_1_1_message_with_the_dlock_headers(peer):
+    server = peer(lambda n, _: _json(200, b"{}"))
+    exchange(
+        "POST",
+        f"{server.url}/v1/locks/payout:acc-1/acquire",
+        hop=FAST,
+        owner_id="worker-1",
+        json_body={"sessionId": "s", "ttlMillis": 5000, "ref": "é"},
+        headers={"X-Fencing-Token": "7", "x-owner-id": "worker-2"},
+    )
+    exchange("DELETE", f"{server.url}/v1/locks/k", hop=FAST, params={"sessionId": "a b&c"})
+    post, delete = server.requests
+    head, _, body = post.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /v1/locks/payout:acc-1/acquire HTTP/1.1"
+    fields = {line.split(":", 1)[0].lower(): line.split(":", 1)[1].strip() for line in lines[1:]}
+    assert fields["host"] == server.url.removeprefix("http://")
+    assert fields["x-owner-id"] == "worker-2"  # the caller's header wins, whatever its case
+    assert [line for line in lines if line.lower().startswith("x-owner-id")] == [
+        "x-owner-id: worker-2"
+    ]
+    assert fields["x-fencing-token"] == "7"
+    assert fields["traceparent"].startswith("00-")
+    assert fields["content-type"] == "application/json; charset=utf-8"
+    assert int(fields["content-length"]) == len(body)
+    assert body == '{"sessionId":"s","ttlMillis":5000,"ref":"é"}'.encode()
+    assert delete.startswith(b"DELETE /v1/locks/k?sessionId=a+b%26c HTTP/1.1\r\n")
+    assert b"\r\nContent-Length: 0\r\n" in delete
+
+
+def test_chunked_and_close_delimited_bodies_and_interim_answers_are_read_whole(peer):
+    chunked = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\nx-a: 2\r\n\r\n"
+        b'4;ext=1\r\n{"a"\r\n3\r\n:1}\r\n0\r\nTrailer: t\r\n\r\n'
+    )
+    server = peer(lambda n, _: chunked if n == 1 else Close(b'HTTP/1.0 200 OK\r\n\r\n{"b":2}'))
+    first = exchange("GET", f"{server.url}/one", hop=FAST)
+    assert first.status == 200 and first.body == {"a": 1}
+    assert first.headers["X-A"] == "1, 2"
+    second = exchange("GET", f"{server.url}/two", hop=FAST)
+    assert second.body == {"b": 2}
+    assert server.connections == 1  # the chunked answer left the connection reusable
+    exchange("GET", f"{server.url}/three", hop=FAST)
+    assert server.connections == 2  # the close-delimited one did not
+
+
+def test_connection_close_and_junk_after_the_body_are_never_reused(peer):
+    answers = {1: _json(200, b"{}", "Connection: close"), 2: _json(200, b"{}") + b"junk"}
+    server = peer(lambda n, _: answers.get(n, _json(200, b"{}")))
+    for _ in range(3):
+        exchange("GET", f"{server.url}/x", hop=FAST)
+    assert server.connections == 3
+
+
+def test_an_idle_connection_the_server_closed_is_replaced_not_reported_as_sent(peer):
+    """A keep-alive connection the server closed while idle must not turn the next call into a
+    `sent=True` failure (for a rail submission that would be a false RAIL_AMBIGUOUS)."""
+    server = peer(lambda n, _: Close(_json(200, b'{"n":%d}' % n)))  # keep-alive, then closes
+    assert exchange("GET", f"{server.url}/x", hop=FAST).body == {"n": 1}
+    time.sleep(0.1)  # the peer's FIN has arrived; the connection sits idle in the pool
+    assert exchange("POST", f"{server.url}/y", hop=FAST, json_body={}).body == {"n": 2}
+    assert server.connections == 2 and len(server.requests) == 2
+
+
+def test_a_connection_idle_longer_than_the_server_keepalive_is_not_reused(peer, monkeypatch):
+    monkeypatch.setattr("dlock.http.MAX_IDLE_S", 0.05)
+    server = peer(lambda n, _: _json(200, b"{}"))
+    exchange("GET", f"{server.url}/x", hop=FAST)
+    time.sleep(0.1)
+    exchange("GET", f"{server.url}/y", hop=FAST)
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        None,  # the request arrived; the peer closed without a word
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}",  # then closed mid-body
+        b"NOT HTTP\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2x\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+    ],
+)
+def test_anything_after_the_request_left_is_sent_and_not_retry_safe(peer, reply):
+    def answer(n: int, request: bytes) -> bytes | None:
+        return reply
+
+    server = peer(answer)
+    with pytest.raises(ServiceUnreachable) as caught:
+        call("POST", f"{server.url}/v1/rail/submissions", hop=FAST, json_body={"a": 1})
+    assert len(server.requests) == 1
+    assert caught.value.sent is True and caught.value.retry_safe is False
+
+
+def test_a_silent_peer_times_out_as_sent_within_the_read_budget(peer):
+    server = peer(lambda n, _: (time.sleep(2), None)[1])
+    started = time.monotonic()
+    with pytest.raises(ServiceUnreachable) as caught:
+        call("POST", f"{server.url}/v1/x", hop=FAST, json_body={}, read_timeout_s=0.3)
+    assert 0.25 < time.monotonic() - started < 1.5
+    assert caught.value.sent is True
+
+
+def test_a_header_value_that_would_split_the_request_is_never_written(peer):
+    server = peer(lambda n, _: _json(200, b"{}"))
+    with pytest.raises(ServiceUnreachable) as caught:
+        call("GET", f"{server.url}/x", hop=FAST, headers={"X-Owner-Id": "a\r\nX-Evil: 1"})
+    assert caught.value.sent is False
+    time.sleep(0.05)
+    assert server.requests == [] and server.connections == 0
+
+
+def test_an_oversized_answer_is_a_transport_failure_not_a_memory_blowup(peer, monkeypatch):
+    monkeypatch.setattr("dlock.http.MAX_BODY_BYTES", 1024)
+    server = peer(lambda n, _: _json(200, b"[" + b"1," * 1000 + b"1]"))
+    with pytest.raises(ServiceUnreachable) as caught:
+        call("GET", f"{server.url}/x", hop=FAST)
+    assert caught.value.sent is True
+
+
+def test_error_envelopes_keep_their_code_and_a_non_json_error_is_internal(peer):
+    envelope = (
+        b'{"code":"LOCK_CONTENDED","message":"held","retrySafe":true,'
+        b'"retryAfterMillis":250,"traceId":"t1","details":{"key":"k"}}'
+    )
+    answers = {1: _json(409, envelope), 2: b"HTTP/1.1 502 Bad\r\nContent-Length: 5\r\n\r\n<h1/>"}
+    server = peer(lambda n, _: answers[n])
+    with pytest.raises(LockContended) as contended:
+        call("POST", f"{server.url}/v1/locks/k/acquire", hop=FAST, json_body={})
+    error = contended.value
+    assert (error.status, error.retry_safe, error.retry_after_ms) == (409, True, 250)
+    assert error.details == {"key": "k"} and error.trace_id == "t1"
+    with pytest.raises(InternalError) as internal:
+        call("GET", f"{server.url}/v1/x", hop=FAST)
+    assert internal.value.status == 502 and internal.value.retry_safe is False
+
+
+def test_json_the_fast_parser_refuses_is_read_as_the_standard_library_reads_it(peer):
+    server = peer(lambda n, _: _json(200, b'{"big":123456789012345678901234567890,"x":NaN}'))
+    body = exchange("GET", f"{server.url}/x", hop=FAST).body
+    assert body["big"] == 123456789012345678901234567890 and body["x"] != body["x"]
+
+
+def test_a_pool_keeps_as_many_connections_as_threads_in_flight(peer):
+    gate = threading.Barrier(8)
+
+    def answer(n: int, request: bytes) -> bytes:
+        if n <= 8:
+            gate.wait(5)  # all 8 first requests are in flight at once
+        return _json(200, b"{}")
+
+    server = peer(answer)
+    endpoints = Endpoints(server.url, pool_size=8)
+
+    def one() -> None:
+        endpoints.call("GET", "/x", hop=FAST)
+
+    for _ in range(3):
+        threads = [threading.Thread(target=one) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(server.requests) == 24
+    assert server.connections == 8  # rounds 2 and 3 reused round 1's connections
+    assert endpoints.pools[0].idle() == 8
+
+
+def test_a_full_pool_closes_what_it_cannot_keep(peer):
+    server = peer(lambda n, _: _json(200, b"{}"))
+    pool = ConnectionPool("http", "127.0.0.1", int(server.url.rsplit(":", 1)[1]), size=1)
+    first, second = pool.open(0.5), pool.open(0.5)
+    pool.give_back(first)
+    pool.give_back(second)
+    assert pool.idle() == 1 and second.sock.fileno() == -1
+
+
+def test_a_forked_child_never_reuses_the_parents_connections(peer):
+    server = peer(lambda n, _: _json(200, b"{}"))
+    endpoints = Endpoints(server.url, pool_size=2)
+    endpoints.call("GET", "/x", hop=FAST)
+    assert endpoints.pools[0].idle() == 1
+    pid = os.fork()
+    if pid == 0:  # the child: its pool starts empty, and a call opens its own connection
+        ok = endpoints.pools[0].idle() == 0 and endpoints.call("GET", "/y", hop=FAST).ok
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert endpoints.pools[0].idle() == 1  # the parent's connection is still its own
+    endpoints.call("GET", "/z", hop=FAST)
+    assert server.connections == 2
