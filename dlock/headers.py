@@ -36,12 +36,12 @@ def parse_token_value(raw: str | None, *, field: str = "X-Fencing-Token") -> int
 
 
 def fencing_token(request: HttpRequest) -> int:
-    return parse_token_value(request.headers.get("X-Fencing-Token"))
+    return parse_token_value(request.META.get("HTTP_X_FENCING_TOKEN"))
 
 
 def owner_id(request: HttpRequest, *, fallback: str | None = None) -> str:
     """X-Owner-Id (or `fallback`, e.g. a body field): 1…64 printable ASCII characters."""
-    raw = request.headers.get("X-Owner-Id")
+    raw = request.META.get("HTTP_X_OWNER_ID")
     if raw is None or raw == "":
         raw = fallback
     return validate_owner_id(raw, field="X-Owner-Id")
@@ -68,7 +68,7 @@ def validate_owner_id(raw: object, *, field: str = "ownerId") -> str:
 def idempotency_key(request: HttpRequest) -> str:
     """X-Idempotency-Key: 1…128 characters of [A-Za-z0-9:._-]."""
     field = "X-Idempotency-Key"
-    raw = request.headers.get(field)
+    raw = request.META.get("HTTP_X_IDEMPOTENCY_KEY")
     if raw is None or raw == "":
         raise validation_error(f"{field} is required", [{"field": field, "message": "required"}])
     if len(raw) > IDEMPOTENCY_KEY_MAX or not _IDEMPOTENCY_KEY.fullmatch(raw):

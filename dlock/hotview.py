@@ -138,7 +138,10 @@ def hot_view(reference: type[APIView], **handlers: Handler) -> Handler:
         except Exception as exc:  # what APIView.handle_exception hands to EXCEPTION_HANDLER
             response = drf_exception_handler(exc, {})
         if vary:
-            patch_vary_headers(response, ("Accept",))
+            if response.has_header("Vary"):
+                patch_vary_headers(response, ("Accept",))
+            else:  # what patch_vary_headers sets on an answer without Vary
+                response.headers["Vary"] = "Accept"
         response["Allow"] = allow
         return response
 

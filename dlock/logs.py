@@ -27,6 +27,12 @@ class JsonFormatter(_BaseJsonFormatter):
         log_record["logger"] = log_record.pop("name", record.name)
 
 
+def event_enabled(level: int = logging.INFO) -> bool:
+    """Whether `log_event` at `level` would emit anything: a hot path skips building an event's
+    fields (timestamps, ids as text) when it would not."""
+    return _logger.isEnabledFor(level)
+
+
 def log_event(event: str, *, level: int = logging.INFO, **fields: Any) -> None:
     """Emit one structured event; `fields` become top-level keys of the JSON line."""
     _logger.log(level, event, extra={"event": event, **fields})

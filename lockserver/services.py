@@ -9,13 +9,15 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
+from prometheus_client import Counter
 
 from dlock.errors import ApiError, Code
-from dlock.logs import log_event
+from dlock.logs import event_enabled, log_event
 from dlock.metrics import lock_acquire
 from dlock.timefmt import rfc3339_ms
 from lockserver.backends import get_backend
@@ -35,6 +37,13 @@ _ACQUIRE_OUTCOME = {
     Code.SESSION_EXPIRED: "session_expired",
     Code.NOT_LEADER: "not_leader",
 }
+
+
+@cache
+def _acquire_counter(backend: str, outcome: str) -> Counter:
+    """`lock_acquire_total{backend,outcome}`'s child, looked up once per label pair (a bounded set:
+    two backends, the outcomes above)."""
+    return lock_acquire.labels(backend=backend, outcome=outcome)
 
 
 def granted_ttl_ms(ttl_ms: int) -> int:
@@ -132,12 +141,14 @@ def acquire(
     except ApiError as exc:
         outcome = _ACQUIRE_OUTCOME.get(exc.code)
         if outcome is not None:
-            lock_acquire.labels(backend=backend.name, outcome=outcome).inc()
+            _acquire_counter(backend.name, outcome).inc()
         raise
     except DatabaseError:
-        lock_acquire.labels(backend=backend.name, outcome="not_leader").inc()
+        _acquire_counter(backend.name, "not_leader").inc()
         raise
-    lock_acquire.labels(backend=backend.name, outcome="granted").inc()
+    _acquire_counter(backend.name, "granted").inc()
+    if not event_enabled():
+        return grant
     log_event(
         "lock_acquired",
         backend=backend.name,
@@ -158,6 +169,8 @@ def renew(*, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None) ->
 def release(*, key: str, session_id: uuid.UUID, token: int) -> None:
     backend = get_backend()
     backend.release(key=key, session_id=session_id, token=token)
+    if not event_enabled():
+        return
     log_event(
         "lock_released",
         backend=backend.name,

@@ -104,7 +104,7 @@ def _parse_release(data: Any) -> dict:
 
 
 def _optional_owner(request: Request) -> str | None:
-    raw = request.headers.get("X-Owner-Id")
+    raw = request.META.get("HTTP_X_OWNER_ID")
     return None if raw is None or raw == "" else validate_owner_id(raw, field="X-Owner-Id")
 
 
@@ -289,12 +289,25 @@ class LockView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+# A query string that is exactly `sessionId=<unreserved characters>`: nothing to decode, a single
+# value, so it is what request.GET.get("sessionId") yields, without building a QueryDict.
+_PLAIN_SESSION_QUERY = re.compile(r"sessionId=([0-9A-Za-z\-]+)", re.ASCII)
+
+
+def _query_session_id(request: HttpRequest) -> str | None:
+    raw = request.META.get("QUERY_STRING", "")
+    if raw == "":
+        return None
+    match = _PLAIN_SESSION_QUERY.fullmatch(raw)
+    return match.group(1) if match else request.GET.get("sessionId")
+
+
 def _release(request: HttpRequest, key: str, body: Callable[[], Any]) -> None:
     key = parse_key(key)
     token = fencing_token(request)
     owner_id(request)  # attribution (C3 §3.1); the predicate is (key, token) only
     data = _parse_release(body())
-    in_query = request.GET.get("sessionId")
+    in_query = _query_session_id(request)
     in_body = data.get("sessionId")
     if in_query is not None and in_body is not None and in_query != in_body:
         raise validation_error(

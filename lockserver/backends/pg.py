@@ -93,9 +93,17 @@ class PgLockBackend:
     # ------------------------------------------------------------------ plumbing
 
     @contextlib.contextmanager
-    def _cursor(self) -> Iterator:
-        with self._store_errors_mapped(), self._prepared_cursor() as cursor:
-            yield cursor
+    def _cursor(self, *, pooled: bool = False) -> Iterator:
+        """Autocommit statements; `pooled`: the hot paths' (L4/L5/L6), see _prepared_cursor."""
+        # _store_errors_mapped, inlined: this runs around every statement of the hot paths.
+        try:
+            with self._prepared_cursor(pooled=pooled) as cursor:
+                yield cursor
+        except DatabaseError as exc:
+            error = self._store_error(exc)
+            if error is None:
+                raise
+            raise error from exc
 
     @contextlib.contextmanager
     def _atomic(self) -> Iterator:
@@ -117,16 +125,37 @@ class PgLockBackend:
             raise error from exc
 
     @contextlib.contextmanager
-    def _prepared_cursor(self) -> Iterator:
+    def _prepared_cursor(self, *, pooled: bool = False) -> Iterator:
         """A server-binding psycopg cursor on Django's pooled connection for this alias.
 
         Django's own cursor binds client-side and never prepares, so PostgreSQL would parse and
         plan the (large, CTE) lock statements on every call; these are prepared once per pooled
-        connection instead. Same connection, so transaction.atomic and the pool still apply;
-        driver errors still surface as django.db errors.
+        connection instead. It is Django's connection, so transaction.atomic and the pool apply;
+        with `pooled` (the L4/L5/L6 statements), unless Django already holds this thread's
+        connection or a transaction is open, the statement takes a connection from the same pool
+        and hands it back at once instead, which skips Django's per-request connect and close
+        bookkeeping (issue 18). Either way driver errors surface as django.db errors.
         """
         wrapper = connections[self.alias]
         with wrapper.wrap_database_errors:
+            pool = wrapper.pool
+            if (
+                pooled
+                and pool is not None
+                and wrapper.connection is None
+                and not wrapper.in_atomic_block
+            ):
+                # An autocommit statement with nothing of Django's open: the pool's connection
+                # for this statement only, without Django's per-request connect/close work.
+                if pool.closed:
+                    pool.open()
+                connection = pool.getconn()
+                try:
+                    with psycopg.Cursor(connection) as cursor:
+                        yield _PreparingCursor(cursor)
+                finally:
+                    pool.putconn(connection)  # idle (autocommit), or discarded if broken
+                return
             wrapper.ensure_connection()
             with psycopg.Cursor(wrapper.connection) as cursor:
                 yield _PreparingCursor(cursor)
@@ -248,7 +277,7 @@ class PgLockBackend:
         free_retries = 0
         try:
             while True:
-                with self._cursor() as cursor:
+                with self._cursor(pooled=True) as cursor:
                     acquired = sql.try_acquire(
                         cursor, key=key, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms
                     )
@@ -282,7 +311,7 @@ class PgLockBackend:
                     )
                 if waiter_id is None:
                     waiter_id = uuid.uuid4()
-                    with self._cursor() as cursor:
+                    with self._cursor(pooled=True) as cursor:
                         admitted = sql.add_waiter(
                             cursor,
                             waiter_id=waiter_id,
@@ -309,7 +338,7 @@ class PgLockBackend:
             if event is not None:
                 self.listener.unsubscribe(key, event)
             if waiter_id is not None:
-                with contextlib.suppress(Exception), self._cursor() as cursor:
+                with contextlib.suppress(Exception), self._cursor(pooled=True) as cursor:
                     sql.remove_waiter(cursor, waiter_id=waiter_id)
 
     def _rotate(
@@ -317,7 +346,7 @@ class PgLockBackend:
     ) -> GrantRecord | None:
         """Re-acquire by the holding session: a new grant with a new, higher token (never the
         same one: a caller whose release was lost must not present a token twice, issue 16)."""
-        with self._cursor() as cursor:
+        with self._cursor(pooled=True) as cursor:
             grant = sql.rotate(cursor, key=key, session_id=session_id, token=token, ttl_ms=ttl_ms)
         if grant is None:
             return None
@@ -363,7 +392,7 @@ class PgLockBackend:
     def renew(
         self, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None
     ) -> GrantRecord:
-        with self._cursor() as cursor:
+        with self._cursor(pooled=True) as cursor:
             grant = sql.renew(cursor, key=key, session_id=session_id, token=token, ttl_ms=ttl_ms)
             if grant is None:
                 session = sql.get_session(cursor, session_id=session_id)
@@ -379,7 +408,7 @@ class PgLockBackend:
         raise lock_lost(key, state.fencing_token)
 
     def release(self, *, key: str, session_id: uuid.UUID, token: int) -> None:
-        with self._cursor() as cursor:
+        with self._cursor(pooled=True) as cursor:
             released = sql.release(cursor, key=key, token=token)
             if released is None:
                 state = sql.key_state(cursor, key=key)

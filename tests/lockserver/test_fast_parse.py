@@ -57,3 +57,36 @@ def test_acquire_fast_path_matches_the_serializer(body):
 @pytest.mark.parametrize("body", [*BODIES, {"sessionId": SID}], ids=repr)
 def test_release_fast_path_matches_the_serializer(body):
     assert outcome(_parse_release, body) == outcome(_parse, ReleaseInput, body)
+
+
+QUERIES = [
+    "",
+    f"sessionId={SID}",
+    f"sessionId={SID.upper()}",
+    "sessionId=",
+    "sessionId",
+    "sessionid=" + SID,
+    f"sessionId={SID}&sessionId=other",
+    f"sessionId=other&sessionId={SID}",
+    f"sessionId={SID}&x=1",
+    f"x=1&sessionId={SID}",
+    f"sessionId={SID}%00",
+    "sessionId=%41%42",
+    "sessionId=a+b",
+    f"sessionId={SID};x=1",
+    f"sessionId={SID}#frag",
+    f"sessionId=%20{SID}",
+    "sessionId=" + "ключ".encode().decode("latin-1"),  # as a WSGI server passes raw UTF-8
+    "=",
+    "&",
+    f"&sessionId={SID}",
+]
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=repr)
+def test_release_query_fast_path_matches_request_get(rf, query):
+    """L6's sessionId from the query string: what request.GET.get("sessionId") yields."""
+    from lockserver.views import _query_session_id
+
+    request = rf.delete("/v1/locks/k", QUERY_STRING=query)
+    assert _query_session_id(request) == request.GET.get("sessionId")
