@@ -10,7 +10,7 @@ from django.db import connections
 
 from dlock.errors import ApiError
 from payments import selectors, services
-from payments.models import Account, Payout, PayoutEvent
+from payments.models import Account, LedgerEntry, Payout, PayoutEvent
 from tests.payments import factories as f
 
 pytestmark = pytest.mark.django_db(databases=["default"], transaction=True)
@@ -123,3 +123,38 @@ def test_a_duplicate_claim_in_flight_replays_instead_of_reading_as_fenced_out():
     assert len({list(r.body).__repr__() for r in results}) == 1  # same key order too
     assert f.fenced_count("account") == before
     assert PayoutEvent.objects.filter(payout_id=p.payout_id, to_state="CLAIMED").count() == 1
+
+
+def test_identical_posts_in_flight_book_once_and_the_twins_replay_the_same_answer():
+    # The one-statement P3 (state, legs, balances and its record in one CTE): twins released
+    # together serialise on the identity, one writes, the others replay its recorded answer.
+    acct = f.account(5_000)
+    p = f.payout(acct, 1_200)
+    token = f.next_token()
+    assert _outcome(_claim(p, token)()) == "OK"
+    f.rail_acked(p)
+    before = f.fenced_count("account")
+
+    results = _race(
+        [
+            lambda: services.post_payout(
+                payout_id=p.payout_id,
+                token=token,
+                owner_id="w",
+                idempotency_key=p.idempotency_key,
+                rail_reference="rr-twin",
+                submission_id=p.payout_id,
+            )
+            for _ in range(4)
+        ]
+    )
+
+    assert all(_outcome(r) == "OK" for r in results), results
+    assert sum(r.replayed for r in results) == 3
+    assert all(r.body == results[0].body for r in results)
+    assert f.fenced_count("account") == before
+    assert LedgerEntry.objects.filter(payout_id=p.payout_id).count() == 2
+    assert PayoutEvent.objects.filter(payout_id=p.payout_id, to_state="POSTED").count() == 1
+    account = selectors.get_account(account_id=acct.account_id)
+    assert account["balanceMinor"] == 5_000 - 1_200 == account["ledgerSumMinor"]
+    assert results[0].body["balanceMinor"] == 5_000 - 1_200
