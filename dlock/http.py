@@ -94,12 +94,13 @@ class Reply:
 class Connection:
     """One open socket and the bytes read from it but not yet consumed."""
 
-    __slots__ = ("buffer", "idle_since", "sock")
+    __slots__ = ("buffer", "deadline", "idle_since", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buffer = bytearray()
         self.idle_since = 0.0
+        self.deadline: float | None = None  # monotonic: the whole response must be in by then
 
     def close(self) -> None:
         try:
@@ -118,8 +119,18 @@ class Connection:
         except (OSError, ValueError):
             return True
 
+    def _recv(self) -> bytes:
+        """One read, within what is left of the response's deadline: a peer that trickles its
+        answer byte by byte cannot stretch the read budget, which bounds the whole response."""
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the response did not complete within the read budget")
+            self.sock.settimeout(left)
+        return self.sock.recv(RECV_BYTES)
+
     def _fill(self) -> None:
-        chunk = self.sock.recv(RECV_BYTES)
+        chunk = self._recv()
         if not chunk:
             raise ProtocolError("connection closed before the response ended")
         self.buffer += chunk
@@ -203,7 +214,7 @@ class Connection:
 
     def _until_close(self) -> bytes:
         while True:
-            chunk = self.sock.recv(RECV_BYTES)
+            chunk = self._recv()
             if not chunk:
                 body = bytes(self.buffer)
                 self.buffer.clear()
@@ -449,6 +460,7 @@ def exchange(
             raise TransportError(method, url, sent=False, cause=exc) from exc
     try:
         conn.sock.settimeout(read_s)
+        conn.deadline = time.monotonic() + read_s
         conn.sock.sendall(wire)
         status, reply_headers, raw, reusable = conn.read_response(method)
     except (OSError, ProtocolError, ValueError) as exc:

@@ -44,6 +44,7 @@ class ScriptedPeer:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self._mutex = threading.Lock()
+        self.serve: Callable[[socket.socket], None] | None = None  # answers by hand when set
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -54,7 +55,8 @@ class ScriptedPeer:
                 return
             with self._mutex:
                 self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            serve = self.serve or self._serve
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         buffer = b""
@@ -205,11 +207,54 @@ def test_anything_after_the_request_left_is_sent_and_not_retry_safe(peer, reply)
 
 
 def test_a_silent_peer_times_out_as_sent_within_the_read_budget(peer):
-    server = peer(lambda n, _: (time.sleep(2), None)[1])
+    released, gave_up = threading.Event(), threading.Event()
+
+    def silent(n: int, request: bytes) -> None:
+        if not released.wait(10):  # silent until the test is over, or 10 s
+            gave_up.set()
+
+    server = peer(silent)
     started = time.monotonic()
-    with pytest.raises(ServiceUnreachable) as caught:
-        call("POST", f"{server.url}/v1/x", hop=FAST, json_body={}, read_timeout_s=0.3)
-    assert 0.25 < time.monotonic() - started < 1.5
+    try:
+        with pytest.raises(ServiceUnreachable) as caught:
+            call("POST", f"{server.url}/v1/x", hop=FAST, json_body={}, read_timeout_s=0.3)
+        # It gave up on its own budget while the peer still held its answer back (a client
+        # without a read timeout would only fail when the peer closes, after 10 s).
+        assert time.monotonic() - started >= 0.3 and not gave_up.is_set()
+    finally:
+        released.set()
+    assert caught.value.sent is True
+
+
+def test_a_peer_that_trickles_its_answer_cannot_stretch_the_read_budget(peer):
+    """The read budget bounds the whole response, not each read: one byte every 50 ms keeps a
+    per-read timeout of 0.3 s satisfied for as long as the peer likes (here: 5 s, then it
+    closes, which a client with only per-read timeouts would be waiting for)."""
+    released, gave_up = threading.Event(), threading.Event()
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+
+    def trickle(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(head)
+            for _ in range(100):
+                if released.wait(0.05):
+                    return
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return
+            gave_up.set()
+
+    server = peer(lambda n, _: None)
+    server.serve = trickle  # this peer answers by hand
+    started = time.monotonic()
+    try:
+        with pytest.raises(ServiceUnreachable) as caught:
+            call("GET", f"{server.url}/v1/x", hop=FAST, read_timeout_s=0.3)
+        assert time.monotonic() - started >= 0.3 and not gave_up.is_set()
+    finally:
+        released.set()
     assert caught.value.sent is True
 
 
