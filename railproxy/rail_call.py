@@ -4,24 +4,26 @@ Never retried: a second presentation of a non-idempotent rail is the double paym
 project exists to prevent. A connect failure proves nothing was presented (NOT_SENT); anything
 after bytes left without a valid ack is TIMEOUT (ambiguous) — CHANGELOG row 10.
 
-One bare `http.client` connection per submission, closed after it: never a pooled or reused
-connection (a kept-alive one could have died before the send, and the rail must never see a
-request twice). The same two timeouts as every hop: `RAIL_CONNECT_TIMEOUT_MS` bounds the TCP
-connect, `RAIL_READ_TIMEOUT_MS` every later socket operation (send and each read), as requests
-applied them before (a requests.Session + urllib3 pool per submission cost a fifth of the proxy's
-CPU, docs/benchmarks.md).
+One fresh connection per submission, closed after it: never a pooled or reused connection (a
+kept-alive one could have died before the send, and the rail must never see a request twice).
+It is opened and framed by `dlock.http` (the same response reader as every dlock hop) but never
+taken from or given back to a pool. The same two timeouts as every hop: `RAIL_CONNECT_TIMEOUT_MS`
+bounds the TCP connect, `RAIL_READ_TIMEOUT_MS` is ONE deadline for sending the request and
+reading the whole answer, so a rail that trickles its answer cannot hold the proxy past its
+request deadline (C3 §3.8's chain; a per-read timeout could be stretched without end).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
+import time
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from dlock.http import Connection, ConnectionPool, ProtocolError, request_bytes
 from dlock.tracing import traceparent
 from railproxy.models import Outcome
 from railproxy.submission import RailAnswer, SubmissionRequest
@@ -38,49 +40,44 @@ def forward(*, request: SubmissionRequest, submission_id: uuid.UUID) -> RailAnsw
         separators=(",", ":"),
     ).encode()
     target = urlsplit(settings.RAIL_STUB_URL)
-    connection_class = (
-        http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
-    )
-    connection = connection_class(
+    scheme = target.scheme or "http"
+    origin = ConnectionPool(
+        scheme,
         target.hostname or "127.0.0.1",
-        target.port,
-        timeout=settings.RAIL_CONNECT_TIMEOUT_MS / 1000,
+        target.port or (443 if scheme == "https" else 80),
+        size=0,  # only ever `open`ed: nothing is kept, nothing reused
     )
     try:
-        try:
-            connection.connect()
-        except OSError:  # refused, unreachable, connect timeout, name resolution: nothing sent
-            return RailAnswer(Outcome.NOT_SENT, "connect_failed")
-        # From here on bytes may have left: whatever fails is ambiguous, never re-sent.
-        assert connection.sock is not None
-        connection.sock.settimeout(settings.RAIL_READ_TIMEOUT_MS / 1000)
-        try:
-            status, payload = _exchange(connection, target.path, body)
-        except TimeoutError:
-            return RailAnswer(Outcome.TIMEOUT, "read_timeout")
-        except (OSError, http.client.HTTPException):
-            return RailAnswer(Outcome.TIMEOUT, "connection_lost")
+        connection = origin.open(settings.RAIL_CONNECT_TIMEOUT_MS / 1000)
+    except OSError:  # refused, unreachable, connect timeout, name resolution: nothing sent
+        return RailAnswer(Outcome.NOT_SENT, "connect_failed")
+    # From here on bytes may have left: whatever fails is ambiguous, never re-sent.
+    try:
+        status, payload = _exchange(connection, origin.host_header, target.path, body)
+    except TimeoutError:
+        return RailAnswer(Outcome.TIMEOUT, "read_timeout")
+    except (OSError, ProtocolError):
+        return RailAnswer(Outcome.TIMEOUT, "connection_lost")
     finally:
         connection.close()
     return _classify(status, payload)
 
 
-def _exchange(
-    connection: http.client.HTTPConnection, base_path: str, body: bytes
-) -> tuple[int, bytes]:
-    connection.request(
-        "POST",
-        f"{base_path.rstrip('/')}/submit",
-        body=body,
-        headers={
-            "Accept": "application/json",
-            "Content-Type": "application/json; charset=utf-8",
-            "traceparent": traceparent(),
-            "Connection": "close",  # one request per connection, said so to the rail too
-        },
-    )
-    response = connection.getresponse()
-    return response.status, response.read()
+def _exchange(connection: Connection, host: str, base_path: str, body: bytes) -> tuple[int, bytes]:
+    read_s = settings.RAIL_READ_TIMEOUT_MS / 1000
+    connection.sock.settimeout(read_s)
+    connection.deadline = time.monotonic() + read_s
+    headers = {
+        "Accept": "application/json",
+        "Accept-Encoding": "identity",
+        "Content-Type": "application/json; charset=utf-8",
+        "traceparent": traceparent(),
+        "Connection": "close",  # one request per connection, said so to the rail too
+    }
+    path = f"{base_path.rstrip('/')}/submit"
+    connection.sock.sendall(request_bytes("POST", path, host, headers, body))
+    status, _, payload, _ = connection.read_response("POST")
+    return status, payload
 
 
 def _classify(status: int, payload: bytes) -> RailAnswer:

@@ -25,6 +25,7 @@ class RawRail:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.connections: list[tuple[tuple[str, int], bytes]] = []
+        self.gave_up = threading.Event()  # "trickle": it ran out of bytes before the client did
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -50,7 +51,19 @@ class RawRail:
                 while len(rest) < length:
                     rest += conn.recv(4096)
                 received = head + b"\r\n\r\n" + rest
-                if self.behaviour == "silent":
+                if self.behaviour == "trickle":  # a 200 head, then a byte every 50 ms
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 1000\r\n\r\n"
+                    )
+                    try:
+                        for _ in range(100):
+                            threading.Event().wait(0.05)
+                            conn.sendall(b" ")
+                        self.gave_up.set()
+                    except OSError:
+                        pass
+                elif self.behaviour == "silent":
                     conn.recv(1)  # hold the connection, answer nothing
                 elif self.behaviour == "ack":
                     conn.sendall(
@@ -146,3 +159,17 @@ def test_a_connection_closed_after_the_request_is_ambiguous(raw_rail):
     answer = forward(request=_request(), submission_id=uuid.uuid4())
 
     assert (answer.outcome, answer.detail) == (Outcome.TIMEOUT, "connection_lost")
+
+
+def test_a_rail_that_trickles_its_answer_times_out_within_the_read_budget(raw_rail, settings):
+    """RAIL_READ_TIMEOUT_MS bounds the whole answer, not each read: a byte every 50 ms would
+    satisfy a per-read timeout of 300 ms for the 5 s this rail keeps it up (and for ever, a
+    worse one), holding the proxy past the request deadline its callers' budgets assume."""
+    rail = raw_rail("trickle")
+    settings.RAIL_CONNECT_TIMEOUT_MS = 5_000
+    settings.RAIL_READ_TIMEOUT_MS = 300
+
+    answer = forward(request=_request(), submission_id=uuid.uuid4())
+
+    assert (answer.outcome, answer.detail) == (Outcome.TIMEOUT, "read_timeout")
+    assert not rail.gave_up.is_set()  # the proxy gave up first, on its own budget
