@@ -18,6 +18,7 @@ import pytest
 from dlock.budgets import Budget
 from dlock.client import Endpoints, InternalError, LockContended, ServiceUnreachable, call
 from dlock.http import ConnectionPool, exchange
+from tests.loopback import LoopbackServer
 
 FAST = Budget(0.5, 1.0, 0, "test")
 Answer = Callable[[int, bytes], bytes | None]  # (request number, request bytes) → bytes to send
@@ -33,30 +34,20 @@ def _json(status: int, body: bytes, *extra: str, version: str = "1.1") -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-class ScriptedPeer:
+class ScriptedPeer(LoopbackServer):
     """Accepts connections; reads each request (head + Content-Length body); sends `answer`'s
     bytes (None: close without answering). Records every request and connection."""
 
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
         self.requests: list[bytes] = []
-        self.connections = 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self._mutex = threading.Lock()
         self.serve: Callable[[socket.socket], None] | None = None  # answers by hand when set
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(lambda conn, _: (self.serve or self._serve)(conn))
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with self._mutex:
-                self.connections += 1
-            serve = self.serve or self._serve
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+    @property
+    def connections(self) -> int:
+        return len(self.accepted)
 
     def _serve(self, conn: socket.socket) -> None:
         buffer = b""
@@ -85,9 +76,6 @@ class ScriptedPeer:
                 conn.sendall(reply)
                 if isinstance(reply, Close):
                     return
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture

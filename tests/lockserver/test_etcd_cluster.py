@@ -17,6 +17,7 @@ import requests
 
 from devstack import free_port
 from tests.lockserver.conftest import new_key, start_lock_server
+from tests.loopback import LoopbackServer
 
 pytestmark = [pytest.mark.etcd, pytest.mark.live]
 
@@ -111,34 +112,6 @@ def test_the_lock_server_keeps_serving_acquires_when_its_etcd_member_is_killed()
         shutil.rmtree(work, ignore_errors=True)
 
 
-class Blackhole:
-    """A member that accepts connections and never answers (a stalled or partitioned etcd)."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.accepted: list = []
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted.append(conn)
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.accepted:
-            conn.close()
-
-
 def test_every_etcd_call_of_one_request_ends_within_the_request_deadline():
     """An acquire makes several etcd calls; each alone fits one hop budget, but their sum did
     not, so on a stalled member the client's read timeout fired first (ServiceUnreachable after
@@ -146,7 +119,7 @@ def test_every_etcd_call_of_one_request_ends_within_the_request_deadline():
     the budget up and the following ones are refused without being sent (nothing connects)."""
     from lockserver.etcd_client import EtcdClient, EtcdUnavailable, request_deadline
 
-    hole = Blackhole()
+    hole = LoopbackServer()  # a member that accepts connections and never answers (stalled)
     client = EtcdClient(hole.url, connect_timeout=0.5, read_timeout=0.4)
     try:
         with request_deadline(0.3):

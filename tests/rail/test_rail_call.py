@@ -13,72 +13,63 @@ import pytest
 from railproxy.models import Outcome
 from railproxy.rail_call import forward
 from railproxy.submission import SubmissionRequest
+from tests.loopback import LoopbackServer
 
 ACK = json.dumps({"railReference": "RR-1", "acceptedAt": "2026-12-01T00:00:00.000Z"}).encode()
 
 
-class RawRail:
-    """A socket server that records each connection's peer and the requests read on it."""
+class RawRail(LoopbackServer):
+    """A socket server that records each connection's peer and the requests read on it,
+    serving one connection at a time."""
 
     def __init__(self, behaviour: str = "ack") -> None:
         self.behaviour = behaviour
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.connections: list[tuple[tuple[str, int], bytes]] = []
         self.gave_up = threading.Event()  # "trickle": it ran out of bytes before the client did
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__(self._serve, threaded=False)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, peer = self.listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                received = b""
-                while b"\r\n\r\n" not in received:
-                    received += conn.recv(4096)
-                head, _, rest = received.partition(b"\r\n\r\n")
-                length = int(
-                    next(
-                        line.split(b":", 1)[1]
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length:")
-                    )
+    def _serve(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+        with conn:
+            conn.settimeout(5)
+            received = b""
+            while b"\r\n\r\n" not in received:
+                received += conn.recv(4096)
+            head, _, rest = received.partition(b"\r\n\r\n")
+            length = int(
+                next(
+                    line.split(b":", 1)[1]
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
                 )
-                while len(rest) < length:
-                    rest += conn.recv(4096)
-                received = head + b"\r\n\r\n" + rest
-                if self.behaviour == "trickle":  # a 200 head, then a byte every 50 ms
-                    conn.sendall(
-                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: 1000\r\n\r\n"
-                    )
-                    try:
-                        for _ in range(100):
-                            threading.Event().wait(0.05)
-                            conn.sendall(b" ")
-                        self.gave_up.set()
-                    except OSError:
-                        pass
-                elif self.behaviour == "silent":
-                    conn.recv(1)  # hold the connection, answer nothing
-                elif self.behaviour == "ack":
-                    conn.sendall(
-                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n%s" % (len(ACK), ACK)
-                    )
-                    # Keep the connection open: a client that wanted to reuse it could.
-                    try:
-                        conn.recv(4096)
-                    except OSError:
-                        pass
-                self.connections.append((peer, received))
-
-    def close(self) -> None:
-        self.listener.close()
+            )
+            while len(rest) < length:
+                rest += conn.recv(4096)
+            received = head + b"\r\n\r\n" + rest
+            if self.behaviour == "trickle":  # a 200 head, then a byte every 50 ms
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 1000\r\n\r\n"
+                )
+                try:
+                    for _ in range(100):
+                        threading.Event().wait(0.05)
+                        conn.sendall(b" ")
+                    self.gave_up.set()
+                except OSError:
+                    pass
+            elif self.behaviour == "silent":
+                conn.recv(1)  # hold the connection, answer nothing
+            elif self.behaviour == "ack":
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(ACK), ACK)
+                )
+                # Keep the connection open: a client that wanted to reuse it could.
+                try:
+                    conn.recv(4096)
+                except OSError:
+                    pass
+            self.connections.append((peer, received))
 
 
 def _request() -> SubmissionRequest:
