@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from dlock.http import Connection, ConnectionPool, ProtocolError, request_bytes
+from dlock.http import Connection, ProtocolError, pool_for, request_bytes
 from dlock.tracing import traceparent
 from railproxy.models import Outcome
 from railproxy.submission import RailAnswer, SubmissionRequest
@@ -39,21 +39,17 @@ def forward(*, request: SubmissionRequest, submission_id: uuid.UUID) -> RailAnsw
         },
         separators=(",", ":"),
     ).encode()
-    target = urlsplit(settings.RAIL_STUB_URL)
-    scheme = target.scheme or "http"
-    origin = ConnectionPool(
-        scheme,
-        target.hostname or "127.0.0.1",
-        target.port or (443 if scheme == "https" else 80),
-        size=0,  # only ever `open`ed: nothing is kept, nothing reused
-    )
+    # The process's pool for the rail's origin, used only to `open`: a connection is never
+    # taken from it or given back, so none is ever kept or reused.
     try:
+        origin = pool_for(settings.RAIL_STUB_URL)  # ValueError: not an http(s) URL
         connection = origin.open(settings.RAIL_CONNECT_TIMEOUT_MS / 1000)
-    except OSError:  # refused, unreachable, connect timeout, name resolution: nothing sent
+    except (OSError, ValueError):  # refused, unreachable, connect timeout, no such host: unsent
         return RailAnswer(Outcome.NOT_SENT, "connect_failed")
     # From here on bytes may have left: whatever fails is ambiguous, never re-sent.
     try:
-        status, payload = _exchange(connection, origin.host_header, target.path, body)
+        path = urlsplit(settings.RAIL_STUB_URL).path
+        status, payload = _exchange(connection, origin.host_header, path, body)
     except TimeoutError:
         return RailAnswer(Outcome.TIMEOUT, "read_timeout")
     except (OSError, ProtocolError):
