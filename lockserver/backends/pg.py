@@ -95,15 +95,14 @@ class PgLockBackend:
     @contextlib.contextmanager
     def _cursor(self, *, pooled: bool = False) -> Iterator:
         """Autocommit statements; `pooled`: the hot paths' (L4/L5/L6), see _prepared_cursor."""
-        # _store_errors_mapped, inlined: this runs around every statement of the hot paths.
+        # Not through _store_errors_mapped: one context manager less around every statement
+        # of the hot paths; the mapping is the same `_raise_store_error`.
         try:
             with self._prepared_cursor(pooled=pooled) as cursor:
                 yield cursor
         except DatabaseError as exc:
-            error = self._store_error(exc)
-            if error is None:
-                raise
-            raise error from exc
+            self._raise_store_error(exc)
+            raise
 
     @contextlib.contextmanager
     def _atomic(self) -> Iterator:
@@ -119,9 +118,13 @@ class PgLockBackend:
         try:
             yield
         except DatabaseError as exc:
-            error = self._store_error(exc)
-            if error is None:
-                raise
+            self._raise_store_error(exc)
+            raise
+
+    def _raise_store_error(self, exc: DatabaseError) -> None:
+        """Raise the typed error a store failure maps to; return when it maps to none."""
+        error = self._store_error(exc)
+        if error is not None:
             raise error from exc
 
     @contextlib.contextmanager
