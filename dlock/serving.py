@@ -27,6 +27,15 @@ first byte (of the accept, on a new connection) is closed with 408, whatever its
 short by the client's half-close is 400 and never executed; unknown methods are 501, chunked
 bodies 411 and oversized ones 413, all before Django. `/health/*` and `/metrics` run on a small
 pool of their own, so probes are answered whatever the request threads are doing.
+
+Per-request cost (issue 18; gunicorn's own work is about a quarter of every role's CPU, measured
+by bench/worker.py, numbers in docs/benchmarks.md). A kept-alive connection is handed back to the
+poller by the thread that served it, not by a wake-up of the main loop through gunicorn's pipe,
+and stays registered from then until its next request is complete: the main loop reads that
+request straight from the readiness callback (no unregister / register in between). gunicorn's
+Config is read through a snapshot (one dict lookup and property per access otherwise, many per
+request), and the arbiter's heartbeat file is touched at most every HEARTBEAT_INTERVAL_S, not on
+every loop turn (the arbiter's `timeout` is 60 s: a stuck loop is still killed).
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gunicorn import util
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, ThreadWorker
 
 from dlock.errors import ApiError, Code
 from dlock.tracing import new_trace_id
@@ -54,6 +63,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
     from gunicorn.arbiter import Arbiter
+    from gunicorn.config import Config
     from gunicorn.sock import BaseSocket
     from gunicorn.workers.gthread import TConn
 
@@ -66,6 +76,9 @@ MONITORING_THREADS = 2
 # Used when Django's settings are not available (they are, once the worker loaded the app).
 DEFAULT_HEADER_TIMEOUT_MS = 3_000
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
+# The arbiter kills a worker whose heartbeat file is older than `timeout` (60 s here); touching
+# it on every loop turn was a syscall per request or two.
+HEARTBEAT_INTERVAL_S = 0.5
 
 
 def thread_queue_wait() -> float | None:
@@ -114,6 +127,22 @@ def write_envelope_error(sock: socket.socket, status_int: int, reason: str, mesg
         f"{name}: {value}\r\n" for name, value in headers.items()
     )
     util.write_nonblock(sock, head.encode("latin-1") + b"\r\n" + body)
+
+
+class ConfigSnapshot:
+    """gunicorn's Config as the worker reads it: each setting looked up once, then a plain
+    attribute. Config resolves every read through `__getattr__` (a dict lookup and the setting's
+    `get`, some of them properties that rebuild their value); the request path reads a dozen per
+    request. A worker's settings never change (a reload starts new workers), so the first value
+    read is the value. Unknown names raise AttributeError as Config does."""
+
+    def __init__(self, live: Config) -> None:
+        self._live = live
+
+    def __getattr__(self, name: str) -> Any:  # only for names not read before
+        value = getattr(self._live, name)
+        self.__dict__[name] = value
+        return value
 
 
 class _Incomplete(Exception):
@@ -170,6 +199,9 @@ def _request_complete(buf: bytes | bytearray, *, max_head: int, max_body: int) -
 class DrainingThreadWorker(ThreadWorker):
     def init_process(self) -> None:
         util.write_error = write_envelope_error  # in the worker process only (see above)
+        self.cfg = ConfigSnapshot(self.cfg)  # type: ignore[assignment]
+        self.is_ssl = self.cfg.is_ssl
+        self.next_heartbeat = 0.0
         # Connections whose request is still arriving, oldest deadline first.
         self.arrivals: OrderedDict[int, Any] = OrderedDict()  # gunicorn TConn
         self.monitoring_pool = futures.ThreadPoolExecutor(
@@ -214,7 +246,7 @@ class DrainingThreadWorker(ThreadWorker):
     def enqueue_req(self, conn: TConn) -> None:
         """Every way a connection reaches the pool (new, kept alive, read-ahead) comes here:
         only a complete request is handed to a thread."""
-        if self.cfg.is_ssl:  # TLS terminates in front of dlock; stock behaviour if it does not
+        if self.is_ssl:  # TLS terminates in front of dlock; stock behaviour if it does not
             self._submit(conn, self.tpool)
             return
         if getattr(conn, "dlock_complete", False):
@@ -226,7 +258,48 @@ class DrainingThreadWorker(ThreadWorker):
     def _submit(self, conn: TConn, pool: futures.Executor) -> None:
         conn.dlock_queued_at = time.monotonic()
         fs = pool.submit(self.handle, conn)
-        fs.add_done_callback(lambda fut: self.method_queue.defer(self.finish_request, conn, fut))
+        fs.add_done_callback(partial(self._served, conn))
+
+    def _served(self, conn: TConn, fut: futures.Future) -> None:
+        """Runs in the thread that served `conn` (or in the main loop, if it was done first).
+
+        A connection kept alive with nothing read ahead goes back to the poller from here, to
+        wait for its next request; anything else (closing it, read-ahead bytes, a stopping
+        worker) is gunicorn's `finish_request` in the main loop, as before. The connection is
+        in the keep-alive queue before the poller can report it, and no other thread touches
+        it until the poller does (epoll and the selector's fd map take a registration from
+        any thread; the main loop only ever unregisters what it was handed).
+        """
+        if (
+            not self.alive
+            or self.is_ssl
+            or fut.cancelled()
+            or fut.exception() is not None
+            or fut.result() is not True
+            or conn.parser.unreader.buf.getvalue()
+        ):
+            self.method_queue.defer(self.finish_request, conn, fut)
+            return
+        conn.sock.setblocking(False)
+        conn.set_timeout()
+        conn.dlock_kept = True
+        self.keepalived_conns.append(conn)
+        if not self.alive:  # the drain began meanwhile: linger as finish_request would
+            conn.timeout = min(conn.timeout, time.monotonic() + STOP_KEEPALIVE_LINGER)
+        with contextlib.suppress(OSError, ValueError):  # closed by the final cleanup of a stop
+            self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_arrival, conn))
+
+    def _cap_keepalive(self, deadline: float) -> None:
+        # A serving thread may append meanwhile: iterate over a copy (taken in one C call).
+        for conn in tuple(self.keepalived_conns):
+            conn.timeout = min(conn.timeout, deadline)
+
+    def notify(self) -> None:
+        """The arbiter's heartbeat, at most every HEARTBEAT_INTERVAL_S (see the module doc)."""
+        now = time.monotonic()
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + HEARTBEAT_INTERVAL_S
+            super().notify()
 
     def _start_arrival(self, conn: TConn) -> None:
         if not getattr(conn, "dlock_stamped", False):
@@ -253,12 +326,27 @@ class DrainingThreadWorker(ThreadWorker):
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
+            data = None
+        if getattr(conn, "dlock_kept", False):  # a kept-alive connection's next request begins
+            self._wake_kept(conn)
+        if data is None:
             self._end_arrival(conn)
             return
         if data:  # the queue clock starts when the bytes that complete the request arrived
             conn.dlock_arrived = kernel_stamp(ancillary) or time.time()
         conn.dlock_buf += data
         self._examine(conn, eof=not data)
+
+    def _wake_kept(self, conn: TConn) -> None:
+        """A kept-alive connection turned readable: it leaves the keep-alive queue and its
+        request is an arrival from now (it stays registered with the poller, same callback)."""
+        conn.dlock_kept = False
+        self.keepalived_conns.remove(conn)
+        conn.dlock_buf = bytearray()
+        conn.dlock_arrived = None
+        conn.dlock_deadline = time.monotonic() + self.header_timeout
+        conn.dlock_continued = False
+        self.arrivals[id(conn)] = conn
 
     def _examine(self, conn: TConn, *, eof: bool) -> None:
         try:
@@ -324,8 +412,7 @@ class DrainingThreadWorker(ThreadWorker):
         if buf is not None:  # the arrival path read the whole request: give it to the parser
             conn.dlock_buf = None
             conn.data_ready = True
-            conn.sock.setblocking(True)
-            conn.init()
+            conn.init()  # the socket is made blocking by init (a new connection) or by gunicorn
             conn.parser.unreader.unread(bytes(buf))
         waits = []
         queued_at = getattr(conn, "dlock_queued_at", None)
@@ -334,7 +421,7 @@ class DrainingThreadWorker(ThreadWorker):
         arrived = getattr(conn, "dlock_arrived", None)
         if arrived is not None:
             waits.append(max(0.0, time.time() - arrived))
-        elif self.cfg.is_ssl:
+        elif self.is_ssl:
             arrived = arrived_seconds_ago(conn.sock)
             if arrived is not None:
                 waits.append(arrived)
