@@ -159,14 +159,18 @@ def _request_complete(buf: bytes | bytearray, *, max_head: int, max_body: int) -
     Returns the request path when the head and its Content-Length body are all buffered;
     raises `_Incomplete` while bytes are missing and `_Refused` for what is answered at once.
     Only the framing is read here: gunicorn's parser still parses (and refuses) the head.
+    Runs in the main loop for every request: the header block is lower-cased once and only the
+    lines that can matter (Content-Length, Transfer-Encoding, Expect) are split out.
     """
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         if len(buf) > max_head:
             raise _Refused(431, "Request Header Fields Too Large", "request head too large")
         raise _Incomplete
-    lines = bytes(buf[:end]).split(b"\r\n")
-    parts = lines[0].split(b" ")
+    line_end = buf.find(b"\r\n", 0, end)
+    if line_end < 0:
+        line_end = end
+    parts = bytes(buf[:line_end]).split(b" ")
     if len(parts) != 3 or not parts[0].isalpha() or not parts[2].startswith(b"HTTP/"):
         return ""  # not a request line: gunicorn's parser answers 400 before any body
     method, target = parts[0], parts[1]
@@ -174,21 +178,23 @@ def _request_complete(buf: bytes | bytearray, *, max_head: int, max_body: int) -
         raise _Refused(501, "Not Implemented", "method not implemented")
     length = 0
     expects_continue = False
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"expect" and value.strip().lower() == b"100-continue":
-            expects_continue = True
-        if name == b"transfer-encoding" and value.strip().lower() not in (b"", b"identity"):
-            raise _Refused(
-                411,
-                "Length Required",
-                "chunked request bodies are not accepted; send Content-Length",
-            )
-        if name == b"content-length":
-            if not value.strip().isdigit():
-                return ""  # gunicorn's parser refuses it (400) without reading a body
-            length = int(value.strip())
+    fields = bytes(buf[line_end:end]).lower()
+    if b"content-length" in fields or b"transfer-encoding" in fields or b"expect" in fields:
+        for line in fields.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            name, value = name.strip(), value.strip()
+            if name == b"expect" and value == b"100-continue":
+                expects_continue = True
+            if name == b"transfer-encoding" and value not in (b"", b"identity"):
+                raise _Refused(
+                    411,
+                    "Length Required",
+                    "chunked request bodies are not accepted; send Content-Length",
+                )
+            if name == b"content-length":
+                if not value.isdigit():
+                    return ""  # gunicorn's parser refuses it (400) without reading a body
+                length = int(value)
     if length > max_body:
         raise _Refused(413, "Content Too Large", f"request body exceeds {max_body} bytes")
     if len(buf) < end + 4 + length:
