@@ -41,6 +41,7 @@ every loop turn (the arbiter's `timeout` is 60 s: a stuck loop is still killed).
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import selectors
 import signal
 import socket
@@ -53,6 +54,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gunicorn import util
+from gunicorn.http import wsgi as gunicorn_wsgi
 from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, ThreadWorker
 
 from dlock.errors import ApiError, Code
@@ -145,6 +147,82 @@ class ConfigSnapshot:
         return value
 
 
+_date_cache: tuple[int, str] = (-1, "")
+
+
+def http_date(timestamp: float | None = None) -> str:
+    """gunicorn's `util.http_date` (the Date header of every response), formatted once per
+    second: the format has whole seconds, so the text is the same as formatting it each time."""
+    global _date_cache
+    second = int(time.time() if timestamp is None else timestamp)
+    cached_second, text = _date_cache
+    if cached_second != second:
+        text = email.utils.formatdate(second, localtime=False, usegmt=True)
+        _date_cache = (second, text)  # one tuple: a reader in another thread sees old or new
+    return text
+
+
+class _HeldWrite:
+    """Stands in for the socket while gunicorn writes a response head: keeps the bytes."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
+
+
+class OneWriteResponse(gunicorn_wsgi.Response):
+    """gunicorn's HTTP/1 response, its head sent in the same write as the first body bytes.
+
+    gunicorn writes the head, then each body chunk: two sends (and two loopback segments for
+    the client to take in) for the one-chunk JSON answers every role gives. The head gunicorn
+    builds is held (not rebuilt here) and goes out with the first body chunk, or on its own
+    when there is none (HEAD, 204, 304, an empty iterable), before the chunked terminator or a
+    sendfile. Installed in the worker process only (`init_process`)."""
+
+    held_head: bytes | None = None
+    hold = True
+
+    def send_headers(self) -> None:
+        if self.headers_sent or not self.hold:
+            super().send_headers()
+            return
+        sock, held = self.sock, _HeldWrite()
+        self.sock = held
+        try:
+            super().send_headers()
+        finally:
+            self.sock = sock
+        self.held_head = held.data
+
+    def _flush_head(self) -> None:
+        head, self.held_head = self.held_head, None
+        if head:
+            util.write(self.sock, head)
+
+    def _emit_body(self, data: bytes) -> None:
+        head = self.held_head
+        if head and not self.chunked:
+            self.held_head = None
+            util.write(self.sock, head + data)
+            return
+        self._flush_head()
+        super()._emit_body(data)
+
+    def sendfile(self, respiter: Any) -> bool:
+        self.hold = False
+        self._flush_head()
+        return super().sendfile(respiter)
+
+    def close(self) -> None:
+        self.hold = False
+        self._flush_head()
+        super().close()
+
+
 class _Incomplete(Exception):
     """The buffered bytes are not a whole request yet."""
 
@@ -205,6 +283,8 @@ def _request_complete(buf: bytes | bytearray, *, max_head: int, max_body: int) -
 class DrainingThreadWorker(ThreadWorker):
     def init_process(self) -> None:
         util.write_error = write_envelope_error  # in the worker process only (see above)
+        gunicorn_wsgi.Response = OneWriteResponse  # wsgi.create looks it up per request
+        util.http_date = http_date
         self.cfg = ConfigSnapshot(self.cfg)  # type: ignore[assignment]
         self.is_ssl = self.cfg.is_ssl
         self.next_heartbeat = 0.0

@@ -264,3 +264,85 @@ def test_the_arrival_framing_waits_for_bodies_and_refuses_what_it_must():
         with pytest.raises(_Refused) as refused:
             _request_complete(head, max_head=8192, max_body=64)
         assert refused.value.args[0] == status
+
+
+class _RecordingSocket:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+
+def _written(response_class, method: bytes, status: str, headers, chunks) -> list[bytes]:
+    from gunicorn.config import Config
+    from gunicorn.http import RequestParser
+
+    cfg = Config()
+    parser = RequestParser(cfg, iter([method + b" / HTTP/1.1\r\nHost: h\r\n\r\n"]), ("::1", 1))
+    sock = _RecordingSocket()
+    response = response_class(next(parser), sock, cfg)
+    response.start_response(status, list(headers))
+    for chunk in chunks:
+        response.write(chunk)
+    response.close()
+    return sock.writes
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "headers", "chunks"),
+    [
+        (b"GET", "200 OK", [("Content-Length", "5")], [b"hello"]),
+        (b"GET", "200 OK", [("Content-Length", "6")], [b"abc", b"def"]),
+        (b"GET", "200 OK", [("Content-Length", "0")], []),
+        (b"GET", "200 OK", [("Content-Length", "2")], [b"", b"ok"]),
+        (b"GET", "200 OK", [], [b"streamed", b" in chunks"]),  # chunked framing
+        (b"GET", "200 OK", [], []),
+        (b"HEAD", "200 OK", [("Content-Length", "5")], [b"hello"]),
+        (b"GET", "204 No Content", [], [b""]),
+    ],
+)
+def test_one_write_response_puts_the_same_bytes_on_the_wire_as_gunicorn(
+    method, status, headers, chunks
+):
+    from gunicorn.http.wsgi import Response
+
+    from dlock.serving import OneWriteResponse
+
+    stock = _written(Response, method, status, headers, chunks)
+    ours = _written(OneWriteResponse, method, status, headers, chunks)
+
+    def without_date(data: bytes) -> bytes:
+        return re.sub(rb"Date: [^\r]*\r\n", b"", data)
+
+    assert without_date(b"".join(ours)) == without_date(b"".join(stock))
+    if method == b"GET" and headers and chunks and chunks[0]:
+        assert len(ours) == len(stock) - 1  # the head went out with the first body bytes
+
+
+def test_a_head_request_gets_the_head_alone_and_the_connection_stays_usable(probe):
+    with socket.create_connection(("127.0.0.1", probe.port)) as sock:
+        sock.sendall(b"HEAD /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(10)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(65536)
+        assert _status(head) in (200, 405) and head.endswith(b"\r\n\r\n")
+        sock.sendall(GET_SLEEP % 2)
+        [(again, body)] = _responses(sock, 1)
+    assert _status(again) == 200 and json.loads(body) == {"slept": 2}
+
+
+def test_the_cached_date_header_is_the_text_gunicorn_formats():
+    import email.utils
+
+    from dlock.serving import http_date
+
+    for stamp in (0, 1.9, 59.999, 1_796_151_745.2, time.time()):
+        expected = email.utils.formatdate(stamp, localtime=False, usegmt=True)
+        assert http_date(stamp) == expected
+        assert http_date(stamp) == expected  # cached
+    before = email.utils.formatdate(time.time(), localtime=False, usegmt=True)
+    now = http_date()
+    after = email.utils.formatdate(time.time(), localtime=False, usegmt=True)
+    assert now in (before, after)
