@@ -2,6 +2,7 @@
 
 Parts (each writes `.run/bench/<name>.json` and returns a dict): `bench.lockserver` (issue 3;
 it runs `bench.lock_etcd` for the etcd rows), `bench.payments` (issue 5), `bench.redis_lock`,
+`bench.worker` (issue 18: gunicorn's own CPU per request, stock gthread vs dlock's worker),
 `bench.e2e` and `bench.fsync` (issue 8). A part that is not built yet is reported as missing;
 a part that fails is reported with its error; the others still run. The summary (printed and
 written to `.run/bench/summary.json`) puts the numbers next to each other with ratios.
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from devstack import PROJECT
 
-PARTS = ("fsync", "lockserver", "redis_lock", "payments", "e2e")
+PARTS = ("fsync", "lockserver", "redis_lock", "payments", "worker", "e2e")
 MODULES = {name: f"bench.{name}" for name in PARTS}
 
 
@@ -174,6 +175,7 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     for name, title in (
         ("e2e", "Payouts end to end (durable PostgreSQL; issue 17 matrix + processes at rail 0)"),
         ("payments", "Payments: claim+post via HTTP vs direct SQL"),
+        ("worker", "gunicorn's CPU per request: stock gthread vs dlock's worker (issue 18)"),
         ("fsync", "Disk"),
     ):
         if name not in results:
@@ -194,6 +196,17 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
                     f" direct SQL {sql}/s, HTTP/SQL {level.get('http_over_direct')}×"
                     f"  (p99 HTTP {(level.get('http') or {}).get('p99_ms')} ms,"
                     f" SQL {(level.get('direct') or {}).get('p99_ms')} ms)"
+                )
+            continue
+        if name == "worker" and isinstance(result.get("rows"), dict):
+            for target, arms in result["rows"].items():
+                lines.append(
+                    f"  {result['targets'][target]}: "
+                    + ", ".join(
+                        f"{arm} {row['cpu_ms_per_request_median']} ms"
+                        f" ({row['paired_ratio_to_first_arm_median']}×)"
+                        for arm, row in arms.items()
+                    )
                 )
             continue
         if isinstance(summary, list) and summary:

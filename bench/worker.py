@@ -8,7 +8,8 @@ server is up for the whole run; `CLIENTS` keep-alive clients (raw sockets, one r
 flight each) drive one of them for a block of `BLOCK_S` seconds, then the next, round after
 round (A, B, A, B: the box is shared, so each arm sees the same load over the run). CPU per
 request is the utime+stime of the gunicorn process tree (bench.proc.tree_cpu_seconds) over the
-block, divided by the requests answered in it; the medians over rounds are reported.
+block, divided by the requests answered in it; the medians over rounds are reported, and each
+arm's median ratio to the first arm within a round (steadier when the box's load drifts).
 
     python -m bench.worker [out_dir]    # default .run/bench; writes worker.json
 
@@ -165,11 +166,20 @@ def run(out_dir: str | Path = ".run/bench") -> dict:
         rows = {}
         for target, arms in samples.items():
             rows[target] = {}
+            first = next(iter(arms.values()))
             for arm, blocks in arms.items():
+                # Each round's blocks ran back to back: the ratio within a round is steadier
+                # than the ratio of medians when the box's load drifts.
+                paired = [
+                    b["cpu_ms_per_request"] / a["cpu_ms_per_request"]
+                    for a, b in zip(first, blocks, strict=True)
+                    if a["cpu_ms_per_request"] and b["cpu_ms_per_request"]
+                ]
                 per = [b["cpu_ms_per_request"] for b in blocks if b["cpu_ms_per_request"]]
                 rows[target][arm] = {
                     "cpu_ms_per_request_median": round(statistics.median(per), 4),
                     "cpu_ms_per_request_each": per,
+                    "paired_ratio_to_first_arm_median": round(statistics.median(paired), 3),
                     "requests_per_s_median": statistics.median(b["requests_per_s"] for b in blocks),
                     "cores_busy_median": statistics.median(b["cores_busy"] for b in blocks),
                     "errors": sorted({e for b in blocks for e in b["errors"]})[:3],
@@ -202,7 +212,7 @@ def main() -> None:
     for target, arms in result["rows"].items():
         line = ", ".join(
             f"{arm} {row['cpu_ms_per_request_median']:.3f} ms"
-            f" ({row['requests_per_s_median']:.0f}/s)"
+            f" ({row['requests_per_s_median']:.0f}/s, {row['paired_ratio_to_first_arm_median']}x)"
             for arm, row in arms.items()
         )
         print(f"{target:9} {result['targets'][target]}: {line}")

@@ -116,7 +116,8 @@ limit_request_line = 4094  # the longest path is /v1/locks/<128-char key>/acquir
 limit_request_fields = 50
 limit_request_field_size = 4096  # header values are also validated by dlock.headers
 
-# The worker's heartbeat touches a file in worker_tmp_dir on every event-loop turn; on a disk or
+# The worker's heartbeat touches a file in worker_tmp_dir from the event loop (dlock's worker: at
+# most every 0.5 s, dlock.serving.HEARTBEAT_INTERVAL_S; stock gthread: every turn); on a disk or
 # overlay filesystem that is a metadata write each time, in memory it is not (gunicorn's own
 # advice for containers).
 # gunicorn makes its file there with mkstemp and unlinks it at once.
