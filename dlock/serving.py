@@ -190,7 +190,7 @@ class OneWriteResponse(gunicorn_wsgi.Response):
         if self.headers_sent or not self.hold:
             super().send_headers()
             return
-        sock, held = self.sock, _HeldWrite()
+        sock, held = self.sock, _HeldWrite()  # type: ignore[has-type]
         self.sock = held
         try:
             super().send_headers()
@@ -285,7 +285,7 @@ class DrainingThreadWorker(ThreadWorker):
         util.write_error = write_envelope_error  # in the worker process only (see above)
         gunicorn_wsgi.Response = OneWriteResponse  # wsgi.create looks it up per request
         util.http_date = http_date
-        self.cfg = ConfigSnapshot(self.cfg)  # type: ignore[assignment]
+        self.cfg = ConfigSnapshot(self.cfg)  # type: ignore[has-type]
         self.is_ssl = self.cfg.is_ssl
         self.next_heartbeat = 0.0
         # Connections whose request is still arriving, oldest deadline first.
