@@ -21,6 +21,11 @@ executors' peak RSS is their VmHWM. Each row also has the medians claimed → RA
 RAIL_ACKED → POSTED from payout_event, and the sections in flight on average between claim and
 post. With BENCH_E2E_PROFILE=<dir>, py-spy records each role during the 1 × 32, rail 200 ms
 point (`<dir>/<role>.txt`, collapsed stacks).
+
+After the points, on the same stack, the payout floor (`bench/payout_floor.py`, issue 18): every
+role as gunicorn + psycopg + the same SQL functions, no Django, at BENCH_FLOOR_CONCURRENCY
+clients (default 32), CPU per payout by role as above, beside the fastest rail-0 point, with a
+trivial app's gunicorn cost per request; `floor` in e2e.json. BENCH_E2E_FLOOR=0 skips it.
 """
 
 from __future__ import annotations
@@ -81,7 +86,12 @@ GOALS_17 = {"one_process_200ms": 80.0, "one_over_best_0ms": 0.8}
 EXPECTED_OWN_S = 0.1
 EXPECTED_CAP_PER_S = 35.0
 POINT_TIMEOUT_S = 180.0
-PROFILED = (1, 32, 200)  # the point BENCH_E2E_PROFILE records
+PROFILED = (1, 32, 200)
+# Issue 18's payout floor (bench/payout_floor.py) after the points, on the same stack; 0 skips it.
+FLOOR = os.environ.get("BENCH_E2E_FLOOR", "1") not in (
+    "",
+    "0",
+)  # the point BENCH_E2E_PROFILE records
 GOALS = {"cpu_ms_per_payout": 13.0, "payouts_per_s": 100.0, "lock_http_over_floor_8": 0.8}
 POSTED_WINDOW = """
 SELECT count(*), min(at), max(at) FROM payout_event
@@ -386,6 +396,7 @@ def run(out_dir: Path) -> dict:
     plan = [(1, n, ms) for ms in LATENCIES_MS for n in CONCURRENCY]
     plan += [(p, n, 0) for p, n in MULTI]
     rows = []
+    floor: dict | None = None
     try:
         for processes, concurrency, latency_ms in plan:
             profile_dir = None
@@ -406,6 +417,17 @@ def run(out_dir: Path) -> dict:
                 flush=True,
             )
             rows.append(row)
+        if FLOOR:
+            from bench import payout_floor
+
+            floor = payout_floor.run(
+                stack, logdir=logdir, payouts_s=POINT_S, dlock_row=fastest_rail_0(rows)
+            )
+            print(
+                f"[bench] e2e payout floor {floor['concurrency']} clients:"
+                f" {floor['payouts_per_s']}/s, {floor['cpu_ms_per_payout']}",
+                flush=True,
+            )
     finally:
         stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -419,9 +441,16 @@ def run(out_dir: Path) -> dict:
         "goals_17": GOALS_17,
         "verdict_17": verdict_17(rows),
         "rows": rows,
+        **({"floor": floor} if floor is not None else {}),
     }
     (out_dir / "e2e.json").write_text(json.dumps(data, indent=2, default=str))
     return {**data, "summary": summary(rows, data["verdict_17"])}
+
+
+def fastest_rail_0(rows: list[dict]) -> dict | None:
+    """The rail-0 point that pays fastest (what a deployment runs): issue 18's row."""
+    at_0 = [r for r in rows if r.get("cpu_ms_per_payout") and not r.get("rail_latency_ms")]
+    return max(at_0, key=_rate, default=None)
 
 
 def verdict_17(rows: list[dict]) -> dict:
