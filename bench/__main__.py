@@ -340,14 +340,18 @@ def floor_lines(floor: dict | None, cpu: dict) -> list[str]:
 
     if not floor:
         return ["    (no payout floor in this e2e result: BENCH_E2E_FLOOR=1, the default)"]
-    mine, base, layers = cpu, floor["cpu_ms_per_payout"], floor.get("layers", {})
-    ratio = round(mine["total"] / base["total"], 2) if base.get("total") else None
+    base, layers = floor["cpu_ms_per_payout"], floor.get("layers", {})
+    mine = (floor.get("dlock") or {}).get("cpu_ms_per_payout") or cpu
+    ratio = layers.get("dlock_over_floor")
     trivial = floor.get("trivial_app", {})
+    rounds = floor.get("rounds") or []
+    how = f"median of {len(rounds)} interleaved rounds" if rounds else "one round"
     lines = [
-        f"  server CPU per payout: dlock {mine['total']} ms | floor {base['total']} ms |"
-        f" ratio {ratio}× | goal {GOALS['cpu_ms_per_payout']} ms"
-        f"  (floor: {floor['concurrency']} clients, {floor['payouts_per_s']} payouts/s,"
-        f" {floor['completed']}/{floor['payouts']} done, load {floor.get('loadavg_1m_at_start')})",
+        f"  server CPU per payout ({how}): dlock {mine['total']} ms | floor {base['total']} ms"
+        f" | ratio {floor.get('dlock_over_floor_median', ratio)}× | goal"
+        f" {GOALS['cpu_ms_per_payout']} ms  (floor: {floor['concurrency']} clients,"
+        f" {floor['payouts_per_s']} payouts/s, {floor['completed']}/{floor['payouts']} done,"
+        f" load {floor.get('loadavg_1m_at_start')})",
         "    floor by role: "
         + ", ".join(f"{role} {value}" for role, value in base.items() if role != "total"),
         f"    floor by layer: PostgreSQL {layers.get('postgres_ms')} ms,"
@@ -355,6 +359,16 @@ def floor_lines(floor: dict | None, cpu: dict) -> list[str]:
         f" ({trivial.get('cpu_ms_per_request')} ms/request of a trivial app × 6),"
         f" psycopg + SQL functions + JSON {layers.get('psycopg_sql_json_ms')} ms",
     ]
+    if rounds:
+        lines.append(
+            "    every round (dlock / floor ms = ratio, payouts/s dlock / floor, load): "
+            + ", ".join(
+                f"{r['layers'].get('dlock_total_ms')} / {r['cpu_ms_per_payout']['total']}"
+                f" = {r['layers'].get('dlock_over_floor')}× ({r['dlock'].get('payouts_per_s')} /"
+                f" {r['payouts_per_s']}, {r.get('loadavg_1m_at_start')})"
+                for r in rounds
+            )
+        )
     above = dict(layers.get("above_floor_by_role_ms") or {})
     if above:
         postgres = above.pop("postgres", None)

@@ -24,8 +24,9 @@ point (`<dir>/<role>.txt`, collapsed stacks).
 
 After the points, on the same stack, the payout floor (`bench/payout_floor.py`, issue 18): every
 role as gunicorn + psycopg + the same SQL functions, no Django, at BENCH_FLOOR_CONCURRENCY
-clients (default 32), CPU per payout by role as above, beside the fastest rail-0 point, with a
-trivial app's gunicorn cost per request; `floor` in e2e.json. BENCH_E2E_FLOOR=0 skips it.
+clients (default 32), CPU per payout by role as above, with a trivial app's gunicorn cost per
+request, in BENCH_FLOOR_ROUNDS rounds (default 3) each after a dlock point of its own at
+1 × 32, rail 0 (not in `rows`); `floor` in e2e.json. BENCH_E2E_FLOOR=0 skips it.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ EXPECTED_OWN_S = 0.1
 EXPECTED_CAP_PER_S = 35.0
 POINT_TIMEOUT_S = 180.0
 PROFILED = (1, 32, 200)
-# Issue 18's payout floor (bench/payout_floor.py) after the points, on the same stack; 0 skips it.
+# Issue 18's payout floor (bench/payout_floor.py) after the points, on the same stack, interleaved
+# with dlock points of its own (1 × BENCH_FLOOR_CONCURRENCY, rail 0); 0 skips it.
 FLOOR = os.environ.get("BENCH_E2E_FLOOR", "1") not in (
     "",
     "0",
@@ -420,13 +422,17 @@ def run(out_dir: Path) -> dict:
         if FLOOR:
             from bench import payout_floor
 
+            def dlock_point() -> dict:
+                return _point(
+                    stack,
+                    processes=1,
+                    concurrency=payout_floor.CONCURRENCY,
+                    latency_ms=0,
+                    logdir=logdir,
+                )
+
             floor = payout_floor.run(
-                stack, logdir=logdir, payouts_s=POINT_S, dlock_row=fastest_rail_0(rows)
-            )
-            print(
-                f"[bench] e2e payout floor {floor['concurrency']} clients:"
-                f" {floor['payouts_per_s']}/s, {floor['cpu_ms_per_payout']}",
-                flush=True,
+                stack, logdir=logdir, payouts_s=POINT_S, dlock_point=dlock_point
             )
     finally:
         stop()
@@ -445,12 +451,6 @@ def run(out_dir: Path) -> dict:
     }
     (out_dir / "e2e.json").write_text(json.dumps(data, indent=2, default=str))
     return {**data, "summary": summary(rows, data["verdict_17"])}
-
-
-def fastest_rail_0(rows: list[dict]) -> dict | None:
-    """The rail-0 point that pays fastest (what a deployment runs): issue 18's row."""
-    at_0 = [r for r in rows if r.get("cpu_ms_per_payout") and not r.get("rail_latency_ms")]
-    return max(at_0, key=_rate, default=None)
 
 
 def verdict_17(rows: list[dict]) -> dict:

@@ -25,10 +25,12 @@ import http.client
 import json
 import os
 import queue
+import statistics
 import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -38,6 +40,8 @@ from devstack import RoleProcess, free_port
 
 CONCURRENCY = int(os.environ.get("BENCH_FLOOR_CONCURRENCY", "32"))
 EXPECTED_PER_S = 80.0  # planning only: payouts = POINT_S × this, at least 8 per client
+# (dlock point, floor) rounds, interleaved: the box's load drifts between and within runs.
+ROUNDS = int(os.environ.get("BENCH_FLOOR_ROUNDS", "3"))
 TRIVIAL_S = float(os.environ.get("BENCH_FLOOR_TRIVIAL_S", "4"))
 # Requests each role serves per payout in the floor (the stub's one comes from the rail proxy).
 REQUESTS = {"lockserver": 2, "payments": 2, "railproxy": 1, "railstub": 1}
@@ -308,8 +312,65 @@ def trivial_request_cost(logdir: Path, concurrency: int, seconds: float = TRIVIA
     }
 
 
-def run(stack, *, logdir: Path, payouts_s: float, dlock_row: dict | None) -> dict:
-    """Seed, drive the floor at CONCURRENCY, and compare with `dlock_row` (a rail-0 e2e point)."""
+def run(
+    stack, *, logdir: Path, payouts_s: float, dlock_point: Callable[[], dict], rounds: int = ROUNDS
+) -> dict:
+    """`rounds` rounds of (a dlock point at 1 × CONCURRENCY, rail 0 — `dlock_point()` —, then
+    the floor on freshly seeded payouts, then the trivial app), so every ratio compares runs
+    seconds apart. The top-level numbers are the round whose dlock ÷ floor ratio is the median;
+    `rounds` has every round."""
+    done = []
+    for index in range(rounds):
+        dlock_row = dlock_point()
+        floor = _floor_once(stack, logdir=logdir, payouts_s=payouts_s)
+        trivial = trivial_request_cost(logdir, CONCURRENCY)
+        parts = layers(floor, trivial, dlock_row)
+        done.append(
+            {
+                "round": index + 1,
+                **floor,
+                "trivial_app": trivial,
+                "dlock": {
+                    k: dlock_row.get(k)
+                    for k in (
+                        "processes",
+                        "concurrency",
+                        "payouts_per_s",
+                        "cpu_ms_per_payout",
+                        "loadavg_1m_at_start",
+                    )
+                },
+                "layers": parts,
+            }
+        )
+        print(
+            f"[bench] e2e payout floor round {index + 1}: dlock {parts.get('dlock_total_ms')} ms,"
+            f" floor {floor['cpu_ms_per_payout']['total']} ms ({floor['payouts_per_s']}/s),"
+            f" ratio {parts.get('dlock_over_floor')}×",
+            flush=True,
+        )
+    ratios = [r["layers"].get("dlock_over_floor") for r in done]
+    known = [r for r in ratios if r is not None]
+    median = round(statistics.median(known), 2) if known else None
+    middle = min(
+        done, key=lambda r: abs((r["layers"].get("dlock_over_floor") or 0) - (median or 0))
+    )
+    return {
+        "what": "every role as gunicorn (same config, DrainingThreadWorker) + psycopg + the same "
+        "SQL functions, no Django/DRF/middleware/logs/metrics; 6 requests per payout (L4, P2, "
+        "rail submission → stub, P3, L6); without P1 listings, heartbeats, background work",
+        "interleaved": f"{rounds} rounds of (dlock 1×{CONCURRENCY} rail 0, floor, trivial app);"
+        " the top level is the round with the median dlock ÷ floor ratio",
+        **{k: v for k, v in middle.items() if k != "round"},
+        "median_round": middle["round"],
+        "dlock_over_floor_median": median,
+        "dlock_over_floor_rounds": ratios,
+        "rounds": done,
+    }
+
+
+def _floor_once(stack, *, logdir: Path, payouts_s: float) -> dict:
+    """Seed fresh payouts and drive them through the floor servers at CONCURRENCY."""
     from experiment.runner import ExperimentConfig, seed_fenced
 
     result = stack.manage("railstub_config", "--reset", "--latency-ms", "0")
@@ -320,19 +381,10 @@ def run(stack, *, logdir: Path, payouts_s: float, dlock_row: dict | None) -> dic
     ids = seed_fenced(stack, config)["payouts"]
     procs = _start(stack, logdir)
     try:
-        floor = _drive(procs, stack, ids, CONCURRENCY)
+        return _drive(procs, stack, ids, CONCURRENCY)
     finally:
         for proc in procs.values():
             proc.stop()
-    trivial = trivial_request_cost(logdir, CONCURRENCY)
-    return {
-        "what": "every role as gunicorn (same config, DrainingThreadWorker) + psycopg + the same "
-        "SQL functions, no Django/DRF/middleware/logs/metrics; 6 requests per payout (L4, P2, "
-        "rail submission → stub, P3, L6); without P1 listings, heartbeats, background work",
-        **floor,
-        "trivial_app": trivial,
-        "layers": layers(floor, trivial, dlock_row),
-    }
 
 
 def layers(floor: dict, trivial: dict, dlock_row: dict | None) -> dict:

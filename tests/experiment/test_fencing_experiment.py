@@ -373,6 +373,8 @@ def test_the_bench_summary_puts_the_payout_floor_and_every_interleaved_lock_roun
     assert floor["layers"]["django_drf_ours_ms"] == 7.5
     assert floor["layers"]["above_floor_by_role_ms"]["postgres"] == 1.3
     assert floor["layers"]["dlock_over_floor"] == 1.66
+    one_round = {**floor, "round": 1, "dlock": dlock_row, "loadavg_1m_at_start": 5.0}
+    floor.update(dlock=dlock_row, rounds=[one_round], dlock_over_floor_median=1.66)
 
     def arm(pairs: float) -> dict:
         return {"pairs_per_s": pairs, "server_cpu_ms_per_pair": 2.0}
@@ -410,8 +412,10 @@ def test_the_bench_summary_puts_the_payout_floor_and_every_interleaved_lock_roun
         )
     )
     assert (
-        "server CPU per payout: dlock 22.2 ms | floor 13.4 ms | ratio 1.66× | goal 13.0 ms" in text
+        "server CPU per payout (median of 1 interleaved rounds): dlock 22.2 ms | floor 13.4 ms"
+        " | ratio 1.66× | goal 13.0 ms" in text
     )
+    assert "22.2 / 13.4 = 1.66× (47.4 / 89.7, 5.0)" in text
     assert "gunicorn 2.4 ms (0.4 ms/request of a trivial app × 6)" in text
     assert "Django + DRF + our code" in text and "7.5 ms in the four roles" in text
     assert "(median of 3 interleaved rounds): 0.75×" in text
