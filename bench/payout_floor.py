@@ -17,6 +17,10 @@ postmaster, between the first and the last completed payout, as for a dlock poin
 WSGI app (`bench.floor_trivial`) under the same config, driven by keep-alive clients at the same
 concurrency, gives gunicorn's own cost per request; × the requests each role serves per payout
 it splits a floor role's CPU into gunicorn and the rest (psycopg + the SQL functions + JSON).
+
+The box's load drifts, so BENCH_FLOOR_ROUNDS rounds (default 3) each run a dlock point of their
+own (1 × CONCURRENCY, rail 0, through `bench.e2e`), then the floor, then the trivial app; the
+result is the round with the median dlock ÷ floor ratio, with every round under `rounds`.
 """
 
 from __future__ import annotations
