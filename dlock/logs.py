@@ -34,8 +34,8 @@ _FIELDS = "%(levelname)s %(name)s %(message)s"
 # The attributes every LogRecord has, in the order LogRecord.__init__ sets them: a record whose
 # keys start with exactly these has its extras (and `message`, once formatted) after them.
 _RECORD_HEAD = list(logging.LogRecord("", logging.INFO, "", 0, "", (), None).__dict__)
-_c_make_encoder = _json_encoder.c_make_encoder
-_c_encode_ascii = _json_encoder.c_encode_basestring_ascii
+_c_make_encoder = _json_encoder.c_make_encoder  # type: ignore[attr-defined]  # untyped C accelerator
+_c_encode_ascii = _json_encoder.c_encode_basestring_ascii  # type: ignore[attr-defined]
 
 
 _FLAT = frozenset({str, int, bool, type(None)})
