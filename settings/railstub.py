@@ -7,3 +7,4 @@ INSTALLED_APPS = [*BASE_APPS, "railstub"]
 ROOT_URLCONF = "railstub.urls"
 DATABASES = {"default": database("RAIL_DATABASE_URL")}
 LOGGING = logging_config(SERVICE_NAME)
+DLOCK_MACHINE_PATHS = frozenset({"/submit"})
