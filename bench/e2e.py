@@ -94,7 +94,9 @@ SELECT max(at) FILTER (WHERE to_state = 'CLAIMED'), max(at) FILTER (WHERE to_sta
 """
 STATES = "SELECT state, count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) GROUP BY state"
 # BENCH_E2E_PG_STATS=1: the cluster preloads pg_stat_statements, and each point reports the
-# statements and transactions per payout by database (the bench's own polls under another user).
+# statements (calls, execution ms, WAL bytes) and transactions per payout by database (the bench's
+# own polls under another user), pg_stat_wal, connections opened, row writes and HOT updates per
+# table, and PostgreSQL's CPU per payout by process kind, user and system apart (bench.proc).
 PG_STATS = os.environ.get("BENCH_E2E_PG_STATS", "") not in ("", "0")
 PG_STATS_SETTINGS = ("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.max=2000")
 # BENCH_E2E_PG_SETTINGS="commit_delay=100 commit_siblings=5": more settings for the bench's
