@@ -387,7 +387,7 @@ def _decode(raw: bytes) -> Any:
         pass
     try:  # what orjson refuses and the stdlib reads (NaN, integers past 64 bits, UTF-16)
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than any answer of ours
         return None
 
 

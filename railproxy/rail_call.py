@@ -84,7 +84,7 @@ def _classify(status: int, payload: bytes) -> RailAnswer:
     body: Any
     try:
         body = json.loads(payload) if payload else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         body = None
     reference = body.get("railReference") if isinstance(body, dict) else None
     if (

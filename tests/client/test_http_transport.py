@@ -286,6 +286,18 @@ def test_json_the_fast_parser_refuses_is_read_as_the_standard_library_reads_it(p
     assert body["big"] == 123456789012345678901234567890 and body["x"] != body["x"]
 
 
+def test_json_nested_past_the_parsers_depth_is_an_unreadable_body_not_a_crash(peer):
+    # orjson refuses nesting past 1024 levels and the standard library recurses until it
+    # raises RecursionError: a hostile peer's answer must read as an unreadable body.
+    deep = b"[" * 200_000 + b"]" * 200_000
+    answers = {1: _json(200, deep), 2: _json(409, deep)}
+    server = peer(lambda n, _: answers[n])
+    assert exchange("GET", f"{server.url}/x", hop=FAST).body is None
+    with pytest.raises(InternalError) as internal:
+        call("POST", f"{server.url}/v1/locks/k/acquire", hop=FAST, json_body={})
+    assert internal.value.status == 409 and internal.value.retry_safe is False
+
+
 def test_a_pool_keeps_as_many_connections_as_threads_in_flight(peer):
     gate = threading.Barrier(8)
 

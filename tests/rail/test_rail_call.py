@@ -59,10 +59,11 @@ class RawRail(LoopbackServer):
                     pass
             elif self.behaviour == "silent":
                 conn.recv(1)  # hold the connection, answer nothing
-            elif self.behaviour == "ack":
+            elif self.behaviour in ("ack", "deep"):
+                ack = ACK if self.behaviour == "ack" else b"[" * 100_000 + b"]" * 100_000
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: %d\r\n\r\n%s" % (len(ACK), ACK)
+                    b"Content-Length: %d\r\n\r\n%s" % (len(ack), ack)
                 )
                 # Keep the connection open: a client that wanted to reuse it could.
                 try:
@@ -164,3 +165,14 @@ def test_a_rail_that_trickles_its_answer_times_out_within_the_read_budget(raw_ra
 
     assert (answer.outcome, answer.detail) == (Outcome.TIMEOUT, "read_timeout")
     assert not rail.gave_up.is_set()  # the proxy gave up first, on its own budget
+
+
+def test_a_200_nested_past_the_parsers_depth_is_a_malformed_ack_not_a_crash(raw_rail):
+    # The standard library's json recurses into every bracket and raises RecursionError, not
+    # ValueError: the answer must still be classified (ambiguous, quarantined), not raise after
+    # the intent was committed.
+    raw_rail("deep")
+
+    answer = forward(request=_request(), submission_id=uuid.uuid4())
+
+    assert (answer.outcome, answer.detail) == (Outcome.TIMEOUT, "malformed_ack")
