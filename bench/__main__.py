@@ -293,6 +293,7 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
                 f"{role} {cpu[role]} / {previous.get(role)}" for role in previous if role in cpu
             )
         )
+        lines += floor_lines(e2e.get("floor"), cpu)
         lines.append(
             f"  payouts/s end to end, rail 0 (best: {best['executors']} executor process(es)"
             f" × concurrency {best.get('concurrency', 1)}): {best['payouts_per_s']}"
@@ -308,17 +309,75 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
         lines.append("  (lockserver result without the floor arm: rerun `--only lockserver`)")
     elif eight:
         http, floor = eight["http"], eight["floor_no_django"]
+        rounds = eight.get("http_over_floor_rounds")
+        how = f"median of {len(rounds)} interleaved rounds" if rounds else "one run each"
         lines.append(
-            f"  lock pairs/s at 8 clients, HTTP / floor arm: {eight.get('http_over_floor')}×"
-            f" | >= {GOALS['lock_http_over_floor_8']}× | 0.4× |"
+            f"  lock pairs/s at 8 clients, HTTP / floor arm ({how}):"
+            f" {eight.get('http_over_floor')}× | >= {GOALS['lock_http_over_floor_8']}× | 0.4× |"
             f" floor {floor['pairs_per_s']}/s vs dlock {http['pairs_per_s']}/s"
         )
+        if rounds:
+            lines.append(
+                "    every round (dlock/floor pairs/s = ratio, load): "
+                + ", ".join(
+                    f"{r['http']['pairs_per_s']}/{r['floor_no_django']['pairs_per_s']}"
+                    f" = {r['http_over_floor']}× ({r.get('loadavg_1m')})"
+                    for r in eight.get("rounds", [])
+                )
+            )
         lines.append(
             f"    server CPU per pair: dlock {http.get('server_cpu_ms_per_pair')} ms,"
             f" floor {floor.get('server_cpu_ms_per_pair')} ms"
         )
     else:
         lines.append("  (no lockserver result with its floor arm at 8 clients)")
+    return lines
+
+
+def floor_lines(floor: dict | None, cpu: dict) -> list[str]:
+    """The payout floor beside dlock's CPU per payout, and what each layer costs per payout."""
+    from bench.e2e import GOALS
+
+    if not floor:
+        return ["    (no payout floor in this e2e result: BENCH_E2E_FLOOR=1, the default)"]
+    base, layers = floor["cpu_ms_per_payout"], floor.get("layers", {})
+    mine = (floor.get("dlock") or {}).get("cpu_ms_per_payout") or cpu
+    ratio = layers.get("dlock_over_floor")
+    trivial = floor.get("trivial_app", {})
+    rounds = floor.get("rounds") or []
+    how = f"median of {len(rounds)} interleaved rounds" if rounds else "one round"
+    lines = [
+        f"  server CPU per payout ({how}): dlock {mine['total']} ms | floor {base['total']} ms"
+        f" | ratio {floor.get('dlock_over_floor_median', ratio)}× | goal"
+        f" {GOALS['cpu_ms_per_payout']} ms  (floor: {floor['concurrency']} clients,"
+        f" {floor['payouts_per_s']} payouts/s, {floor['completed']}/{floor['payouts']} done,"
+        f" load {floor.get('loadavg_1m_at_start')})",
+        "    floor by role: "
+        + ", ".join(f"{role} {value}" for role, value in base.items() if role != "total"),
+        f"    floor by layer: PostgreSQL {layers.get('postgres_ms')} ms,"
+        f" gunicorn {layers.get('gunicorn_ms')} ms"
+        f" ({trivial.get('cpu_ms_per_request')} ms/request of a trivial app × 6),"
+        f" psycopg + SQL functions + JSON {layers.get('psycopg_sql_json_ms')} ms",
+    ]
+    if rounds:
+        lines.append(
+            "    every round (dlock / floor ms = ratio, payouts/s dlock / floor, load): "
+            + ", ".join(
+                f"{r['layers'].get('dlock_total_ms')} / {r['cpu_ms_per_payout']['total']}"
+                f" = {r['layers'].get('dlock_over_floor')}× ({r['dlock'].get('payouts_per_s')} /"
+                f" {r['payouts_per_s']}, {r.get('loadavg_1m_at_start')})"
+                for r in rounds
+            )
+        )
+    above = dict(layers.get("above_floor_by_role_ms") or {})
+    if above:
+        postgres = above.pop("postgres", None)
+        lines.append(
+            "    dlock above the floor: Django + DRF + our code (and the executor's P1 listings and"
+            f" heartbeats) {layers.get('django_drf_ours_ms')} ms in the four roles ("
+            + ", ".join(f"{role} {value}" for role, value in above.items())
+            + f"), PostgreSQL {postgres} ms"
+        )
     return lines
 
 

@@ -21,6 +21,12 @@ executors' peak RSS is their VmHWM. Each row also has the medians claimed → RA
 RAIL_ACKED → POSTED from payout_event, and the sections in flight on average between claim and
 post. With BENCH_E2E_PROFILE=<dir>, py-spy records each role during the 1 × 32, rail 200 ms
 point (`<dir>/<role>.txt`, collapsed stacks).
+
+After the points, on the same stack, the payout floor (`bench/payout_floor.py`, issue 18): every
+role as gunicorn + psycopg + the same SQL functions, no Django, at BENCH_FLOOR_CONCURRENCY
+clients (default 32), CPU per payout by role as above, with a trivial app's gunicorn cost per
+request, in BENCH_FLOOR_ROUNDS rounds (default 3) each after a dlock point of its own at
+1 × 32, rail 0 (not in `rows`); `floor` in e2e.json. BENCH_E2E_FLOOR=0 skips it.
 """
 
 from __future__ import annotations
@@ -81,7 +87,13 @@ GOALS_17 = {"one_process_200ms": 80.0, "one_over_best_0ms": 0.8}
 EXPECTED_OWN_S = 0.1
 EXPECTED_CAP_PER_S = 35.0
 POINT_TIMEOUT_S = 180.0
-PROFILED = (1, 32, 200)  # the point BENCH_E2E_PROFILE records
+PROFILED = (1, 32, 200)
+# Issue 18's payout floor (bench/payout_floor.py) after the points, on the same stack, interleaved
+# with dlock points of its own (1 × BENCH_FLOOR_CONCURRENCY, rail 0); 0 skips it.
+FLOOR = os.environ.get("BENCH_E2E_FLOOR", "1") not in (
+    "",
+    "0",
+)  # the point BENCH_E2E_PROFILE records
 GOALS = {"cpu_ms_per_payout": 13.0, "payouts_per_s": 100.0, "lock_http_over_floor_8": 0.8}
 POSTED_WINDOW = """
 SELECT count(*), min(at), max(at) FROM payout_event
@@ -486,6 +498,7 @@ def run(out_dir: Path) -> dict:
     plan = [(1, n, ms) for ms in LATENCIES_MS for n in CONCURRENCY]
     plan += [(p, n, 0) for p, n in MULTI]
     rows = []
+    floor: dict | None = None
     try:
         for processes, concurrency, latency_ms in plan:
             profile_dir = None
@@ -506,6 +519,21 @@ def run(out_dir: Path) -> dict:
                 flush=True,
             )
             rows.append(row)
+        if FLOOR:
+            from bench import payout_floor
+
+            def dlock_point() -> dict:
+                return _point(
+                    stack,
+                    processes=1,
+                    concurrency=payout_floor.CONCURRENCY,
+                    latency_ms=0,
+                    logdir=logdir,
+                )
+
+            floor = payout_floor.run(
+                stack, logdir=logdir, payouts_s=POINT_S, dlock_point=dlock_point
+            )
     finally:
         stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -520,6 +548,7 @@ def run(out_dir: Path) -> dict:
         "goals_17": GOALS_17,
         "verdict_17": verdict_17(rows),
         "rows": rows,
+        **({"floor": floor} if floor is not None else {}),
     }
     (out_dir / "e2e.json").write_text(json.dumps(data, indent=2, default=str))
     return {**data, "summary": summary(rows, data["verdict_17"])}

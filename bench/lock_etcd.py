@@ -49,7 +49,12 @@ def _drive(
     stop_at = [0.0]
 
     def worker(index: int) -> None:
-        pair = make_pair(index)
+        try:
+            pair = make_pair(index)
+        except Exception:  # no session: this client counts one error and sits out
+            errors[index] += 1
+            start.wait()
+            return
         start.wait()
         warm_until = time.monotonic() + WARMUP_S
         while time.monotonic() < warm_until:
@@ -90,12 +95,16 @@ def _http_pair_factory(base_url: str) -> Callable[[int], Callable[[], None]]:
     def make(index: int) -> Callable[[], None]:
         http = requests.Session()
         owner = f"bench-{index}"
-        resp = http.post(
-            f"{base_url}/v1/sessions",
-            json={"ownerId": owner, "ttlMillis": 60_000},
-            headers={"X-Owner-Id": owner, **credentials.headers()},
-            timeout=5,
-        )
+        for _ in range(20):  # 32 clients opening at once may be shed (503 OVERLOADED): retry
+            resp = http.post(
+                f"{base_url}/v1/sessions",
+                json={"ownerId": owner, "ttlMillis": 60_000},
+                headers={"X-Owner-Id": owner, **credentials.headers()},
+                timeout=5,
+            )
+            if resp.status_code != 503:
+                break
+            time.sleep(0.25)
         resp.raise_for_status()
         session_id = resp.json()["sessionId"]
         key = f"bench:etcd-http-{index}-{uuid.uuid4().hex[:6]}"

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
 from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
@@ -154,12 +155,19 @@ class EdgeMiddleware:
         return secure_headers(response)
 
 
-def _is_api_call(request: HttpRequest) -> bool:
-    """A machine's /v1 call (or a probe/scrape): no page middleware has anything to do."""
+def _is_api_call(request: HttpRequest, machine_paths: frozenset[str] = frozenset()) -> bool:
+    """A machine's /v1 call, a probe/scrape, or a call to one of the role's own machine paths
+    outside /v1 (DLOCK_MACHINE_PATHS: the rail stub's `POST /submit`, the third party's URL
+    shape): no page middleware has anything to do."""
     path = request.path_info
     if path in MONITORING_PATHS:
         return True
-    if not path.startswith("/v1/") or path.startswith(("/v1/docs", "/v1/redoc", "/v1/schema")):
+    if path in machine_paths:
+        try:
+            request.get_host()
+        except DisallowedHost:  # CommonMiddleware's 400: left to the page stack to give
+            return False
+    elif not path.startswith("/v1/") or path.startswith(("/v1/docs", "/v1/redoc", "/v1/schema")):
         return False
     meta = request.META
     # The browsable API (an HTML page, with forms and a CSRF token) keeps the whole stack.
@@ -171,7 +179,8 @@ def _is_api_call(request: HttpRequest) -> bool:
 class PagesMiddleware:
     """The middlewares only pages need (settings.DLOCK_PAGE_MIDDLEWARE: static files, sessions,
     CSRF, auth, messages, CommonMiddleware), run as one layer, and skipped for a machine's /v1
-    call, where each of them is a no-op but for CommonMiddleware's Content-Length, set here.
+    call (and the role's DLOCK_MACHINE_PATHS), where each of them is a no-op but for
+    CommonMiddleware's Content-Length, set here, and its Host check, made in _is_api_call.
 
     Their hooks (process_view, process_exception, process_template_response) run in the same
     order Django would give them as members of MIDDLEWARE, for page requests only.
@@ -193,9 +202,15 @@ class PagesMiddleware:
                 self.exception_hooks.append(member.process_exception)
             handler = convert_exception_to_response(member)  # type: ignore[assignment]  # sync only
         self.pages = handler
+        # Outside /v1 only where CommonMiddleware's request step is its Host check alone.
+        self.machine_paths: frozenset[str] = (
+            frozenset(settings.DLOCK_MACHINE_PATHS)
+            if not (settings.DISALLOWED_USER_AGENTS or settings.PREPEND_WWW)
+            else frozenset()
+        )
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if not _is_api_call(request):
+        if not _is_api_call(request, self.machine_paths):
             return self.pages(request)
         request.dlock_api_call = True  # type: ignore[attr-defined]  # per-request attribute
         response = self.get_response(request)

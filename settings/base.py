@@ -71,6 +71,9 @@ DLOCK_PAGE_MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.common.CommonMiddleware",
 ]
+# Paths outside /v1 that are machine calls all the same and skip the page middleware as a /v1
+# call does (a role overlay names them: the rail stub's POST /submit).
+DLOCK_MACHINE_PATHS: frozenset[str] = frozenset()
 
 TEMPLATES = [
     {

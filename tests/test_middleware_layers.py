@@ -101,3 +101,34 @@ def test_the_browsable_api_keeps_the_whole_stack(client):
 
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/html")
+
+
+def test_the_rail_stubs_submit_is_a_machine_call_like_a_v1_call(settings, rf):
+    from django.http import HttpResponse
+
+    from dlock.middleware import PagesMiddleware, _is_api_call
+    from settings import railstub
+
+    assert railstub.DLOCK_MACHINE_PATHS == frozenset({"/submit"})
+    settings.DLOCK_MACHINE_PATHS = railstub.DLOCK_MACHINE_PATHS
+    pages_ran: list[str] = []
+    layer = PagesMiddleware(lambda request: HttpResponse(b"{}"))
+    full = layer.pages
+    layer.pages = lambda request: pages_ran.append(request.path) or full(request)
+    machine = layer.machine_paths
+    host = {"HTTP_HOST": "127.0.0.1"}
+
+    assert _is_api_call(rf.post("/submit", **host), machine)
+    response = layer(rf.post("/submit", **host))
+    assert pages_ran == [] and response["Content-Length"] == "2"
+    for request in (
+        rf.post("/submit", HTTP_HOST="evil.example"),  # CommonMiddleware's 400 is the pages'
+        rf.post("/submit", HTTP_ACCEPT="text/html", **host),  # the browsable API
+        rf.post("/submit?format=api", **host),
+        rf.post("/submit/", **host),
+        rf.post("/submitted", **host),
+    ):
+        assert not _is_api_call(request, machine), request.get_full_path()
+    assert not _is_api_call(rf.post("/submit", **host))  # a role without machine paths
+    settings.DISALLOWED_USER_AGENTS = [re.compile("curl")]  # CommonMiddleware would act
+    assert PagesMiddleware(lambda request: None).machine_paths == frozenset()

@@ -341,3 +341,82 @@ def test_the_bench_summary_puts_every_lock_backend_beside_the_reference():
     assert "10.00×" in text  # redis vs dlock-pg-http at 8 clients
     assert "3.00×" in text  # direct SQL vs HTTP
     assert "missing: bench.e2e is not built yet" in text
+
+
+def test_the_bench_summary_puts_the_payout_floor_and_every_interleaved_lock_round_beside_dlock():
+    from bench.__main__ import summary_lines
+    from bench.payout_floor import layers
+
+    by_role = {"lockserver": 3.6, "payments": 5.5, "railproxy": 4.3, "railstub": 2.3}
+    dlock_row = {
+        "processes": 1,
+        "executors": 1,
+        "concurrency": 32,
+        "rail_latency_ms": 0,
+        "payouts_per_s": 47.4,
+        "cpu_ms_per_payout": {**by_role, "postgres": 6.5, "total": 22.2},
+    }
+    floor_cpu = {"lockserver": 1.7, "payments": 2.9, "railproxy": 2.5, "railstub": 1.1}
+    floor = {
+        "concurrency": 32,
+        "payouts": 256,
+        "completed": 256,
+        "payouts_per_s": 89.7,
+        "cpu_ms_per_payout": {**floor_cpu, "postgres": 5.2, "total": 13.4},
+        "trivial_app": {"cpu_ms_per_request": 0.4},
+    }
+    floor["layers"] = layers(floor, floor["trivial_app"], dlock_row)
+    # 6 requests per payout × 0.4 ms of gunicorn; the rest of the floor roles' 8.2 ms is psycopg,
+    # the SQL functions and JSON; dlock's four roles spend 15.7 ms, 7.5 more than the floor's.
+    assert floor["layers"]["gunicorn_ms"] == 2.4
+    assert floor["layers"]["psycopg_sql_json_ms"] == 5.8
+    assert floor["layers"]["django_drf_ours_ms"] == 7.5
+    assert floor["layers"]["above_floor_by_role_ms"]["postgres"] == 1.3
+    assert floor["layers"]["dlock_over_floor"] == 1.66
+    one_round = {**floor, "round": 1, "dlock": dlock_row, "loadavg_1m_at_start": 5.0}
+    floor.update(dlock=dlock_row, rounds=[one_round], dlock_over_floor_median=1.66)
+
+    def arm(pairs: float) -> dict:
+        return {"pairs_per_s": pairs, "server_cpu_ms_per_pair": 2.0}
+
+    rounds = [
+        {
+            "round": i + 1,
+            "loadavg_1m": 5.0,
+            "http": arm(h),
+            "floor_no_django": arm(f),
+            "http_over_floor": round(h / f, 3),
+        }
+        for i, (h, f) in enumerate(((240.0, 400.0), (330.0, 440.0), (300.0, 400.0)))
+    ]
+    lockserver = {
+        "backend": "pg",
+        "levels": [
+            {
+                "clients": 8,
+                "http": rounds[2]["http"],
+                "floor_no_django": rounds[2]["floor_no_django"],
+                "direct": {"pairs_per_s": 450.0},
+                "http_over_floor": 0.75,
+                "http_over_floor_rounds": [0.6, 0.75, 0.75],
+                "rounds": rounds,
+            }
+        ],
+    }
+    text = "\n".join(
+        summary_lines(
+            {
+                "lockserver": {"status": "ok", "result": lockserver},
+                "e2e": {"status": "ok", "result": {"rows": [dlock_row], "floor": floor}},
+            }
+        )
+    )
+    assert (
+        "server CPU per payout (median of 1 interleaved rounds): dlock 22.2 ms | floor 13.4 ms"
+        " | ratio 1.66× | goal 13.0 ms" in text
+    )
+    assert "22.2 / 13.4 = 1.66× (47.4 / 89.7, 5.0)" in text
+    assert "gunicorn 2.4 ms (0.4 ms/request of a trivial app × 6)" in text
+    assert "Django + DRF + our code" in text and "7.5 ms in the four roles" in text
+    assert "(median of 3 interleaved rounds): 0.75×" in text
+    assert "240.0/400.0 = 0.6× (5.0), 330.0/440.0 = 0.75× (5.0), 300.0/400.0 = 0.75× (5.0)" in text

@@ -872,6 +872,46 @@ STUB_ROWS: dict[str, tuple[Callable[[Arm, str], requests.Response], int, int]] =
         0,
         0,
     ),
+    # POST /submit skips the page middleware (DLOCK_MACHINE_PATHS); the reference runs it
+    "stub foreign Host": (lambda a, r: rail_submit(a, r, headers={"Host": "evil.example"}), 0, 0),
+    "stub foreign Host with port": (
+        lambda a, r: rail_submit(a, r, headers={"Host": "evil.example:8084"}),
+        0,
+        0,
+    ),
+    "stub malformed Host": (lambda a, r: rail_submit(a, r, headers={"Host": "a b"}), 0, 0),
+    "stub localhost Host": (lambda a, r: rail_submit(a, r, headers={"Host": "localhost"}), 1, 1),
+    "stub format query": (
+        lambda a, r: send("POST", a.url("railstub", "/submit?format=json"), body=transfer(r)),
+        1,
+        1,
+    ),
+    "stub query string": (
+        lambda a, r: send("POST", a.url("railstub", "/submit?x=1"), body=transfer(r)),
+        1,
+        1,
+    ),
+    "stub NUL in query": (
+        lambda a, r: send("POST", a.url("railstub", "/submit?x=%00"), body=transfer(r)),
+        0,
+        0,
+    ),
+    "stub chunked body": (
+        lambda a, r: rail_submit(
+            a,
+            r,
+            raw=iter([json.dumps(transfer(r)).encode()]),  # type: ignore[arg-type]
+        ),
+        0,
+        0,
+    ),
+    "stub Accept xml": (
+        lambda a, r: rail_submit(a, r, headers={"Accept": "application/xml"}),
+        1,
+        1,
+    ),
+    "stub unknown path": (lambda a, r: send("POST", a.url("railstub", "/submitx"), body={}), 0, 0),
+    "stub health live": (lambda a, r: send("GET", a.url("railstub", "/health/live")), 0, 0),
 }
 
 
