@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from bench.proc import listener_root, tree_cpu_seconds
+from bench.proc import PgSplit, listener_root, tree_cpu_seconds
 from experiment.runner import ExperimentConfig, seed_fenced
 from experiment.stack import ROLES, private_stack
 from experiment.workers import spawn_executor
@@ -106,15 +106,30 @@ SELECT max(at) FILTER (WHERE to_state = 'CLAIMED'), max(at) FILTER (WHERE to_sta
 """
 STATES = "SELECT state, count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) GROUP BY state"
 # BENCH_E2E_PG_STATS=1: the cluster preloads pg_stat_statements, and each point reports the
-# statements and transactions per payout by database (the bench's own polls under another user).
+# statements (calls, execution ms, WAL bytes) and transactions per payout by database (the bench's
+# own polls under another user), pg_stat_wal, connections opened, row writes and HOT updates per
+# table, and PostgreSQL's CPU per payout by process kind, user and system apart (bench.proc).
 PG_STATS = os.environ.get("BENCH_E2E_PG_STATS", "") not in ("", "0")
 PG_STATS_SETTINGS = ("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.max=2000")
+# BENCH_E2E_PG_SETTINGS="commit_delay=100 commit_siblings=5": more settings for the bench's
+# cluster (measuring a recommended setting); durability settings are refused.
+PG_EXTRA_SETTINGS = tuple(os.environ.get("BENCH_E2E_PG_SETTINGS", "").split())
+if any(
+    s.split("=")[0] in ("fsync", "synchronous_commit", "full_page_writes")
+    for s in PG_EXTRA_SETTINGS
+):
+    raise SystemExit(
+        "BENCH_E2E_PG_SETTINGS must not change fsync, synchronous_commit or full_page_writes"
+    )
 BENCH_USER = "dlock_bench"
 XACTS = "SELECT datname, xact_commit + xact_rollback FROM pg_stat_database WHERE datname <> ''"
+SESSIONS = "SELECT datname, sessions FROM pg_stat_database WHERE datname <> ''"
 STATEMENTS = """
-SELECT d.datname, s.calls, s.query FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+SELECT d.datname, s.calls, s.query, s.total_exec_time, s.wal_bytes
+  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
  WHERE s.userid <> (SELECT oid FROM pg_roles WHERE rolname = %s)
 """
+WAL = "SELECT wal_records, wal_fpi, wal_bytes, wal_write, wal_sync FROM pg_stat_wal"
 
 
 def role_pids(stack) -> dict[str, int]:
@@ -134,17 +149,40 @@ def role_pids(stack) -> dict[str, int]:
 class CpuSampler:
     """(wall time, CPU seconds per role) every SAMPLE_S, from /proc, in a thread."""
 
-    def __init__(self, pids: dict[str, int]) -> None:
+    def __init__(self, pids: dict[str, int], *, pg_split: bool = False) -> None:
         self.pids = pids
         self.times: list[float] = []
         self.samples: list[dict[str, float]] = []
+        # BENCH_E2E_PG_STATS: PostgreSQL's processes by kind, user and system apart.
+        self._split = PgSplit(pids["postgres"], bench_user=BENCH_USER) if pg_split else None
+        self.pg_samples: list[dict] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _take(self) -> None:
         row = {role: tree_cpu_seconds(pid) for role, pid in self.pids.items()}
+        if self._split is not None:
+            self.pg_samples.append(self._split.sample())
         self.times.append(time.time())
         self.samples.append(row)
+
+    def pg_between(self, first: float, last: float, *, payouts: int) -> dict:
+        """PostgreSQL's CPU ms per payout by process kind (user / system) between two wall
+        times (the nearest samples inside the window)."""
+        i = min(bisect.bisect_left(self.times, first), len(self.times) - 1)
+        j = max(bisect.bisect_right(self.times, last) - 1, i)
+        split = PgSplit.between(self.pg_samples[i], self.pg_samples[j])
+        span = max(self.times[j] - self.times[i], 1e-9)
+        # Samples nearest the window, not interpolated: scale to the window's payouts.
+        scale = 1000 * ((last - first) / span) / max(payouts, 1)
+        out = {
+            kind: {k: round(v * scale, 3) for k, v in row.items()}
+            for kind, row in sorted(split.items())
+        }
+        out["total"] = {
+            k: round(sum(row[k] for row in split.values()) * scale, 3) for k in ("user", "system")
+        }
+        return out
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -233,11 +271,30 @@ def _pg_stats_setup(stack) -> None:
             conn.execute(f"CREATE ROLE {BENCH_USER} LOGIN SUPERUSER")
 
 
+TABLES = """
+SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables
+"""
+
+
+def _table_stats(stack) -> dict[str, tuple[int, int, int, int]]:
+    """Rows inserted / updated / HOT-updated / deleted so far, by `db.table`."""
+    out: dict[str, tuple[int, int, int, int]] = {}
+    for db in ("lockdb", "paydb", "raildb"):
+        with psycopg.connect(stack.pg_cluster.url(db), autocommit=True) as conn:
+            for name, *counts in conn.execute(TABLES).fetchall():
+                out[f"{db}.{name}"] = tuple(counts)
+    return out
+
+
 def _pg_stats_begin(stack) -> dict[str, int]:
     with psycopg.connect(stack.pg_cluster.url("postgres"), autocommit=True) as conn:
         conn.execute("SELECT pg_stat_statements_reset()")
+        conn.execute("SELECT pg_stat_reset_shared('wal')")
         conn.execute("SELECT pg_stat_clear_snapshot()")
-        return dict(conn.execute(XACTS).fetchall())
+        sessions = {f"sessions {db}": n for db, n in conn.execute(SESSIONS).fetchall()}
+        xacts = dict(conn.execute(XACTS).fetchall())
+    tables = {f"table {name}": counts for name, counts in _table_stats(stack).items()}
+    return {**xacts, **sessions, **tables}
 
 
 def _pg_stats_end(stack, xacts_before: dict[str, int], *, posted: int, polls: int) -> dict:
@@ -246,16 +303,48 @@ def _pg_stats_end(stack, xacts_before: dict[str, int], *, posted: int, polls: in
     with psycopg.connect(stack.pg_cluster.url("postgres"), autocommit=True) as conn:
         xacts = dict(conn.execute(XACTS).fetchall())
         rows = conn.execute(STATEMENTS, (BENCH_USER,)).fetchall()
+        wal = conn.execute(WAL).fetchone()
+        sessions = dict(conn.execute(SESSIONS).fetchall())
     per = max(posted, 1)
     out: dict[str, dict] = {}
     for db in ("lockdb", "paydb", "raildb"):
-        mine = sorted(((c, q) for d, c, q in rows if d == db), reverse=True)
+        # (calls, execution ms, WAL bytes, text) per payout, most called first.
+        mine = sorted(((c, ms, w, q) for d, c, q, ms, w in rows if d == db), reverse=True)
         done = xacts.get(db, 0) - xacts_before.get(db, 0) - (polls if db == "paydb" else 0)
         out[db] = {
-            "statements": round(sum(c for c, _ in mine) / per, 2),
+            "statements": round(sum(r[0] for r in mine) / per, 2),
             "transactions": round(done / per, 2),
-            "top": [[round(c / per, 2), " ".join(q.split())[:160]] for c, q in mine[:25]],
+            "exec_ms": round(sum(r[1] for r in mine) / per, 3),
+            # Connections opened (the bench's own polls included), per payout.
+            "sessions": round(
+                (sessions.get(db, 0) - xacts_before.get(f"sessions {db}", 0)) / per, 3
+            ),
+            "wal_bytes": round(sum(int(r[2]) for r in mine) / per),
+            "top": [
+                [
+                    round(c / per, 2),
+                    round(ms / per, 4),
+                    round(int(w) / per),
+                    " ".join(q.split())[:160],
+                ]
+                for c, ms, w, q in mine[:25]
+            ],
         }
+    # Row writes per payout by table; `hot`: updates that stayed on the page with no index entry.
+    tables = {}
+    for name, after in _table_stats(stack).items():
+        before = xacts_before.get(f"table {name}", (0, 0, 0, 0))
+        diff = [round((a - b) / per, 2) for a, b in zip(after, before, strict=True)]
+        if any(diff):
+            tables[name] = dict(zip(("ins", "upd", "hot", "del"), diff, strict=True))
+    out["rows_per_payout"] = tables
+    out["wal_per_payout"] = dict(
+        zip(
+            ("records", "full_page_images", "bytes", "writes", "syncs"),
+            (round(float(v) / per, 2) for v in wal),
+            strict=True,
+        )
+    )
     return out
 
 
@@ -302,7 +391,9 @@ def _point(
     spawn = spawn_executor(stack.env, logdir, concurrency=concurrency)
     tag = f"bench-e2e-p{processes}-n{concurrency}-l{latency_ms}"
     procs = [spawn(f"{tag}-{i}", None) for i in range(processes)]
-    sampler = CpuSampler({**pids, **{f"executor-{i}": p.pid for i, p in enumerate(procs)}})
+    sampler = CpuSampler(
+        {**pids, **{f"executor-{i}": p.pid for i, p in enumerate(procs)}}, pg_split=PG_STATS
+    )
     sampler.__enter__()
     deadline = time.monotonic() + POINT_TIMEOUT_S
     pay = stack.env["PAY_DATABASE_URL"]
@@ -310,15 +401,18 @@ def _point(
         pay = _as_bench_user(pay)
     states: dict[str, int] = {}
     peak_kib: dict[int, int] = {}
+    # One connection for the polls: a connection per poll cost PostgreSQL a backend start-up
+    # (~5 ms of CPU) four times a second, charged to the postgres role.
+    poll = psycopg.connect(pay, autocommit=True)
     while time.monotonic() < deadline:
-        with psycopg.connect(pay) as conn:
-            states = dict(conn.execute(STATES, (ids,)).fetchall())
+        states = dict(poll.execute(STATES, (ids,)).fetchall())
         polls += 1
         for proc in procs:
             peak_kib[proc.pid] = _proc_status_kib(proc.pid, "VmHWM") or peak_kib.get(proc.pid, 0)
         if not any(states.get(s) for s in ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")):
             break
         time.sleep(0.25)
+    poll.close()
     for proc in procs:
         proc.terminate()
     for proc in procs:
@@ -354,6 +448,10 @@ def _point(
         executor_cpu_ms = round(executor_s * 1000 / (count - 1), 2)
         cores = {role: round(used[role] / span, 2) for role in pids}
         cores["executors"] = round(executor_s / span, 2)
+        if PG_STATS:
+            sql["postgres_cpu_ms_by_process"] = sampler.pg_between(
+                first.timestamp(), last.timestamp(), payouts=count - 1
+            )
     timeline = _timeline(pay, ids)
     # Sections in flight on average, from claimed to posted (lock + claim hops come before).
     in_flight = round(timeline.pop("claimed_seconds") / span, 1) if span else None
@@ -390,7 +488,9 @@ def run(out_dir: Path) -> dict:
     shutil.rmtree(logdir, ignore_errors=True)
     logdir.mkdir()
     stack, stop = private_stack(
-        base / "stack", fast=False, pg_settings=PG_STATS_SETTINGS if PG_STATS else ()
+        base / "stack",
+        fast=False,
+        pg_settings=(*(PG_STATS_SETTINGS if PG_STATS else ()), *PG_EXTRA_SETTINGS),
     )
     if PG_STATS:
         _pg_stats_setup(stack)
@@ -441,6 +541,7 @@ def run(out_dir: Path) -> dict:
         "name": "e2e",
         "what": "payouts/s end to end (lock → claim → rail proxy → stub → post → release)",
         "durable_cluster": True,
+        "pg_settings": list(PG_EXTRA_SETTINGS),
         "cpu_window": "first to last POSTED event; utime+stime of each role's process tree",
         "previous": PREVIOUS,
         "goals": GOALS,

@@ -56,7 +56,12 @@ _pool = ConnectionPool(
     os.environ[_DB_ENV.get(ROLE, "RAIL_DATABASE_URL")],
     min_size=1,
     max_size=int(os.environ.get("DB_POOL_MAX", "8")),
-    kwargs={"autocommit": True, "prepare_threshold": 1},
+    kwargs={
+        "autocommit": True,
+        "prepare_threshold": 1,
+        # As settings/railstub.py: the stub's books commit without waiting for the flush.
+        **({"options": "-c synchronous_commit=off"} if ROLE == "railstub" else {}),
+    },
     open=True,
 )
 _RING = proof.parse_key_ring(os.environ["DLOCK_PROOF_KEYS"])

@@ -114,3 +114,79 @@ def listener_root(port: int) -> int | None:
         if fields is not None and int(fields[1]) not in holders:
             return pid
     return None
+
+
+# ----------------------------------------------------------------------------- PostgreSQL's split
+
+
+def _pg_kind(pid: int, root: int, bench_user: str) -> str | None:
+    """What a process of a PostgreSQL cluster is, from its title: `backend <db>`, `walwriter`,
+    `checkpointer`, `autovacuum worker`, ... (the postmaster itself: `postmaster`)."""
+    if pid == root:
+        return "postmaster"
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if not title.startswith("postgres:"):
+        return None  # just forked: still the postmaster's title; ask again next sample
+    title = title.removeprefix("postgres:").strip()
+    for kind in (
+        "walwriter",
+        "checkpointer",
+        "background writer",
+        "autovacuum launcher",
+        "autovacuum worker",
+        "logical replication launcher",
+        "walsender",
+    ):
+        if title.startswith(kind):
+            return kind
+    # A backend: "<user> <database> <client> <state>"; the bench's own polls apart.
+    words = title.split()
+    if len(words) < 2:
+        return "other"
+    return f"bench {words[1]}" if words[0] == bench_user else f"backend {words[1]}"
+
+
+class PgSplit:
+    """utime and stime of each process of a PostgreSQL cluster, by kind, sampled; the postmaster's
+    reaped children (cutime+cstime: backends and autovacuum workers that exited) are `reaped`."""
+
+    def __init__(self, root: int, *, bench_user: str = "") -> None:
+        self.root = root
+        self.bench_user = bench_user
+        self._kinds: dict[int, str] = {}
+
+    def sample(self) -> dict[int, tuple[str, int, int]]:
+        """pid -> (kind, utime ticks, stime ticks); the postmaster's reaped children as pid -1."""
+        out: dict[int, tuple[str, int, int]] = {}
+        for pid in descendants(self.root):
+            fields = _stat(pid)
+            if fields is None:
+                continue
+            kind = self._kinds.get(pid)
+            if kind is None:
+                kind = _pg_kind(pid, self.root, self.bench_user)
+                if kind is None:
+                    continue
+                self._kinds[pid] = kind
+            out[pid] = (kind, int(fields[11]), int(fields[12]))
+            if pid == self.root:
+                out[-1] = ("reaped", int(fields[13]), int(fields[14]))
+        return out
+
+    @staticmethod
+    def between(
+        first: dict[int, tuple[str, int, int]], last: dict[int, tuple[str, int, int]]
+    ) -> dict[str, dict[str, float]]:
+        """CPU seconds by kind between two samples, user and system apart; a process that
+        started inside counts from zero, one that exited is in `reaped`."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, dict[str, float]] = {}
+        for pid, (kind, utime, stime) in last.items():
+            _, u0, s0 = first.get(pid, (kind, 0, 0))
+            row = out.setdefault(kind, {"user": 0.0, "system": 0.0})
+            row["user"] += (utime - u0) / tick
+            row["system"] += (stime - s0) / tick
+        return out

@@ -162,18 +162,19 @@ def _is_api_call(request: HttpRequest, machine_paths: frozenset[str] = frozenset
     path = request.path_info
     if path in MONITORING_PATHS:
         return True
-    if path in machine_paths:
-        try:
-            request.get_host()
-        except DisallowedHost:  # CommonMiddleware's 400: left to the page stack to give
-            return False
-    elif not path.startswith("/v1/") or path.startswith(("/v1/docs", "/v1/redoc", "/v1/schema")):
+    if path not in machine_paths and (
+        not path.startswith("/v1/") or path.startswith(("/v1/docs", "/v1/redoc", "/v1/schema"))
+    ):
         return False
     meta = request.META
     # The browsable API (an HTML page, with forms and a CSRF token) keeps the whole stack.
-    return "html" not in meta.get("HTTP_ACCEPT", "") and "format=" not in meta.get(
-        "QUERY_STRING", ""
-    )
+    if "html" in meta.get("HTTP_ACCEPT", "") or "format=" in meta.get("QUERY_STRING", ""):
+        return False
+    try:
+        request.get_host()  # CommonMiddleware's one request step a machine call needs
+    except DisallowedHost:  # a Host outside ALLOWED_HOSTS: its 400, left to the page stack
+        return False
+    return True
 
 
 class PagesMiddleware:

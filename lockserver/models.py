@@ -63,6 +63,9 @@ class LockGrant(models.Model):
     # The grant this one replaced after it lapsed (for the `lock_expired` event).
     previous_token = models.BigIntegerField(null=True)
     previous_owner_id = models.CharField(max_length=64, null=True)  # noqa: DJ001  # noqa: DJ001 - NULL = free
+    # Until when some waiter may be parked on this key (set by every waiter as it parks, never
+    # lowered): a release, revoke, session close or reap NOTIFYs the key only before this time.
+    waiter_until = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "lock_grant"

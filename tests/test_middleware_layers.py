@@ -39,6 +39,28 @@ def test_a_json_call_gets_the_same_answer_as_through_the_whole_page_stack(client
         assert name in fast_headers, name  # SecurityMiddleware's and ours
 
 
+def test_a_json_call_with_a_foreign_host_is_refused_as_the_whole_page_stack_refuses_it(client):
+    # CommonMiddleware enforces ALLOWED_HOSTS (request.get_host()); skipping the page stack
+    # for a /v1 call must not skip that check. Before the fix the lookup was served (404) and
+    # a write reached its view (401 for want of a credential).
+    foreign = {"HTTP_HOST": "evil.example", "HTTP_TRACEPARENT": TRACEPARENT}
+    fast = client.get("/v1/accounts/no-such-account", HTTP_ACCEPT="application/json", **foreign)
+    full = client.get("/v1/accounts/no-such-account", HTTP_ACCEPT="text/html", **foreign)
+    write = client.post(
+        "/v1/payouts/00000000-0000-4000-8000-000000000000/claim",
+        data=b"{}",
+        content_type="application/json",
+        **foreign,
+    )
+
+    assert fast.status_code == full.status_code == write.status_code == 400
+    assert fast.content == full.content
+    assert fast.json()["code"] == write.json()["code"] == "VALIDATION_FAILED"
+    assert dict(fast.headers) == dict(full.headers)
+    allowed = client.get("/v1/accounts/no-such-account", HTTP_ACCEPT="application/json")
+    assert allowed.status_code == 404
+
+
 def test_request_metrics_keep_their_names_labels_and_count_each_request_once(client):
     labels = {"view": "account-detail", "method": "GET"}
     before = (

@@ -46,6 +46,38 @@ def _raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]
     return int(lines[0].split()[1]), headers, body
 
 
+_V1_WRITE = {
+    "lockserver": b"/v1/locks/k/acquire",
+    "payments": b"/v1/payouts/00000000-0000-4000-8000-000000000000/claim",
+    "railproxy": b"/v1/rail/submissions",
+    "railstub": b"/submit",
+}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_machine_call_with_a_host_outside_allowed_hosts_is_400_before_any_view(live_stack, role):
+    # ALLOWED_HOSTS is CommonMiddleware's check; a /v1 call (and the stub's /submit) skips the
+    # page middlewares, not that check: the write is refused before its view (not 401/404/200).
+    def send(host: bytes) -> tuple[int, dict[str, str], bytes]:
+        return _raw_exchange(
+            live_stack.url(role),
+            b"POST " + _V1_WRITE[role] + b" HTTP/1.1\r\nHost: " + host + b"\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close"
+            b"\r\n\r\n{}",
+        )
+
+    status, headers, body = send(b"evil.example")
+    assert status == 400, body
+    assert headers["content-type"] == "application/json; charset=utf-8"
+    assert json.loads(body)["code"] == "VALIDATION_FAILED"
+    # With an allowed Host the same request reaches the role's own checks (a missing
+    # credential or header, the stub's body validation): another answer.
+    own_status, _, own_body = send(b"127.0.0.1")
+    assert (
+        own_status in (400, 401) and json.loads(own_body)["message"] != json.loads(body)["message"]
+    )
+
+
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize(
     ("request_bytes", "status"),

@@ -315,7 +315,7 @@ class PgLockBackend:
                 if waiter_id is None:
                     waiter_id = uuid.uuid4()
                     with self._cursor(pooled=True) as cursor:
-                        admitted = sql.add_waiter(
+                        admitted, held = sql.add_waiter(
                             cursor,
                             waiter_id=waiter_id,
                             key=key,
@@ -331,6 +331,10 @@ class PgLockBackend:
                             cap=settings.LOCK_MAX_WAITERS_PER_KEY,
                             ms_until_free=state.ms_until_free,
                         )
+                    if not held:
+                        # Freed while we parked: its NOTIFY may have gone out before our
+                        # mark (pg_sql._NOTIFY_IF_WAITED), so try again now, not after a wait.
+                        continue
                 self._release_connection()
                 # Woken by NOTIFY on release/revoke/close/reap, or when the holder's lease
                 # lapses by the database's own reckoning (no notification for that).

@@ -28,6 +28,16 @@ _FREE_HOLDER = (
     "session_id = NULL, owner_id = NULL, fencing_token = NULL, ttl_ms = NULL,"
     " acquired_at = NULL, expires_at = NULL, session_expires_at = NULL"
 )
+# Every statement that frees a key NOTIFYs it only while a waiter may be parked on it: the
+# waiter sets lock_grant.waiter_until by an UPDATE of the key's row as it parks (ADD_WAITER_SQL),
+# and the freeing statement reads the column from the row version it updates - the newest one,
+# after any row-lock wait (READ COMMITTED re-checks an updated row), never its older snapshot.
+# Either the waiter's mark commits first (the freeing statement sees it and notifies) or the
+# freeing statement holds the row first (the mark waits for its commit and sees the key free:
+# the waiter tries again at once). A payout's uncontended release sends no NOTIFY (issue 18).
+_NOTIFY_IF_WAITED = (
+    f"CASE WHEN waiter_until > clock_timestamp() THEN pg_notify('{NOTIFY_CHANNEL}', lock_key) END"
+)
 
 
 @dataclass(frozen=True)
@@ -142,9 +152,9 @@ WITH cur AS (
 ), upd AS (
     UPDATE lock_grant AS g SET {_FREE_HOLDER}
     FROM cur WHERE g.lock_key = cur.lock_key
-    RETURNING cur.lock_key, cur.fencing_token, cur.owner_id
+    RETURNING cur.lock_key, cur.fencing_token, cur.owner_id, g.waiter_until
 )
-SELECT lock_key, fencing_token, owner_id, pg_notify('{NOTIFY_CHANNEL}', lock_key) FROM upd
+SELECT lock_key, fencing_token, owner_id, {_NOTIFY_IF_WAITED} FROM upd
 """
 
 
@@ -328,9 +338,9 @@ WITH cur AS (
 ), upd AS (
     UPDATE lock_grant AS g SET {_FREE_HOLDER}
     FROM cur WHERE g.lock_key = cur.lock_key
-    RETURNING cur.lock_key, cur.owner_id, cur.session_id
+    RETURNING cur.lock_key, cur.owner_id, cur.session_id, g.waiter_until
 )
-SELECT owner_id, session_id, pg_notify('{NOTIFY_CHANNEL}', lock_key) FROM upd
+SELECT owner_id, session_id, {_NOTIFY_IF_WAITED} FROM upd
 """
 
 
@@ -350,7 +360,7 @@ REVOKE_SQL = f"""
 WITH upd AS (
     UPDATE lock_grant SET {_FREE_HOLDER}
     WHERE lock_key = %(key)s AND fencing_token = %(token)s
-    RETURNING lock_key
+    RETURNING lock_key, waiter_until
 ), rev AS (
     INSERT INTO lock_revocation (revocation_id, lock_key, operator, reason, revoked_token,
                                  revoked_owner_id, revoked_session_id, new_token_floor,
@@ -360,7 +370,10 @@ WITH upd AS (
     FROM upd
     RETURNING lock_key, new_token_floor
 )
-SELECT new_token_floor, pg_notify('{NOTIFY_CHANNEL}', lock_key) FROM rev
+SELECT rev.new_token_floor,
+       CASE WHEN upd.waiter_until > clock_timestamp()
+            THEN pg_notify('{NOTIFY_CHANNEL}', rev.lock_key) END
+FROM rev JOIN upd ON upd.lock_key = rev.lock_key
 """
 
 
@@ -405,13 +418,24 @@ def revoke(
 # --------------------------------------------------------------------------- waiters
 
 # Soft cap: two waiters racing for the last slot may both get in (the count is a snapshot).
-ADD_WAITER_SQL = """
-INSERT INTO lock_waiter (waiter_id, lock_key, session_id, owner_id, since, expires_at)
-SELECT %(waiter_id)s, %(key)s::varchar, %(session_id)s, %(owner_id)s, clock_timestamp(),
-       clock_timestamp() + %(wait_ms)s * interval '1 millisecond'
-WHERE (SELECT count(*) FROM lock_waiter
-       WHERE lock_key = %(key)s::varchar AND expires_at > clock_timestamp()) < %(cap)s
-RETURNING waiter_id
+# An admitted waiter also marks the key's row (waiter_until, see _NOTIFY_IF_WAITED) and reads
+# back from the newest row version whether the key is still held: if a freeing statement held
+# the row meanwhile, its NOTIFY may have been skipped, so the caller tries again instead of parking.
+ADD_WAITER_SQL = f"""
+WITH ins AS (
+    INSERT INTO lock_waiter (waiter_id, lock_key, session_id, owner_id, since, expires_at)
+    SELECT %(waiter_id)s, %(key)s::varchar, %(session_id)s, %(owner_id)s, clock_timestamp(),
+           clock_timestamp() + %(wait_ms)s * interval '1 millisecond'
+    WHERE (SELECT count(*) FROM lock_waiter
+           WHERE lock_key = %(key)s::varchar AND expires_at > clock_timestamp()) < %(cap)s
+    RETURNING expires_at
+), mark AS (
+    UPDATE lock_grant AS g
+    SET waiter_until = GREATEST(g.waiter_until, (SELECT expires_at FROM ins))
+    WHERE g.lock_key = %(key)s::varchar AND EXISTS (SELECT 1 FROM ins)
+    RETURNING {_LIVE} AS held
+)
+SELECT EXISTS (SELECT 1 FROM ins), COALESCE((SELECT held FROM mark), false)
 """
 
 
@@ -424,7 +448,9 @@ def add_waiter(
     owner_id: str,
     wait_ms: int,
     cap: int,
-) -> bool:
+) -> tuple[bool, bool]:
+    """Park a waiter row if the key's cap allows: (admitted, the key still held). Not held
+    means the key was freed while we marked it: try again rather than wait for a NOTIFY."""
     cursor.execute(
         ADD_WAITER_SQL,
         {
@@ -436,7 +462,8 @@ def add_waiter(
             "cap": cap,
         },
     )
-    return cursor.fetchone() is not None
+    admitted, held = cursor.fetchone()
+    return bool(admitted), bool(held)
 
 
 def remove_waiter(cursor: Any, *, waiter_id: uuid.UUID) -> None:
@@ -456,9 +483,9 @@ WITH dead AS (
     UPDATE lock_grant AS g SET {_FREE_HOLDER}
     FROM dead WHERE g.lock_key = dead.lock_key
       AND (g.expires_at <= clock_timestamp() OR g.session_expires_at <= clock_timestamp())
-    RETURNING dead.lock_key, dead.fencing_token, dead.owner_id, dead.session_id
+    RETURNING dead.lock_key, dead.fencing_token, dead.owner_id, dead.session_id, g.waiter_until
 )
-SELECT lock_key, fencing_token, owner_id, session_id, pg_notify('{NOTIFY_CHANNEL}', lock_key)
+SELECT lock_key, fencing_token, owner_id, session_id, {_NOTIFY_IF_WAITED}
 FROM upd
 """
 

@@ -1,0 +1,132 @@
+"""The pg backend NOTIFYs a freed key only while a waiter may be parked on it (issue 18).
+
+A payout's uncontended release sends no NOTIFY; a parked waiter is still woken at once; and a
+waiter that marks a key while a release holds its row learns the key is free and tries again
+(the interlock of lockserver.backends.pg_sql._NOTIFY_IF_WAITED).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from lockserver.backends import pg_sql
+from tests.lockserver.conftest import new_key
+
+pytestmark = pytest.mark.parametrize("lock_server", ["pg"], indirect=True)
+
+
+def notified_keys(listen: psycopg.Connection, db_url: str) -> list[str]:
+    """Every payload NOTIFYed on the lock channel so far: a sentinel sent last marks the end
+    (notifications are delivered in commit order)."""
+    sentinel = f"sentinel-{uuid.uuid4().hex}"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_notify(%s, %s)", (pg_sql.NOTIFY_CHANNEL, sentinel))
+    seen: list[str] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for notify in listen.notifies(timeout=1, stop_after=1):
+            if notify.payload == sentinel:
+                return seen
+            seen.append(notify.payload)
+    raise AssertionError("the sentinel NOTIFY never arrived")
+
+
+@pytest.fixture
+def listen(lock_server):
+    with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
+        conn.execute(f"LISTEN {pg_sql.NOTIFY_CHANNEL}")
+        yield conn
+
+
+def test_an_uncontended_release_sends_no_notify(lock_server, listen, key):
+    session = lock_server.session()
+    token = lock_server.acquire(key, session).json()["fencingToken"]
+    assert lock_server.release(key, session, token).status_code == 204
+    assert key not in notified_keys(listen, lock_server.db_url)
+    with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
+        (row,) = conn.execute(
+            "SELECT fencing_token, waiter_until FROM lock_grant WHERE lock_key = %s", (key,)
+        ).fetchall()
+    assert row == (None, None)
+
+
+def test_a_parked_waiter_is_notified_and_granted_at_release(lock_server, listen, key):
+    holder = lock_server.session(ttl_ms=30_000)
+    held = lock_server.acquire(key, holder, ttl_ms=30_000).json()
+    waiter = lock_server.session(ttl_ms=30_000)
+    results: list = []
+    thread = threading.Thread(
+        target=lambda: results.append(lock_server.acquire(key, waiter, wait_ms=20_000))
+    )
+    thread.start()
+    deadline = time.monotonic() + 10
+    while lock_server.get(f"/v1/locks/{key}").json()["waiterCount"] != 1:
+        assert time.monotonic() < deadline, "the waiter never parked"
+        time.sleep(0.05)
+    assert lock_server.release(key, holder, held["fencingToken"]).status_code == 204
+    # Without the NOTIFY the waiter would sleep until the holder's lease (30 s) or its own
+    # wait (20 s) ran out.
+    thread.join(10)
+    assert not thread.is_alive()
+    assert results[0].status_code == 200, results[0].text
+    granted = results[0].json()
+    assert granted["fencingToken"] > held["fencingToken"]
+    assert key in notified_keys(listen, lock_server.db_url)
+    with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
+        (row,) = conn.execute(
+            "SELECT fencing_token, session_id::text, waiter_until > clock_timestamp()"
+            " FROM lock_grant WHERE lock_key = %s",
+            (key,),
+        ).fetchall()
+    assert row == (granted["fencingToken"], waiter["sessionId"], True)
+
+
+def test_a_waiter_marking_a_key_a_release_holds_finds_it_free(lock_server):
+    """The race a skipped NOTIFY could lose: the release has locked the row (and read no mark)
+    when the waiter parks. The waiter's mark waits for the release and reads the key free."""
+    key = new_key()
+    holder = lock_server.session(ttl_ms=30_000)
+    token = lock_server.acquire(key, holder, ttl_ms=30_000).json()["fencingToken"]
+    waiter = lock_server.session(ttl_ms=30_000)
+    answers: list = []
+    with psycopg.connect(lock_server.db_url) as releasing:  # one open transaction
+        cursor = releasing.cursor()
+        cursor.execute(pg_sql.RELEASE_SQL, {"key": key, "token": token})
+        ((owner, session_id, notified),) = cursor.fetchall()
+        assert (owner, str(session_id), notified) == (holder["ownerId"], holder["sessionId"], None)
+
+        def park() -> None:
+            with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
+                answers.append(
+                    pg_sql.add_waiter(
+                        conn.cursor(),
+                        waiter_id=uuid.uuid4(),
+                        key=key,
+                        session_id=uuid.UUID(waiter["sessionId"]),
+                        owner_id=waiter["ownerId"],
+                        wait_ms=10_000,
+                        cap=64,
+                    )
+                )
+
+        thread = threading.Thread(target=park)
+        thread.start()
+        with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
+            deadline = time.monotonic() + 10
+            while not conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                ("%INSERT INTO lock_waiter%",),
+            ).fetchall():
+                assert time.monotonic() < deadline, "the waiter's mark never waited for the row"
+                time.sleep(0.02)
+        assert answers == []  # still waiting for the release's row lock
+        releasing.commit()
+    thread.join(10)
+    assert answers == [(True, False)]  # admitted, and the key is no longer held: try again
+    # A waiter that marked a held key is answered "held" and its mark makes the next release
+    # NOTIFY: that is the other order, covered through HTTP above.
