@@ -26,7 +26,8 @@ a complete one reaches a thread. A request not complete within SERVER_HEADER_TIM
 first byte (of the accept, on a new connection) is closed with 408, whatever its pace; a body cut
 short by the client's half-close is 400 and never executed; unknown methods are 501, chunked
 bodies 411 and oversized ones 413, all before Django. `/health/*` and `/metrics` run on a small
-pool of their own, so probes are answered whatever the request threads are doing.
+pool of their own, so probes are answered whatever the request threads are doing. A connection
+that is done lingers for the client's FIN in the poller, not in a blocking read of the main loop.
 
 Per-request cost (issue 18; gunicorn's own work is about a quarter of every role's CPU, measured
 by bench/worker.py, numbers in docs/benchmarks.md). A kept-alive connection is handed back to the
@@ -81,6 +82,10 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024
 # The arbiter kills a worker whose heartbeat file is older than `timeout` (60 s here); touching
 # it on every loop turn was a syscall per request or two.
 HEARTBEAT_INTERVAL_S = 0.5
+# gunicorn's close_graceful: after the FIN, read (and drop) what the client still sends, for up
+# to this long and this many bytes, so the kernel does not answer it with a reset.
+LINGER_S = 2.0
+LINGER_MAX_BYTES = 65536
 
 
 def thread_queue_wait() -> float | None:
@@ -290,6 +295,8 @@ class DrainingThreadWorker(ThreadWorker):
         self.next_heartbeat = 0.0
         # Connections whose request is still arriving, oldest deadline first.
         self.arrivals: OrderedDict[int, Any] = OrderedDict()  # gunicorn TConn
+        # Closing connections lingering for the client's FIN: id -> (conn, deadline, bytes read).
+        self.lingering: OrderedDict[int, list[Any]] = OrderedDict()
         self.monitoring_pool = futures.ThreadPoolExecutor(
             max_workers=MONITORING_THREADS, thread_name_prefix="dlock-monitoring"
         )
@@ -351,7 +358,7 @@ class DrainingThreadWorker(ThreadWorker):
 
         A connection kept alive with nothing read ahead goes back to the poller from here, to
         wait for its next request; anything else (closing it, read-ahead bytes, a stopping
-        worker) is gunicorn's `finish_request` in the main loop, as before. The connection is
+        worker) is `finish_request` in the main loop, as before. The connection is
         in the keep-alive queue before the poller can report it, and no other thread touches
         it until the poller does (epoll and the selector's fd map take a registration from
         any thread; the main loop only ever unregisters what it was handed).
@@ -374,6 +381,48 @@ class DrainingThreadWorker(ThreadWorker):
             conn.timeout = min(conn.timeout, time.monotonic() + STOP_KEEPALIVE_LINGER)
         with contextlib.suppress(OSError, ValueError):  # closed by the final cleanup of a stop
             self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_arrival, conn))
+
+    def finish_request(self, conn: TConn, fs: futures.Future) -> None:
+        """gunicorn's, but a connection that is done lingers without blocking the main loop.
+
+        gunicorn closes it with `util.close_graceful` right here: FIN, then a blocking read
+        until the client closes, up to 2 s, in the main loop. A client that asked for
+        `Connection: close` and then neither read nor closed held every accept, arrival and
+        probe of the worker for those 2 s (five of them for 10 s). Here the read-until-FIN is
+        the poller's: the same bytes are drained, for the same time, and the connection still
+        counts against worker_connections until it is closed."""
+        if self.is_ssl or (not fs.cancelled() and fs.exception() is None and fs.result()):
+            super().finish_request(conn, fs)  # kept alive, deferred, or TLS: gunicorn's own
+            return
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+            conn.sock.setblocking(False)
+            self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_linger, conn))
+        except (OSError, ValueError, KeyError):  # already gone: close at once
+            self._end_linger(conn)
+            return
+        self.lingering[id(conn)] = [conn, time.monotonic() + LINGER_S, 0]
+
+    def _on_linger(self, conn: TConn, _fileobj: socket.socket) -> None:
+        entry = self.lingering.get(id(conn))
+        try:
+            data = conn.sock.recv(RECV_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data and entry is not None:
+            entry[2] += len(data)
+            if entry[2] < LINGER_MAX_BYTES:
+                return
+        self._end_linger(conn)
+
+    def _end_linger(self, conn: TConn) -> None:
+        self.lingering.pop(id(conn), None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.poller.unregister(conn.sock)
+        self.nr_conns -= 1
+        conn.close()
 
     def _cap_keepalive(self, deadline: float) -> None:
         # A serving thread may append meanwhile: iterate over a copy (taken in one C call).
@@ -477,6 +526,11 @@ class DrainingThreadWorker(ThreadWorker):
     def murder_pending(self) -> None:
         super().murder_pending()
         now = time.monotonic()
+        while self.lingering:
+            conn, deadline, _ = next(iter(self.lingering.values()))
+            if deadline > now:
+                break
+            self._end_linger(conn)
         while self.arrivals:
             conn = next(iter(self.arrivals.values()))
             if conn.dlock_deadline > now:

@@ -6,6 +6,7 @@ arbiter kill a worker whose loop is stuck, and never kills an idle one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -346,3 +347,53 @@ def test_the_cached_date_header_is_the_text_gunicorn_formats():
     now = http_date()
     after = email.utils.formatdate(time.time(), localtime=False, usegmt=True)
     assert now in (before, after)
+
+
+def test_clients_that_never_close_after_connection_close_do_not_stall_the_worker(probe):
+    # gunicorn lingers on a closing connection (close_graceful: FIN, then read until the peer
+    # closes, up to 2 s) inside the main loop: five clients that asked for Connection: close and
+    # then neither read nor closed held every accept, arrival and probe for about 10 s.
+    held = []
+    for _ in range(5):
+        sock = socket.create_connection(("127.0.0.1", probe.port))
+        sock.sendall(
+            b"GET /probe/sleep?ms=0 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        held.append(sock)
+    time.sleep(0.2)  # answered; the worker now lingers on all five
+    started = time.monotonic()
+    live = socket.create_connection(("127.0.0.1", probe.port))
+    live.sendall(GET_LIVE)
+    ((head, _),) = _responses(live, 1)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert time.monotonic() - started < 1.0
+    live.close()
+    for sock in held:  # each still got its whole answer, then the worker's FIN
+        ((head, body),) = _responses(sock, 1)
+        assert head.startswith(b"HTTP/1.1 200") and json.loads(body) == {"slept": 0}
+        sock.settimeout(5)
+        assert sock.recv(100) == b""
+    # The lingering ends (the worker closes them) within its 2 s, plus a loop turn.
+    worker = _worker_pid(probe.process.pid)
+    deadline = time.monotonic() + 6
+    while _client_fds(worker, probe.port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _client_fds(worker, probe.port) == 0
+    for sock in held:
+        sock.close()
+
+
+def _client_fds(pid: int, port: int) -> int:
+    """Sockets the worker process holds open on its own port (its clients, not the listener)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        cols = line.split()
+        if cols[1].endswith(f":{port:04X}") and cols[3] != "0A" and cols[9] in inodes:
+            count += 1
+    return count
