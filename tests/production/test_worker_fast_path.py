@@ -352,7 +352,7 @@ def test_the_cached_date_header_is_the_text_gunicorn_formats():
 def test_clients_that_never_close_after_connection_close_do_not_stall_the_worker(probe):
     # gunicorn lingers on a closing connection (close_graceful: FIN, then read until the peer
     # closes, up to 2 s) inside the main loop: five clients that asked for Connection: close and
-    # then neither read nor closed held every accept, arrival and probe for about 10 s.
+    # then never closed held every accept, arrival and probe for about 10 s, one after another.
     held = []
     for _ in range(5):
         sock = socket.create_connection(("127.0.0.1", probe.port))
@@ -360,21 +360,23 @@ def test_clients_that_never_close_after_connection_close_do_not_stall_the_worker
             b"GET /probe/sleep?ms=0 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
         )
         held.append(sock)
-    time.sleep(0.2)  # answered; the worker now lingers on all five
-    started = time.monotonic()
-    live = socket.create_connection(("127.0.0.1", probe.port))
-    live.sendall(GET_LIVE)
-    ((head, _),) = _responses(live, 1)
-    assert head.startswith(b"HTTP/1.1 200")
-    assert time.monotonic() - started < 1.0
-    live.close()
-    for sock in held:  # each still got its whole answer, then the worker's FIN
+    for sock in held:  # each gets its whole answer, then the worker's FIN
         ((head, body),) = _responses(sock, 1)
         assert head.startswith(b"HTTP/1.1 200") and json.loads(body) == {"slept": 0}
         sock.settimeout(5)
         assert sock.recv(100) == b""
-    # The lingering ends (the worker closes them) within its 2 s, plus a loop turn.
     worker = _worker_pid(probe.process.pid)
+    live = socket.create_connection(("127.0.0.1", probe.port))
+    live.sendall(GET_LIVE)
+    ((head, _),) = _responses(live, 1)
+    # Causal, not a wall-clock bound: the probe was answered while the worker still held all
+    # five lingering connections (each for up to 2 s); before the fix the loop answered it only
+    # after lingering on each of them in turn, by when it had closed them all.
+    still_held = _client_fds(worker, probe.port) - 1  # the probe's own connection
+    assert head.startswith(b"HTTP/1.1 200")
+    assert still_held == 5, still_held
+    live.close()
+    # The lingering ends (the worker closes them) within its 2 s, plus a loop turn.
     deadline = time.monotonic() + 6
     while _client_fds(worker, probe.port) and time.monotonic() < deadline:
         time.sleep(0.1)
