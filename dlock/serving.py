@@ -444,11 +444,7 @@ class DrainingThreadWorker(ThreadWorker):
         conn.sock.setblocking(False)
         # Bytes a previous request's parser read ahead belong to this one.
         ahead = conn.parser.unreader.take_buffered() if conn.parser is not None else b""
-        conn.dlock_buf = bytearray(ahead)
-        conn.dlock_arrived = time.time() if ahead else None
-        conn.dlock_deadline = time.monotonic() + self.header_timeout
-        conn.dlock_continued = False
-        self.arrivals[id(conn)] = conn
+        self._open_arrival(conn, ahead)
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_arrival, conn))
         if ahead:
             self._examine(conn, eof=False)
@@ -477,8 +473,13 @@ class DrainingThreadWorker(ThreadWorker):
         request is an arrival from now (it stays registered with the poller, same callback)."""
         conn.dlock_kept = False
         self.keepalived_conns.remove(conn)
-        conn.dlock_buf = bytearray()
-        conn.dlock_arrived = None
+        self._open_arrival(conn)
+
+    def _open_arrival(self, conn: TConn, ahead: bytes = b"") -> None:
+        """The connection's next request arrives from now: its buffer (starting with what was
+        read ahead), its clocks, and its place in the arrival queue (oldest deadline first)."""
+        conn.dlock_buf = bytearray(ahead)
+        conn.dlock_arrived = time.time() if ahead else None
         conn.dlock_deadline = time.monotonic() + self.header_timeout
         conn.dlock_continued = False
         self.arrivals[id(conn)] = conn
