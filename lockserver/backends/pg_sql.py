@@ -370,10 +370,7 @@ WITH upd AS (
     FROM upd
     RETURNING lock_key, new_token_floor
 )
-SELECT rev.new_token_floor,
-       CASE WHEN upd.waiter_until > clock_timestamp()
-            THEN pg_notify('{NOTIFY_CHANNEL}', rev.lock_key) END
-FROM rev JOIN upd ON upd.lock_key = rev.lock_key
+SELECT new_token_floor, {_NOTIFY_IF_WAITED} FROM rev JOIN upd USING (lock_key)
 """
 
 

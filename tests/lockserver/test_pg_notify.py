@@ -55,7 +55,8 @@ def test_an_uncontended_release_sends_no_notify(lock_server, listen, key):
     assert row == (None, None)
 
 
-def test_a_parked_waiter_is_notified_and_granted_at_release(lock_server, listen, key):
+@pytest.mark.parametrize("free", ["release", "revoke"])
+def test_a_parked_waiter_is_notified_and_granted_at_release(lock_server, listen, key, free):
     holder = lock_server.session(ttl_ms=30_000)
     held = lock_server.acquire(key, holder, ttl_ms=30_000).json()
     waiter = lock_server.session(ttl_ms=30_000)
@@ -68,7 +69,10 @@ def test_a_parked_waiter_is_notified_and_granted_at_release(lock_server, listen,
     while lock_server.get(f"/v1/locks/{key}").json()["waiterCount"] != 1:
         assert time.monotonic() < deadline, "the waiter never parked"
         time.sleep(0.05)
-    assert lock_server.release(key, holder, held["fencingToken"]).status_code == 204
+    if free == "release":
+        assert lock_server.release(key, holder, held["fencingToken"]).status_code == 204
+    else:
+        assert lock_server.revoke(key).status_code == 200
     # Without the NOTIFY the waiter would sleep until the holder's lease (30 s) or its own
     # wait (20 s) ran out.
     thread.join(10)
