@@ -380,7 +380,9 @@ def _encode(json_body: Any) -> bytes:
         return json.dumps(json_body, separators=(",", ":")).encode()
 
 
-def _decode(raw: bytes) -> Any:
+def decode_json(raw: bytes) -> Any:
+    """The JSON value of an answer's body, or None when it is not JSON (or nests deeper than
+    any parser here reads)."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -470,4 +472,4 @@ def exchange(
         pool.give_back(conn)
     else:
         conn.close()
-    return Reply(status, _decode(raw) if raw else None, reply_headers)
+    return Reply(status, decode_json(raw) if raw else None, reply_headers)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from dlock.http import Connection, ProtocolError, pool_for, request_bytes
+from dlock.http import Connection, ProtocolError, decode_json, pool_for, request_bytes
 from dlock.tracing import traceparent
 from railproxy.models import Outcome
 from railproxy.submission import RailAnswer, SubmissionRequest
@@ -81,11 +81,7 @@ def _classify(status: int, payload: bytes) -> RailAnswer:
         return RailAnswer(Outcome.DECLINED, "http_402")
     if status != 200:
         return RailAnswer(Outcome.TIMEOUT, f"http_{status}")
-    body: Any
-    try:
-        body = json.loads(payload) if payload else None
-    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-        body = None
+    body: Any = decode_json(payload) if payload else None
     reference = body.get("railReference") if isinstance(body, dict) else None
     if (
         not isinstance(reference, str)
