@@ -419,10 +419,7 @@ class DrainingThreadWorker(ThreadWorker):
 
     def _end_linger(self, conn: TConn) -> None:
         self.lingering.pop(id(conn), None)
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            self.poller.unregister(conn.sock)
-        self.nr_conns -= 1
-        conn.close()
+        self._drop(conn)
 
     def _cap_keepalive(self, deadline: float) -> None:
         # A serving thread may append meanwhile: iterate over a copy (taken in one C call).
@@ -516,6 +513,10 @@ class DrainingThreadWorker(ThreadWorker):
 
     def _end_arrival(self, conn: TConn, answer: tuple | None = None) -> None:
         self.arrivals.pop(id(conn), None)
+        self._drop(conn, answer)
+
+    def _drop(self, conn: TConn, answer: tuple | None = None) -> None:
+        """Off the poller, the envelope `answer` (status, reason, message) if any, closed."""
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.poller.unregister(conn.sock)
         if answer is not None:
