@@ -1,23 +1,27 @@
-"""CPU per event log line, in process (issue 18: the event logs' share of every role).
+"""CPU per event log line, in process (the event logs' share of every role).
 
 `python -m bench.logs [--events N] [--rounds R]`: the lock server's `lock_acquired` event (six
-fields) written to /dev/null through a StreamHandler on the root logger, as the roles' LOGGING
-sets it up, two ways, interleaved round by round: "before" is Logger.log with
-python-json-logger's own format (dlock.logs.JsonFormatter with its fast path off: the path a
-record with exception information still takes), "after" is `log_event` and the fast path.
-Thread CPU per event, medians over the rounds; the lines must be equal but for `ts`.
+fields) through `log_event` to /dev/null by a StreamHandler on the root logger, as the roles'
+LOGGING sets it up, three ways, interleaved round by round: "dlock" is dlock.logs.JsonFormatter
+(python-json-logger's orjson formatter, what the roles use), "dlock-non-ascii" the same with
+one non-ASCII field (the line the standard library's encoder writes), "stdlib" python-json-
+logger's standard-library JsonFormatter configured with the same fields (the alternative).
+Thread CPU per event, medians over the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
 import time
+from typing import Any
+
+from pythonjsonlogger.json import JsonFormatter as StdlibJsonFormatter
 
 from dlock import logs
+from dlock.tracing import current_trace_id
 
 FIELDS = {
     "backend": "pg",
@@ -29,12 +33,21 @@ FIELDS = {
 }
 
 
-def _before() -> None:
-    logs._logger.log(logging.INFO, "lock_acquired", extra={"event": "lock_acquired", **FIELDS})
+class _Stdlib(StdlibJsonFormatter):
+    def __init__(self) -> None:
+        reference = logs.JsonFormatter(service="lock-server")
+        super().__init__(
+            "%(message)s %(levelname)s %(name)s",
+            timestamp="ts",
+            rename_fields=reference.rename_fields,
+            static_fields=reference.static_fields,
+            defaults=reference.defaults,
+            reserved_attrs=sorted(reference.reserved_attrs),
+        )
 
-
-def _after() -> None:
-    logs.log_event("lock_acquired", **FIELDS)
+    def add_fields(self, log_data: dict[str, Any], record: Any, message_dict: dict) -> None:
+        super().add_fields(log_data, record, message_dict)
+        log_data["traceId"] = current_trace_id()
 
 
 def main() -> None:
@@ -44,42 +57,30 @@ def main() -> None:
     options = parser.parse_args()
     sink = open(os.devnull, "w")  # lives as long as the run
     handler = logging.StreamHandler(sink)
-    fast = logs.JsonFormatter(service="lock-server")
-    slow = logs.JsonFormatter(service="lock-server")
-    slow._fast = False
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-
-    lines = {}
-    for name, formatter, emit in (("before", slow, _before), ("after", fast, _after)):
-        keep = logging.Handler()
-        keep.emit = lambda record, n=name, f=formatter: lines.__setitem__(n, f.format(record))
-        root.addHandler(keep)
-        emit()
-        root.removeHandler(keep)
-    parsed = {n: json.loads(line) for n, line in lines.items()}
-    for line in parsed.values():
-        line.pop("ts")
-    assert parsed["before"] == parsed["after"], parsed
-
-    results: dict[str, list[float]] = {"before": [], "after": []}
-    arms = [("before", slow, _before), ("after", fast, _after)]
+    ascii_fields = FIELDS
+    other_fields = {**FIELDS, "ownerId": "exécuteur-1"}
+    arms = [
+        ("dlock", logs.JsonFormatter(service="lock-server"), ascii_fields),
+        ("dlock-non-ascii", logs.JsonFormatter(service="lock-server"), other_fields),
+        ("stdlib", _Stdlib(), ascii_fields),
+    ]
+    results: dict[str, list[float]] = {name: [] for name, _, _ in arms}
     for index in range(options.rounds):
-        for name, formatter, emit in arms if index % 2 == 0 else arms[::-1]:
+        for name, formatter, fields in arms if index % 2 == 0 else arms[::-1]:
             handler.setFormatter(formatter)
             started = time.thread_time_ns()
             for _ in range(options.events):
-                emit()
+                logs.log_event("lock_acquired", **fields)
             results[name].append((time.thread_time_ns() - started) / options.events / 1000)
-    before, after = (statistics.median(results[n]) for n in ("before", "after"))
     print(f"load average {os.getloadavg()[0]:.2f}; {options.rounds} rounds of {options.events}")
-    for name in ("before", "after"):
+    for name, values in results.items():
         print(
-            f"  {name:6} µs/event: median {statistics.median(results[name]):.2f}  "
-            f"rounds {' '.join(f'{v:.2f}' for v in results[name])}"
+            f"  {name:15} µs/event: median {statistics.median(values):.2f}  "
+            f"rounds {' '.join(f'{v:.2f}' for v in values)}"
         )
-    print(f"  after / before: {after / before:.3f}")
 
 
 if __name__ == "__main__":
