@@ -1,11 +1,11 @@
-"""Request plumbing shared by every role: traceId, request guards, metrics, credentials, the
-envelope safety net; in three layers (settings.base.MIDDLEWARE), each one call per request:
-EdgeMiddleware, PagesMiddleware (what only pages need, skipped for /v1 calls), ApiMiddleware."""
+"""Request plumbing shared by every role: traceId, request guards, credentials, the envelope
+safety net; in three layers (settings.base.MIDDLEWARE), each one call per request:
+EdgeMiddleware, PagesMiddleware (what only pages need, skipped for /v1 calls), ApiMiddleware.
+Request metrics are django-prometheus' middlewares around the three, never skipped."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from time import perf_counter
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,7 +18,6 @@ from django.middleware.security import SecurityMiddleware
 from django.utils.module_loading import import_string
 
 from dlock import auth
-from dlock import request_metrics as metrics
 from dlock.errors import PROTOCOL_STATUSES, ApiError, Code
 from dlock.handlers import error_response, render_exception
 from dlock.parsers import too_large
@@ -118,12 +117,10 @@ class EdgeMiddleware:
     """Outermost: what every request gets, in this order (one layer instead of five):
 
     1. traceId from `traceparent` or fresh, in a context variable for every log line;
-    2. 501 for a method no dlock view implements, before any metric sees it (under gunicorn
-       the arrival path, dlock.serving, refuses them already; this covers runserver and the
-       test client);
-    3. `django_http_requests_before_middlewares_total`;
-    4. Django's SecurityMiddleware (its request and response steps, same settings);
-    5. the request guards (`refusal`);
+    2. 501 for a method no dlock view implements, before django-prometheus' labelled metrics
+       (PrometheusAfterMiddleware, innermost) see it: no client-chosen method is a label;
+    3. Django's SecurityMiddleware (its request and response steps, same settings);
+    4. the request guards (`refusal`);
     and on the way out the security headers of every answer (`secure_headers`), so envelopes
     built by any later layer get them too.
     """
@@ -145,7 +142,6 @@ class EdgeMiddleware:
                         ApiError(Code.VALIDATION_FAILED, "method not implemented", http_status=501)
                     )
                 )
-            metrics.requests_before_middlewares.inc()
             response = self.security.process_request(request) or refusal(request)
             if response is None:
                 response = self.get_response(request)
@@ -273,10 +269,8 @@ def envelope_for_status(status: int, response: HttpResponse | None = None) -> Ap
 
 
 class ApiMiddleware:
-    """Innermost: the request metrics, the credential check and the envelope safety net.
+    """Innermost of dlock's layers: the credential check and the envelope safety net.
 
-    * request metrics (the django-prometheus names the dashboard and alerts use, with no label
-      value taken from the client: `method` is one of KNOWN_METHODS, `view` the route's name);
     * every /v1 route but the docs needs a credential with its scope, in process_view (the
       route is resolved, so the scope is the route's, not a path guess; an unknown route stays
       404); the rail stub stands in for a third party and stays open;
@@ -289,14 +283,7 @@ class ApiMiddleware:
         self.check_credentials = settings.ROLE != "railstub"
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        method = request.method if request.method in KNOWN_METHODS else "<invalid method>"
-        metrics.requests_by_method(method).inc()
-        started = perf_counter()
         response = self.get_response(request)
-        match = request.resolver_match
-        view = (match.view_name if match is not None else None) or "<unnamed view>"
-        metrics.latency_by_view_method(view, method).observe(perf_counter() - started)
-        metrics.responses_by_status_view_method(str(response.status_code), view, method).inc()
         if response.status_code < 400 or getattr(response, "dlock_envelope", False):
             return response
         if _is_human_page(request, response):

@@ -8,18 +8,29 @@ pooled connection instead (so `transaction.atomic` and the pool still apply), wr
 Django's cursor wrapper (query log, `django_assert_num_queries`, driver errors as
 `django.db` errors). psycopg prepares a statement once it has run `prepare_threshold` times
 on a connection (settings/base.py `database()`); the ORM's client-binding cursors never do.
+The cursor counts in django-prometheus' `django_db_*` series as the ORM's cursors do.
 """
 
 from __future__ import annotations
 
 import contextlib
+from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 from django.db import connections
+from django_prometheus.db.common import ExportingCursorWrapper
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+
+@cache
+def server_cursor_class(alias: str) -> type[psycopg.Cursor]:
+    """psycopg's server-binding cursor, counted in django-prometheus' `django_db_execute_total`,
+    `django_db_query_duration_seconds` and `django_db_errors_total` under `alias`, as the
+    cursors of the django-prometheus engine (settings.base.DB_ENGINE) are."""
+    return cast(type[psycopg.Cursor], ExportingCursorWrapper(psycopg.Cursor, alias, "postgresql"))
 
 
 @contextlib.contextmanager
@@ -29,7 +40,7 @@ def prepared_cursor(alias: str) -> Iterator[Any]:
     with wrapper.wrap_database_errors:
         wrapper.ensure_connection()
     wrapper.validate_thread_sharing()
-    raw = cast(Any, psycopg.Cursor(wrapper.connection))  # the stubs expect Django's wrapper here
+    raw = cast(Any, server_cursor_class(alias)(wrapper.connection))  # stubs: Django's wrapper
     cursor = wrapper.make_debug_cursor(raw) if wrapper.queries_logged else wrapper.make_cursor(raw)
     try:
         yield cursor

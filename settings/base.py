@@ -56,14 +56,17 @@ BASE_APPS = [
     "dlock",
 ]
 
-# Three layers, one call each per request (dlock/middleware.py, docs/benchmarks.md issue 18):
-# trace id, method guard, SecurityMiddleware and request guards; then the middlewares only pages
-# need (DLOCK_PAGE_MIDDLEWARE), skipped for a machine's /v1 call; then request metrics,
+# django-prometheus' two middlewares around dlock's three layers (dlock/middleware.py): first
+# and last, as its documentation places them, so every request counts, a machine's /v1 call
+# included. Then: trace id, method guard, SecurityMiddleware and request guards; the
+# middlewares only pages need (DLOCK_PAGE_MIDDLEWARE), skipped for a machine's /v1 call;
 # credentials and the envelope.
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "dlock.middleware.EdgeMiddleware",
     "dlock.middleware.PagesMiddleware",
     "dlock.middleware.ApiMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 # Static files of every installed app (admin, rest_framework, drf_spectacular_sidecar),
 # straight from the app directories (no collectstatic); run by PagesMiddleware, in this order.
@@ -191,9 +194,14 @@ DB_POOL_MAX_WAITING = env_int("DB_POOL_MAX_WAITING", 2 * DB_POOL_MAX, minimum=0)
 DB_PREPARE_THRESHOLD = 1
 
 
+DB_ENGINE = "django_prometheus.db.backends.postgresql"
+
+
 def database(url_env: str) -> dict:
-    """One pooled PostgreSQL alias with the request deadline applied server-side."""
+    """One pooled PostgreSQL alias with the request deadline applied server-side; Django's
+    PostgreSQL backend as django-prometheus wraps it (the django_db_* metrics)."""
     config = env_database(url_env)
+    config["ENGINE"] = DB_ENGINE
     config["CONN_MAX_AGE"] = 0
     config["CONN_HEALTH_CHECKS"] = False
     options = config["OPTIONS"]

@@ -24,6 +24,7 @@ from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found
 from dlock.logs import log_event
 from dlock.metrics import lock_live_grants, lock_live_sessions
+from dlock.prepared import server_cursor_class
 from dlock.timefmt import rfc3339_ms
 from lockserver.backends import pg_sql as sql
 from lockserver.backends import token_sql
@@ -154,13 +155,13 @@ class PgLockBackend:
                     pool.open()
                 connection = pool.getconn()
                 try:
-                    with psycopg.Cursor(connection) as cursor:
+                    with server_cursor_class(self.alias)(connection) as cursor:
                         yield _PreparingCursor(cursor)
                 finally:
                     pool.putconn(connection)  # idle (autocommit), or discarded if broken
                 return
             wrapper.ensure_connection()
-            with psycopg.Cursor(wrapper.connection) as cursor:
+            with server_cursor_class(self.alias)(wrapper.connection) as cursor:
                 yield _PreparingCursor(cursor)
 
     def _store_error(self, exc: DatabaseError) -> ApiError | None:
