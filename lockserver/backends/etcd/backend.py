@@ -94,7 +94,7 @@ class EtcdLockBackend(AcquireMixin, HousekeepingMixin):
         tokens remain under the reserved ceiling (acquires keep working); raises (DOWN) when
         none remain — from then on no token can be issued until lockdb is back."""
         try:
-            with self._lockdb(background=True) as cursor:
+            with self._lockdb(background=True, probe=True) as cursor:
                 cursor.execute("SELECT 1")
             return "UP"
         except TokenFloorUnavailable:

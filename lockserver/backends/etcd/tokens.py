@@ -120,9 +120,11 @@ class TokensMixin(KeySpace):
             # another lock-server replica wrote it first: read again
 
     @contextlib.contextmanager
-    def _lockdb(self, *, background: bool = False) -> Iterator[psycopg.Cursor]:
+    def _lockdb(self, *, background: bool = False, probe: bool = False) -> Iterator[psycopg.Cursor]:
         """A short autocommit connection of its own to lockdb (rare: start-up, once per block).
-        A failed `background` refill is not an outage to callers: it logs no ERROR."""
+        A failed `background` refill is not an outage to callers: it logs no ERROR. A readiness
+        `probe` proves only that lockdb answers, not that the high water can be read: it leaves
+        the logged-once state alone."""
         from django.db import connections
 
         from dlock.dbrouter import alias_for
@@ -139,6 +141,8 @@ class TokensMixin(KeySpace):
             if not background:
                 self._log_unavailable(exc)
             raise TokenFloorUnavailable(f"lockdb token high water unavailable: {exc}") from exc
+        if probe:
+            return
         self._unavailable_logged = False
         self._refill_deferred_logged = False
 
