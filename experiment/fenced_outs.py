@@ -38,8 +38,12 @@ SLOWING = (
     "restart",
     "pg_restart",
     "etcd_leader_kill",
+    "etcd_follower_kill",
     "quorum_loss",
     "replica_kill",
+    "replica_stall",
+    "replica_down",
+    "pg_kill",
 )
 PER_WORKER = ("pause", "kill")
 REVOKE = "revoke"

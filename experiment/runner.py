@@ -28,14 +28,18 @@ from experiment.fenced_outs import Fault
 from experiment.measure import CounterScraper, collect, posted_times, state_counts
 from experiment.rail import HOLD_MS, RailConfigurator
 from experiment.schedule import (
+    ETCD_FOLLOWER_KILL,
     ETCD_LEADER_KILL,
     HA_FAULTS,
     KILL,
     PAUSE,
+    PG_KILL,
     PG_RESTART,
     QUORUM_LOSS,
     RAIL_WINDOWS,
+    REPLICA_DOWN,
     REPLICA_KILL,
+    REPLICA_STALL,
     RESTART,
     FaultEvent,
     build_schedule,
@@ -138,6 +142,10 @@ class ArmRun:
             ETCD_LEADER_KILL: lambda _e, m: ha.kill_etcd_leader(stack, mark=m),
             QUORUM_LOSS: lambda e, m: ha.lose_quorum(stack, e.seconds, mark=m),
             REPLICA_KILL: lambda e, m: ha.kill_replica(stack, e.target, mark=m),
+            ETCD_FOLLOWER_KILL: lambda _e, m: ha.kill_etcd_follower(stack, mark=m),
+            REPLICA_STALL: lambda e, m: ha.stall_replica(stack, e.target, e.seconds, mark=m),
+            REPLICA_DOWN: lambda e, m: ha.down_replica(stack, e.target, e.seconds, mark=m),
+            PG_KILL: lambda _e, m: ha.kill_postmaster(stack, mark=m),
         }
 
     def clock(self) -> float:
@@ -305,7 +313,9 @@ class ArmRun:
 
         def run() -> None:
             try:
-                action()
+                outcome = action()
+                if isinstance(outcome, dict):
+                    record["outcome"] = outcome  # e.g. what `make up` replaced after a pg kill
             except Exception as exc:
                 self.errors.append(f"{event.kind} {event.target}: {exc}")
             finally:
@@ -450,6 +460,7 @@ class ArmRun:
             {p.name: p.attempts for p in self.probers},
             posted,
             settle_s=self.config.settle_s,
+            executor_logs=ha.executor_log_lines(self.ctx.logdir, wall0=self.ctx.wall0),
         )
 
     def _result(self) -> dict:

@@ -35,7 +35,16 @@ REPLICA_KILL = "replica_kill"  # kill -9 the second replica of a role, start it 
 REPLICA_STALL = "replica_stall"
 REPLICA_DOWN = "replica_down"
 PG_KILL = "pg_kill"
-HA_FAULTS = (ETCD_LEADER_KILL, QUORUM_LOSS, REPLICA_KILL, REPLICA_STALL, REPLICA_DOWN, PG_KILL)
+ETCD_FOLLOWER_KILL = "etcd_follower_kill"  # kill -9 a member that is not the leader, 2 s down
+HA_FAULTS = (
+    ETCD_LEADER_KILL,
+    ETCD_FOLLOWER_KILL,
+    QUORUM_LOSS,
+    REPLICA_KILL,
+    REPLICA_STALL,
+    REPLICA_DOWN,
+    PG_KILL,
+)
 
 RAIL_WINDOWS = (RAIL_LATENCY, RAIL_FAILURES, DUPLICATE_ACK)
 RESTART_ROLES = ("railproxy", "payments", "lockserver")
@@ -45,7 +54,13 @@ RESTART_ROLES = ("railproxy", "payments", "lockserver")
 # Worker faults (pauses, kills) and rail windows have none.
 ETCD, POSTGRES = "etcd", "postgres"
 _SCOPED_BY_TARGET = (RESTART, REPLICA_KILL, REPLICA_STALL, REPLICA_DOWN)
-_SCOPES = {ETCD_LEADER_KILL: ETCD, QUORUM_LOSS: ETCD, PG_RESTART: POSTGRES, PG_KILL: POSTGRES}
+_SCOPES = {
+    ETCD_LEADER_KILL: ETCD,
+    ETCD_FOLLOWER_KILL: ETCD,
+    QUORUM_LOSS: ETCD,
+    PG_RESTART: POSTGRES,
+    PG_KILL: POSTGRES,
+}
 # How long a scoped fault is expected to keep its scope busy (its own seconds come on top), and
 # the gap left after it: the schedule spaces faults by these; the runner also defers a fault
 # while another one on its scope is still healing, whatever the box's speed.
@@ -57,6 +72,7 @@ HEAL_S = {
     PG_RESTART: 8.0,
     PG_KILL: 8.0,
     ETCD_LEADER_KILL: 2.0 + 5.0,
+    ETCD_FOLLOWER_KILL: 2.0 + 5.0,
     QUORUM_LOSS: 5.0,
 }
 SCOPE_GAP_S = 2.0
@@ -273,18 +289,31 @@ def ha_faults(rng: random.Random, duration: float) -> list[FaultEvent]:
 
 # The recovery run (`--ha-recovery`): the HA faults alone, one at a time. Each waits until the
 # previous one has healed (victim started and healthy) and `settle` seconds have passed.
+# (kind, target, seconds): issue 16's five, then issue 27's — an etcd follower killed, the
+# lock-server replica the executors use stalled (SIGSTOP) for 15 s, then killed and kept down
+# 5 s (refused connections), and PostgreSQL's postmaster killed -9 and started again by
+# `make up` (which must replace nothing).
+STALL_S = 15.0
+DOWN_S = 5.0
+QUORUM_OUTAGE_S = 5.0
 RECOVERY_FAULTS = (
     (ETCD_LEADER_KILL, ""),
     (QUORUM_LOSS, ""),
     (REPLICA_KILL, "lockserver"),
     (REPLICA_KILL, "payments"),
     (REPLICA_KILL, "railproxy"),
+    (ETCD_FOLLOWER_KILL, ""),
+    (REPLICA_STALL, "lockserver"),
+    (REPLICA_DOWN, "lockserver"),
+    (PG_KILL, ""),
 )
+FAULT_SECONDS = {QUORUM_LOSS: QUORUM_OUTAGE_S, REPLICA_STALL: STALL_S, REPLICA_DOWN: DOWN_S}
 RECOVERY_SETTLE_S = 8.0
-QUORUM_OUTAGE_S = 5.0
 
 
-def recovery_schedule(*, settle_s: float = RECOVERY_SETTLE_S) -> list[FaultEvent]:
+def recovery_schedule(
+    *, settle_s: float = RECOVERY_SETTLE_S, faults: tuple = RECOVERY_FAULTS
+) -> list[FaultEvent]:
     """Nominal times `settle_s` apart, the first after two settles (executors boot and payouts
     flow before it); the runner defers each until the previous one healed and settled."""
     return [
@@ -292,18 +321,20 @@ def recovery_schedule(*, settle_s: float = RECOVERY_SETTLE_S) -> list[FaultEvent
             at=round(settle_s * (n + 2), 2),
             kind=kind,
             target=target,
-            seconds=QUORUM_OUTAGE_S if kind == QUORUM_LOSS else 0.0,
+            seconds=FAULT_SECONDS.get(kind, 0.0),
             params={"settle": settle_s},
         )
-        for n, (kind, target) in enumerate(RECOVERY_FAULTS)
+        for n, (kind, target) in enumerate(faults)
     ]
 
 
-def recovery_duration(settle_s: float = RECOVERY_SETTLE_S) -> float:
+def recovery_duration(
+    settle_s: float = RECOVERY_SETTLE_S, faults: tuple = RECOVERY_FAULTS
+) -> float:
     """A fault phase long enough for the recovery schedule on an idle box (it runs longer when
     a heal takes longer: the runner keeps going until the last fault healed and settled)."""
-    heals = 4.0 + (QUORUM_OUTAGE_S + 3.0) + 3 * 5.0
-    return round(settle_s * (len(RECOVERY_FAULTS) + 2) + heals, 1)
+    heals = sum(FAULT_SECONDS.get(kind, 0.0) + 5.0 for kind, _ in faults)
+    return round(settle_s * (len(faults) + 2) + heals, 1)
 
 
 def rail_config_at(
