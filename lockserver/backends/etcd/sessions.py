@@ -24,6 +24,7 @@ from lockserver.backends.etcd.keys import (
     _deadline_passed,
     _dump,
     _from_ms,
+    _grace_left,
     _ms,
     _now,
 )
@@ -255,9 +256,8 @@ class SessionsMixin(KeySpace):
                 raise self._session_gone(session_id, read.responses[1].first())
             if not _deadline_passed(sess):
                 return sess
-            if settled:  # the recorded deadline is authoritative, whatever the lease says
-                raise session_expired(session_id)
-            self.client.wait_for_change(
-                [sess_key], after_revision=read.revision, timeout_s=EXPIRY_GRACE_S
-            )
+            grace = _grace_left(sess, grace_s=EXPIRY_GRACE_S)
+            if settled or grace <= 0.0:  # the recorded deadline is authoritative, whatever
+                raise session_expired(session_id)  # the lease says (a renewed one: no wait)
+            self.client.wait_for_change([sess_key], after_revision=read.revision, timeout_s=grace)
         raise AssertionError("unreachable")  # pragma: no cover
