@@ -39,6 +39,7 @@ SLOWING = (
     "pg_restart",
     "etcd_leader_kill",
     "etcd_follower_kill",
+    "etcd_leader_cut",
     "quorum_loss",
     "replica_kill",
     "replica_stall",

@@ -158,6 +158,26 @@ def kill_etcd_follower(stack: StackHandle, *, mark: Mark = _no_mark) -> str:
     return victim.name
 
 
+def cut_etcd_leader(stack: StackHandle, seconds: float, *, mark: Mark = _no_mark) -> str:
+    """SIGSTOP the etcd leader for `seconds`, then SIGCONT: to its peers and its clients it is
+    partitioned away (calls sent to it time out; the others elect a new leader), and it comes
+    back as a follower. A partition without iptables: it cannot answer anyone meanwhile."""
+    cluster = members(stack)
+    victim = leader(cluster)
+    if victim is None:
+        raise MissingPiece("no etcd member says it is the leader")
+    pid = int(_pidfile(stack, victim).read_text() or 0)
+    mark("killed")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        mark("restarted")
+    wait_quorum(stack)
+    return victim.name
+
+
 def _record(stack: StackHandle, name: str) -> dict:
     record = stack.run_dir / "roles" / f"{name}.json"
     if not record.exists():
@@ -287,6 +307,7 @@ RECOVERY_GOAL_S = 3.0
 # Which probers a fault is about (the others are reported too: their continuity is the point).
 FAULT_ROLES = {
     "etcd_leader_kill": "lockserver",
+    "etcd_leader_cut": "lockserver",
     "etcd_follower_kill": "lockserver",
     "quorum_loss": "lockserver",
     "pg_kill": "lockserver",  # etcd-backed lock-servers must keep serving through it
@@ -295,7 +316,7 @@ FAULT_ROLES = {
 # second URL), a stall or a down replica the first (the one the executors use).
 VICTIM = {"replica_kill": "r2", "replica_stall": "r1", "replica_down": "r1"}
 ETCD_PROBER = "etcd/cluster"
-ETCD_KINDS = ("etcd_leader_kill", "etcd_follower_kill", "quorum_loss")
+ETCD_KINDS = ("etcd_leader_kill", "etcd_follower_kill", "etcd_leader_cut", "quorum_loss")
 DLOCK_SHARE_GOAL_S = 1.0
 
 
@@ -445,6 +466,7 @@ def log_counts(lines: list[tuple[float, str, str]], lo: float, hi: float) -> dic
 HA_KINDS = (
     "etcd_leader_kill",
     "etcd_follower_kill",
+    "etcd_leader_cut",
     "quorum_loss",
     "replica_kill",
     "replica_stall",

@@ -29,6 +29,7 @@ from experiment.measure import CounterScraper, collect, posted_times, state_coun
 from experiment.rail import HOLD_MS, RailConfigurator
 from experiment.schedule import (
     ETCD_FOLLOWER_KILL,
+    ETCD_LEADER_CUT,
     ETCD_LEADER_KILL,
     HA_FAULTS,
     KILL,
@@ -143,6 +144,7 @@ class ArmRun:
             QUORUM_LOSS: lambda e, m: ha.lose_quorum(stack, e.seconds, mark=m),
             REPLICA_KILL: lambda e, m: ha.kill_replica(stack, e.target, mark=m),
             ETCD_FOLLOWER_KILL: lambda _e, m: ha.kill_etcd_follower(stack, mark=m),
+            ETCD_LEADER_CUT: lambda e, m: ha.cut_etcd_leader(stack, e.seconds, mark=m),
             REPLICA_STALL: lambda e, m: ha.stall_replica(stack, e.target, e.seconds, mark=m),
             REPLICA_DOWN: lambda e, m: ha.down_replica(stack, e.target, e.seconds, mark=m),
             PG_KILL: lambda _e, m: ha.kill_postmaster(stack, mark=m),

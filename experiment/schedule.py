@@ -36,9 +36,13 @@ REPLICA_STALL = "replica_stall"
 REPLICA_DOWN = "replica_down"
 PG_KILL = "pg_kill"
 ETCD_FOLLOWER_KILL = "etcd_follower_kill"  # kill -9 a member that is not the leader, 2 s down
+# The leader cut off from peers and clients alike (SIGSTOP for `seconds`, then SIGCONT): calls to
+# it time out after they were sent, instead of being refused — a partition without iptables.
+ETCD_LEADER_CUT = "etcd_leader_cut"
 HA_FAULTS = (
     ETCD_LEADER_KILL,
     ETCD_FOLLOWER_KILL,
+    ETCD_LEADER_CUT,
     QUORUM_LOSS,
     REPLICA_KILL,
     REPLICA_STALL,
@@ -57,6 +61,7 @@ _SCOPED_BY_TARGET = (RESTART, REPLICA_KILL, REPLICA_STALL, REPLICA_DOWN)
 _SCOPES = {
     ETCD_LEADER_KILL: ETCD,
     ETCD_FOLLOWER_KILL: ETCD,
+    ETCD_LEADER_CUT: ETCD,
     QUORUM_LOSS: ETCD,
     PG_RESTART: POSTGRES,
     PG_KILL: POSTGRES,
@@ -73,6 +78,7 @@ HEAL_S = {
     PG_KILL: 8.0,
     ETCD_LEADER_KILL: 2.0 + 5.0,
     ETCD_FOLLOWER_KILL: 2.0 + 5.0,
+    ETCD_LEADER_CUT: 5.0,
     QUORUM_LOSS: 5.0,
 }
 SCOPE_GAP_S = 2.0
@@ -289,12 +295,13 @@ def ha_faults(rng: random.Random, duration: float) -> list[FaultEvent]:
 
 # The recovery run (`--ha-recovery`): the HA faults alone, one at a time. Each waits until the
 # previous one has healed (victim started and healthy) and `settle` seconds have passed.
-# (kind, target, seconds): issue 16's five, then issue 27's — an etcd follower killed, the
-# lock-server replica the executors use stalled (SIGSTOP) for 15 s, then killed and kept down
-# 5 s (refused connections), and PostgreSQL's postmaster killed -9 and started again by
-# `make up` (which must replace nothing).
+# (kind, target): issue 16's five, then issue 27's — an etcd follower killed, the etcd leader
+# cut off (SIGSTOP, 5 s), the lock-server replica the executors use stalled (SIGSTOP) for 15 s,
+# then killed and kept down 5 s (refused connections), and PostgreSQL's postmaster killed -9
+# and started again by `make up` (which must replace nothing).
 STALL_S = 15.0
 DOWN_S = 5.0
+LEADER_CUT_S = 5.0
 QUORUM_OUTAGE_S = 5.0
 RECOVERY_FAULTS = (
     (ETCD_LEADER_KILL, ""),
@@ -303,11 +310,17 @@ RECOVERY_FAULTS = (
     (REPLICA_KILL, "payments"),
     (REPLICA_KILL, "railproxy"),
     (ETCD_FOLLOWER_KILL, ""),
+    (ETCD_LEADER_CUT, ""),
     (REPLICA_STALL, "lockserver"),
     (REPLICA_DOWN, "lockserver"),
     (PG_KILL, ""),
 )
-FAULT_SECONDS = {QUORUM_LOSS: QUORUM_OUTAGE_S, REPLICA_STALL: STALL_S, REPLICA_DOWN: DOWN_S}
+FAULT_SECONDS = {
+    QUORUM_LOSS: QUORUM_OUTAGE_S,
+    REPLICA_STALL: STALL_S,
+    REPLICA_DOWN: DOWN_S,
+    ETCD_LEADER_CUT: LEADER_CUT_S,
+}
 RECOVERY_SETTLE_S = 8.0
 
 

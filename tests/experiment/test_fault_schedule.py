@@ -63,6 +63,7 @@ def test_seed_7_no_longer_has_both_lock_server_replicas_down_together():
 def test_scopes_are_the_role_etcd_or_postgres_and_workers_have_none():
     assert fault_scope(RESTART, "lockserver") == fault_scope(REPLICA_KILL, "lockserver")
     assert fault_scope("etcd_leader_kill") == fault_scope("quorum_loss") == ETCD
+    assert fault_scope("etcd_leader_cut") == fault_scope("etcd_follower_kill") == ETCD
     assert fault_scope("pg_restart") == fault_scope("pg_kill") == POSTGRES
     assert fault_scope("replica_stall", "lockserver") == "lockserver"
     assert fault_scope(PAUSE, "1") == fault_scope("kill", "0") == fault_scope("rail_latency") == ""

@@ -14,6 +14,7 @@ from experiment import ha
 from experiment.probes import Attempt, build_probers
 from experiment.schedule import (
     ETCD_FOLLOWER_KILL,
+    ETCD_LEADER_CUT,
     ETCD_LEADER_KILL,
     PG_KILL,
     QUORUM_LOSS,
@@ -103,6 +104,7 @@ def test_the_recovery_schedule_is_every_ha_fault_alone_each_after_a_settle():
     assert {e.kind for e in events} == {
         ETCD_LEADER_KILL,
         ETCD_FOLLOWER_KILL,
+        ETCD_LEADER_CUT,
         QUORUM_LOSS,
         REPLICA_KILL,
         REPLICA_STALL,
@@ -278,3 +280,123 @@ def test_a_pg_kill_reports_what_make_up_replaced():
     (fault,) = ha.fault_recovery(windows, {}, [], settle_s=5.0)
     assert fault["role"] == "lockserver"
     assert "  make up after the restart: exit 0, replaced nothing" in ha.recovery_lines([fault])
+
+
+# -- issue 27's cases, for real at a small size: a lock-server stack on etcd (one member), two
+# replicas of every role, probers per replica; the stalled replica, the replica kept down and
+# PostgreSQL's postmaster killed -9 (then `make up`, which must replace nothing).
+
+
+@pytest.fixture(scope="module")
+def etcd_replicated_stack(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run = isolated_run(tmp_path_factory.mktemp("ha27"), monkeypatch)
+        (run / "pids").mkdir(parents=True)
+        base = _free_block(len(ROLES), replicas=2)
+        ports = {role: base + n for n, role in enumerate(ROLES, 1)}
+        try:
+            up("etcd", etcd_members=1, replicas=2, run=run, ports=ports)
+            yield from_stack_env(run)
+        finally:
+            clean(run=run)
+
+
+def lock_probers(stack, run_id: str):
+    t0 = time.monotonic()
+    clock = lambda: time.monotonic() - t0  # noqa: E731
+    probers = {
+        p.name: p
+        for p in build_probers(stack.env, run_id=run_id, account_id="acct-none", clock=clock)
+        if p.role == "lockserver"
+    }
+    for prober in probers.values():
+        prober.start()
+    deadline = time.monotonic() + 30
+    while not all(p.attempts and p.attempts[-1].ok for p in probers.values()):
+        assert time.monotonic() < deadline, {n: p.attempts[-1:] for n, p in probers.items()}
+        time.sleep(0.1)
+    return probers, clock
+
+
+def stop_all(probers) -> None:
+    for prober in probers.values():
+        prober.stop()
+
+
+def marker(clock, marks: dict):
+    def mark(what: str) -> None:
+        marks[what] = clock()
+
+    return mark
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_a_stalled_replica_stops_answering_and_resumes_as_the_same_process(
+    etcd_replicated_stack,
+):
+    stack = etcd_replicated_stack
+    pid = ha.role_pids(stack)["lockserver"]
+    probers, clock = lock_probers(stack, "st")
+    marks: dict[str, float] = {}
+    try:
+        ha.stall_replica(stack, "lockserver", 2.0, mark=marker(clock, marks))
+        time.sleep(0.5)
+    finally:
+        stop_all(probers)
+    at, resumed = marks["killed"], marks["restarted"]
+    stalled = probers["lockserver/r1"].attempts
+    # nothing r1 answered between the stop and the SIGCONT
+    assert not [a for a in stalled if a.ok and at + 0.1 < a.end < resumed]
+    assert ha.probe_recovery(stalled, at=at, healed=resumed)["first_ok_after"] > resumed
+    # the other replica never noticed, and the stalled one was not replaced
+    assert all(a.ok for a in probers["lockserver/r2"].attempts if a.start >= at)
+    assert ha.role_pids(stack)["lockserver"] == pid
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_a_replica_kept_down_refuses_connections_until_it_is_started_again(
+    etcd_replicated_stack,
+):
+    stack = etcd_replicated_stack
+    pid = ha.role_pids(stack)["lockserver"]
+    probers, clock = lock_probers(stack, "dn")
+    marks: dict[str, float] = {}
+    try:
+        ha.down_replica(stack, "lockserver", 1.5, mark=marker(clock, marks))
+        time.sleep(0.5)
+    finally:
+        stop_all(probers)
+    at = marks["killed"]
+    down = [a for a in probers["lockserver/r1"].attempts if a.start >= at and not a.ok]
+    assert down and "ServiceUnreachable" in {a.code for a in down}
+    assert ha.probe_recovery(probers["lockserver/r1"].attempts, at=at, healed=marks["restarted"])[
+        "first_ok_after"
+    ]
+    assert all(a.ok for a in probers["lockserver/r2"].attempts if a.start >= at)
+    assert ha.role_pids(stack)["lockserver"] != pid  # started again from its record
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_a_postgres_kill_leaves_the_etcd_lock_servers_serving_and_make_up_replaces_nothing(
+    etcd_replicated_stack,
+):
+    stack = etcd_replicated_stack
+    probers, clock = lock_probers(stack, "pg")
+    marks: dict[str, float] = {}
+    try:
+        outcome = ha.kill_postmaster(stack, mark=marker(clock, marks))
+    finally:
+        stop_all(probers)
+    assert outcome["make_up_exit"] == 0, outcome["make_up_tail"]
+    assert outcome["replaced"] == [], outcome
+    assert stack.pg_cluster is not None and stack.pg_cluster.running()
+    # both etcd-backed lock-servers kept granting while PostgreSQL was down and restarting
+    for name in ("lockserver/r1", "lockserver/r2"):
+        during = [a for a in probers[name].attempts if a.start >= marks["killed"]]
+        assert during and all(a.ok for a in during), [a for a in during if not a.ok][:3]
