@@ -265,9 +265,11 @@ def kill_postmaster(stack: StackHandle, *, mark: Mark = _no_mark) -> dict:
         time.sleep(1.0)
     assert answer is not None
     after = role_pids(stack)
+    said = (answer.stdout + answer.stderr).splitlines()
     return {
         "make_up_exit": answer.returncode,
-        "make_up_tail": (answer.stdout + answer.stderr)[-600:],
+        "make_up_waited": [line for line in said if "alive but not ready" in line],
+        "make_up_tail": "\n".join(said[-12:]),
         "replaced": sorted(name for name, p in before.items() if after.get(name) != p),
     }
 
@@ -402,7 +404,11 @@ def fault_recovery(
             "outcome": w.get("outcome") or {},
         }
         if w["kind"] in ETCD_KINDS and ETCD_PROBER in recovery:
-            fault["split"] = etcd_split(recovery, healed=healed)
+            # etcd's time from the members' restart after a quorum loss; from the fault itself
+            # when the cluster kept a quorum (it may serve again before the victim is back)
+            since = healed if w["kind"] == "quorum_loss" else at
+            fault["split"] = etcd_split(recovery, since=since)
+            fault["split"]["since"] = "restart" if w["kind"] == "quorum_loss" else "fault"
         if w["kind"] in ("replica_down", "replica_stall") and executor_logs is not None:
             until = float(healed) if healed is not None else end
             fault["executor_log"] = log_counts(executor_logs, at, until)
@@ -410,14 +416,17 @@ def fault_recovery(
     return out
 
 
-def etcd_split(recovery: dict[str, dict], *, healed: float | None) -> dict:
-    """etcd's own time — its first successful request after the fault, from the members'
-    restart — and dlock's share per lock-server prober: its first success after that."""
+def etcd_split(recovery: dict[str, dict], *, since: float | None) -> dict:
+    """etcd's own time — its first successful request after the fault, counted from `since`
+    (the members' restart after a quorum loss) — and dlock's share per lock-server prober: its
+    first success after etcd's."""
     etcd_ok = recovery[ETCD_PROBER]["first_ok_after"]
     split: dict = {
         "etcd_first_ok": etcd_ok,
         "etcd_s": (
-            round(etcd_ok - healed, 3) if etcd_ok is not None and healed is not None else None
+            round(max(0.0, etcd_ok - since), 3)
+            if etcd_ok is not None and since is not None
+            else None
         ),
         "dlock_s": {},
     }
@@ -515,8 +524,9 @@ def _extra_lines(fault: dict) -> list[str]:
             + ("" if share is not None and share <= DLOCK_SHARE_GOAL_S else " > goal")
             for name, share in split["dlock_s"].items()
         )
+        since = "the restart" if split.get("since", "restart") == "restart" else "the fault"
         lines.append(
-            f"  split: etcd's first ok {_s(split['etcd_s'])} after the restart; dlock's share"
+            f"  split: etcd's first ok {_s(split['etcd_s'])} after {since}; dlock's share"
             f" (first acquire after etcd's first ok): {shares}"
         )
     logged = fault.get("executor_log")
@@ -528,9 +538,14 @@ def _extra_lines(fault: dict) -> list[str]:
         )
     outcome = fault.get("outcome") or {}
     if "replaced" in outcome:
+        waited = [
+            line.split("] ", 1)[-1].split(" is alive")[0]
+            for line in outcome.get("make_up_waited", [])
+        ]
         lines.append(
             f"  make up after the restart: exit {outcome['make_up_exit']}, replaced"
             f" {', '.join(outcome['replaced']) or 'nothing'}"
+            + (f"; waited for {', '.join(waited)} (alive, not ready yet)" if waited else "")
         )
     return lines
 
