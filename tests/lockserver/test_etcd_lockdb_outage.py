@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import requests
 
 from devstack import RoleProcess, free_port, manage
 from devstack.postgres import PgCluster, private_datadir
@@ -61,6 +62,13 @@ def readiness(server: LockServer) -> tuple[int, dict]:
     response = server.get("/health/ready")
     body = response.json()
     return response.status_code, body.get("checks") or body["details"]["checks"]
+
+
+def _answers(server: LockServer, path: str) -> bool:
+    try:
+        return server.get(path, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def until(predicate, what: str, timeout: float = 30) -> None:
@@ -109,6 +117,19 @@ def test_with_lockdb_stopped_it_stays_ready_and_serves_sessions_and_grants(lockd
             headers={"X-Owner-Id": during["ownerId"], "Authorization": f"Bearer {OTHER}"},
         )
         assert_error(foreign, 403, "FORBIDDEN")
+
+        # A fresh process (another replica: nothing kept in memory) judges ownership from the
+        # session's etcd record alone while lockdb is down.
+        server.http.close()
+        server.proc.stop()
+        server.proc.start(wait=False)
+        until(lambda: _answers(server, "/health/live"), "the new process to answer")
+        beat_path = f"/v1/sessions/{during['sessionId']}/heartbeat"
+        owner = {"X-Owner-Id": during["ownerId"]}
+        assert server.post(beat_path, headers=owner).status_code == 200
+        other = {**owner, "Authorization": f"Bearer {OTHER}"}
+        assert_error(server.post(beat_path, headers=other), 403, "FORBIDDEN")
+        pid = server.proc.process.pid
 
         lockdb.start()
         until(lambda: readiness(server)[1]["lockdb"] == "UP", "lockdb UP again")
