@@ -80,3 +80,21 @@ def ready(url: str) -> bool:
         return requests.get(f"{url}/health/ready", timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+def live(url: str) -> bool:
+    """The process answers `/health/live` (it runs, whatever its dependencies do)."""
+    try:
+        return requests.get(f"{url}/health/live", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def readiness_checks(url: str) -> str:
+    """`/health/ready`'s checks as `name=STATE …` (for messages), or why there are none."""
+    try:
+        body = requests.get(f"{url}/health/ready", timeout=2).json()
+    except (requests.RequestException, ValueError) as exc:
+        return f"readiness unanswered: {type(exc).__name__}"
+    checks = body.get("checks") or (body.get("details") or {}).get("checks") or {}
+    return " ".join(f"{name}={state}" for name, state in checks.items()) or "no checks"

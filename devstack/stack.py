@@ -28,8 +28,10 @@ from devstack.common import (
     URL_ENV,
     StackError,
     free_port,
+    live,
     pid_alive,
     port_open,
+    readiness_checks,
     ready,
     say,
     wait_until,
@@ -228,16 +230,55 @@ def _etcd(env: dict[str, str], previous: dict[str, str], run: Path, members: int
     say(f"etcd on {env['ETCD_URL']}" + (f" (started {len(started)})" if started else ""))
 
 
+# How long `up` waits for a role that is alive (answers /health/live) but not ready.
+ALIVE_WAIT_S = 60.0
+
+
+def plan(name: str, port: int, running: dict[str, dict[str, Any]]) -> str:
+    """What `up` does with one instance: "ready" (leave it), "alive" (its process answers
+    /health/live but is not ready: wait for it, never replace it — a new process would wait for
+    the same dependency, and replacing it refuses connections meanwhile), "replace" (its process
+    exists but does not answer at all) or "start" (nothing runs)."""
+    if name not in running:
+        return "start"
+    url = f"http://127.0.0.1:{port}"
+    if ready(url):
+        return "ready"
+    return "alive" if live(url) else "replace"
+
+
+def wait_alive(alive: list[tuple[str, int]], run: Path, *, timeout: float = ALIVE_WAIT_S) -> None:
+    """Wait until every alive-but-not-ready instance is ready; say what it waits for. After
+    `timeout` it is left running and `up` fails, naming it and its readiness checks."""
+    for name, port in alive:
+        url = f"http://127.0.0.1:{port}"
+        say(f"{name} is alive but not ready ({readiness_checks(url)}): waiting, not replacing it")
+        deadline = time.monotonic() + timeout
+        while not ready(url):
+            if time.monotonic() >= deadline:
+                raise StackError(
+                    f"{name} on {url} is alive (answers /health/live) but not ready after "
+                    f"{timeout:.0f}s ({readiness_checks(url)}); it is left running — fix what "
+                    f"it waits for (log: {run / 'logs' / f'{name}.log'}) or `make down`"
+                )
+            time.sleep(0.2)
+
+
 def _start_roles(
     env: dict[str, str], topology: Topology, run: Path, running: dict[str, dict[str, Any]]
 ) -> None:
     procs: list[RoleProcess] = []
+    alive: list[tuple[str, int]] = []
     for name, role, port in instances(topology):
-        if name in running and ready(f"http://127.0.0.1:{port}"):
+        action = plan(name, port, running)
+        if action == "ready":
             say(f"{name} already running on http://127.0.0.1:{port}")
             continue
+        if action == "alive":
+            alive.append((name, port))
+            continue
         proc = RoleProcess(role, port, env, run / "logs" / f"{name}.log", name=name)
-        if name in running:  # alive but not answering: replace it, with its own configuration
+        if action == "replace":  # its process exists but answers nothing: replace it, as it was
             _terminate(int(running[name]["pid"]))
             wait_until(lambda p=port: not port_open(p), timeout=15, what=f"port {port} to free")
             proc = RoleProcess.from_record(running[name])
@@ -247,6 +288,7 @@ def _start_roles(
         _remember(run, proc, env)
     for proc in procs:
         proc.wait_ready()
+    wait_alive(alive, run)
     for name, _role, port in instances(topology):
         say(f"{name:<13} ready on http://127.0.0.1:{port}")
 

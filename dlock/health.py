@@ -1,4 +1,9 @@
-"""Liveness touches nothing; readiness makes a real round trip to each of the role's stores."""
+"""Liveness touches nothing; readiness makes a real round trip to each of the role's stores.
+
+A check raises when its dependency cannot serve (DOWN: 503), returns None when it is UP, or
+returns another state the role can still serve in (`DEGRADED`: 200, reported by name). A role
+may replace the plain round trip to one of its databases with a check of its own when it can
+serve without that database for a while (the etcd lock-server's lockdb, issue 27 item 3)."""
 
 from __future__ import annotations
 
@@ -17,12 +22,22 @@ from dlock.rendering import json_response
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
-_extra_checks: dict[str, Callable[[], None]] = {}
+Check = Callable[[], "str | None"]
+SERVING = ("UP", "DEGRADED")
+
+_extra_checks: dict[str, Check] = {}
+_database_checks: dict[str, Check] = {}
 
 
-def register_readiness_check(name: str, check: Callable[[], None]) -> None:
+def register_readiness_check(name: str, check: Check) -> None:
     """`check` raises on failure; e.g. the etcd lock backend registers a cluster round trip."""
     _extra_checks[name] = check
+
+
+def replace_database_check(alias: str, check: Check) -> None:
+    """Judge database `alias` by `check` instead of a bare round trip (reported under the same
+    name)."""
+    _database_checks[alias] = check
 
 
 def _database_check(alias: str) -> Callable[[], None]:
@@ -44,18 +59,22 @@ def live(request: HttpRequest) -> HttpResponse:
 @require_safe
 def ready(request: HttpRequest) -> HttpResponse:
     checks = {
-        settings.DATABASES[alias]["NAME"]: _database_check(alias) for alias in settings.DATABASES
+        settings.DATABASES[alias]["NAME"]: _database_checks.get(alias) or _database_check(alias)
+        for alias in settings.DATABASES
     }
     checks.update(_extra_checks)
     results: dict[str, str] = {}
     for name, check in checks.items():
         try:
-            check()
-            results[name] = "UP"
+            state = check() or "UP"
+            results[name] = state if state in SERVING else "DOWN"
         except Exception:  # any failure is DOWN: readiness fails closed
             results[name] = "DOWN"
-    if all(state == "UP" for state in results.values()):
-        return json_response({"status": "UP", "service": settings.SERVICE_NAME, "checks": results})
+    if all(state in SERVING for state in results.values()):
+        overall = "UP" if all(state == "UP" for state in results.values()) else "DEGRADED"
+        return json_response(
+            {"status": overall, "service": settings.SERVICE_NAME, "checks": results}
+        )
     return error_response(
         ApiError(Code.NOT_LEADER, "a dependency is unavailable", details={"checks": results})
     )

@@ -9,15 +9,23 @@ from pathlib import Path
 from experiment.arms import ARMS
 
 # A CI-sized run: both arms in well under two minutes on two cores (seed 7 shows both effects).
+# Its verdict never depends on luck (issue 27 item 4): exactly three pauses (claimed, submitted,
+# locked), and the fault phase goes on (up to `land_timeout` more seconds) until every one has
+# landed — its worker stopped in its phase and resumed; the payouts are paced so work is left
+# for the last one. Fewer than two landed pauses, or pauses in fewer than two phases, is
+# INCONCLUSIVE with that reason, never a silent pass.
 CI_PRESET = {
     "executors": 3,
     "executor_concurrency": 2,  # issue 17: every executor keeps up to 2 payouts in flight
     "accounts": 4,  # with fewer, a freshly armed executor can starve on contention for seconds
-    "payouts": 54,
+    "payouts": 72,
     "duration": 20.0,
     "lease_ms": 1500,
     "drain_timeout": 30.0,
+    "pauses": 3,
+    "pauses_must_land": True,
 }
+LANDED_PAUSES_MIN = 2  # a run that must land its pauses needs this many, in as many phases
 
 
 # The HA recovery run (`--ha-recovery`): the fenced arm only, enough work to keep payouts flowing
@@ -30,6 +38,8 @@ RECOVERY_PRESET = {
     "payouts": 320,
     "lease_ms": 2000,
     "drain_timeout": 60.0,
+    "pauses": None,  # the recovery schedule has no pauses (even with --ci)
+    "pauses_must_land": False,
 }
 
 
@@ -54,6 +64,11 @@ class ExperimentConfig:
     # The recovery run: the HA faults alone, one at a time, `settle_s` apart (issue 16, Measure).
     ha_recovery: bool = False
     settle_s: float = 8.0
+    # Exactly this many pauses (None: as many as fit the fault phase) and, when they must land,
+    # a fault phase that goes on until each has (at most `land_timeout` seconds longer).
+    pauses: int | None = None
+    pauses_must_land: bool = False
+    land_timeout: float = 40.0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property

@@ -38,8 +38,13 @@ SLOWING = (
     "restart",
     "pg_restart",
     "etcd_leader_kill",
+    "etcd_follower_kill",
+    "etcd_leader_cut",
     "quorum_loss",
     "replica_kill",
+    "replica_stall",
+    "replica_down",
+    "pg_kill",
 )
 PER_WORKER = ("pause", "kill")
 REVOKE = "revoke"
@@ -56,6 +61,7 @@ class Fault:
     key: str = ""  # revoke: the lock key
     token: int | None = None  # revoke: the token evicted
     target: str = ""  # restart: the role
+    phase: str = ""  # pause: the phase the worker stopped in; revoke: its pause's phase
 
     def label(self) -> str:
         who = self.owner or self.key or self.target
@@ -79,7 +85,14 @@ def classify_one(
     event: FencedOutEvent, faults: Iterable[Fault], *, lease_s: float
 ) -> tuple[bool, str]:
     """(explained, why) for one fenced-out event."""
-    faults = list(faults)
+    ok, why, _fault = _classify(event, list(faults), lease_s=lease_s)
+    return ok, why
+
+
+def _classify(
+    event: FencedOutEvent, faults: list[Fault], *, lease_s: float
+) -> tuple[bool, str, Fault | None]:
+    """(explained, why, the fault that explains it)."""
     for fault in faults:
         if (
             fault.kind == REVOKE
@@ -88,29 +101,33 @@ def classify_one(
             and event.at >= fault.start
             and (fault.token is None or event.token is None or event.token <= fault.token)
         ):
-            return True, f"its grant was revoked: {fault.label()}"
+            return True, f"its grant was revoked: {fault.label()}", fault
     if event.granted_at is None:
-        return False, "no section start for this owner and token in the worker's log"
+        return False, "no section start for this owner and token in the worker's log", None
     valid_from = event.valid_from if event.valid_from is not None else event.granted_at
     age = event.at - valid_from
     tolerance = min(0.5, 0.25 * lease_s)  # the grant is logged a moment after it was issued
     if age < lease_s - tolerance:
-        return False, (
+        return (
+            False,
             f"the writer was not stale: its grant was {age:.2f}s old (lease {lease_s:g}s) and"
             " not revoked — a fence above the lock server's tokens (a lock server on another"
-            " backend or cluster? a token handed out twice?)"
+            " backend or cluster? a token handed out twice?)",
+            None,
         )
     for fault in faults:
         overlaps = fault.start <= event.at and fault.end >= event.granted_at
         if not overlaps:
             continue
         if fault.kind in PER_WORKER and fault.owner == event.owner:
-            return True, f"its section outlived the lease ({age:.2f}s): {fault.label()}"
+            return True, f"its section outlived the lease ({age:.2f}s): {fault.label()}", fault
         if fault.kind in SLOWING:
-            return True, f"its section outlived the lease ({age:.2f}s): {fault.label()}"
-    return False, (
+            return True, f"its section outlived the lease ({age:.2f}s): {fault.label()}", fault
+    return (
+        False,
         f"its section outlived the lease ({age:.2f}s, lease {lease_s:g}s) but no scheduled"
-        " fault overlapped it"
+        " fault overlapped it",
+        None,
     )
 
 
@@ -129,10 +146,16 @@ def classify(
     faults = list(faults)
     explained: list[dict] = []
     unexplained: list[dict] = []
+    by_phase: dict[str, int] = {}
     for event in sorted(events, key=lambda e: e.at):
-        ok, why = classify_one(event, faults, lease_s=lease_s)
+        ok, why, fault = _classify(event, faults, lease_s=lease_s)
         entry = {**asdict(event), "why": why}
         (explained if ok else unexplained).append(entry)
+        if ok and fault is not None:
+            # the critical-section phase its pause stopped it in; else the fault's kind
+            phase = fault.phase or fault.kind
+            entry["phase"] = phase
+            by_phase[phase] = by_phase.get(phase, 0) + 1
     kills_left = kills * max(1, per_kill)
     for resource, n in sorted((unseen or {}).items()):
         for _ in range(n):
@@ -140,6 +163,7 @@ def classify(
             if kills_left > 0:
                 kills_left -= 1
                 explained.append({**entry, "why": "a worker killed -9 during this write"})
+                by_phase["kill"] = by_phase.get("kill", 0) + 1
             else:
                 unexplained.append(
                     {**entry, "why": "counted by the resource, logged by no executor, no kill"}
@@ -147,6 +171,7 @@ def classify(
     return {
         "explained": len(explained),
         "unexplained": len(unexplained),
+        "explained_by_phase": dict(sorted(by_phase.items())),
         "explained_events": explained[:200],
         "unexplained_events": unexplained[:200],
     }

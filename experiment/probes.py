@@ -8,7 +8,13 @@ attempt: start, end (on the arm's clock), ok, and the error code when it failed.
   replica first (the client's failover path, as executors use it, on the replica that dies);
 - payments probers: P5 `GET /v1/accounts/<id>` through `dlock.client.transport.Endpoints`;
 - rail-proxy probers: its readiness route through the same transport (the proxy's one API call
-  is a rail submission, which a probe must never make).
+  is a rail submission, which a probe must never make);
+- on etcd, one etcd prober (`etcd/cluster`): a linearizable range read of one key, each member
+  in turn (a member that refuses or has no leader is skipped) — etcd's own recovery, to split a
+  quorum loss into etcd's time and dlock's (issue 27 item 5).
+
+The lock-server also gets `fwd`, every URL in the order the executors list them (the first
+replica first): the client a stall of the first replica hits (issue 27 item 6).
 
 Attempts are never retried inside: what a prober records is what one call saw.
 """
@@ -31,7 +37,9 @@ from dlock.client.transport import Endpoints, parse_endpoints
 PROBE_INTERVAL_S = 0.05
 PROBE_SESSION_TTL_MS = 5_000
 PROBE_LOCK_TTL_MS = 2_000
-BOTH = "both"  # the prober that holds every URL of its role
+BOTH = "both"  # the prober that holds every URL of its role, the last replica first
+FORWARD = "fwd"  # every URL of the lock-server in the executors' order
+ETCD_PROBE_TIMEOUT = (0.3, 0.5)
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,32 @@ def read_probe(urls: str, path: str, *, owner_id: str) -> Callable[[], None]:
     return attempt
 
 
+def etcd_probe(urls: str, *, key: str) -> Callable[[], None]:
+    """A linearizable read (it needs a leader and a quorum): ok once etcd serves again."""
+    import base64
+
+    import requests
+
+    members = [u.strip().rstrip("/") for u in urls.split(",") if u.strip()]
+    body = {"key": base64.b64encode(key.encode()).decode()}
+    http = requests.Session()
+
+    def attempt() -> None:
+        last = "no member"
+        for member in members:
+            try:
+                reply = http.post(f"{member}/v3/kv/range", json=body, timeout=ETCD_PROBE_TIMEOUT)
+            except requests.RequestException as exc:
+                last = type(exc).__name__
+                continue
+            if reply.status_code == 200 and "error" not in reply.text[:200]:
+                return
+            last = f"etcd {reply.status_code}"
+        raise RuntimeError(last)
+
+    return attempt
+
+
 def replica_names(urls: list[str]) -> list[str]:
     """ "r1", "r2", … in the order of the role's URL list (r1 = the role's first replica)."""
     return [f"r{n}" for n in range(1, len(urls) + 1)]
@@ -161,6 +195,8 @@ def build_probers(
             # the last replica first: the HA faults kill `<role>-2`, so this client is on the
             # replica that dies and must fail over (with r1 first it would never notice)
             targets.append((BOTH, ",".join(reversed(urls))))
+            if role == "lockserver":  # as the executors list them: a stall of r1 hits it
+                targets.append((FORWARD, ",".join(urls)))
         for replica, target in targets:
             owner = f"probe-{run_id}-{role}-{replica}"
             if role == "lockserver":
@@ -179,6 +215,9 @@ def build_probers(
                     interval=interval,
                 )
             )
+    if env.get("LOCK_BACKEND") == "etcd" and env.get("ETCD_URL"):
+        probe = etcd_probe(env["ETCD_URL"], key=f"dlock-probe/{run_id}")
+        probers.append(Prober("etcd", "cluster", probe, clock, interval=interval))
     return probers
 
 

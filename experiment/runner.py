@@ -28,17 +28,23 @@ from experiment.fenced_outs import Fault
 from experiment.measure import CounterScraper, collect, posted_times, state_counts
 from experiment.rail import HOLD_MS, RailConfigurator
 from experiment.schedule import (
+    ETCD_FOLLOWER_KILL,
+    ETCD_LEADER_CUT,
     ETCD_LEADER_KILL,
     HA_FAULTS,
     KILL,
     PAUSE,
+    PG_KILL,
     PG_RESTART,
     QUORUM_LOSS,
     RAIL_WINDOWS,
+    REPLICA_DOWN,
     REPLICA_KILL,
+    REPLICA_STALL,
     RESTART,
     FaultEvent,
     build_schedule,
+    overlapping,
     rail_config_at,
     recovery_schedule,
 )
@@ -137,6 +143,11 @@ class ArmRun:
             ETCD_LEADER_KILL: lambda _e, m: ha.kill_etcd_leader(stack, mark=m),
             QUORUM_LOSS: lambda e, m: ha.lose_quorum(stack, e.seconds, mark=m),
             REPLICA_KILL: lambda e, m: ha.kill_replica(stack, e.target, mark=m),
+            ETCD_FOLLOWER_KILL: lambda _e, m: ha.kill_etcd_follower(stack, mark=m),
+            ETCD_LEADER_CUT: lambda e, m: ha.cut_etcd_leader(stack, e.seconds, mark=m),
+            REPLICA_STALL: lambda e, m: ha.stall_replica(stack, e.target, e.seconds, mark=m),
+            REPLICA_DOWN: lambda e, m: ha.down_replica(stack, e.target, e.seconds, mark=m),
+            PG_KILL: lambda _e, m: ha.kill_postmaster(stack, mark=m),
         }
 
     def clock(self) -> float:
@@ -201,11 +212,29 @@ class ArmRun:
         running = any(w["kind"] in HA_FAULTS and w["end"] is None for w in self.windows)
         return running or self.clock() < self.last_ha_end + self.config.settle_s
 
+    def _pauses_unlanded(self, pending: list[FaultEvent]) -> bool:
+        """A run whose pauses must land: some scheduled pause has not landed and ended yet, and
+        there is still work it can land on (within `land_timeout` after the fault phase)."""
+        if not self.config.pauses_must_land:
+            return False
+        if self.clock() >= self.config.duration + self.config.land_timeout:
+            return False
+        waiting = any(e.kind == PAUSE for e in pending) or any(
+            w.pause_requested_at is not None or w.stopped_at is not None
+            for w in self.pool.workers.values()
+        )
+        work_left = not self.series or any(self.counts.get(s, 0) for s in self.arm.non_terminal)
+        return waiting and work_left
+
     def _fault_phase(self) -> None:
         pending = list(self.schedule)
         # The recovery run goes on until its last fault has healed and settled.
         settling = any(e.params.get("settle") for e in self.schedule)
-        while self.clock() < self.config.duration or (settling and (pending or self._ha_busy())):
+        while (
+            self.clock() < self.config.duration
+            or (settling and (pending or self._ha_busy()))
+            or self._pauses_unlanded(pending)
+        ):
             now = self.clock()
             deferred = []
             while pending and pending[0].at <= now:
@@ -222,6 +251,11 @@ class ArmRun:
             self.pool.tick()
             self._revoke_when_stopped()
             time.sleep(0.05)
+        for event in pending:  # deferred past the end (a short run): said, never hidden
+            self.notes.append(
+                f"not injected, the fault phase ended first: {event.kind} {event.target}".strip()
+                + f" (planned @{event.at:.1f}s)"
+            )
 
     def _inject(self, event: FaultEvent, now: float) -> bool:
         """Start one fault; False when it must wait (a pause needs a running rival)."""
@@ -237,6 +271,10 @@ class ArmRun:
         elif event.kind in self.actions:
             if event.params.get("settle") and self._ha_busy():
                 return False  # the recovery run: one fault at a time, each after a settle
+            if event.scope and any(
+                w.get("scope") == event.scope and w["end"] is None for w in self.windows
+            ):
+                return False  # never two faults on one role (etcd, postgres) at once
             record: dict = {}
 
             def mark(what: str, record: dict = record) -> None:
@@ -270,12 +308,16 @@ class ArmRun:
     ) -> None:
         """Run a fault's action in a thread; `record` (its window in the report) gets the times."""
         record = record if record is not None else {}
-        record.update(kind=event.kind, target=event.target, start=self.clock(), end=None)
+        record.update(
+            kind=event.kind, target=event.target, scope=event.scope, start=self.clock(), end=None
+        )
         self.windows.append(record)
 
         def run() -> None:
             try:
-                action()
+                outcome = action()
+                if isinstance(outcome, dict):
+                    record["outcome"] = outcome  # e.g. what `make up` replaced after a pg kill
             except Exception as exc:
                 self.errors.append(f"{event.kind} {event.target}: {exc}")
             finally:
@@ -334,7 +376,12 @@ class ArmRun:
                 continue
             key, token = held
 
-            record = {"token": token, "owner": owner, "revoked": True}
+            record = {
+                "token": token,
+                "owner": owner,
+                "revoked": True,
+                "phase": event.params.get("phase", ""),
+            }
 
             def evict(key: str = key, token: int | None = token, record: dict = record) -> None:
                 outcome = self.arm.revoke(self.ctx, key=key, token=token, owner=record["owner"])
@@ -385,6 +432,7 @@ class ArmRun:
                     key=str(w["target"]) if w["kind"] == REVOKE else "",
                     token=w.get("token") if w["kind"] == REVOKE else None,
                     target=str(w["target"]),
+                    phase=str(w.get("phase") or ""),
                 )
             )
         faults += [Fault(kind=KILL, start=t, end=t, owner=owner) for t, owner in self.pool.kills]
@@ -414,6 +462,7 @@ class ArmRun:
             {p.name: p.attempts for p in self.probers},
             posted,
             settle_s=self.config.settle_s,
+            executor_logs=ha.executor_log_lines(self.ctx.logdir, wall0=self.ctx.wall0),
         )
 
     def _result(self) -> dict:
@@ -450,6 +499,8 @@ class ArmRun:
                 "notes": self.notes,
             },
             "windows": windows,
+            "double_faults": overlapping(windows),
+            "pauses_landed": landed_pauses(self.pool.pauses),
             "recovery": self._recovery(windows),
             "ha_recovery": self._ha_recovery(windows),
             "probes": {
@@ -462,6 +513,15 @@ class ArmRun:
             "series": self.series,
             "accounts": self.seeded["accounts"],
         }
+
+
+def landed_pauses(pauses: list) -> dict:
+    """The pauses that landed (the worker stopped, then resumed), counted per phase."""
+    by_phase: dict[str, int] = {}
+    for record in pauses:
+        if record.end is not None:
+            by_phase[record.phase] = by_phase.get(record.phase, 0) + 1
+    return {"total": sum(by_phase.values()), "by_phase": by_phase}
 
 
 def run_arm(
@@ -497,6 +557,7 @@ def run(
             lease_ms=config.lease_ms,
             pg_restart=config.pg_restart and stack.pg_cluster is not None,
             ha=config.ha,
+            pauses=config.pauses,
         )
     if config.ha and not ha.is_ha(stack.env):
         raise MissingPiece(
@@ -508,7 +569,11 @@ def run(
     results: dict[str, dict] = {}
     for name in config.arms():
         results[name] = run_arm(name, stack, config, schedule, progress=progress)
-    code, lines = verdict(results, expect_fenced_outs=not config.ha_recovery)
+    code, lines = verdict(
+        results,
+        expect_fenced_outs=not config.ha_recovery,
+        pauses_must_land=config.pauses_must_land,
+    )
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     report = {
         "config": settings,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from experiment.config import LANDED_PAUSES_MIN
+
 # Exit codes of the experiment (and of `manage.py fencing_experiment`).
 OK, FAIL, INCONCLUSIVE = 0, 1, 3
 
@@ -32,9 +34,35 @@ def unexplained_findings(reconcile: dict, truth: dict, payout_ids: list[str]) ->
     return left
 
 
+def _per_phase(classified: dict) -> str:
+    phases = classified.get("explained_by_phase") or {}
+    return ", ".join(f"{phase} {n}" for phase, n in phases.items()) or "none"
+
+
+def _landing_lines(arm: dict, name: str) -> tuple[int, list[str]]:
+    """A run whose pauses must land: INCONCLUSIVE (with the count) when too few did."""
+    landed = arm.get("pauses_landed") or {"total": 0, "by_phase": {}}
+    phases = {p for p, n in landed["by_phase"].items() if n}
+    where = ", ".join(f"{p} {n}" for p, n in sorted(landed["by_phase"].items())) or "none"
+    if landed["total"] >= LANDED_PAUSES_MIN and len(phases) >= LANDED_PAUSES_MIN:
+        return OK, [f"ok: {name} arm: {landed['total']} pauses landed ({where})"]
+    return INCONCLUSIVE, [
+        f"INCONCLUSIVE: only {landed['total']} pauses landed in the {name} arm ({where}); at"
+        f" least {LANDED_PAUSES_MIN} in {LANDED_PAUSES_MIN} phases are needed"
+    ]
+
+
 def _fenced_lines(fenced: dict, *, expect_fenced_outs: bool = True) -> tuple[int, list[str]]:
     lines: list[str] = []
     code = OK
+    if fenced.get("double_faults"):
+        lines.append(
+            "note: double faults (two faults on one role at once): "
+            + "; ".join(
+                f"{d['second']} @{d['at']}s while {d['first']} ({d['scope']})"
+                for d in fenced["double_faults"]
+            )
+        )
     if fenced["duplicates_caused"] or fenced["invariant_violation_count"]:
         code = FAIL
         lines.append(
@@ -88,22 +116,31 @@ def _fenced_lines(fenced: dict, *, expect_fenced_outs: bool = True) -> tuple[int
     elif code == OK:
         lines.append(
             f"ok: {classified['explained']} stale writes fenced out (every one explained by the"
-            f" schedule), {fenced['duplicates_caused']} duplicates caused"
+            f" schedule; by phase: {_per_phase(classified)}),"
+            f" {fenced['duplicates_caused']} duplicates caused"
         )
     return code, lines
 
 
-def verdict(results: dict[str, dict], *, expect_fenced_outs: bool = True) -> tuple[int, list[str]]:
+def verdict(
+    results: dict[str, dict], *, expect_fenced_outs: bool = True, pauses_must_land: bool = False
+) -> tuple[int, list[str]]:
     """0 = the claim held and the experiment was strong enough; 1 = the fenced arm paid twice,
     broke an invariant, or was fenced out where no injected fault explains it (or ran on a lock
     backend other than the stack's); 3 = inconclusive (no stale writer caught, or the naive arm
     survived). `expect_fenced_outs=False` (the HA recovery run, no pauses) makes "no stale writer
-    caught" no reason for 3."""
+    caught" no reason for 3. `pauses_must_land` (the CI preset): fewer than two landed pauses,
+    or pauses in fewer than two phases, in an arm is 3 too, saying so."""
     lines: list[str] = []
     code = OK
     fenced = results.get("fenced")
     if fenced:
         code, lines = _fenced_lines(fenced, expect_fenced_outs=expect_fenced_outs)
+    if pauses_must_land:
+        for name, arm in results.items():
+            landing, more = _landing_lines(arm, name)
+            code = code or landing
+            lines += more
     naive_arm = results.get("naive")
     if naive_arm:
         if not naive_arm["duplicates_caused"]:

@@ -128,7 +128,8 @@ class WorkerPool:
         worker.pause_phase = phase
         self.last_paused = worker.owner_id
         if self.hook == "outside" or not target:
-            self._stop_now(worker, "any")
+            # no hook for this phase (`posted`): the schedule's phase names the outside stop
+            self._stop_now(worker, "any" if self.hook == "outside" else phase)
         return True
 
     def _stop_now(self, worker: Worker, phase: str) -> None:

@@ -19,3 +19,10 @@ class LockserverConfig(AppConfig):
         # Readiness builds the backend: the token floor is applied and the listener started
         # before the process is reported ready (start-up check of LOCK_TOKEN_FLOOR).
         register_readiness_check("lockBackend", lambda: get_backend().check_ready())
+        if settings.LOCK_BACKEND == "etcd":
+            # etcd holds sessions and grants; lockdb only backs the token reservation, so the
+            # lock-server stays ready through a lockdb outage while reserved tokens remain.
+            from dlock.dbrouter import alias_for
+            from dlock.health import replace_database_check
+
+            replace_database_check(alias_for("lockserver"), lambda: get_backend().check_lockdb())

@@ -52,8 +52,10 @@ def granted_ttl_ms(ttl_ms: int) -> int:
     return max(1_000, ttl_ms // 1_000 * 1_000)
 
 
-def open_session(*, owner_id: str, ttl_ms: int) -> SessionRecord:
-    return get_backend().open_session(owner_id=owner_id, ttl_ms=granted_ttl_ms(ttl_ms))
+def open_session(*, owner_id: str, ttl_ms: int, credential_id: str | None = None) -> SessionRecord:
+    return get_backend().open_session(
+        owner_id=owner_id, ttl_ms=granted_ttl_ms(ttl_ms), credential_id=credential_id
+    )
 
 
 def heartbeat(*, session_id: uuid.UUID, owner_id: str) -> HeartbeatRecord:

@@ -147,8 +147,11 @@ class SessionsView(APIView):
         else:
             owner = owner_id(request)
         ttl = _clamp_ttl(data.get("ttlMillis", settings.LOCK_SESSION_TTL_MS))
-        session = services.open_session(owner_id=owner, ttl_ms=ttl)
-        record_owner(session_id=session.session_id, principal=request_principal(request))
+        principal = request_principal(request)
+        session = services.open_session(
+            owner_id=owner, ttl_ms=ttl, credential_id=principal.credential_id
+        )
+        record_owner(session_id=session.session_id, principal=principal)
         return Response(
             {
                 "sessionId": str(session.session_id),

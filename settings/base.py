@@ -291,3 +291,7 @@ ETCD_REQUEST_TIMEOUT_MS = env_int("ETCD_REQUEST_TIMEOUT_MS", 400, minimum=10, ma
 # On etcd, the PostgreSQL backend's last token (lockdb's fencing_token_seq, when present) is a
 # floor too, so a pg → etcd switch keeps tokens increasing even without LOCK_TOKEN_FLOOR.
 LOCK_TOKEN_FLOOR_FROM_PG = env_bool("LOCK_TOKEN_FLOOR_FROM_PG", True)
+# etcd: tokens reserved in lockdb per write (issue 27 item 3). At least half a block is always
+# reserved ahead, which is how many tokens (etcd revisions) the lock-server can issue while
+# lockdb is unreachable; a switch of backend or cluster skips at most one block.
+LOCK_TOKEN_RESERVE_BLOCK = env_int("LOCK_TOKEN_RESERVE_BLOCK", 10_000, minimum=10)

@@ -78,7 +78,9 @@ class RevocationRecord:
 class LockBackend(Protocol):
     name: str  # "pg" or "etcd": the `backend` label of lock_acquire_total
 
-    def open_session(self, *, owner_id: str, ttl_ms: int) -> SessionRecord: ...
+    def open_session(
+        self, *, owner_id: str, ttl_ms: int, credential_id: str | None = None
+    ) -> SessionRecord: ...
 
     def heartbeat(self, *, session_id: uuid.UUID, owner_id: str) -> HeartbeatRecord: ...
 

@@ -225,7 +225,10 @@ class PgLockBackend:
 
     # ------------------------------------------------------------------ sessions
 
-    def open_session(self, *, owner_id: str, ttl_ms: int) -> SessionRecord:
+    def open_session(
+        self, *, owner_id: str, ttl_ms: int, credential_id: str | None = None
+    ) -> SessionRecord:
+        """`credential_id` is recorded by lockserver.ownership (lockdb is this store)."""
         session_id = uuid.uuid4()
         with self._cursor() as cursor:
             expires_at = sql.open_session(

@@ -13,10 +13,15 @@ from devstack import ROLES, clean, up
 from experiment import ha
 from experiment.probes import Attempt, build_probers
 from experiment.schedule import (
+    ETCD_FOLLOWER_KILL,
+    ETCD_LEADER_CUT,
     ETCD_LEADER_KILL,
+    PG_KILL,
     QUORUM_LOSS,
     RECOVERY_FAULTS,
+    REPLICA_DOWN,
     REPLICA_KILL,
+    REPLICA_STALL,
     recovery_duration,
     recovery_schedule,
 )
@@ -96,7 +101,20 @@ def test_fault_recovery_uses_the_kill_time_and_rates_payouts_in_the_three_window
 def test_the_recovery_schedule_is_every_ha_fault_alone_each_after_a_settle():
     events = recovery_schedule(settle_s=6.0)
     assert [(e.kind, e.target) for e in events] == list(RECOVERY_FAULTS)
-    assert {e.kind for e in events} == {ETCD_LEADER_KILL, QUORUM_LOSS, REPLICA_KILL}
+    assert {e.kind for e in events} == {
+        ETCD_LEADER_KILL,
+        ETCD_FOLLOWER_KILL,
+        ETCD_LEADER_CUT,
+        QUORUM_LOSS,
+        REPLICA_KILL,
+        REPLICA_STALL,
+        REPLICA_DOWN,
+        PG_KILL,
+    }
+    stall = next(e for e in events if e.kind == REPLICA_STALL)
+    assert (stall.target, stall.seconds) == ("lockserver", 15.0)
+    down = next(e for e in events if e.kind == REPLICA_DOWN)
+    assert (down.target, down.seconds) == ("lockserver", 5.0)
     assert {e.target for e in events if e.kind == REPLICA_KILL} == {
         "lockserver",
         "payments",
@@ -131,9 +149,12 @@ def test_probers_see_the_killed_replica_down_and_the_failover_client_carry_on(re
     )
     names = sorted(p.name for p in probers)
     assert names == sorted(
-        f"{role}/{replica}"
-        for role in ("lockserver", "payments", "railproxy")
-        for replica in ("r1", "r2", "both")
+        [
+            f"{role}/{replica}"
+            for role in ("lockserver", "payments", "railproxy")
+            for replica in ("r1", "r2", "both")
+        ]
+        + ["lockserver/fwd"]  # the executors' order: r1 first (no etcd prober on pg)
     )
     by_name = {p.name: p for p in probers}
     lock_probers = [by_name[f"lockserver/{r}"] for r in ("r1", "r2", "both")]
@@ -174,3 +195,208 @@ def test_probers_see_the_killed_replica_down_and_the_failover_client_carry_on(re
     after = [a for a in failover if a.start >= at]
     assert sum(1 for a in after if not a.ok) <= 1, [a for a in after if not a.ok]
     assert sum(1 for a in after if a.ok) > len(down) // 2
+
+
+def test_a_quorum_loss_is_split_into_etcds_time_and_dlocks_share_per_prober():
+    windows = [
+        {
+            "kind": QUORUM_LOSS,
+            "target": "",
+            "start": 10.0,
+            "killed": 10.0,
+            "restarted": 15.0,
+            "end": 17.0,
+        }
+    ]
+    probes = {
+        "etcd/cluster": attempts(
+            (9.0, 9.1, True, ""), (10.5, 16.0, False, "x"), (16.1, 16.4, True, "")
+        ),
+        "lockserver/r1": attempts(
+            (9.0, 9.1, True, ""), (10.1, 16.5, False, "NOT_LEADER"), (16.6, 16.9, True, "")
+        ),
+        "lockserver/r2": attempts((9.0, 9.1, True, ""), (16.2, 18.0, True, "")),
+    }
+    (fault,) = ha.fault_recovery(windows, probes, [], settle_s=5.0)
+    split = fault["split"]
+    assert split["etcd_first_ok"] == 16.4 and split["etcd_s"] == pytest.approx(1.4)
+    assert split["dlock_s"] == {"lockserver/r1": pytest.approx(0.5), "lockserver/r2": 1.6}
+    text = "\n".join(ha.recovery_lines([fault]))
+    assert "split: etcd's first ok 1.40s after the restart" in text
+    assert "r2 1.60s > goal" in text and "r1 0.50s," in text
+
+
+def test_what_the_executors_logged_while_a_replica_was_down_is_counted_per_second(tmp_path):
+    import json as _json
+    from datetime import UTC, datetime
+
+    wall0 = 1_000_000.0
+
+    def line(at: float, level: str, event: str) -> str:
+        ts = datetime.fromtimestamp(wall0 + at, tz=UTC).isoformat()
+        return _json.dumps({"ts": ts, "level": level, "event": event})
+
+    (tmp_path / "fenced-w0.log").write_text(
+        "\n".join(
+            [line(1.0, "INFO", "executor_posted")]
+            + [line(10.0 + i / 10, "WARNING", "executor_lock_failed") for i in range(20)]
+            + [line(13.0, "INFO", "executor_posted"), "not json"]
+        )
+    )
+    lines = ha.executor_log_lines(tmp_path, wall0=wall0)
+    counts = ha.log_counts(lines, 10.0, 14.0)
+    assert counts["warnings"] == 20 and counts["warnings_per_s"] == 5.0
+    assert counts["lock_failed_per_s"] == 5.0
+    assert counts["events"] == {"executor_lock_failed": 20, "executor_posted": 1}
+    windows = [
+        {
+            "kind": REPLICA_DOWN,
+            "target": "lockserver",
+            "start": 10.0,
+            "killed": 10.0,
+            "restarted": 14.0,
+            "end": 15.0,
+        }
+    ]
+    (fault,) = ha.fault_recovery(windows, {}, [], settle_s=5.0, executor_logs=lines)
+    assert fault["killed"] == "lockserver/r1" and fault["executor_log"] == counts
+    assert "executors logged 20 WARNING lines in 4.0s (5.0/s)" in "\n".join(
+        ha.recovery_lines([fault])
+    )
+
+
+def test_a_pg_kill_reports_what_make_up_replaced():
+    windows = [
+        {
+            "kind": PG_KILL,
+            "target": "",
+            "start": 5.0,
+            "killed": 5.0,
+            "restarted": 5.2,
+            "end": 25.0,
+            "outcome": {"make_up_exit": 0, "replaced": [], "make_up_tail": ""},
+        }
+    ]
+    (fault,) = ha.fault_recovery(windows, {}, [], settle_s=5.0)
+    assert fault["role"] == "lockserver"
+    assert "  make up after the restart: exit 0, replaced nothing" in ha.recovery_lines([fault])
+
+
+# -- issue 27's cases, for real at a small size: a lock-server stack on etcd (one member), two
+# replicas of every role, probers per replica; the stalled replica, the replica kept down and
+# PostgreSQL's postmaster killed -9 (then `make up`, which must replace nothing).
+
+
+@pytest.fixture(scope="module")
+def etcd_replicated_stack(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run = isolated_run(tmp_path_factory.mktemp("ha27"), monkeypatch)
+        (run / "pids").mkdir(parents=True)
+        base = _free_block(len(ROLES), replicas=2)
+        ports = {role: base + n for n, role in enumerate(ROLES, 1)}
+        try:
+            up("etcd", etcd_members=1, replicas=2, run=run, ports=ports)
+            yield from_stack_env(run)
+        finally:
+            clean(run=run)
+
+
+def lock_probers(stack, run_id: str):
+    t0 = time.monotonic()
+    clock = lambda: time.monotonic() - t0  # noqa: E731
+    probers = {
+        p.name: p
+        for p in build_probers(stack.env, run_id=run_id, account_id="acct-none", clock=clock)
+        if p.role == "lockserver"
+    }
+    for prober in probers.values():
+        prober.start()
+    deadline = time.monotonic() + 30
+    while not all(p.attempts and p.attempts[-1].ok for p in probers.values()):
+        assert time.monotonic() < deadline, {n: p.attempts[-1:] for n, p in probers.items()}
+        time.sleep(0.1)
+    return probers, clock
+
+
+def stop_all(probers) -> None:
+    for prober in probers.values():
+        prober.stop()
+
+
+def marker(clock, marks: dict):
+    def mark(what: str) -> None:
+        marks[what] = clock()
+
+    return mark
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_a_stalled_replica_stops_answering_and_resumes_as_the_same_process(
+    etcd_replicated_stack,
+):
+    stack = etcd_replicated_stack
+    pid = ha.role_pids(stack)["lockserver"]
+    probers, clock = lock_probers(stack, "st")
+    marks: dict[str, float] = {}
+    try:
+        ha.stall_replica(stack, "lockserver", 2.0, mark=marker(clock, marks))
+        time.sleep(0.5)
+    finally:
+        stop_all(probers)
+    at, resumed = marks["killed"], marks["restarted"]
+    stalled = probers["lockserver/r1"].attempts
+    # nothing r1 answered between the stop and the SIGCONT
+    assert not [a for a in stalled if a.ok and at + 0.1 < a.end < resumed]
+    assert ha.probe_recovery(stalled, at=at, healed=resumed)["first_ok_after"] > resumed
+    # the other replica never noticed, and the stalled one was not replaced
+    assert all(a.ok for a in probers["lockserver/r2"].attempts if a.start >= at)
+    assert ha.role_pids(stack)["lockserver"] == pid
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_a_replica_kept_down_refuses_connections_until_it_is_started_again(
+    etcd_replicated_stack,
+):
+    stack = etcd_replicated_stack
+    pid = ha.role_pids(stack)["lockserver"]
+    probers, clock = lock_probers(stack, "dn")
+    marks: dict[str, float] = {}
+    try:
+        ha.down_replica(stack, "lockserver", 1.5, mark=marker(clock, marks))
+        time.sleep(0.5)
+    finally:
+        stop_all(probers)
+    at = marks["killed"]
+    down = [a for a in probers["lockserver/r1"].attempts if a.start >= at and not a.ok]
+    assert down and "ServiceUnreachable" in {a.code for a in down}
+    assert ha.probe_recovery(probers["lockserver/r1"].attempts, at=at, healed=marks["restarted"])[
+        "first_ok_after"
+    ]
+    assert all(a.ok for a in probers["lockserver/r2"].attempts if a.start >= at)
+    assert ha.role_pids(stack)["lockserver"] != pid  # started again from its record
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_a_postgres_kill_leaves_the_etcd_lock_servers_serving_and_make_up_replaces_nothing(
+    etcd_replicated_stack,
+):
+    stack = etcd_replicated_stack
+    probers, clock = lock_probers(stack, "pg")
+    marks: dict[str, float] = {}
+    try:
+        outcome = ha.kill_postmaster(stack, mark=marker(clock, marks))
+    finally:
+        stop_all(probers)
+    assert outcome["make_up_exit"] == 0, outcome["make_up_tail"]
+    assert outcome["replaced"] == [], outcome
+    assert stack.pg_cluster is not None and stack.pg_cluster.running()
+    # both etcd-backed lock-servers kept granting while PostgreSQL was down and restarting
+    for name in ("lockserver/r1", "lockserver/r2"):
+        during = [a for a in probers[name].attempts if a.start >= marks["killed"]]
+        assert during and all(a.ok for a in during), [a for a in during if not a.ok][:3]

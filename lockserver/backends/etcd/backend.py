@@ -15,6 +15,7 @@ from django.conf import settings
 
 from lockserver.backends.etcd.acquire import AcquireMixin
 from lockserver.backends.etcd.housekeeping import HousekeepingMixin
+from lockserver.backends.etcd.tokens import TokenFloorUnavailable
 from lockserver.budget import RetryBudget
 from lockserver.etcd_client import EtcdClient, EtcdUnavailable
 
@@ -54,6 +55,9 @@ class EtcdLockBackend(AcquireMixin, HousekeepingMixin):
         self._ceiling = -1
         self._ceiling_guard = threading.Lock()
         self._unavailable_logged = False
+        self._refill_at = -1e9
+        self.reserve_block = settings.LOCK_TOKEN_RESERVE_BLOCK
+        self._refill_deferred_logged = False
         self._retention_lease: tuple[int, float] | None = None  # (lease id, created monotonic)
         self._retention_guard = threading.Lock()
         self.adopt_pg_sequence = (
@@ -84,6 +88,20 @@ class EtcdLockBackend(AcquireMixin, HousekeepingMixin):
         if not self.client.has_leader():
             raise EtcdUnavailable("the etcd member has no leader")
         self._current_offset()
+
+    def check_lockdb(self) -> str:
+        """lockdb's readiness under etcd: UP when it answers; DEGRADED while it does not but
+        tokens remain under the reserved ceiling (acquires keep working); raises (DOWN) when
+        none remain — from then on no token can be issued until lockdb is back."""
+        try:
+            with self._lockdb(background=True, probe=True) as cursor:
+                cursor.execute("SELECT 1")
+            return "UP"
+        except TokenFloorUnavailable:
+            headroom = self.token_headroom()
+            if headroom is None or headroom > 0:
+                return "DEGRADED"
+            raise
 
     def close(self) -> None:
         self._stopping.set()

@@ -11,7 +11,14 @@ from dlock.errors import ApiError, not_found
 from dlock.timefmt import rfc3339_ms
 from lockserver.backends.base import GrantRecord, LockInfoRecord, RevocationRecord
 from lockserver.backends.etcd.common import EXPIRY_GRACE_S, store_call, ttl_seconds
-from lockserver.backends.etcd.keys import _deadline_passed, _dump, _from_ms, _ms, _now
+from lockserver.backends.etcd.keys import (
+    _deadline_passed,
+    _dump,
+    _from_ms,
+    _grace_left,
+    _ms,
+    _now,
+)
 from lockserver.backends.etcd.sessions import SessionsMixin
 from lockserver.backends.etcd.tokens import TokensMixin
 from lockserver.errors import (
@@ -71,11 +78,12 @@ class GrantsMixin(TokensMixin, SessionsMixin):
 
         The deadlines recorded in both values are never earlier than etcd's own expiry of the
         leases, so when one has passed by our clock etcd has normally decided and deletes the
-        key at its next lease sweep (every 500 ms): wait for that deletion (a watch, at most
-        EXPIRY_GRACE_S). If the key is still there afterwards, the recorded deadline is
-        authoritative all the same (lapsed=True): etcd renews every lease to its full TTL when
-        a new leader is elected, and a grant must never outlive its reported expiresAt by more
-        than about a second (issue 16 item 4).
+        key at its next lease sweep (every 500 ms): wait for that deletion (a watch, until at most
+        EXPIRY_GRACE_S after the deadline; not at all once that is over). If the key is
+        still there afterwards, the recorded deadline is authoritative all the same
+        (lapsed=True): etcd renews every lease to its full TTL when a new leader is elected,
+        and a grant must never outlive its reported expiresAt by more than about a second
+        (issue 16 item 4).
         """
         lock_key = self._lock_key(key)
         for settled in (False, True):
@@ -88,11 +96,13 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             if sess is None:
                 return kv, None, read.revision, True
             lapsed = [k for k, v in ((lock_key, kv), (sess_key, sess)) if _deadline_passed(v)]
-            if settled or not lapsed:
-                return kv, sess, read.revision, bool(lapsed)
-            self.client.wait_for_change(
-                lapsed, after_revision=read.revision, timeout_s=EXPIRY_GRACE_S
+            # no wait once the sweep's grace after the deadlines is over (a renewed lease)
+            grace = _grace_left(
+                *(v for v in (kv, sess) if _deadline_passed(v)), grace_s=EXPIRY_GRACE_S
             )
+            if settled or not lapsed or grace <= 0.0:
+                return kv, sess, read.revision, bool(lapsed)
+            self.client.wait_for_change(lapsed, after_revision=read.revision, timeout_s=grace)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _stored(self, key: str) -> KeyValue | None:

@@ -55,6 +55,20 @@ def _deadline_passed(kv: KeyValue | None) -> bool:
     return kv is not None and kv.json().get("expiresAt", INT64_MAX) <= _ms(_now())
 
 
+def _grace_left(*kvs: KeyValue | None, grace_s: float) -> float:
+    """Seconds left of etcd's chance to delete keys whose recorded deadline passed: until the
+    latest such deadline + `grace_s`. 0 when that is over — a key still there then was kept by
+    a lease renewal (a new leader renews every lease to its full TTL, e.g. after a quorum
+    loss), and waiting longer for its deletion would only delay the caller (issue 27 item 5)."""
+    now = _ms(_now())
+    left = [
+        kv.json()["expiresAt"] + grace_s * 1000 - now
+        for kv in kvs
+        if kv is not None and "expiresAt" in kv.json()
+    ]
+    return max(0.0, max(left, default=0.0) / 1000)
+
+
 def _dump(value: dict[str, Any]) -> str:
     return json.dumps(value, separators=(",", ":"))
 

@@ -24,6 +24,7 @@ from lockserver.backends.etcd.keys import (
     _deadline_passed,
     _dump,
     _from_ms,
+    _grace_left,
     _ms,
     _now,
 )
@@ -84,8 +85,14 @@ class SessionsMixin(KeySpace):
     def _session_gone(self, session_id: uuid.UUID, meta: KeyValue | None) -> ApiError:
         return session_unknown(session_id) if meta is None else session_expired(session_id)
 
+    # The credential that opened a session is kept in the session's own record (issue 27 item 3),
+    # written by the put that creates it: L1-L6 never need lockdb on this backend.
+    records_session_credential = True
+
     @store_call
-    def open_session(self, *, owner_id: str, ttl_ms: int) -> SessionRecord:
+    def open_session(
+        self, *, owner_id: str, ttl_ms: int, credential_id: str | None = None
+    ) -> SessionRecord:
         seconds = ttl_seconds(ttl_ms)
         lease, granted = self.client.lease_grant(seconds)
         if granted > seconds:
@@ -98,6 +105,8 @@ class SessionsMixin(KeySpace):
             "lease": lease,
             "expiresAt": _ms(expires_at),  # never before etcd's own expiry of the lease
         }
+        if credential_id is not None:
+            record["credentialId"] = credential_id
         for _attempt in range(2):
             retention = self._retention()
             try:
@@ -122,6 +131,15 @@ class SessionsMixin(KeySpace):
             ttl_ms=seconds * 1000,
             expires_at=expires_at,
         )
+
+    @store_call
+    def session_credential(self, session_id: uuid.UUID) -> tuple[bool, str | None]:
+        """(the session is known, the credential that opened it); (True, None) for a session
+        opened before its record carried one (lockserver.ownership then asks lockdb)."""
+        meta = self._read_meta(session_id)
+        if meta is None:
+            return False, None
+        return True, meta.json().get("credentialId")
 
     def _read_meta(self, session_id: uuid.UUID) -> KeyValue | None:
         return self.client.range(self._meta_key(session_id)).first()
@@ -238,9 +256,8 @@ class SessionsMixin(KeySpace):
                 raise self._session_gone(session_id, read.responses[1].first())
             if not _deadline_passed(sess):
                 return sess
-            if settled:  # the recorded deadline is authoritative, whatever the lease says
-                raise session_expired(session_id)
-            self.client.wait_for_change(
-                [sess_key], after_revision=read.revision, timeout_s=EXPIRY_GRACE_S
-            )
+            grace = _grace_left(sess, grace_s=EXPIRY_GRACE_S)
+            if settled or grace <= 0.0:  # the recorded deadline is authoritative, whatever
+                raise session_expired(session_id)  # the lease says (a renewed one: no wait)
+            self.client.wait_for_change([sess_key], after_revision=read.revision, timeout_s=grace)
         raise AssertionError("unreachable")  # pragma: no cover

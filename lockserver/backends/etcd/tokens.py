@@ -4,10 +4,18 @@
 The floor is max(LOCK_TOKEN_FLOOR, the deployment's token high water in lockdb: the
 `lock_token_high_water` row and pg's `fencing_token_seq`). Tokens issued here are covered by a
 *reserved ceiling* in that row: before a token above the ceiling is handed out, the row is
-raised (GREATEST) to that token + HIGH_WATER_BLOCK, so lockdb is written once per block, not
-per grant, and the row is always ≥ every token this backend issued. A start on pg or on a fresh
-etcd cluster then starts above it. If lockdb cannot be read or written, no token is issued:
-503 NOT_LEADER, readiness DOWN, one `token_floor_unavailable` line.
+raised (GREATEST) to that token + a block (LOCK_TOKEN_RESERVE_BLOCK), so lockdb is written
+once per block, not per grant, and the row is always ≥ every token this backend issued. A
+start on pg or on a fresh etcd cluster then starts above it. If lockdb cannot be read or
+written when a token above the ceiling is due, no token is issued: 503 NOT_LEADER, readiness
+DOWN, one `token_floor_unavailable` line.
+
+The block is refilled ahead of need (issue 27 item 3): once fewer than half a block of tokens
+remain under the ceiling, a background attempt raises it again, so while lockdb is reachable the
+backend always holds at least half a block of tokens it may issue without lockdb. That is
+how long it serves through a lockdb outage: until etcd's revision (every write, not only grants,
+advances it) crosses the ceiling — `token_headroom()` says how many remain; readiness reports
+lockdb DEGRADED while some do and DOWN only when none do.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -26,8 +35,11 @@ from lockserver.etcd_client import EtcdClient, EtcdUnavailable, KeyValue, compar
 
 logger = logging.getLogger("dlock.lockserver.etcd")
 
-# Tokens reserved in lockdb per write; a switch of backend or cluster skips at most this many.
+# Tokens reserved in lockdb per write (LOCK_TOKEN_RESERVE_BLOCK's default); a switch of backend
+# or cluster skips at most one block. The reservation is refilled in the background once fewer
+# than half a block remain under the ceiling.
 HIGH_WATER_BLOCK = 10_000
+REFILL_RETRY_S = 1.0  # at most one background refill attempt per second while lockdb is down
 
 
 class TokenFloorError(RuntimeError):
@@ -44,12 +56,15 @@ class TokensMixin(KeySpace):
     client: EtcdClient
     token_floor: int
     adopt_pg_sequence: bool  # read and keep the token high water in lockdb
+    reserve_block: int  # tokens reserved per lockdb write (LOCK_TOKEN_RESERVE_BLOCK)
     _offset: int | None
     _offset_guard: threading.Lock
 
     _ceiling: int  # the reserved ceiling last written (or read) in lockdb; -1: none yet
     _ceiling_guard: threading.Lock
     _unavailable_logged: bool
+    _refill_at: float  # monotonic time of the last background refill attempt
+    _refill_deferred_logged: bool
 
     def ensure_token_floor(self) -> int:
         """Persist (or raise) the token offset so that every next token exceeds the floor.
@@ -105,8 +120,11 @@ class TokensMixin(KeySpace):
             # another lock-server replica wrote it first: read again
 
     @contextlib.contextmanager
-    def _lockdb(self) -> Iterator[psycopg.Cursor]:
-        """A short autocommit connection of its own to lockdb (rare: start-up, once per block)."""
+    def _lockdb(self, *, background: bool = False, probe: bool = False) -> Iterator[psycopg.Cursor]:
+        """A short autocommit connection of its own to lockdb (rare: start-up, once per block).
+        A failed `background` refill is not an outage to callers: it logs no ERROR. A readiness
+        `probe` proves only that lockdb answers, not that the high water can be read: it leaves
+        the logged-once state alone."""
         from django.db import connections
 
         from dlock.dbrouter import alias_for
@@ -120,9 +138,13 @@ class TokensMixin(KeySpace):
             with psycopg.connect(**params) as conn, conn.cursor() as cursor:
                 yield cursor
         except psycopg.Error as exc:
-            self._log_unavailable(exc)
+            if not background:
+                self._log_unavailable(exc)
             raise TokenFloorUnavailable(f"lockdb token high water unavailable: {exc}") from exc
+        if probe:
+            return
         self._unavailable_logged = False
+        self._refill_deferred_logged = False
 
     def _log_unavailable(self, exc: Exception) -> None:
         if not self._unavailable_logged:
@@ -147,16 +169,63 @@ class TokensMixin(KeySpace):
 
     def _reserve(self, token: int) -> None:
         """Make sure lockdb's high water covers `token` before anyone learns of it."""
-        if not self.adopt_pg_sequence or token <= self._ceiling:
+        if not self.adopt_pg_sequence:
+            return
+        if token <= self._ceiling:
+            if self._ceiling - token < self.reserve_block // 2:
+                self._refill_soon(token)
             return
         with self._ceiling_guard:
             if token <= self._ceiling:
                 return
             with self._lockdb() as cursor:
                 ceiling = token_sql.raise_high_water(
-                    cursor, token=token + HIGH_WATER_BLOCK, backend=self.name
+                    cursor, token=token + self.reserve_block, backend=self.name
                 )
             self._ceiling = ceiling
+
+    def _refill_soon(self, token: int) -> None:
+        """Raise the ceiling to `token` + a block in the background (one attempt at a time, at
+        most one per REFILL_RETRY_S): the request that noticed the low reserve never waits."""
+        now = time.monotonic()
+        if now - self._refill_at < REFILL_RETRY_S:
+            return
+        self._refill_at = now
+        threading.Thread(
+            target=self._refill, args=(token,), name="dlock-etcd-token-refill", daemon=True
+        ).start()
+
+    def _refill(self, token: int) -> None:
+        if not self._ceiling_guard.acquire(blocking=False):
+            return  # a synchronous reservation is running: it raises the ceiling itself
+        try:
+            with self._lockdb(background=True) as cursor:
+                ceiling = token_sql.raise_high_water(
+                    cursor, token=token + self.reserve_block, backend=self.name
+                )
+            self._ceiling = max(self._ceiling, ceiling)
+        except TokenFloorUnavailable as exc:
+            if not self._refill_deferred_logged:
+                self._refill_deferred_logged = True
+                log_event(
+                    "token_reserve_low",
+                    level=logging.WARNING,
+                    backend=self.name,
+                    ceiling=self._ceiling,
+                    headroom=self._ceiling - token,
+                    reason=f"lockdb unreachable; tokens are issued until the reserved ceiling: "
+                    f"{str(exc.__cause__ or exc).strip()[:200]}",
+                )
+        finally:
+            self._ceiling_guard.release()
+
+    def token_headroom(self) -> int | None:
+        """How many more tokens (etcd revisions) may be issued before lockdb must be written
+        again; None when the lockdb high water is off (LOCK_TOKEN_FLOOR_FROM_PG=false)."""
+        if not self.adopt_pg_sequence:
+            return None
+        revision = self.client.read(get(self._offset_key)).revision
+        return self._ceiling - (self._current_offset() + revision)
 
     def _current_offset(self) -> int:
         if self._offset is None:
