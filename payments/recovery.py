@@ -324,9 +324,7 @@ def _close(
             "RECOVERED needs the rail's reference of the money that came back", payout_id
         )
     if outcome == "WRITTEN_OFF" and len(reason) < REASON_MIN:
-        raise _Refused(
-            f"WRITTEN_OFF needs a reason of at least {REASON_MIN} characters", payout_id
-        )
+        raise _Refused(f"WRITTEN_OFF needs a reason of at least {REASON_MIN} characters", payout_id)
     # The row is locked; the status predicate still decides (the CHECK backs it).
     moved = (
         RailRecovery.objects.using(alias)

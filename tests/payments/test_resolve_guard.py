@@ -8,7 +8,6 @@ a Django LogEntry and a `payout_resolved` log event, and the books stay balanced
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import uuid
 
