@@ -61,10 +61,10 @@ def raildb(stack, sql: str, params: tuple = ()) -> list[tuple]:
         return conn.execute(sql, params).fetchall()
 
 
-def run_phase(stack, tmp_path, name: str, *rail: str) -> list[str]:
-    """Seed one payout per account, turn the rail, drain with a real executor: the ids."""
+def run_phase(stack, tmp_path, name: str, *rail: str, payouts: int = 1) -> list[str]:
+    """Seed payouts (one per account), turn the rail, drain with a real executor: the ids."""
     stack.manage("railstub_config", "--reset", *rail)
-    seeded = seed(stack, accounts=2, per_account=1, balance=10_000, amount=700)
+    seeded = seed(stack, accounts=payouts, per_account=1, balance=10_000, amount=700)
     drain(stack, tmp_path, f"exec-books-{name}")
     stack.manage("railstub_config", "--reset")
     return [str(p) if isinstance(p, str) else str(p["payoutId"]) for p in seeded["payouts"]]
@@ -89,8 +89,9 @@ def transfers_of(stack, payout_id: str) -> list[tuple[str, int]]:
     ]
 
 
-def reconcile(stack) -> tuple[int, dict]:
-    result = stack.manage("reconcile", "--json", "--metrics-file", "/dev/null", check=False)
+def reconcile(stack, tmp_path) -> tuple[int, dict]:
+    prom = tmp_path / "reconcile.prom"
+    result = stack.manage("reconcile", "--json", "--metrics-file", str(prom), check=False)
     return result.returncode, json.loads(result.stdout)
 
 
@@ -196,8 +197,9 @@ def test_an_operator_closes_the_books_after_duplicate_acks_and_timeouts(
     books_stack, browser, tmp_path
 ):
     stack = books_stack
-    # The run: the rail duplicate-acks two payouts, books-then-drops one, drops one unbooked.
-    duplicated = run_phase(stack, tmp_path, "dup", "--duplicate-ack-rate", "1")
+    # The run: the rail duplicate-acks two payouts, books-then-drops one, drops one unbooked
+    # (5 transfers of 700 on its statement).
+    duplicated = run_phase(stack, tmp_path, "dup", "--duplicate-ack-rate", "1", payouts=2)
     booked_once = run_phase(
         stack,
         tmp_path,
@@ -233,7 +235,7 @@ def test_an_operator_closes_the_books_after_duplicate_acks_and_timeouts(
     assert all(len(transfers_of(stack, pid)) == 1 for pid in booked_once)
     assert all(transfers_of(stack, pid) == [] for pid in not_booked)
 
-    code, report = reconcile(stack)
+    code, report = reconcile(stack, tmp_path)
     assert code == 1 and len(report["violations"]["posted_has_one_booked_transfer"]) == 2
     assert scrape(stack)["reconcile_ok"] == 0.0
 
@@ -330,7 +332,7 @@ def test_an_operator_closes_the_books_after_duplicate_acks_and_timeouts(
     assert posted_again.returncode == 1 and "not RAIL_AMBIGUOUS" in posted_again.stderr
 
     # --- the books agree with the statement --------------------------------------------------
-    code, report = reconcile(stack)
+    code, report = reconcile(stack, tmp_path)
     assert code == 0, report["violations"]
     assert report["ok"] is True and report["recoveries"] == {
         "OPEN": 0,

@@ -347,3 +347,22 @@ def test_a_command_without_a_staff_operator_is_refused():
             "nobody-here",
         )
     assert caught.value.returncode == 1 and "no active staff user" in str(caught.value)
+
+
+def test_a_metrics_file_that_is_not_a_regular_file_is_written_never_replaced(tmp_path):
+    """`--metrics-file /dev/null` must not turn the device into a file (a FIFO stands in)."""
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "metrics.fifo"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()
+
+    call_command("reconcile", "--json", "--metrics-file", str(fifo), stdout=open(os.devnull, "w"))
+
+    reader.join(10)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert "reconcile_ok" in received[0]
