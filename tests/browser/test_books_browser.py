@@ -66,7 +66,6 @@ def run_phase(stack, tmp_path, name: str, *rail: str, payouts: int = 1) -> list[
     stack.manage("railstub_config", "--reset", *rail)
     seeded = seed(stack, accounts=payouts, per_account=1, balance=10_000, amount=700)
     drain(stack, tmp_path, f"exec-books-{name}")
-    stack.manage("railstub_config", "--reset")
     return [str(p) if isinstance(p, str) else str(p["payoutId"]) for p in seeded["payouts"]]
 
 
@@ -228,6 +227,7 @@ def test_an_operator_closes_the_books_after_duplicate_acks_and_timeouts(
         "--hold-ms",
         "100",
     )
+    stack.manage("railstub_config", "--reset")
     assert set(states(stack, duplicated).values()) == {"POSTED"}
     assert set(states(stack, booked_once + not_booked).values()) == {"RAIL_AMBIGUOUS"}
     duplicates = {pid: transfers_of(stack, pid) for pid in duplicated}
@@ -383,12 +383,19 @@ def test_an_operator_closes_the_books_after_duplicate_acks_and_timeouts(
     assert balances["recoverable:rail:EUR"] == 0 and balances["loss:rail:EUR"] == -700
     # What left and stayed out = settlement; plus what came back = the statement's total.
     assert balances["settlement:EUR"] + legs["settlement:EUR:DEBIT"] == statement_total
+    # Where the statement's money went: paid out for POSTED payouts, or a rail recovery that
+    # came back (settlement debit), was written off (loss) or is still open (receivable).
+    ((paid_out,),) = paydb(
+        stack,
+        "SELECT COALESCE(SUM(amount_minor), 0) FROM ledger_entry"
+        " WHERE account_id = 'settlement:EUR' AND direction = 'CREDIT' AND payout_id IS NOT NULL",
+    )
+    assert paid_out == 3 * 700  # two duplicated payouts and the BOOKED_ONCE one
     assert (
-        balances["settlement:EUR"]
-        + balances["recoverable:rail:EUR"]
-        + balances["loss:rail:EUR"]
+        paid_out
         + legs["settlement:EUR:DEBIT"]
-        - legs["loss:rail:EUR:DEBIT"]
+        - balances["loss:rail:EUR"]
+        - balances["recoverable:rail:EUR"]
         == statement_total
     )
     # Every step left its audit: event rows and admin history on the recoveries and payouts.
