@@ -326,6 +326,12 @@ class QuarantineAdmin(admin.ModelAdmin):
         )
         return [resolve, *super().get_urls()]
 
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The payout's own history: resolutions and refusals are logged on the payout."""
+        return HttpResponseRedirect(reverse("admin:payments_payout_history", args=[object_id]))
+
     def _recon(self, obj: Payout) -> PayoutReconciliation | None:
         try:
             return obj.reconciliation
