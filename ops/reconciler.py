@@ -385,6 +385,10 @@ def render_text(report: Report) -> str:
         "  classification: "
         + ", ".join(f"{name}={count}" for name, count in report.by_classification().items())
     )
+    lines.append(
+        "  rail recoveries: "
+        + (", ".join(f"{name}={count}" for name, count in report.recoveries.items()) or "none")
+    )
     for payout_id, finding in sorted(report.classifications.items()):
         refs = ",".join(finding["railReferences"]) or "-"
         lines.append(
