@@ -50,8 +50,15 @@ Where to look next
   The rail's statement:              ROLE=ops .venv/bin/python manage.py rail_statement
                                      (stub at {stub})
   Reconciler:                        ROLE=ops .venv/bin/python manage.py reconcile
-                                     (it exits 1 while the rail's own duplicate acks await
-                                     clawback: a finding for a human, not a fencing failure)
+                                     (it exits 1 while the rail's own duplicate acks are not
+                                     yet recorded: a finding for a human, not a fencing failure)
+  Close the books (docs/operations.md "Rail recoveries"): for each duplicate transfer
+                                     ROLE=ops .venv/bin/python manage.py record_rail_recovery \
+                                       --transfer RAIL-REF --reason "..." --operator YOU
+                                     resolve the quarantine the safe way:
+                                     ROLE=ops .venv/bin/python manage.py resolve_payout ID \
+                                       --to POSTED|FAILED --note "..." --operator YOU
+                                     (or the admin: reconciler findings, rail recoveries)
   JSON report / chart:               {out / "report.json"}
                                      {out / "report.png"}
   Fenced vs naive, same faults:      make experiment   (and `make bench` for the numbers)

@@ -176,6 +176,8 @@ def collect(
     paid_twice, money_out = counted["paid_twice"], counted["money_out"]
     debits = sum(m for _p, d, m in entries if d == "DEBIT")
     ambiguous = [pid for pid, state in state_of.items() if state == "RAIL_AMBIGUOUS"]
+    # Read before the arm's own reconcile: the fenced arm replaces this with the classification
+    # of the reconcile it runs after collecting (experiment/arms/fenced.py).
     classification = Counter(recon.get(pid, "UNCLASSIFIED") for pid in ambiguous)
     return {
         "payouts": len(payouts),

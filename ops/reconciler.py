@@ -6,10 +6,16 @@ an orphan):
 
   * classify every SUBMITTING / RAIL_AMBIGUOUS payout by how many transfers the rail booked for
     its clientRef (the payout id, railproxy/models.py): NOT_BOOKED 0, BOOKED_ONCE 1,
-    BOOKED_MULTIPLE >1, NO_SUBMISSION when the proxy holds no forwarded submission for it;
-  * invariants: each account's balance = Σ CREDIT − Σ DEBIT of its ledger; Σ debits = Σ credits;
-    every POSTED payout has exactly one ACKED submission and exactly one booked transfer; no
-    booked transfer lacks a submission.
+    BOOKED_MULTIPLE >1, NO_SUBMISSION when the proxy holds no forwarded submission for it; and
+    every POSTED / FAILED / ABANDONED payout whose transfers need a rail recovery or have one
+    (the evidence payments/recovery.py records a recovery from);
+  * invariants, every payout state against the statement (ARCHITECTURE decision 20):
+    each account's balance = Σ CREDIT − Σ DEBIT of its ledger; Σ debits = Σ credits;
+    POSTED: one ACKED submission or an operator resolution, and exactly one booked transfer
+    that no rail recovery accounts for (its reference, when the payout names one), of the
+    payout's amount; FAILED / ABANDONED: every booked transfer accounted for by a recovery;
+    every recovery's transfer on the statement with its amount; no booked transfer lacks a
+    submission. RAIL_AMBIGUOUS and SUBMITTING are classified, not violations (quarantine).
 
 Writes only its findings (`payout_reconciliation`, one row per classified payout) and the run's
 verdict (`reconcile_run`, exported by payments' /metrics as `reconcile_ok` and
@@ -31,7 +37,7 @@ from dlock.budgets import BUDGETS
 from dlock.dbrouter import alias_for
 from dlock.timefmt import rfc3339_ms
 from payments.operator import record_reconcile_run
-from payments.selectors import payouts_in_states
+from payments.selectors import payouts_for_reconcile, rail_recoveries
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -51,20 +57,26 @@ SELECT COALESCE(SUM(amount_minor) FILTER (WHERE direction = 'DEBIT'), 0),
        COALESCE(SUM(amount_minor) FILTER (WHERE direction = 'CREDIT'), 0)
   FROM ledger_entry
 """
-RECONCILED_STATES = ("SUBMITTING", "RAIL_AMBIGUOUS", "POSTED")
+RECONCILED_STATES = ("SUBMITTING", "RAIL_AMBIGUOUS", "POSTED", "FAILED", "ABANDONED")
+QUARANTINE_STATES = ("SUBMITTING", "RAIL_AMBIGUOUS")
 SUBMISSIONS_SQL = """
 SELECT payout_id::text, client_ref, outcome, rail_reference FROM rail_submission
  WHERE outcome = ANY(%(outcomes)s)
 """
-TRANSFERS_SQL = "SELECT client_ref, rail_reference FROM rail_transfer"
+TRANSFERS_SQL = """
+SELECT client_ref, rail_reference, amount_minor, currency, accepted_at FROM rail_transfer
+"""
 UPSERT_SQL = """
 INSERT INTO payout_reconciliation
-       (payout_id, classification, rail_transfer_count, rail_references, checked_at)
-VALUES (%(payout_id)s, %(classification)s, %(count)s, %(refs)s::jsonb, clock_timestamp())
+       (payout_id, classification, rail_transfer_count, rail_references, rail_transfers,
+        checked_at)
+VALUES (%(payout_id)s, %(classification)s, %(count)s, %(refs)s::jsonb, %(transfers)s::jsonb,
+        clock_timestamp())
 ON CONFLICT (payout_id) DO UPDATE
    SET classification = EXCLUDED.classification,
        rail_transfer_count = EXCLUDED.rail_transfer_count,
        rail_references = EXCLUDED.rail_references,
+       rail_transfers = EXCLUDED.rail_transfers,
        checked_at = EXCLUDED.checked_at
 """
 TIMEOUT_SQL = "SET LOCAL statement_timeout = %s"
@@ -79,12 +91,15 @@ class Report:
     classifications: dict[str, dict[str, Any]] = field(default_factory=dict)
     violations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    recoveries: dict[str, int] = field(default_factory=dict)
 
     INVARIANTS = (
         "balance_equals_ledger",
         "debits_equal_credits",
         "posted_has_one_acked_submission",
         "posted_has_one_booked_transfer",
+        "failed_has_no_booked_transfer",
+        "recovery_matches_statement",
         "transfer_has_submission",
     )
 
@@ -103,6 +118,7 @@ class Report:
             "counts": self.counts,
             "classifications": self.by_classification(),
             "payouts": self.classifications,
+            "recoveries": self.recoveries,
             "violations": {name: self.violations.get(name, []) for name in self.INVARIANTS},
         }
 
@@ -113,13 +129,16 @@ _T = TypeVar("_T")
 
 
 def _classify(
-    submissions: list[tuple[str, str, str | None]], transfers: dict[str, list[str]]
+    submissions: list[tuple[str, str, str | None]],
+    transfers: dict[str, list[str]],
+    payout_id: str,
 ) -> tuple[str, list[str]]:
-    if not submissions:
-        return "NO_SUBMISSION", []
     refs = sorted(
         {ref for client_ref, _, _ in submissions for ref in transfers.get(client_ref, [])}
+        | set(transfers.get(payout_id, []))
     )
+    if not submissions:
+        return "NO_SUBMISSION", refs
     if not refs:
         return "NOT_BOOKED", refs
     return ("BOOKED_ONCE" if len(refs) == 1 else "BOOKED_MULTIPLE"), refs
@@ -149,10 +168,12 @@ def _read_paydb() -> dict[str, Any]:
         accounts = cursor.fetchall()
         cursor.execute(TOTALS_SQL)
         debits, credits = cursor.fetchone()
-        payouts = payouts_in_states(cursor, states=RECONCILED_STATES)
+        payouts = payouts_for_reconcile(cursor, states=RECONCILED_STATES)
         cursor.execute(SUBMISSIONS_SQL, {"outcomes": list(FORWARDED_OUTCOMES)})
         submissions = cursor.fetchall()
+        recoveries = rail_recoveries(cursor)
     return {
+        "recoveries": recoveries,
         "accounts": accounts,
         "debits": int(debits),
         "credits": int(credits),
@@ -161,7 +182,7 @@ def _read_paydb() -> dict[str, Any]:
     }
 
 
-def _read_raildb() -> list[tuple[str, str]]:
+def _read_raildb() -> list[tuple[str, str, int, str, dt.datetime]]:
     alias = alias_for("railstub")
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute(TIMEOUT_SQL, [int(BUDGETS["reconciler.db"].read_s * 1000)])
@@ -176,12 +197,22 @@ def reconcile(*, write: bool = True) -> Report:
     report = Report(checked_at=rfc3339_ms(_now()) or "")
 
     transfers: dict[str, list[str]] = defaultdict(list)
-    for client_ref, rail_reference in rail:
+    statement: dict[str, dict[str, Any]] = {}
+    for client_ref, rail_reference, amount, currency, accepted_at in rail:
         transfers[client_ref].append(rail_reference)
+        statement[rail_reference] = {
+            "railReference": rail_reference,
+            "amountMinor": int(amount),
+            "currency": currency,
+            "acceptedAt": rfc3339_ms(accepted_at),
+        }
     subs_by_payout: dict[str, list[tuple[str, str, str | None]]] = defaultdict(list)
     for payout_id, client_ref, outcome, rail_reference in pay["submissions"]:
         subs_by_payout[payout_id].append((client_ref, outcome, rail_reference))
     known_refs = {client_ref for _, client_ref, _, _ in pay["submissions"]}
+    recovered: dict[str, set[str]] = defaultdict(set)
+    for ref, payout_id, _, _, _, _ in pay["recoveries"]:
+        recovered[payout_id or ""].add(ref)
 
     violations: dict[str, list[dict[str, Any]]] = {name: [] for name in Report.INVARIANTS}
     for account_id, balance, ledger_sum in pay["accounts"]:
@@ -199,31 +230,74 @@ def reconcile(*, write: bool = True) -> Report:
         )
 
     states: Counter[str] = Counter()
-    for payout_id, state in pay["payouts"]:
+    for payout_id, state, posted_ref, amount, _currency, by_operator in pay["payouts"]:
         states[state] += 1
         submissions = subs_by_payout.get(payout_id, [])
-        classification, refs = _classify(submissions, transfers)
-        if state == "POSTED":
-            acked = [s for s in submissions if s[1] == "ACKED"]
-            if len(acked) != 1:
-                violations["posted_has_one_acked_submission"].append(
-                    {"payoutId": payout_id, "ackedSubmissions": len(acked)}
-                )
-            if len(refs) != 1:
-                violations["posted_has_one_booked_transfer"].append(
-                    {"payoutId": payout_id, "bookedTransfers": len(refs), "railReferences": refs}
-                )
-                report.classifications[payout_id] = {
-                    "state": state,
-                    "classification": classification,
-                    "railReferences": refs,
-                }
-            continue
-        report.classifications[payout_id] = {
+        classification, refs = _classify(submissions, transfers, payout_id)
+        covered = sorted(recovered.get(payout_id, set()) & set(refs))
+        left = [r for r in refs if r not in covered]
+        finding = {
             "state": state,
             "classification": classification,
             "railReferences": refs,
+            "recoveredReferences": covered,
+            "transfers": [statement[r] for r in refs],
         }
+        if state in QUARANTINE_STATES:
+            report.classifications[payout_id] = finding
+            continue
+        if state == "POSTED":
+            acked = [s for s in submissions if s[1] == "ACKED"]
+            if len(acked) != 1 and not (by_operator and posted_ref in refs):
+                violations["posted_has_one_acked_submission"].append(
+                    {"payoutId": payout_id, "ackedSubmissions": len(acked)}
+                )
+            if len(left) != 1 or (posted_ref is not None and left != [posted_ref]):
+                violations["posted_has_one_booked_transfer"].append(
+                    {
+                        "payoutId": payout_id,
+                        "bookedTransfers": len(left),
+                        "railReferences": left,
+                        "recoveredReferences": covered,
+                    }
+                )
+            elif statement[left[0]]["amountMinor"] != amount:
+                violations["posted_has_one_booked_transfer"].append(
+                    {
+                        "payoutId": payout_id,
+                        "railReference": left[0],
+                        "amountMinor": amount,
+                        "statementAmountMinor": statement[left[0]]["amountMinor"],
+                    }
+                )
+            if len(refs) != 1 or covered:
+                report.classifications[payout_id] = finding
+            continue
+        # FAILED / ABANDONED: money that left for it must be a recorded recovery.
+        if left:
+            violations["failed_has_no_booked_transfer"].append(
+                {"payoutId": payout_id, "state": state, "railReferences": left}
+            )
+        if refs:
+            report.classifications[payout_id] = finding
+    tally: Counter[str] = Counter()
+    for ref, payout_id, amount, currency, status, _ in pay["recoveries"]:
+        tally[status] += 1
+        on_statement = statement.get(ref)
+        if on_statement is None or (on_statement["amountMinor"], on_statement["currency"]) != (
+            amount,
+            currency,
+        ):
+            violations["recovery_matches_statement"].append(
+                {
+                    "railReference": ref,
+                    "payoutId": payout_id,
+                    "amountMinor": amount,
+                    "currency": currency,
+                    "statement": on_statement,
+                }
+            )
+    report.recoveries = {s: tally.get(s, 0) for s in ("OPEN", "RECOVERED", "WRITTEN_OFF")}
     for client_ref, refs in transfers.items():
         if client_ref not in known_refs:
             violations["transfer_has_submission"].extend(
@@ -235,6 +309,9 @@ def reconcile(*, write: bool = True) -> Report:
         "postedPayouts": states.get("POSTED", 0),
         "submittingPayouts": states.get("SUBMITTING", 0),
         "ambiguousPayouts": states.get("RAIL_AMBIGUOUS", 0),
+        "failedPayouts": states.get("FAILED", 0),
+        "abandonedPayouts": states.get("ABANDONED", 0),
+        "railRecoveries": len(pay["recoveries"]),
         "railTransfers": len(rail),
         "violations": sum(len(v) for v in violations.values()),
     }
@@ -262,6 +339,7 @@ def _write_findings(report: Report) -> None:
                     "classification": finding["classification"],
                     "count": len(finding["railReferences"]),
                     "refs": json.dumps(finding["railReferences"]),
+                    "transfers": json.dumps(finding["transfers"]),
                 },
             )
 
@@ -279,7 +357,7 @@ def metrics_text(report: Report) -> str:
     registry = CollectorRegistry()
     classified = Gauge(
         "reconcile_payouts",
-        "SUBMITTING/RAIL_AMBIGUOUS (and anomalous POSTED) payouts by rail classification.",
+        "SUBMITTING/RAIL_AMBIGUOUS (and anomalous settled) payouts by rail classification.",
         ["classification"],
         registry=registry,
     )
@@ -306,6 +384,10 @@ def render_text(report: Report) -> str:
     lines.append(
         "  classification: "
         + ", ".join(f"{name}={count}" for name, count in report.by_classification().items())
+    )
+    lines.append(
+        "  rail recoveries: "
+        + (", ".join(f"{name}={count}" for name, count in report.recoveries.items()) or "none")
     )
     for payout_id, finding in sorted(report.classifications.items()):
         refs = ",".join(finding["railReferences"]) or "-"

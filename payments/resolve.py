@@ -4,18 +4,23 @@ The money-moving part is `payments.services.resolve_quarantined` (state machine 
 module decides whether the operator may call it, and records who did what:
 
   1. lock the account row, then the payout's reconciliation row (claim/post's lock order);
-  2. check the latest reconciliation, taken after the payout entered quarantine:
-     POSTED needs BOOKED_ONCE and the rail reference on the rail's statement; FAILED needs
-     NOT_BOOKED. Anything else (no or stale reconciliation, BOOKED_MULTIPLE, NO_SUBMISSION,
-     a reference mismatch) is refused unless the operator overrides with a reason of at least
+  2. check the latest reconciliation, taken after the payout entered quarantine, and the rail
+     recoveries recorded for the payout's transfers (payments/recovery.py): POSTED needs the
+     transfers on the rail's statement that no recovery accounts for to be exactly one, with
+     the given reference (BOOKED_ONCE; or BOOKED_MULTIPLE once every duplicate is a recovery);
+     FAILED needs NOT_BOOKED, or every booked transfer accounted for by a recovery. Anything
+     else (no or stale reconciliation, NO_SUBMISSION, a reference mismatch, an unrecorded
+     transfer) is refused unless the operator overrides with a reason of at least
      OVERRIDE_REASON_MIN characters (logged at WARNING);
-  3. resolve through the service, write a Django LogEntry in the same transaction, and log one
-     `payout_resolved` JSON event after the commit.
+  3. resolve through the service, write a Django LogEntry on the payout in the same
+     transaction, and log one `payout_resolved` JSON event after the commit.
+
+A refusal changes nothing and is audited too: a `payout_resolution_refused` WARNING event
+(operator, reason) and a LogEntry on the payout.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from dataclasses import asdict, dataclass
@@ -29,7 +34,8 @@ from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found, validation_error
 from dlock.logs import log_event
 from payments import fenced_sql, services
-from payments.models import Payout, PayoutEvent, PayoutReconciliation, QuarantinedPayout
+from payments.models import Payout, PayoutEvent, PayoutReconciliation
+from payments.recovery import recovered_references
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -37,8 +43,9 @@ if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
 
 OVERRIDE_REASON_MIN = 20
-# The classification each resolution needs from the reconciler.
+# The classification each resolution needs from the reconciler (once recoveries are counted).
 REQUIRED_CLASSIFICATION = {"POSTED": "BOOKED_ONCE", "FAILED": "NOT_BOOKED"}
+BOOKED = ("BOOKED_ONCE", "BOOKED_MULTIPLE")
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,30 @@ class Resolution:
     classification: str | None
     refusal: str | None  # why the guard would have refused; set only when overridden
 
+    def as_dict(self) -> dict[str, object]:
+        return {"ok": True, **asdict(self)}
+
+
+def unaccounted_references(
+    recon: PayoutReconciliation | None, recovered: set[str] | frozenset[str] = frozenset()
+) -> list[str]:
+    """The payout's transfers on the rail's statement that no rail recovery accounts for."""
+    if recon is None:
+        return []
+    return [str(r) for r in recon.rail_references or [] if str(r) not in recovered]
+
+
+def allowed_resolution(
+    recon: PayoutReconciliation | None, recovered: set[str] | frozenset[str] = frozenset()
+) -> str | None:
+    """The resolution the reconciler's finding supports (the form preselects it), or None."""
+    if recon is None or recon.classification == "NO_SUBMISSION":
+        return None
+    left = unaccounted_references(recon, recovered)
+    if recon.classification == "NOT_BOOKED" or (recon.classification in BOOKED and not left):
+        return "FAILED"
+    return "POSTED" if len(left) == 1 else None
+
 
 def guard_refusal(
     *,
@@ -62,6 +93,7 @@ def guard_refusal(
     rail_reference: str | None,
     recon: PayoutReconciliation | None,
     quarantined_at: dt.datetime | None,
+    recovered: set[str] | frozenset[str] = frozenset(),
 ) -> str | None:
     """Why the reconciler's latest finding does not support this resolution (None: it does)."""
     if recon is None:
@@ -71,17 +103,31 @@ def guard_refusal(
             f"the latest reconciliation ({recon.classification}) predates the quarantine; "
             "run manage.py reconcile again"
         )
-    needed = REQUIRED_CLASSIFICATION[resolution]
-    if recon.classification != needed:
-        found = recon.classification
-        return f"{resolution} needs classification {needed}, the reconciler says {found}"
-    if resolution == "POSTED":
-        references = [str(r) for r in recon.rail_references or []]
-        if rail_reference not in references:
+    found = recon.classification
+    left = unaccounted_references(recon, recovered)
+    if resolution == "FAILED":
+        if found == "NOT_BOOKED" or (found in BOOKED and not left):
+            return None
+        if found in BOOKED:
             return (
-                f"rail reference {rail_reference!r} is not the one on the rail's statement "
-                f"({', '.join(references) or 'none'})"
+                f"FAILED needs classification NOT_BOOKED, the reconciler says {found}: the rail "
+                f"booked {', '.join(left)}; record each as a rail recovery first "
+                "(manage.py record_rail_recovery) or resolve POSTED"
             )
+        return f"FAILED needs classification NOT_BOOKED, the reconciler says {found}"
+    if found not in BOOKED:
+        return f"POSTED needs classification BOOKED_ONCE, the reconciler says {found}"
+    if len(left) != 1:
+        return (
+            f"POSTED needs exactly one booked transfer no rail recovery accounts for; the "
+            f"statement has {len(left)} ({', '.join(left) or 'none'}): record the duplicates "
+            "as rail recoveries first"
+        )
+    if rail_reference not in left:
+        return (
+            f"rail reference {rail_reference!r} is not the one on the rail's statement "
+            f"({', '.join(left)})"
+        )
     return None
 
 
@@ -102,63 +148,99 @@ def resolve_payout(
     """
     note = (note or "").strip()
     rail_reference = (rail_reference or "").strip() or None
-    _check_request(resolution=resolution, note=note, override=override)
     operator = user.get_username()
     alias = alias_for("payments")
-    with transaction.atomic(using=alias), connections[alias].cursor() as cur:
-        payout = Payout.objects.using(alias).filter(payout_id=payout_id).first()
-        if payout is None:
-            raise not_found("payout", str(payout_id))
-        fenced_sql.lock_account(cur, account_id=payout.account_id)
-        payout = Payout.objects.using(alias).select_for_update().get(payout_id=payout_id)
-        recon = (
-            PayoutReconciliation.objects.using(alias)
-            .select_for_update()
-            .filter(payout_id=payout_id)
-            .first()
-        )
-        if payout.state != "RAIL_AMBIGUOUS":
-            raise ApiError(
-                Code.PAYOUT_NOT_CLAIMABLE,
-                f"payout {payout_id} is {payout.state}, not RAIL_AMBIGUOUS",
-                details={"payoutId": str(payout_id), "state": payout.state},
+    try:
+        _check_request(resolution=resolution, note=note, override=override)
+        with transaction.atomic(using=alias), connections[alias].cursor() as cur:
+            payout = Payout.objects.using(alias).filter(payout_id=payout_id).first()
+            if payout is None:
+                raise not_found("payout", str(payout_id))
+            fenced_sql.lock_account(cur, account_id=payout.account_id)
+            payout = Payout.objects.using(alias).select_for_update().get(payout_id=payout_id)
+            recon = (
+                PayoutReconciliation.objects.using(alias)
+                .select_for_update()
+                .filter(payout_id=payout_id)
+                .first()
             )
-        if resolution == "POSTED" and rail_reference is None and recon is not None:
-            references = [str(r) for r in recon.rail_references or []]
-            rail_reference = references[0] if len(references) == 1 else None
-        refusal = guard_refusal(
-            resolution=resolution,
-            rail_reference=rail_reference,
-            recon=recon,
-            quarantined_at=_quarantined_at(payout_id, alias),
-        )
-        if refusal and not override:
-            raise ApiError(
-                Code.VALIDATION_FAILED,
-                f"refused: {refusal}",
-                details={"reason": refusal, "payoutId": str(payout_id)},
+            if payout.state != "RAIL_AMBIGUOUS":
+                raise ApiError(
+                    Code.PAYOUT_NOT_CLAIMABLE,
+                    f"payout {payout_id} is {payout.state}, not RAIL_AMBIGUOUS",
+                    details={"payoutId": str(payout_id), "state": payout.state},
+                )
+            recovered = recovered_references(payout_id, alias=alias)
+            if resolution == "POSTED" and rail_reference is None:
+                left = unaccounted_references(recon, recovered)
+                rail_reference = left[0] if len(left) == 1 else None
+            refusal = guard_refusal(
+                resolution=resolution,
+                rail_reference=rail_reference,
+                recon=recon,
+                quarantined_at=_quarantined_at(payout_id, alias),
+                recovered=recovered,
             )
-        services.resolve_quarantined(
-            payout_id=payout_id,
-            resolution=resolution,
-            operator=operator,
-            note=note if not refusal else f"OVERRIDE ({refusal}): {note}",
-            rail_reference=rail_reference if resolution == "POSTED" else None,
-        )
-        done = Resolution(
-            payout_id=str(payout_id),
-            operator=operator,
-            from_state="RAIL_AMBIGUOUS",
-            to_state=resolution,
-            reference=rail_reference if resolution == "POSTED" else None,
-            note=note,
-            override=bool(refusal),
-            classification=recon.classification if recon else None,
-            refusal=refusal,
-        )
-        _log_entry(done, user=user, alias=alias)
-        transaction.on_commit(lambda: _log(done), using=alias)
+            if refusal and not override:
+                raise ApiError(
+                    Code.VALIDATION_FAILED,
+                    f"refused: {refusal}",
+                    details={"reason": refusal, "payoutId": str(payout_id)},
+                )
+            services.resolve_quarantined(
+                payout_id=payout_id,
+                resolution=resolution,
+                operator=operator,
+                note=note if not refusal else f"OVERRIDE ({refusal}): {note}",
+                rail_reference=rail_reference if resolution == "POSTED" else None,
+            )
+            done = Resolution(
+                payout_id=str(payout_id),
+                operator=operator,
+                from_state="RAIL_AMBIGUOUS",
+                to_state=resolution,
+                reference=rail_reference if resolution == "POSTED" else None,
+                note=note,
+                override=bool(refusal),
+                classification=recon.classification if recon else None,
+                refusal=refusal,
+            )
+            _log_entry(done, user=user, alias=alias)
+            transaction.on_commit(lambda: _log(done), using=alias)
+    except ApiError as exc:
+        _refused(exc, payout_id=payout_id, resolution=resolution, user=user, note=note)
+        raise
     return done
+
+
+def _refused(
+    exc: ApiError, *, payout_id: uuid.UUID, resolution: str, user: AbstractBaseUser, note: str
+) -> None:
+    """Audit a refusal (nothing else was written): a WARNING event and, for a payout that
+    exists, a LogEntry on it, in a transaction of its own."""
+    reason = str((exc.details or {}).get("reason") or exc.message)
+    log_event(
+        "payout_resolution_refused",
+        level=logging.WARNING,
+        payoutId=str(payout_id),
+        operator=user.get_username(),
+        to=resolution,
+        code=exc.code.value if hasattr(exc.code, "value") else str(exc.code),
+        reason=reason,
+        note=note,
+    )
+    alias = alias_for("payments")
+    if not Payout.objects.using(alias).filter(payout_id=payout_id).exists():
+        return
+    with transaction.atomic(using=alias):
+        LogEntry.objects.using(alias).create(
+            user_id=user.pk,
+            content_type=ContentType.objects.db_manager(alias).get_for_model(Payout),
+            object_id=str(payout_id),
+            object_repr=str(payout_id),
+            action_flag=CHANGE,
+            change_message=f"refused: resolve as {resolution}: {reason}"[:2000],
+        )
 
 
 def _check_request(*, resolution: str, note: str, override: bool) -> None:
@@ -176,16 +258,21 @@ def _check_request(*, resolution: str, note: str, override: bool) -> None:
 
 
 def _log_entry(done: Resolution, *, user: AbstractBaseUser, alias: str) -> None:
-    """The Django admin history row for the resolution, in the resolving transaction."""
+    """The admin history row for the resolution, on the payout itself (its History page shows
+    it), in the resolving transaction; plain text, shown as written."""
+    detail = f"reference {done.reference}, " if done.reference else ""
+    text = (
+        f"resolved {done.from_state} → {done.to_state} ({detail}reconciler "
+        f"{done.classification or 'none'}){' OVERRIDE: ' + done.refusal if done.refusal else ''}"
+        f": {done.note}"
+    )
     LogEntry.objects.using(alias).create(
         user_id=user.pk,
-        content_type=ContentType.objects.db_manager(alias).get_for_model(
-            QuarantinedPayout, for_concrete_model=False
-        ),
+        content_type=ContentType.objects.db_manager(alias).get_for_model(Payout),
         object_id=done.payout_id,
         object_repr=done.payout_id[:200],
         action_flag=CHANGE,
-        change_message=json.dumps([{"resolved": asdict(done)}]),
+        change_message=text[:2000],
     )
 
 

@@ -271,3 +271,38 @@ def payout_for_submission(cursor: Any, *, payout_id: Any, for_update: bool = Fal
     query = PAYOUT_FOR_SUBMISSION_SQL + (" FOR UPDATE" if for_update else "")
     cursor.execute(query, {"payout_id": str(payout_id)})
     return cursor.fetchone()
+
+
+RECONCILE_PAYOUTS_SQL = """
+SELECT p.payout_id::text, p.state, p.rail_reference, p.amount_minor, p.currency,
+       EXISTS (SELECT 1 FROM payout_event e
+                WHERE e.payout_id = p.payout_id AND e.to_state = 'POSTED'
+                  AND e.owner_id LIKE 'operator:%%')
+  FROM payout p
+ WHERE p.state = ANY(%(states)s)
+"""
+RECOVERIES_SQL = """
+SELECT rail_reference, payout_id::text, amount_minor, currency, status,
+       EXTRACT(EPOCH FROM recorded_at)
+  FROM rail_recovery
+"""
+
+
+def payouts_for_reconcile(cursor: Any, *, states: tuple[str, ...]) -> list[tuple]:
+    """(payoutId, state, railReference, amountMinor, currency, resolvedPostedByOperator) of
+    every payout in one of `states` (the reconciler's snapshot; raw SQL, one read)."""
+    cursor.execute(RECONCILE_PAYOUTS_SQL, {"states": list(states)})
+    return [
+        (pid, state, ref, int(amount), currency, bool(by_operator))
+        for pid, state, ref, amount, currency, by_operator in cursor.fetchall()
+    ]
+
+
+def rail_recoveries(cursor: Any) -> list[tuple[str, str | None, int, str, str, float]]:
+    """(railReference, payoutId, amountMinor, currency, status, recordedAt epoch) of every rail
+    recovery (payments/recovery.py)."""
+    cursor.execute(RECOVERIES_SQL)
+    return [
+        (ref, pid, int(amount), currency, status, float(at))
+        for ref, pid, amount, currency, status, at in cursor.fetchall()
+    ]

@@ -98,6 +98,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
+# The admin shows every time to the second with its zone (settings/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["settings.formats"]
 USE_I18N = False
 STATIC_URL = "/static/"
 WHITENOISE_USE_FINDERS = True

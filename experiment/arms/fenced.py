@@ -180,6 +180,9 @@ class FencedArm:
         except ValueError:
             reconcile["output"] = (result.stdout + result.stderr)[-2000:]
         reconcile["unexplained_violations"] = unexplained_findings(reconcile, truth, ctx.payout_ids)
+        # The truth was collected before this reconcile ran (finding 4): its classification of
+        # the quarantine is the reconciler's verdict of this run, read from its report.
+        ambiguous_classification = classified_after_reconcile(reconcile, ctx.payout_ids)
         # A service restarted between two scrapes loses its counter; the executors' own log
         # lines (one `executor_fenced_out` per fenced write, in files we own) and the proxy's
         # durable FENCED rows don't. Per resource, the largest of the three counts.
@@ -201,6 +204,7 @@ class FencedArm:
         )
         return {
             "reconciler": reconcile,
+            "ambiguous_classification": ambiguous_classification,
             "fenced_out_total": total,
             "fenced_out_sum": sum(total.values()),
             "fenced_out_scraped": dict(self.fenced_out.total),
@@ -208,6 +212,20 @@ class FencedArm:
             "fenced_out_classification": classification,
             "lock_backend_observed": sorted(self.backends.seen),
         }
+
+
+def classified_after_reconcile(reconcile: dict, payout_ids: list[str]) -> dict[str, int]:
+    """This run's RAIL_AMBIGUOUS payouts by the classification `reconcile --json` just gave
+    them (UNCLASSIFIED only when the reconciler gave no report)."""
+    report = reconcile.get("report")
+    findings = (report or {}).get("payouts") or {} if isinstance(report, dict) else {}
+    ours = set(payout_ids)
+    tally: dict[str, int] = {}
+    for payout_id, finding in findings.items():
+        if payout_id in ours and finding.get("state") == "RAIL_AMBIGUOUS":
+            name = str(finding.get("classification") or "UNCLASSIFIED")
+            tally[name] = tally.get(name, 0) + 1
+    return dict(sorted(tally.items()))
 
 
 def fenced_out_in_logs(logdir: Path) -> dict[str, int]:

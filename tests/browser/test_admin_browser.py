@@ -175,11 +175,13 @@ def test_posting_a_not_booked_payout_is_refused_in_the_browser_and_nothing_moves
     assert paydb(
         live_stack, "SELECT count(*) FROM ledger_entry WHERE payout_id = %s", (seeded["payout"],)
     ) == [(0,)]
-    assert paydb(
+    # The refusal itself is audited (issue 26): one "refused: …" history row, nothing else.
+    (message,) = paydb(
         live_stack,
-        "SELECT count(*) FROM django_admin_log WHERE object_id = %s",
+        "SELECT change_message FROM django_admin_log WHERE object_id = %s",
         (seeded["payout"],),
-    ) == [(0,)]
+    )
+    assert message[0].startswith("refused: resolve as POSTED")
     assert books(live_stack, seeded["account"]) == (5_000, 5_000)
 
 

@@ -476,6 +476,32 @@ def test_every_pod_and_the_operator_job_pass_restricted_pod_security():
     assert job["spec"]["backoffLimit"] == 0
 
 
+def test_the_operator_job_carries_its_credential_and_reaches_every_store_its_commands_read():
+    """Issue 26: revoke_lock needs the operator bearer (else UNAUTHENTICATED, revoked:false);
+    reconcile, rail_statement and the books commands read raildb."""
+    (job,) = [d for d in yaml.safe_load_all(OPERATOR_JOB.read_text()) if d]
+    env = env_of(pod_template(job)["spec"]["containers"][0])
+    assert env["DLOCK_OPERATOR_CREDENTIAL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "dlock-secrets",
+        "key": "DLOCK_OPERATOR_CREDENTIAL",
+    }
+    secret = named("Secret", "dlock-secrets")
+    assert "DLOCK_OPERATOR_CREDENTIAL" in {**secret.get("stringData", {}), **secret.get("data", {})}
+    policy = named("NetworkPolicy", "operator")["spec"]
+    assert selects(policy["podSelector"], pod_template(job)["metadata"]["labels"])
+    database_peers = {
+        peer["ipBlock"]["cidr"]
+        for rule in policy["egress"]
+        if {"port": 5432, "protocol": "TCP"} in rule.get("ports", [])
+        for peer in rule["to"]
+    }
+    reconciler = named("NetworkPolicy", "reconciler")["spec"]
+    reconciler_peers = {
+        peer["ipBlock"]["cidr"] for rule in reconciler["egress"] for peer in rule["to"]
+    }
+    assert reconciler_peers <= database_peers  # paydb and raildb, as the reconciler has
+
+
 def test_restricted_pod_security_check_catches_a_root_pod():
     bad = {"containers": [{"name": "x", "securityContext": {"runAsUser": 0}}]}
     assert {"x: runAsNonRoot", "x: runAsUser 0", "x: capabilities"} <= set(

@@ -55,9 +55,12 @@ class Command(BaseCommand):
         else:
             self.stdout.write(render_text(report))
         path = Path(options["metrics_file"]) if options["metrics_file"] else _default_metrics_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(metrics_text(report))
-        tmp.replace(path)  # atomic for a textfile collector
+        if path.exists() and not path.is_file():  # /dev/null, a FIFO: never replace it
+            path.write_text(metrics_text(report))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(metrics_text(report))
+            tmp.replace(path)  # atomic for a textfile collector
         if not report.ok:
             sys.exit(1)

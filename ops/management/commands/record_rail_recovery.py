@@ -1,0 +1,60 @@
+"""`manage.py record_rail_recovery --transfer RAIL_REFERENCE --reason TEXT [--operator NAME]
+[--json]` (ROLE=ops).
+
+Records a rail transfer no POSTED payout accounts for (a duplicate ack; the booked transfer of a
+payout resolved FAILED) as a rail recovery and books it: DEBIT recoverable:rail:<ccy>, CREDIT
+settlement:<ccy> (payments/recovery.py). Guarded by the reconciler's evidence and by the rail's
+statement read now. Exit 0 recorded; 1 refused (why on stderr, and as JSON with --json; only the
+refusal's audit is written); 2 a database could not be reached.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+
+from dlock.errors import ApiError
+from ops.books import answer, fresh_statement, operator_user, refuse
+from payments.recovery import record_recovery
+
+if TYPE_CHECKING:
+    import argparse
+
+
+class Command(BaseCommand):
+    help = "Record a rail transfer no POSTED payout accounts for as a rail recovery (audited)."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--transfer", required=True, help="the rail's reference (statement)")
+        parser.add_argument("--reason", required=True, help="why (at least 8 characters)")
+        parser.add_argument("--operator", default=None, help="admin user name (default: OS user)")
+        parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        as_json = options["json"]
+        try:
+            user = operator_user(options["operator"])
+            step = record_recovery(
+                rail_reference=options["transfer"],
+                reason=options["reason"],
+                user=user,
+                statement_read=True,
+                statement=fresh_statement(options["transfer"].strip()),
+            )
+        except ApiError as exc:
+            raise refuse(self, exc, as_json=as_json) from exc
+        except DatabaseError as exc:
+            raise CommandError(
+                f"record_rail_recovery could not reach a database ({type(exc).__name__}); "
+                "nothing changed",
+                returncode=2,
+            ) from exc
+        answer(
+            self,
+            step.as_dict(),
+            f"rail recovery recorded for transfer {step.rail_reference} (payout "
+            f"{step.payout_id}, {step.amount_minor} {step.currency}) by {step.operator}: OPEN",
+            as_json=as_json,
+        )

@@ -1,0 +1,368 @@
+"""The books close through the ops commands, over real paydb + raildb: rail recoveries recorded
+from the reconciler's evidence, closed RECOVERED or WRITTEN_OFF, quarantined payouts resolved
+only the safe way; every unsafe variant refused (exit 1, the reason), audited, and the rows
+unchanged; the reconciler green exactly when the books agree with the statement."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
+from django.contrib.contenttypes.models import ContentType
+from django.core.management import CommandError, call_command
+from django.db.models import F
+from django.utils import timezone
+
+from ops.reconciler import reconcile
+from payments import services
+from payments.models import (
+    Account,
+    LedgerEntry,
+    Payout,
+    PayoutEvent,
+    RailRecovery,
+    RailRecoveryEvent,
+)
+from railproxy.models import RailSubmission
+from railstub.models import RailTransfer
+
+pytestmark = pytest.mark.django_db(databases=["default", "raildb"])
+
+OPERATOR = "ops-books"
+
+
+@pytest.fixture(autouse=True)
+def staff():
+    return User.objects.create_user(OPERATOR, password="x-long-password-1", is_staff=True)
+
+
+def _account(balance: int = 10_000) -> Account:
+    return services.create_account(
+        account_id=f"acct-{uuid.uuid4().hex[:12]}", opening_balance_minor=balance
+    )
+
+
+def _quarantined(account: Account, amount: int = 1_000) -> Payout:
+    payout = services.create_payout(account_id=account.account_id, amount_minor=amount)
+    RailSubmission.objects.create(
+        submission_id=uuid.uuid4(),
+        payout_id=payout.payout_id,
+        account_id=payout.account_id,
+        amount_minor=payout.amount_minor,
+        currency=payout.currency,
+        presented_token=7,
+        owner_id="exec-test",
+        idempotency_key=payout.idempotency_key,
+        request_hash="h",
+        client_ref=str(payout.payout_id),
+        outcome="TIMEOUT",
+    )
+    Payout.objects.filter(pk=payout.pk).update(state="RAIL_AMBIGUOUS")
+    PayoutEvent.objects.create(
+        payout=payout, from_state="SUBMITTING", to_state="RAIL_AMBIGUOUS", owner_id="exec-test"
+    )
+    payout.refresh_from_db()
+    return payout
+
+
+def _booked(payout: Payout) -> str:
+    reference = f"rail-{uuid.uuid4().hex[:12]}"
+    RailTransfer.objects.using("raildb").create(
+        rail_reference=reference,
+        client_ref=str(payout.payout_id),
+        amount_minor=payout.amount_minor,
+        currency=payout.currency,
+        accepted_at=timezone.now(),
+    )
+    return reference
+
+
+def _posted_with_duplicate(account: Account) -> tuple[Payout, str, str]:
+    """A payout the executor POSTED from its ACKED submission while the rail booked it twice."""
+    payout = services.create_payout(account_id=account.account_id, amount_minor=1_000)
+    ref, dup = _booked(payout), _booked(payout)
+    RailSubmission.objects.create(
+        submission_id=uuid.uuid4(),
+        payout_id=payout.payout_id,
+        account_id=payout.account_id,
+        amount_minor=payout.amount_minor,
+        currency=payout.currency,
+        presented_token=7,
+        owner_id="exec-test",
+        idempotency_key=payout.idempotency_key,
+        request_hash="h",
+        client_ref=str(payout.payout_id),
+        outcome="ACKED",
+        rail_reference=ref,
+    )
+    settlement = Account.objects.get_or_create(
+        account_id="settlement:EUR", defaults={"currency": "EUR", "kind": "SETTLEMENT"}
+    )[0]
+    for acct, direction, sign in ((account, "DEBIT", -1), (settlement, "CREDIT", 1)):
+        LedgerEntry.objects.create(
+            payout=payout, account=acct, direction=direction, amount_minor=1_000, fence=7
+        )
+        Account.objects.filter(pk=acct.pk).update(balance_minor=F("balance_minor") + sign * 1_000)
+    Payout.objects.filter(pk=payout.pk).update(state="POSTED", rail_reference=ref)
+    return payout, ref, dup
+
+
+def run(*args: str) -> dict:
+    """The command's --json answer; CommandError (exit 1) propagates."""
+    from io import StringIO
+
+    out = StringIO()
+    call_command(*args, "--operator", OPERATOR, "--json", stdout=out)
+    return json.loads(out.getvalue())
+
+
+def refused(*args: str) -> str:
+    with pytest.raises(CommandError) as caught:
+        run(*args)
+    assert caught.value.returncode == 1
+    return str(caught.value)
+
+
+def balance(account_id: str) -> int:
+    return Account.objects.get(account_id=account_id).balance_minor
+
+
+def log_messages(model, object_id: str) -> list[str]:
+    return list(
+        LogEntry.objects.filter(
+            content_type=ContentType.objects.get_for_model(model), object_id=object_id
+        )
+        .order_by("id")
+        .values_list("change_message", flat=True)
+    )
+
+
+def test_a_duplicate_ack_keeps_reconcile_red_until_recorded_then_closes_recovered():
+    payout, ref, dup = _posted_with_duplicate(_account())
+    assert not reconcile().ok  # an unrecorded duplicate
+
+    step = run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
+
+    assert step["status"] == "OPEN" and step["payoutId"] == str(payout.payout_id)
+    assert balance("recoverable:rail:EUR") == -1_000
+    assert balance("settlement:EUR") == 2_000  # both transfers that left
+    report = reconcile()
+    assert report.ok, report.violations
+    assert report.recoveries["OPEN"] == 1
+
+    closed = run("close_rail_recovery", "--transfer", dup, "--recovered", "--reference", "ret-1")
+
+    assert closed["status"] == "RECOVERED"
+    assert balance("recoverable:rail:EUR") == 0 and balance("settlement:EUR") == 1_000
+    assert reconcile().ok
+    recovery = RailRecovery.objects.get(rail_reference=dup)
+    assert (recovery.status, recovery.close_reference, recovery.closed_by) == (
+        "RECOVERED",
+        "ret-1",
+        OPERATOR,
+    )
+    assert [e.action for e in RailRecoveryEvent.objects.filter(recovery=recovery)] == [
+        "RECORDED",
+        "RECOVERED",
+    ]
+    assert len(log_messages(RailRecovery, str(recovery.recovery_id))) == 2
+    assert any("closed RECOVERED" in m for m in log_messages(Payout, str(payout.payout_id)))
+
+    assert "already RECOVERED" in refused(
+        "close_rail_recovery", "--transfer", dup, "--written-off", "--reason", "second close"
+    )
+    assert RailRecovery.objects.get(rail_reference=dup).status == "RECOVERED"
+
+
+def test_unsafe_recoveries_are_refused_audited_and_book_nothing():
+    payout, ref, dup = _posted_with_duplicate(_account())
+    reconcile()
+    entries = LedgerEntry.objects.count()
+
+    assert "not on the rail's statement" in refused(
+        "record_rail_recovery", "--transfer", "rail-nosuch", "--reason", "made up reference"
+    )
+    assert "the one payout" in refused(
+        "record_rail_recovery", "--transfer", ref, "--reason", "the payout's own transfer"
+    )
+    assert "at least 8" in refused("record_rail_recovery", "--transfer", dup, "--reason", "dup")
+    run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
+    assert "already has a recovery" in refused(
+        "record_rail_recovery", "--transfer", dup, "--reason", "the same one again"
+    )
+    assert "no rail recovery" in refused(
+        "close_rail_recovery", "--transfer", ref, "--recovered", "--reference", "r"
+    )
+    assert "needs the rail's reference" in refused(
+        "close_rail_recovery", "--transfer", dup, "--recovered"
+    )
+
+    assert LedgerEntry.objects.count() == entries + 2  # the one recorded recovery's legs
+    assert RailRecovery.objects.count() == 1
+    assert len([m for m in log_messages(RailRecovery, "rail-nosuch") if "refused" in m]) == 1
+    refusals = [m for m in log_messages(Payout, str(payout.payout_id)) if "refused" in m]
+    assert len(refusals) == 3  # own transfer, the second recovery, the close without reference
+
+
+def test_written_off_moves_the_receivable_to_the_loss_account():
+    _, _, dup = _posted_with_duplicate(_account())
+    reconcile()
+    run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
+
+    assert "at least 8" in refused(
+        "close_rail_recovery", "--transfer", dup, "--written-off", "--reason", "no"
+    )
+    closed = run(
+        "close_rail_recovery", "--transfer", dup, "--written-off", "--reason", "beneficiary gone"
+    )
+
+    assert closed["status"] == "WRITTEN_OFF"
+    assert balance("loss:rail:EUR") == -1_000 and balance("recoverable:rail:EUR") == 0
+    assert balance("settlement:EUR") == 2_000
+    assert reconcile().ok
+
+
+def test_a_booked_once_payout_resolved_posted_with_the_statement_reference_passes():
+    account = _account()
+    payout = _quarantined(account)
+    ref = _booked(payout)
+    reconcile()
+
+    done = run(
+        "resolve_payout",
+        str(payout.payout_id),
+        "--to",
+        "POSTED",
+        "--reference",
+        ref,
+        "--note",
+        "statement shows it booked once",
+    )
+
+    assert done["to_state"] == "POSTED" and done["reference"] == ref
+    report = reconcile()
+    assert report.ok, report.violations  # finding 2
+    assert any(
+        "resolved RAIL_AMBIGUOUS → POSTED" in m for m in log_messages(Payout, done["payout_id"])
+    )
+
+
+def test_unsafe_resolutions_are_refused_and_audited_on_the_payout():
+    account = _account()
+    not_booked = _quarantined(account)
+    once = _quarantined(account)
+    once_ref = _booked(once)
+    reconcile()
+
+    assert "needs classification BOOKED_ONCE" in refused(
+        "resolve_payout", str(not_booked.payout_id), "--to", "POSTED", "--note", "looks paid"
+    )
+    assert "record each as a rail recovery first" in refused(
+        "resolve_payout", str(once.payout_id), "--to", "FAILED", "--note", "customer cancelled"
+    )
+    assert "not the one on the rail's statement" in refused(
+        "resolve_payout",
+        str(once.payout_id),
+        "--to",
+        "POSTED",
+        "--reference",
+        "rail-other",
+        "--note",
+        "wrong reference",
+    )
+
+    assert Payout.objects.get(pk=not_booked.pk).state == "RAIL_AMBIGUOUS"
+    assert Payout.objects.get(pk=once.pk).state == "RAIL_AMBIGUOUS"
+    assert not LedgerEntry.objects.filter(payout__in=[not_booked, once]).exists()
+    assert any("refused: resolve as POSTED" in m for m in log_messages(Payout, str(not_booked.pk)))
+    assert len([m for m in log_messages(Payout, str(once.pk)) if "refused" in m]) == 2
+
+    # FAILED on BOOKED_ONCE becomes safe once the transfer is a recorded recovery.
+    run("record_rail_recovery", "--transfer", once_ref, "--reason", "beneficiary rejected it")
+    run("resolve_payout", str(once.payout_id), "--to", "FAILED", "--note", "recovering it")
+    run("resolve_payout", str(not_booked.payout_id), "--to", "FAILED", "--note", "not booked")
+    report = reconcile()
+    assert report.ok, report.violations
+
+
+def test_an_override_to_failed_on_a_booked_payout_keeps_reconcile_red_until_recorded():
+    account = _account()
+    once = _quarantined(account)
+    ref = _booked(once)
+    reconcile()
+
+    run(
+        "resolve_payout",
+        str(once.payout_id),
+        "--to",
+        "FAILED",
+        "--override",
+        "--note",
+        "operator insists the beneficiary never got it",
+    )
+
+    report = reconcile()
+    assert [v["payoutId"] for v in report.violations["failed_has_no_booked_transfer"]] == [
+        str(once.payout_id)
+    ]
+    run("record_rail_recovery", "--transfer", ref, "--reason", "money left for a FAILED payout")
+    assert reconcile().ok
+
+
+def test_a_booked_multiple_payout_resolves_posted_once_its_duplicate_is_recorded():
+    account = _account()
+    payout = _quarantined(account)
+    first, second = sorted([_booked(payout), _booked(payout)])
+    reconcile()
+
+    assert "exactly one booked transfer" in refused(
+        "resolve_payout",
+        str(payout.payout_id),
+        "--to",
+        "POSTED",
+        "--reference",
+        first,
+        "--note",
+        "pick one",
+    )
+    run("record_rail_recovery", "--transfer", second, "--reason", "rail duplicate ack")
+    done = run("resolve_payout", str(payout.payout_id), "--to", "POSTED", "--note", "one left")
+
+    assert done["reference"] == first  # the one transfer no recovery accounts for
+    assert reconcile().ok
+
+
+def test_a_command_without_a_staff_operator_is_refused():
+    with pytest.raises(CommandError) as caught:
+        call_command(
+            "record_rail_recovery",
+            "--transfer",
+            "x",
+            "--reason",
+            "whatever it is",
+            "--operator",
+            "nobody-here",
+        )
+    assert caught.value.returncode == 1 and "no active staff user" in str(caught.value)
+
+
+def test_a_metrics_file_that_is_not_a_regular_file_is_written_never_replaced(tmp_path):
+    """`--metrics-file /dev/null` must not turn the device into a file (a FIFO stands in)."""
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "metrics.fifo"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()
+
+    call_command("reconcile", "--json", "--metrics-file", str(fifo), stdout=open(os.devnull, "w"))
+
+    reader.join(10)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert "reconcile_ok" in received[0]
