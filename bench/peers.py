@@ -119,11 +119,17 @@ def assert_tokens_increase(by_key: dict[tuple[str, str], list[int]]) -> dict[str
 
 
 class _Http:
-    """One keep-alive HTTP/1.1 connection (stdlib), JSON in and out."""
+    """One keep-alive HTTP/1.1 connection (stdlib), JSON in and out. Between rounds a client sits
+    idle while the other arms run; a connection idle longer than IDLE_REOPEN_S (below gunicorn's
+    5 s keep-alive) is replaced before the next request instead of being written into after the
+    server closed it. A failed exchange closes the connection (the next call opens a new one)."""
+
+    IDLE_REOPEN_S = 2.0
 
     def __init__(self, base_url: str) -> None:
         host, port = base_url.split("//", 1)[1].rsplit(":", 1)
         self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        self.used = time.monotonic()
 
     def call(
         self, method: str, path: str, body: dict | None = None, headers: dict | None = None
@@ -133,9 +139,17 @@ class _Http:
         if body is not None:
             payload = json.dumps(body).encode()
             sent["Content-Type"] = "application/json"
-        self.conn.request(method, path, body=payload, headers=sent)
-        response = self.conn.getresponse()
-        raw = response.read()
+        if time.monotonic() - self.used > self.IDLE_REOPEN_S:
+            self.conn.close()
+        try:
+            self.conn.request(method, path, body=payload, headers=sent)
+            response = self.conn.getresponse()
+            raw = response.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            raise
+        finally:
+            self.used = time.monotonic()
         try:
             return response.status, (json.loads(raw) if raw else {})
         except ValueError:
@@ -347,6 +361,7 @@ def drive(
             except Exception as exc:  # counted, never hidden
                 kind = f"{type(exc).__name__}: {str(exc)[:60]}"
                 errors[kind] = errors.get(kind, 0) + 1
+                time.sleep(0.01)  # a persistent failure must not spin a core the arms share
                 continue
             if began >= window["start"]:
                 acquires[index].append(held - began)
