@@ -84,6 +84,18 @@ class _Caller:
         if status != 201:
             raise RuntimeError(f"session {status} {body}")
         self.session_id = body["sessionId"]
+        self.beat = time.monotonic()
+
+    def heartbeat(self) -> None:
+        """L2 every 10 s: preparing hundreds of payouts on one session outlasts its TTL."""
+        if time.monotonic() - self.beat < 10:
+            return
+        status, body = self.call(
+            "lockserver", "POST", f"/v1/sessions/{self.session_id}/heartbeat", {}
+        )
+        if status != 200:
+            raise RuntimeError(f"heartbeat {status} {body}")
+        self.beat = time.monotonic()
 
     def call(self, role: str, method: str, path: str, body, headers=None) -> tuple[int, dict]:
         sent = {"X-Owner-Id": self.owner, **credentials.headers(), **(headers or {})}
@@ -103,6 +115,7 @@ class _Caller:
 
     def prepare(self, payout_id: str, account_id: str, key: str, amount: int, currency: str):
         """L4 → P2 → rail submission → L6: the payout is RAIL_ACKED; what P3 needs is kept."""
+        self.heartbeat()
         lock = f"payout:{account_id}"
         status, grant = self.call(
             "lockserver", "POST", f"/v1/locks/{lock}/acquire", {"sessionId": self.session_id}
