@@ -471,7 +471,8 @@ def settlement_lines(entry: dict | None) -> list[str]:
     result = entry["result"]
     for level in result.get("levels", []):
         lines.append(
-            f"  {level['accounts']:>3} accounts: {level['posts_per_s']} posts/s,"
+            f"  {level['accounts']:>3} accounts on {level.get('settlement_rows', 1)} settlement"
+            f" row(s): {level['posts_per_s']} posts/s,"
             f" post p50 {level['post_p50_ms']} ms p99 {level['post_p99_ms']} ms;"
             f" row-lock wait {level['lock_wait_share']:.0%} of post time;"
             f" ceiling 1/(statement + commit) = {level['ceiling_posts_per_s']}/s"
