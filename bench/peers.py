@@ -22,7 +22,7 @@ client is a thread with its own session and connection; dlock's and etcd's HTTP 
 stdlib keep-alive client, ZooKeeper uses kazoo. dlock's hot-key acquire waits server-side
 (waitMillis) and honours 429 CONTENTION_EXCEEDED's retryAfterMillis, as a client should.
 
-Per point, BENCH_PEERS_ROUNDS rounds (default 3) of BENCH_PEERS_ROUND_S seconds (default 3) per
+Per point, BENCH_PEERS_ROUNDS rounds (default 3) of BENCH_PEERS_ROUND_S seconds (default 2) per
 arm, arms interleaved and their order rotated each round; each arm's sessions are opened once per
 point and kept for every round. Per arm and round: pairs/s, p50/p99 of acquire and of the pair,
 errors, and the server processes' CPU per pair (utime+stime from /proc/<pid>/stat, process
@@ -57,7 +57,7 @@ from bench.zookeeper import version as zk_version
 from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
 
 ROUNDS = int(os.environ.get("BENCH_PEERS_ROUNDS", "3"))
-ROUND_S = float(os.environ.get("BENCH_PEERS_ROUND_S", "3"))
+ROUND_S = float(os.environ.get("BENCH_PEERS_ROUND_S", "2"))
 WARMUP_S = 0.3
 POINTS = (("own", 1), ("own", 8), ("own", 32), ("hot", 8), ("hot", 32))
 ARMS = ("dlock-pg", "dlock-etcd", "zookeeper", "etcd-lock")

@@ -48,7 +48,7 @@ LEVELS = tuple(
 )
 POSTS_PER_ACCOUNT = int(os.environ.get("BENCH_SETTLEMENT_POSTS", "0"))  # 0: sized per level
 SAMPLE_S = float(os.environ.get("BENCH_SETTLEMENT_SAMPLE_MS", "2")) / 1000
-TARGET_POSTS = 480  # per level (at least 4 per account)
+TARGET_POSTS = 320  # per level (at least 4 per account)
 # The spread arm: the same accounts over SPREAD currencies, so SPREAD settlement rows share the
 # credits — what bucketing the settlement credit over SPREAD rows would give, measured on the
 # unchanged code.
