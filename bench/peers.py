@@ -178,6 +178,15 @@ class DlockClient:
         self.grant: dict | None = None
         self.shed = 0
 
+    def refresh(self) -> None:
+        """L2 before each round: the session sits idle while the other arms run (the peers'
+        sessions are kept alive by kazoo and by the lease keepalive thread)."""
+        status, answer = self._call(
+            "POST", f"/v1/sessions/{self.session_id}/heartbeat", {}, self.headers
+        )
+        if status != 200:
+            raise RuntimeError(f"heartbeat {status} {answer.get('code')}")
+
     def _call(self, method: str, path: str, body: dict | None, headers: dict) -> tuple[int, dict]:
         """A 503 OVERLOADED (shed before any work) is retried after its retryAfterMillis, as
         dlock's own client does; each one is counted in `shed` and stays in the latency."""
@@ -354,6 +363,13 @@ def drive(
 
     def worker(index: int) -> None:
         client, key = clients[index], keys[index]
+        refresh = getattr(client, "refresh", None)
+        if refresh is not None:
+            try:
+                refresh()
+            except Exception as exc:  # counted; the round's acquires will say the rest
+                kind = f"{type(exc).__name__}: {str(exc)[:60]}"
+                errors[kind] = errors.get(kind, 0) + 1
         ready.wait()
         while True:
             began = time.monotonic()
