@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -244,6 +245,7 @@ def run(
     finally:
         for worker in workers.values():
             worker.close()
+    shutil.rmtree(base, ignore_errors=True)  # the workers' logs; on a failure they stay
     data = {
         "name": "compare",
         "trees": {name: {"path": str(tree), "commit": sha} for name, (tree, sha) in trees.items()},
