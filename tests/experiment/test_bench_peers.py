@@ -116,3 +116,38 @@ def test_the_summary_ends_with_issue_28s_goal_lines_judged_on_per_round_ratios()
     assert " | >= 0.8× | FAIL" in tail[1]
     assert "1.3× | <= 1.5× | PASS" in tail[2]
     assert "1.2× | <= 1.25× | PASS" in tail[3]
+
+
+def test_a_roles_cpu_is_its_pod_when_a_proxy_holds_the_port():
+    """bench.e2e counts a role by the process tree behind its port: behind the serving
+    change's per-role nginx that listener is nginx, a child of the pod (`devstack.pod`) whose
+    other child is gunicorn — the role is the pod, or gunicorn's CPU would be missed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from bench.proc import listener_root, role_root
+
+    port = free_port()
+    listen = (
+        f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen();"
+        " time.sleep(60)"
+    )
+    spawn = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1]])"
+    for argv, is_pod in (([listen, "devstack.pod"], True), ([listen, "something-else"], False)):
+        parent = subprocess.Popen([sys.executable, "-c", spawn, *argv])
+        child = None
+        try:
+            deadline = time.monotonic() + 30
+            while listener_root(port) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            child = listener_root(port)
+            assert child is not None and child != parent.pid
+            assert role_root(port) == (parent.pid if is_pod else child)
+        finally:
+            if child is not None:
+                os.kill(child, signal.SIGKILL)
+            parent.kill()
+            parent.wait()
