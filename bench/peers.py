@@ -26,7 +26,8 @@ Per point, BENCH_PEERS_ROUNDS rounds (default 3) of BENCH_PEERS_ROUND_S seconds 
 arm, arms interleaved and their order rotated each round; each arm's sessions are opened once per
 point and kept for every round. Per arm and round: pairs/s, p50/p99 of acquire and of the pair,
 errors, and the server processes' CPU per pair (utime+stime from /proc/<pid>/stat, process
-trees: gunicorn + PostgreSQL for dlock-pg, gunicorn + etcd for dlock-etcd, the JVM, etcd). An
+trees: the lock server role (gunicorn, and its proxy when it has one) + PostgreSQL for
+dlock-pg, + etcd for dlock-etcd; the JVM; etcd). An
 arm's figure is the median over its rounds; the goal ratios are medians of per-round ratios.
 
 Every grant's token is logged per key while it is held; `check_tokens` asserts strictly
@@ -535,10 +536,9 @@ class _Stack:
             return {"etcd": self.etcd.process.pid}
         server = self.servers[arm]
         assert server.process is not None
-        pids = {"gunicorn": server.process.pid}
-        proxy = getattr(getattr(server, "proxy", None), "process", None)
-        if proxy is not None:  # the serving change puts a proxy in front of every role
-            pids["proxy"] = proxy.pid
+        # the role's process tree: gunicorn, and its nginx when the stack runs the role as a
+        # pod (gunicorn behind its own proxy: RoleProcess.process is then the pod)
+        pids = {"lockserver": server.process.pid}
         if arm == "dlock-pg":
             pids["postgres"] = self.postmaster_pid()
         else:
