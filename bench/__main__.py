@@ -1,11 +1,16 @@
 """`make bench` / `python -m bench`: every benchmark in one run, side by side.
 
-Parts (each writes `.run/bench/<name>.json` and returns a dict): `bench.lockserver` (issue 3;
-it runs `bench.lock_etcd` for the etcd rows), `bench.payments` (issue 5), `bench.redis_lock`,
-`bench.worker` (issue 18: gunicorn's own CPU per request, stock gthread vs dlock's worker),
-`bench.e2e` and `bench.fsync` (issue 8). A part that is not built yet is reported as missing;
-a part that fails is reported with its error; the others still run. The summary (printed and
-written to `.run/bench/summary.json`) puts the numbers next to each other with ratios.
+Parts (each writes `.run/bench/<name>.json` and returns a dict): `bench.fsync` (the disk),
+`bench.peers` (issue 28: dlock beside ZooKeeper/kazoo and etcd's lock API, interleaved),
+`bench.lockserver` (dlock over HTTP vs its SQL sent directly vs a no-framework floor; it runs
+`bench.lock_etcd` for the etcd rows), `bench.redis_lock` (python-redis-lock, not durable),
+`bench.payments` (claim+post over HTTP vs SQL), `bench.settlement` (posts only: the settlement
+row's lock wait), `bench.e2e` (payouts end to end, CPU per payout by role, the like-for-like
+floor). `--before REV` adds `bench.compare` (two trees' stacks, interleaved; issue 25).
+A part that is not built yet is reported as missing; a part that fails is reported with its
+error; the others still run. The summary (printed and written to `.run/bench/summary.json`)
+puts the numbers next to each other with ratios and ends with issue 28's goal lines, PASS or
+FAIL (also `.run/bench/goals.json`).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from pathlib import Path
 
 from devstack import PROJECT
 
-PARTS = ("fsync", "lockserver", "redis_lock", "payments", "worker", "e2e")
-MODULES = {name: f"bench.{name}" for name in PARTS}
+PARTS = ("fsync", "peers", "lockserver", "redis_lock", "payments", "settlement", "e2e")
+OPTIONAL = ("compare",)  # needs --before
+MODULES = {name: f"bench.{name}" for name in (*PARTS, *OPTIONAL)}
 
 
 def machine() -> dict:
@@ -131,6 +137,8 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     fsync = results.get("fsync", {}).get("result") or {}
     floor = fsync.get("fdatasync_ops_per_s")
 
+    lines += peers_lines(results.get("peers"))
+
     section("Lock: acquire+release pairs/s (p50 / p99 ms)")
     all_lock: list[dict] = []
     for name in ("lockserver", "redis_lock"):
@@ -175,7 +183,6 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     for name, title in (
         ("e2e", "Payouts end to end (durable PostgreSQL; issue 17 matrix + processes at rail 0)"),
         ("payments", "Payments: claim+post via HTTP vs direct SQL"),
-        ("worker", "gunicorn's CPU per request: stock gthread vs dlock's worker (issue 18)"),
         ("fsync", "Disk"),
     ):
         if name not in results:
@@ -198,17 +205,6 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
                     f" SQL {(level.get('direct') or {}).get('p99_ms')} ms)"
                 )
             continue
-        if name == "worker" and isinstance(result.get("rows"), dict):
-            for target, arms in result["rows"].items():
-                lines.append(
-                    f"  {result['targets'][target]}: "
-                    + ", ".join(
-                        f"{arm} {row['cpu_ms_per_request_median']} ms"
-                        f" ({row['paired_ratio_to_first_arm_median']}×)"
-                        for arm, row in arms.items()
-                    )
-                )
-            continue
         if isinstance(summary, list) and summary:
             for item in summary:
                 value = item.get("value")
@@ -220,6 +216,9 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
                 lines.append(f"  {label:<60} {value}")
         if name == "e2e":
             lines += e2e_scaling_lines(result.get("rows", []))
+    lines += settlement_lines(results.get("settlement"))
+    lines += compare_lines(results.get("compare"))
+    lines += goal_lines(goals(results))
     return lines
 
 
@@ -268,10 +267,16 @@ def issue17_lines(e2e: dict) -> list[str]:
 
 
 def goals_lines(results: dict[str, dict]) -> list[str]:
-    """Issue 18's three goals: now, the goal, the numbers before it, and the floor."""
+    """Payouts end to end beside the like-for-like floor, and the lock server beside its floor
+    arm: this run, the numbers before issue 18 (its absolute goals are withdrawn by issue 28:
+    the goals are now ratios to arms measured in the same run, `goals`)."""
     from bench.e2e import GOALS, PREVIOUS
 
-    lines = ["", "Issue 18 goals (this run | goal | before issue 18 | floor)", "-" * 60]
+    lines = [
+        "",
+        "dlock against its floors (this run | issue 18's mark | before issue 18)",
+        "-" * 60,
+    ]
     e2e = (results.get("e2e") or {}).get("result") or {}
     # Issue 18's rows are rail-latency-0 points (results from before the issue-17 matrix lack
     # the field: they were all at 0).
@@ -289,7 +294,7 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
         lines.append(
             f"  server CPU per payout ({row['executors']} × {row.get('concurrency', 1)}, the"
             f" fastest rail-0 point): {cpu['total']} ms"
-            f" | <= {GOALS['cpu_ms_per_payout']} ms | {PREVIOUS['cpu_ms_per_payout']['total']} ms"
+            f" | (withdrawn) | {PREVIOUS['cpu_ms_per_payout']['total']} ms"
             f" | load {row.get('loadavg_1m_at_start')}"
         )
         lines.append(
@@ -349,8 +354,6 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
 
 def floor_lines(floor: dict | None, cpu: dict) -> list[str]:
     """The payout floor beside dlock's CPU per payout, and what each layer costs per payout."""
-    from bench.e2e import GOALS
-
     if not floor:
         return ["    (no payout floor in this e2e result: BENCH_E2E_FLOOR=1, the default)"]
     base, layers = floor["cpu_ms_per_payout"], floor.get("layers", {})
@@ -362,7 +365,7 @@ def floor_lines(floor: dict | None, cpu: dict) -> list[str]:
     lines = [
         f"  server CPU per payout ({how}): dlock {mine['total']} ms | floor {base['total']} ms"
         f" | ratio {floor.get('dlock_over_floor_median', ratio)}× | goal"
-        f" {GOALS['cpu_ms_per_payout']} ms  (floor: {floor['concurrency']} clients,"
+        f" <= {GOAL_CPU_OVER_FLOOR}×  (floor: {floor['concurrency']} clients,"
         f" {floor['payouts_per_s']} payouts/s, {floor['completed']}/{floor['payouts']} done,"
         f" load {floor.get('loadavg_1m_at_start')})",
         "    floor by role: "
@@ -394,6 +397,212 @@ def floor_lines(floor: dict | None, cpu: dict) -> list[str]:
     return lines
 
 
+# ----------------------------------------------------------------------------- issue 28
+
+# Issue 28's goals: ratios to arms measured in the same run, on this box.
+GOAL_PG_OVER_BEST_PEER = 1.0  # lock pairs/s at 8 clients, dlock (pg) ÷ best of ZK / etcd lock API
+GOAL_ETCD_OVER_ETCD_LOCK = 0.8  # dlock (etcd) ÷ etcd's own lock API
+GOAL_P99_OVER_BEST_PEER = 1.5  # p99 acquire at 8 clients, dlock ÷ the best durable peer (at most)
+GOAL_CPU_OVER_FLOOR = 1.25  # server CPU per payout ÷ the like-for-like floor (at most)
+GOAL_25_AFTER_OVER_BEFORE = 1.15  # issue 25: server CPU per payout after ÷ before (at most)
+
+
+def _result(entry: dict | None) -> dict:
+    return (entry or {}).get("result") or {}
+
+
+def _peer_point(peers: dict, workload: str, clients: int) -> dict | None:
+    return next(
+        (
+            p
+            for p in peers.get("points", [])
+            if p.get("workload") == workload and p.get("clients") == clients
+        ),
+        None,
+    )
+
+
+def peers_lines(entry: dict | None) -> list[str]:
+    """bench.peers: every arm at every point, medians of the interleaved rounds."""
+    if not entry:
+        return []
+    lines = [
+        "",
+        "Lock services side by side (bench.peers; medians of interleaved rounds)",
+        "-" * 72,
+    ]
+    if entry.get("status") != "ok":
+        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
+    peers = entry["result"]
+    lines.append(
+        f"  {'point':<14} {'arm':<11} {'pairs/s':>9} {'acq p50':>8} {'acq p99':>8}"
+        f" {'pair p99':>9} {'CPU ms/pair':>12} {'errors':>7}"
+    )
+    for point in peers.get("points", []):
+        name = f"{point['workload']} ×{point['clients']}"
+        for arm, row in point["arms"].items():
+            lines.append(
+                f"  {name:<14} {arm:<11} {row['pairs_per_s'] or 0:>9.1f}"
+                f" {row['acquire_p50_ms'] or 0:>8.2f} {row['acquire_p99_ms'] or 0:>8.2f}"
+                f" {row['p99_ms'] or 0:>9.2f} {row['server_cpu_ms_per_pair'] or 0:>12.3f}"
+                f" {row['errors']:>7}"
+            )
+            name = ""
+    tokens = peers.get("tokens") or {}
+    if tokens:
+        lines.append(
+            "  tokens strictly increasing per key: "
+            + ", ".join(
+                f"{arm} {row['grants']} grants on {row['keys']} keys,"
+                f" {len(row['violations'])} violations"
+                for arm, row in tokens.items()
+            )
+        )
+    lines.append(f"  load average before → after: {peers.get('loadavg_1m_before_after')}")
+    return lines
+
+
+def settlement_lines(entry: dict | None) -> list[str]:
+    if not entry:
+        return []
+    lines = ["", "Settlement row: posts only (bench.settlement)", "-" * 46]
+    if entry.get("status") != "ok":
+        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
+    result = entry["result"]
+    for level in result.get("levels", []):
+        lines.append(
+            f"  {level['accounts']:>3} accounts on {level.get('settlement_rows', 1)} settlement"
+            f" row(s): {level['posts_per_s']} posts/s,"
+            f" post p50 {level['post_p50_ms']} ms p99 {level['post_p99_ms']} ms;"
+            f" row-lock wait {level['lock_wait_share']:.0%} of post time;"
+            f" ceiling 1/(statement + commit) = {level['ceiling_posts_per_s']}/s"
+        )
+    if result.get("verdict"):
+        lines.append(f"  {result['verdict']}")
+    return lines
+
+
+def compare_lines(entry: dict | None) -> list[str]:
+    if not entry:
+        return []
+    lines = ["", "Before / after (bench.compare, issue 25 item 8)", "-" * 48]
+    if entry.get("status") != "ok":
+        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
+    result = entry["result"]
+    trees, ratios = result["trees"], result["ratios"]
+    lines.append(
+        f"  before {trees['before']['commit'][:12]}, after {trees['after']['commit'][:12]};"
+        f" {result['workload']}"
+    )
+    for one in result.get("rounds", []):
+        b, a = one["before"], one["after"]
+        lines.append(
+            f"  round {one['round']}: server CPU/payout"
+            f" {b['point']['cpu_ms_per_payout'].get('total')}"
+            f" → {a['point']['cpu_ms_per_payout'].get('total')} ms, executor"
+            f" {b['point'].get('executor_cpu_ms_per_payout')} →"
+            f" {a['point'].get('executor_cpu_ms_per_payout')} ms, payouts/s"
+            f" {b['point'].get('payouts_per_s')} → {a['point'].get('payouts_per_s')}, floor"
+            f" {(b.get('floor') or {}).get('cpu_ms_per_payout', {}).get('total')} →"
+            f" {(a.get('floor') or {}).get('cpu_ms_per_payout', {}).get('total')} ms"
+            f" (load {one.get('loadavg_1m')})"
+        )
+    lines.append(
+        f"  medians: server CPU after/before {ratios.get('server_cpu_after_over_before')}×,"
+        f" executor CPU {ratios.get('executor_cpu_after_over_before')}×, payouts/s"
+        f" {ratios.get('payouts_per_s_after_over_before')}×; dlock/floor before"
+        f" {ratios.get('before_over_floor')}×, after {ratios.get('after_over_floor')}×"
+    )
+    ratio = ratios.get("server_cpu_after_over_before")
+    verdict = (
+        "NOT RUN" if ratio is None else "PASS" if ratio <= GOAL_25_AFTER_OVER_BEFORE else "FAIL"
+    )
+    lines.append(
+        f"  GOAL (issue 25) server CPU per payout after ÷ before: {ratio}×"
+        f" | <= {GOAL_25_AFTER_OVER_BEFORE}× | {verdict}"
+    )
+    return lines
+
+
+def goals(results: dict[str, dict]) -> list[dict]:
+    """Issue 28's goal lines: each with its ratio, its arms, the bound and PASS/FAIL (NOT RUN
+    when the part that measures it did not run or gave no number)."""
+    peers = _result(results.get("peers"))
+    own8 = _peer_point(peers, "own", 8) if peers else None
+    out: list[dict] = []
+
+    def goal(name: str, ratio, bound: float, at_most: bool, arms: str) -> None:
+        if ratio is None:
+            verdict = "NOT RUN"
+        else:
+            verdict = "PASS" if (ratio <= bound if at_most else ratio >= bound) else "FAIL"
+        out.append(
+            {
+                "goal": name,
+                "ratio": ratio,
+                "bound": f"{'<=' if at_most else '>='} {bound}×",
+                "arms": arms,
+                "verdict": verdict,
+            }
+        )
+
+    arms8 = (own8 or {}).get("arms", {})
+    ratios8 = (own8 or {}).get("ratios", {})
+
+    def rate(arm: str) -> str:
+        row = arms8.get(arm)
+        return f"{arm} {row['pairs_per_s']}/s" if row else f"{arm} —"
+
+    def p99(arm: str) -> str:
+        row = arms8.get(arm)
+        return f"{arm} {row['acquire_p99_ms']} ms" if row else f"{arm} —"
+
+    goal(
+        "lock pairs/s at 8 clients (own keys): dlock (pg) ÷ best of ZooKeeper/kazoo, etcd lock API",
+        ratios8.get("pg_over_best_peer"),
+        GOAL_PG_OVER_BEST_PEER,
+        False,
+        f"{rate('dlock-pg')}; {rate('zookeeper')}, {rate('etcd-lock')}",
+    )
+    goal(
+        "lock pairs/s at 8 clients (own keys): dlock (etcd) ÷ etcd lock API",
+        ratios8.get("etcd_over_etcd_lock"),
+        GOAL_ETCD_OVER_ETCD_LOCK,
+        False,
+        f"{rate('dlock-etcd')}; {rate('etcd-lock')}",
+    )
+    goal(
+        "p99 acquire at 8 clients (own keys): dlock (pg) ÷ best durable peer",
+        ratios8.get("pg_p99_over_best_peer"),
+        GOAL_P99_OVER_BEST_PEER,
+        True,
+        f"{p99('dlock-pg')}; {p99('zookeeper')}, {p99('etcd-lock')}",
+    )
+    e2e = _result(results.get("e2e"))
+    floor = e2e.get("floor") or {}
+    mine = ((floor.get("dlock") or {}).get("cpu_ms_per_payout") or {}).get("total")
+    base = (floor.get("cpu_ms_per_payout") or {}).get("total")
+    goal(
+        "server CPU per payout: dlock ÷ like-for-like floor (median of interleaved rounds)",
+        floor.get("dlock_over_floor_median"),
+        GOAL_CPU_OVER_FLOOR,
+        True,
+        f"dlock {mine} ms; floor {base} ms (every role gunicorn + psycopg + the same SQL)"
+        if floor
+        else "e2e with its floor not run",
+    )
+    return out
+
+
+def goal_lines(found: list[dict]) -> list[str]:
+    lines = ["", "Goals (issue 28; ratios within this run)", "-" * 40]
+    for g in found:
+        lines.append(
+            f"  GOAL {g['goal']}: {g['ratio']}× | {g['bound']} | {g['verdict']}  ({g['arms']})"
+        )
+    return lines
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -414,8 +623,17 @@ def setup_django() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--out", type=Path, default=PROJECT / ".run" / "bench")
-    parser.add_argument("--only", nargs="*", choices=PARTS, help="run only these parts")
+    parser.add_argument(
+        "--only", nargs="*", choices=(*PARTS, *OPTIONAL), help="run only these parts"
+    )
+    parser.add_argument("--before", help="compare: the git revision measured before (e.g. 55d13fe)")
+    parser.add_argument("--after", help="compare: the revision after (default: this tree)")
     args = parser.parse_args(argv)
+    names = list(args.only or PARTS)
+    if args.before and "compare" not in names:
+        names.append("compare")
+    if "compare" in names and not args.before:
+        parser.error("compare needs --before <git revision>")
     setup_django()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -425,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         f"[bench] {info['date']} on {info['cpus']} × {info['cpu']} ({info['mem_gb']} GB),"
         f" load average {info['loadavg_1m_at_start']}"
     )
-    for name in args.only or PARTS:
+    for name in names:
         started = time.monotonic()
         print(f"[bench] {name}: running…", flush=True)
         try:
@@ -437,7 +655,10 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = {"status": "missing", "error": f"{MODULES[name]} is not built yet"}
                 print(f"[bench] {name}: missing ({MODULES[name]} not built yet)", flush=True)
                 continue
-            result = module.run(out)
+            if name == "compare":
+                result = module.run(out, before=args.before, after=args.after)
+            else:
+                result = module.run(out)
             results[name] = {"status": "ok", "result": result}
         except Exception as exc:
             results[name] = {
@@ -452,8 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(f"\n=== dlock bench summary ({info['date']}, {info['cpus']} CPUs, {info['cpu']}) ===")
     print(text)
-    summary = {"machine": info, "parts": results, "table": lines}
+    summary = {"machine": info, "parts": results, "table": lines, "goals": goals(results)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (out / "goals.json").write_text(json.dumps(summary["goals"], indent=2, default=str))
     info["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(f"\n[bench] load average {info['loadavg_1m_at_start']} → {info['loadavg_1m_at_end']}")
     print(f"[bench] wrote {out}/*.json")

@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from bench.proc import PgSplit, listener_root, tree_cpu_seconds
+from bench.proc import PgSplit, role_root, tree_cpu_seconds
 from experiment.runner import ExperimentConfig, seed_fenced
 from experiment.stack import ROLES, private_stack
 from experiment.workers import spawn_executor
@@ -133,11 +133,12 @@ WAL = "SELECT wal_records, wal_fpi, wal_bytes, wal_write, wal_sync FROM pg_stat_
 
 
 def role_pids(stack) -> dict[str, int]:
-    """The root process of every server role (by listening port) and the postmaster."""
+    """The root process of every server role (by listening port; its pod when the role runs
+    behind its own proxy, so the proxy's CPU is the role's too) and the postmaster."""
     pids: dict[str, int] = {}
     for role in ROLES:
         port = urlsplit(stack.url(role)).port
-        pid = listener_root(port) if port else None
+        pid = role_root(port) if port else None
         if pid is None:
             raise RuntimeError(f"no process listens on {stack.url(role)} ({role})")
         pids[role] = pid

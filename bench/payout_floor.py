@@ -1,9 +1,12 @@
 """The payout floor (issue 18): what one payout costs on this box when every role is only
-gunicorn (the same config and worker class) + psycopg + PostgreSQL sending the same statements.
+gunicorn (the same config, stock worker) + psycopg + PostgreSQL sending the same statements.
 
 Run by `bench.e2e` on its private durable stack after the dlock points, so PostgreSQL, its
 databases and the box are the same. Four floor servers start under `settings/gunicorn.py` with
-the real roles' names (so each gets its role's threads and pool): `bench.floor_app` for the lock
+the real roles' names (so each gets its role's threads and pool), each started through
+`devstack.RoleProcess` exactly as the stack starts a role (so whatever the stack puts in front of
+a role — the proxy — and the gunicorn it runs are the floor's too: like for like), and clients
+connect to the URL RoleProcess gives: `bench.floor_app` for the lock
 server (L1/L4/L6) and `bench.floor_payout` for payments, rail proxy and rail stub. Fresh payouts
 are seeded as for a dlock point; CONCURRENCY client threads (default 32, each with two accounts
 of its own, so no lock contention, as the executor spreads its slots over accounts) run every
@@ -360,7 +363,8 @@ def run(
         done, key=lambda r: abs((r["layers"].get("dlock_over_floor") or 0) - (median or 0))
     )
     return {
-        "what": "every role as gunicorn (same config, DrainingThreadWorker) + psycopg + the same "
+        "what": "every role as gunicorn (same config and worker, started through RoleProcess like"
+        " dlock's roles) + psycopg + the same "
         "SQL functions, no Django/DRF/middleware/logs/metrics; 6 requests per payout (L4, P2, "
         "rail submission → stub, P3, L6); without P1 listings, heartbeats, background work",
         "interleaved": f"{rounds} rounds of (dlock 1×{CONCURRENCY} rail 0, floor, trivial app);"

@@ -116,6 +116,25 @@ def listener_root(port: int) -> int | None:
     return None
 
 
+def role_root(port: int) -> int | None:
+    """The process tree that is a role listening on `port`: the listener's root, or, when that
+    root runs under a pod supervisor (`python -m devstack.pod`: gunicorn on a unix socket behind
+    the role's own nginx, which holds the port), the pod — so a role's CPU is its gunicorn and
+    its proxy together, whichever topology the stack runs."""
+    root = listener_root(port)
+    if root is None:
+        return None
+    fields = _stat(root)
+    if fields is None:
+        return root
+    parent = int(fields[1])
+    try:
+        cmdline = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return root
+    return parent if b"devstack.pod" in cmdline else root
+
+
 # ----------------------------------------------------------------------------- PostgreSQL's split
 
 

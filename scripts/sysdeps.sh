@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the system packages dlock needs exist: PostgreSQL server binaries, etcd, and for the
-# browser and alerting tests headless Chromium + chromedriver (Selenium) and promtool (prometheus).
+# browser and alerting tests headless Chromium + chromedriver (Selenium) and promtool (prometheus);
+# for `make bench` also redis-server (WITH_REDIS=1) and zookeeper (WITH_ZOOKEEPER=1).
 # As root, installs what is missing with apt-get; otherwise says exactly what to install.
 set -euo pipefail
 missing=()
@@ -10,6 +11,10 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ "${WITH_REDIS:-0}" = 1 ]; then command -v redis-server >/dev/null 2>&1 || missing+=(redis-server); fi
+# The ZooKeeper peer of the lock benchmark (bench/zookeeper.py runs the packaged server jar).
+if [ "${WITH_ZOOKEEPER:-0}" = 1 ]; then
+  { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || missing+=(zookeeper)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "[dlock] installing system packages: ${missing[*]}"
@@ -17,7 +22,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
   # Debian starts packaged services on install where it can; dlock runs its own private ones.
-  for svc in etcd postgresql redis-server prometheus; do
+  for svc in etcd postgresql redis-server prometheus zookeeper; do
     (service "$svc" stop >/dev/null 2>&1 || true)
   done
 else

@@ -1,0 +1,482 @@
+"""The settlement row (issue 28 item 3): posts only, at 1, 8 and 64 concurrent accounts.
+
+Every P3 post credits `settlement:<currency>` in its own transaction, so the posts of one
+currency queue on that row's lock, held from the post statement's update until the commit's
+fsync. This measures how much that queue costs, on a private durable stack (fsync on,
+synchronous_commit on, pg_stat_statements loaded) with dlock's real roles:
+
+1. Prepare (not measured): per level, fresh accounts (one currency: one settlement row) and
+   payouts; each is taken through L4 acquire → P2 claim → the rail submission (RAIL_ACKED) → L6
+   release, and its grant (token + proof) kept for the post.
+2. Measure: one client thread per account posts its account's payouts (P3 over HTTP, back to
+   back), while a sampler polls paydb's pg_stat_activity every BENCH_SETTLEMENT_SAMPLE_MS (2)
+   ms. Row-lock wait share = (mean number of post backends waiting on a heavyweight lock,
+   wait_event_type 'Lock') ÷ (mean number of posts in flight, from the clients' latencies:
+   Little's law). pg_stat_statements (reset before the window) gives the post statement's and
+   COMMIT's mean execution times; the ceiling the row implies is 1 / (statement + commit):
+   posts of one currency cannot commit faster than one row-lock hold after another.
+
+3. Then the top level again with its accounts spread over BENCH_SETTLEMENT_SPREAD (8)
+   currencies: 8 settlement rows share the credits, which is what bucketing the settlement
+   credit over 8 rows would give, measured on the unchanged code; one row and spread alternate
+   for BENCH_SETTLEMENT_TOP_ROUNDS (2) pairs.
+
+Verdict: the row is the limiter at the top level when the spread arm posts at least
+LIMITER_GAIN (1.2) × as fast (the causal test); the lock-wait shares — of the post's latency,
+and of the post backends active in PostgreSQL (at most DB_POOL_MAX: beyond it posts queue for a
+connection inside payments) — say where the time goes. Writes `<out>/settlement.json`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+
+from bench import credentials
+
+LEVELS = tuple(
+    int(v) for v in os.environ.get("BENCH_SETTLEMENT_ACCOUNTS", "1,8,64").split(",") if v
+)
+POSTS_PER_ACCOUNT = int(os.environ.get("BENCH_SETTLEMENT_POSTS", "0"))  # 0: sized per level
+SAMPLE_S = float(os.environ.get("BENCH_SETTLEMENT_SAMPLE_MS", "2")) / 1000
+TARGET_POSTS = 320  # per level (at least 4 per account)
+# The spread arm: the same accounts over SPREAD currencies, so SPREAD settlement rows share the
+# credits — what bucketing the settlement credit over SPREAD rows would give, measured on the
+# unchanged code.
+SPREAD = int(os.environ.get("BENCH_SETTLEMENT_SPREAD", "8"))
+TOP_ROUNDS = int(os.environ.get("BENCH_SETTLEMENT_TOP_ROUNDS", "2"))  # (one row, spread) pairs
+CURRENCIES = ("EUR", "USD", "GBP", "CHF", "SEK", "NOK", "DKK", "PLN", "CZK", "JPY", "CAD", "AUD")
+LIMITER_GAIN = 1.2  # spreading must post this much faster for the row to be the limiter
+PG_SETTINGS = (
+    "shared_preload_libraries=pg_stat_statements",
+    "pg_stat_statements.max=2000",
+    "track_wal_io_timing=on",  # pg_stat_wal's wal_sync_time: what a commit's flush costs
+)
+ACTIVE_POSTS = """
+SELECT count(*) FILTER (WHERE state = 'active'),
+       count(*) FILTER (WHERE state = 'active' AND wait_event_type = 'Lock'),
+       count(*) FILTER (WHERE state = 'active' AND wait_event IN ('WALSync', 'WALWrite'))
+  FROM pg_stat_activity
+ WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid()
+"""
+# P3's one statement (fenced_sql.POST_SQL: the payout, its event, both legs and both balances,
+# the settlement credit among them), by its normalised text (constants are $n there).
+STATEMENTS = """
+SELECT 'post', sum(calls), sum(total_exec_time) / greatest(sum(calls), 1)
+  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+ WHERE d.datname = %s AND query LIKE '%%credited AS%%' AND query LIKE '%%INSERT INTO ledger_entry%%'
+"""
+# A commit's flush: pg_stat_wal's fsyncs (track_wal_io_timing) over the window.
+WAL_SYNC = "SELECT wal_sync, wal_sync_time FROM pg_stat_wal"
+
+
+class _Caller:
+    """One account's client: keep-alive connections to the lock server, payments, rail proxy."""
+
+    def __init__(self, stack, owner: str) -> None:
+        self.owner = owner
+        self.used: dict[str, float] = {}
+        self.conns = {}
+        for role in ("lockserver", "payments", "railproxy"):
+            url = urlsplit(stack.url(role))
+            self.conns[role] = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        status, body = self.call(
+            "lockserver", "POST", "/v1/sessions", {"ownerId": owner, "ttlMillis": 60_000}
+        )
+        if status != 201:
+            raise RuntimeError(f"session {status} {body}")
+        self.session_id = body["sessionId"]
+        self.beat = time.monotonic()
+
+    def heartbeat(self) -> None:
+        """L2 every 10 s: preparing hundreds of payouts on one session outlasts its TTL."""
+        if time.monotonic() - self.beat < 10:
+            return
+        status, body = self.call(
+            "lockserver", "POST", f"/v1/sessions/{self.session_id}/heartbeat", {}
+        )
+        if status != 200:
+            raise RuntimeError(f"heartbeat {status} {body}")
+        self.beat = time.monotonic()
+
+    def call(self, role: str, method: str, path: str, body, headers=None) -> tuple[int, dict]:
+        sent = {"X-Owner-Id": self.owner, **credentials.headers(), **(headers or {})}
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            sent["Content-Type"] = "application/json"
+        conn = self.conns[role]
+        if time.monotonic() - self.used.get(role, 0.0) > 2.0:  # below gunicorn's keep-alive
+            conn.close()  # reopened by the next request, not written into after a server close
+        try:
+            conn.request(method, path, body=payload, headers=sent)
+            response = conn.getresponse()
+            raw = response.read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            raise
+        finally:
+            self.used[role] = time.monotonic()
+        return response.status, (json.loads(raw) if raw else {})
+
+    def prepare(self, payout_id: str, account_id: str, key: str, amount: int, currency: str):
+        """L4 → P2 → rail submission → L6: the payout is RAIL_ACKED; what P3 needs is kept."""
+        self.heartbeat()
+        lock = f"payout:{account_id}"
+        status, grant = self.call(
+            "lockserver", "POST", f"/v1/locks/{lock}/acquire", {"sessionId": self.session_id}
+        )
+        if status != 200:
+            raise RuntimeError(f"acquire {status} {grant}")
+        fenced = {**credentials.headers(grant), "X-Idempotency-Key": key}
+        status, claimed = self.call(
+            "payments",
+            "POST",
+            f"/v1/payouts/{payout_id}/claim",
+            {"expectedState": "PENDING"},
+            fenced,
+        )
+        if status != 200:
+            raise RuntimeError(f"claim {status} {claimed}")
+        status, submitted = self.call(
+            "railproxy",
+            "POST",
+            "/v1/rail/submissions",
+            {
+                "payoutId": payout_id,
+                "accountId": account_id,
+                "amountMinor": amount,
+                "currency": currency,
+                "beneficiaryRef": claimed["beneficiaryRef"],
+            },
+            fenced,
+        )
+        if status != 200:
+            raise RuntimeError(f"submission {status} {submitted}")
+        status, _ = self.call(
+            "lockserver",
+            "DELETE",
+            f"/v1/locks/{lock}?sessionId={self.session_id}",
+            None,
+            credentials.headers(grant),
+        )
+        if status != 204:
+            raise RuntimeError(f"release {status}")
+        return payout_id, fenced, submitted
+
+    def post(self, payout_id: str, fenced: dict, submitted: dict) -> None:
+        """P3 under `fenced`: the account's latest grant (the account's fence is the last
+        claim's token, and P3 accepts a token >= the fence) with this payout's own key."""
+        status, posted = self.call(
+            "payments",
+            "POST",
+            f"/v1/payouts/{payout_id}/post",
+            {
+                "railReference": submitted["railReference"],
+                "submissionId": submitted["submissionId"],
+                "railOutcome": "ACKED",
+            },
+            fenced,
+        )
+        if status != 200:
+            raise RuntimeError(f"post {status} {posted}")
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else 0
+
+
+def _seed(
+    stack, accounts: int, per_account: int, rows: int
+) -> list[tuple[str, str, str, int, str]]:
+    """`accounts` accounts with `per_account` PENDING payouts each, spread over `rows`
+    currencies (one settlement row each; the first is EUR)."""
+    ids: list[str] = []
+    for index, currency in enumerate(CURRENCIES[:rows]):
+        share = accounts // rows + (1 if index < accounts % rows else 0)
+        if not share:
+            continue
+        result = stack.manage(
+            "seed_payouts",
+            "--accounts",
+            str(share),
+            "--payouts-per-account",
+            str(per_account),
+            "--balance-minor",
+            str(per_account * 1_000 * 2),
+            "--amount-minor",
+            "1000",
+            "--currency",
+            currency,
+            "--json",
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"seed_payouts failed: {result.stderr[-800:]}")
+        data = json.loads(
+            next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{"))
+        )
+        ids += [str(p) for p in data["payouts"]]
+    with psycopg.connect(stack.env["PAY_DATABASE_URL"]) as conn:
+        rows = conn.execute(
+            "SELECT payout_id::text, account_id, idempotency_key, amount_minor, currency"
+            " FROM payout WHERE payout_id = ANY(%s::uuid[]) ORDER BY created_at",
+            (ids,),
+        ).fetchall()
+    return [(p, a, k, int(m), c) for p, a, k, m, c in rows]
+
+
+def _level(stack, accounts: int, admin_url: str, settlement_rows: int = 1) -> dict:
+    per_account = POSTS_PER_ACCOUNT or max(4, TARGET_POSTS // accounts)
+    rows = _seed(stack, accounts, per_account, settlement_rows)
+    by_account: dict[str, list] = {}
+    for row in rows:
+        by_account.setdefault(row[1], []).append(row)
+    currencies = sorted({row[4] for row in rows})
+    names = sorted(by_account)
+    callers = {a: _Caller(stack, f"settle-{uuid.uuid4().hex[:8]}") for a in names}
+    prepared: dict[str, list] = {a: [] for a in names}
+    failures: list[str] = []
+
+    def prepare(chunk: list[str]) -> None:
+        for account in chunk:
+            for payout_id, account_id, key, amount, currency in by_account[account]:
+                try:
+                    prepared[account].append(
+                        callers[account].prepare(payout_id, account_id, key, amount, currency)
+                    )
+                except Exception as exc:
+                    failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+
+    chunks = [names[i::8] for i in range(min(8, len(names)))]
+    # Every claim advances the account's fence; the posts then present the account's last
+    # grant (P3 accepts token >= fence), each payout with its own idempotency key.
+    threads = [threading.Thread(target=prepare, args=(c,)) for c in chunks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    if failures:
+        raise RuntimeError(f"prepare failed ({len(failures)}): {failures[:3]}")
+
+    paydb = urlsplit(stack.env["PAY_DATABASE_URL"]).path.lstrip("/")
+    latencies: list[float] = []
+    errors: list[str] = []
+    samples = {"n": 0, "active": 0, "lock": 0, "wal": 0}
+    stop = threading.Event()
+
+    def sampler() -> None:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            while not stop.is_set():
+                active, lock, wal = conn.execute(ACTIVE_POSTS, (paydb,)).fetchone()
+                samples["n"] += 1
+                samples["active"] += active
+                samples["lock"] += lock
+                samples["wal"] += wal
+                time.sleep(SAMPLE_S)
+
+    def poster(account: str) -> None:
+        caller = callers[account]
+        latest = prepared[account][-1][1]
+        ready.wait()
+        for payout_id, fenced, submitted in prepared[account]:
+            began = time.monotonic()
+            try:
+                caller.post(
+                    payout_id,
+                    {**latest, "X-Idempotency-Key": fenced["X-Idempotency-Key"]},
+                    submitted,
+                )
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+                continue
+            latencies.append(time.monotonic() - began)
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+        wal_before = conn.execute(WAL_SYNC).fetchone()
+    ready = threading.Barrier(len(names) + 1)
+    posters = [threading.Thread(target=poster, args=(a,), daemon=True) for a in names]
+    for thread in posters:
+        thread.start()
+    watch = threading.Thread(target=sampler, daemon=True)
+    load = round(os.getloadavg()[0], 2)
+    ready.wait()
+    started = time.monotonic()
+    watch.start()
+    for thread in posters:
+        thread.join(600)
+    window = time.monotonic() - started
+    stop.set()
+    watch.join(10)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        stats = {
+            kind: (int(calls or 0), float(mean or 0))
+            for kind, calls, mean in conn.execute(STATEMENTS, (paydb,)).fetchall()
+        }
+        wal_after = conn.execute(WAL_SYNC).fetchone()
+    syncs = int(wal_after[0] - wal_before[0])
+    sync_ms = float(wal_after[1] - wal_before[1]) / syncs if syncs else 0.0
+    stats["commit"] = (syncs, sync_ms)
+    with psycopg.connect(stack.env["PAY_DATABASE_URL"]) as conn:
+        ids = [r[0] for r in rows]
+        posted = conn.execute(
+            "SELECT count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) AND state = 'POSTED'",
+            (ids,),
+        ).fetchone()[0]
+        legs = conn.execute(
+            "SELECT count(*), coalesce(sum(CASE direction WHEN 'DEBIT' THEN -amount_minor"
+            " ELSE amount_minor END), 0) FROM ledger_entry WHERE payout_id = ANY(%s::uuid[])",
+            (ids,),
+        ).fetchone()
+    for caller in callers.values():
+        for conn in caller.conns.values():
+            conn.close()
+    in_flight = sum(latencies) / window if window else 0.0
+    waiting = samples["lock"] / samples["n"] if samples["n"] else 0.0
+    in_db = samples["active"] / samples["n"] if samples["n"] else 0.0
+    wal = samples["wal"] / samples["n"] if samples["n"] else 0.0
+    post_ms = stats.get("post", (0, 0.0))[1]
+    commit_ms = stats.get("commit", (0, 0.0))[1]
+    return {
+        "accounts": accounts,
+        "settlement_rows": len(currencies),
+        "currencies": currencies,
+        "posts": len(latencies),
+        "posted_rows": posted,
+        "ledger_legs": int(legs[0]),
+        "ledger_sum_minor": int(legs[1]),
+        "errors": len(errors),
+        "errors_sample": errors[:3],
+        "loadavg_1m_at_start": load,
+        "window_s": round(window, 3),
+        "posts_per_s": round(len(latencies) / window, 1) if window else None,
+        "post_p50_ms": round(_percentile(latencies, 0.5) * 1000, 2),
+        "post_p99_ms": round(_percentile(latencies, 0.99) * 1000, 2),
+        "posts_in_flight_mean": round(in_flight, 2),
+        "lock_waiters_mean": round(waiting, 3),
+        "lock_wait_share": round(waiting / in_flight, 3) if in_flight else 0.0,
+        # of the post backends active in paydb (at most DB_POOL_MAX: the rest of the posts in
+        # flight queue for a connection inside payments), the share waiting on a row lock
+        "db_active_mean": round(in_db, 3),
+        "lock_wait_share_in_db": round(waiting / in_db, 3) if in_db else 0.0,
+        "wal_flush_share": round(wal / in_flight, 3) if in_flight else 0.0,
+        "samples": samples["n"],
+        "post_statement_ms": round(post_ms, 3),
+        "commit_ms": round(commit_ms, 3),  # mean WAL fsync (pg_stat_wal) in the window
+        "statement_calls": {k: v[0] for k, v in stats.items()},  # commit: WAL fsyncs
+    }
+
+
+def with_ceilings(levels: list[dict]) -> list[dict]:
+    """The ceiling the row implies at each level: 1 / (the post statement's uncontended time —
+    its mean at the fewest accounts, where nobody queues on the row — + that level's commit
+    flush). At more accounts the statement's own mean includes the row-lock wait itself."""
+    if not levels:
+        return levels
+    alone = min(levels, key=lambda lvl: (lvl["accounts"], lvl["settlement_rows"]))[
+        "post_statement_ms"
+    ]
+    for level in levels:
+        hold = alone + level["commit_ms"]
+        level["uncontended_statement_ms"] = alone
+        level["ceiling_posts_per_s"] = round(1000 / hold, 1) if hold else None
+    return levels
+
+
+def verdict(levels: list[dict]) -> tuple[bool, str]:
+    """Is the one settlement row the limiter at the most accounts? The causal test: spreading
+    the same accounts over SPREAD rows (the spread arm, interleaved with the one-row arm in
+    TOP_ROUNDS pairs) posts at least LIMITER_GAIN × as fast, as the median of the pairs' gains.
+    The lock-wait shares say how the time is spent; they do not decide (at 64 accounts most
+    posts wait for one of payments' DB_POOL_MAX connections, not in PostgreSQL)."""
+    most = max(lvl["accounts"] for lvl in levels)
+    single = [lvl for lvl in levels if lvl["accounts"] == most and lvl["settlement_rows"] == 1]
+    spread = [lvl for lvl in levels if lvl["accounts"] == most and lvl["settlement_rows"] > 1]
+    gains = [
+        round(b["posts_per_s"] / a["posts_per_s"], 2)
+        for a, b in zip(single, spread, strict=False)
+        if a.get("posts_per_s") and b.get("posts_per_s")
+    ]
+    gain = round(statistics.median(gains), 2) if gains else None
+    top = single[len(single) // 2] if single else max(levels, key=lambda lvl: lvl["accounts"])
+    limiter = bool(gain is not None and gain >= LIMITER_GAIN)
+    facts = (
+        f"{most} accounts on one row: {', '.join(str(a['posts_per_s']) for a in single)} posts/s,"
+        f" {top['lock_wait_share']:.0%} of post time waiting on the row lock"
+        f" ({top.get('lock_wait_share_in_db', 0):.0%} of the post backends in PostgreSQL),"
+        f" ceiling 1 / ({top.get('uncontended_statement_ms')} ms statement +"
+        f" {top['commit_ms']} ms flush) = {top.get('ceiling_posts_per_s')}/s"
+    )
+    if spread:
+        facts += (
+            f"; on {spread[0]['settlement_rows']} rows:"
+            f" {', '.join(str(b['posts_per_s']) for b in spread)} posts/s"
+            f" (gain per pair {gains}, median {gain}×)"
+        )
+    if limiter:
+        return True, f"the settlement row IS the limiter: {facts}"
+    return False, f"the settlement row is NOT the limiter: {facts}; payments unchanged"
+
+
+def run(out_dir: str | Path, levels: tuple[int, ...] = LEVELS) -> dict:
+    from bench.e2e import _pg_stats_setup
+    from experiment.stack import private_stack
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="dlock-bench-settlement-"))
+    base.chmod(0o755)
+    stack, stop = private_stack(
+        base / "stack",
+        fast=False,
+        extra_env={**credentials.server_env(), "DLOCK_LOG_LEVEL": "WARNING"},
+        pg_settings=PG_SETTINGS,
+    )
+    try:
+        _pg_stats_setup(stack)
+        admin = stack.pg_cluster.url("postgres")
+        rows = []
+        plan = [(accounts, 1) for accounts in levels]
+        if SPREAD > 1:  # the top level again, one row and spread alternating
+            plan.append((max(levels), SPREAD))
+            for _ in range(TOP_ROUNDS - 1):
+                plan += [(max(levels), 1), (max(levels), SPREAD)]
+        for accounts, settlement_rows in plan:
+            row = _level(stack, accounts, admin, settlement_rows)
+            print(
+                f"[bench] settlement {accounts} accounts on {settlement_rows} row(s):"
+                f" {row['posts_per_s']} posts/s,"
+                f" p99 {row['post_p99_ms']} ms, lock wait {row['lock_wait_share']:.0%},"
+                f" statement {row['post_statement_ms']} ms, commit flush {row['commit_ms']} ms",
+                flush=True,
+            )
+            rows.append(row)
+    finally:
+        stop()
+        shutil.rmtree(base, ignore_errors=True)
+    limiter, text = verdict(with_ceilings(rows))
+    data = {
+        "name": "settlement",
+        "workload": "P3 posts only over HTTP, one client per account, one currency (one"
+        " settlement row); payouts prepared to RAIL_ACKED beforehand",
+        "durability": "fsync=on, synchronous_commit=on",
+        "levels": rows,
+        "limiter_at_top": limiter,
+        "verdict": text,
+        "lock_wait_share_median": round(statistics.median(r["lock_wait_share"] for r in rows), 3),
+        "top_rounds": TOP_ROUNDS,
+    }
+    (out / "settlement.json").write_text(json.dumps(data, indent=2) + "\n")
+    return data

@@ -1,0 +1,153 @@
+"""bench.peers (issue 28): the token check every lock arm goes through, against a real
+ZooKeeper and kazoo's Lock recipe, and the summary's goal lines."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bench import peers
+from bench.zookeeper import ZooKeeperServer
+from devstack import free_port
+
+
+@pytest.fixture(scope="module")
+def zookeeper():
+    work = Path(tempfile.mkdtemp(prefix="dlock-test-zk-"))
+    server = ZooKeeperServer(work / "zk", free_port(), heap_mb=128).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_zookeeper_arm_token_check_catches_a_token_that_does_not_increase(zookeeper):
+    log = peers.TokenLog()
+    first = peers.ZkLockClient(zookeeper.hosts, "tokens.k1")
+    second = peers.ZkLockClient(zookeeper.hosts, "tokens.k1")  # another session, same key
+    try:
+        for client in (first, second, first, second):
+            token = client.acquire()
+            log.record("zookeeper", "tokens.k1", token)
+            client.release()
+    finally:
+        first.close()
+        second.close()
+    grants = log.by_key[("zookeeper", "tokens.k1")]
+    assert len(grants) == 4 and grants == sorted(set(grants))  # the recipe's own order
+    report = peers.assert_tokens_increase(log.by_key)
+    assert report["zookeeper"] == {"keys": 1, "grants": 4, "violations": []}
+
+    log.record("zookeeper", "tokens.k1", grants[-1])  # a grant that does not exceed the last one
+    with pytest.raises(peers.TokenOrderError, match="tokens.k1"):
+        peers.assert_tokens_increase(log.by_key)
+    violations = peers.check_tokens(log.by_key)["zookeeper"]["violations"]
+    assert violations == [
+        {"key": "tokens.k1", "grant": 4, "previous": grants[-1], "token": grants[-1]}
+    ]
+
+
+def _arm(pairs: float, p99: float) -> dict:
+    return {"pairs": int(pairs * 3), "pairs_per_s": pairs, "acquire_p99_ms": p99}
+
+
+def test_the_summary_ends_with_issue_28s_goal_lines_judged_on_per_round_ratios():
+    from bench.__main__ import goals, summary_lines
+
+    # Two rounds: the goal ratio is the median of the per-round ratios against the round's
+    # best peer (round 1: zookeeper is best, round 2: etcd-lock).
+    rounds = [
+        {
+            "arms": {
+                "dlock-pg": _arm(300.0, 12.0),
+                "dlock-etcd": _arm(160.0, 30.0),
+                "zookeeper": _arm(250.0, 20.0),
+                "etcd-lock": _arm(200.0, 10.0),
+            }
+        },
+        {
+            "arms": {
+                "dlock-pg": _arm(220.0, 14.0),
+                "dlock-etcd": _arm(150.0, 40.0),
+                "zookeeper": _arm(200.0, 20.0),
+                "etcd-lock": _arm(275.0, 10.0),
+            }
+        },
+    ]
+    ratios = peers.ratios(rounds)
+    assert ratios["rounds"]["pg_over_best_peer"] == [1.2, 0.8]
+    assert ratios["pg_over_best_peer"] == 1.0  # median of 1.2 and 0.8: PASS (>= 1.0)
+    assert ratios["etcd_over_etcd_lock"] == pytest.approx((0.8 + 150 / 275) / 2, abs=1e-3)
+    assert ratios["pg_p99_over_best_peer"] == 1.3
+    point = {
+        "workload": "own",
+        "clients": 8,
+        "arms": {
+            arm: {
+                **_arm(1, 1),
+                "p50_ms": 1,
+                "acquire_p50_ms": 1,
+                "p99_ms": 1,
+                "server_cpu_ms_per_pair": 1,
+                "errors": 0,
+            }
+            for arm in peers.ARMS
+        },
+        "ratios": ratios,
+    }
+    results = {
+        "peers": {"status": "ok", "result": {"points": [point], "tokens": {}}},
+        "e2e": {
+            "status": "ok",
+            "result": {"floor": {"dlock_over_floor_median": 1.2, "cpu_ms_per_payout": {}}},
+        },
+    }
+    verdicts = [g["verdict"] for g in goals(results)]
+    assert verdicts == ["PASS", "FAIL", "PASS", "PASS"]
+    tail = summary_lines(results)[-4:]
+    assert tail[0].startswith(
+        "  GOAL lock pairs/s at 8 clients (own keys): dlock (pg) ÷ best of ZooKeeper/kazoo,"
+        " etcd lock API: 1.0× | >= 1.0× | PASS"
+    )
+    assert " | >= 0.8× | FAIL" in tail[1]
+    assert "1.3× | <= 1.5× | PASS" in tail[2]
+    assert "1.2× | <= 1.25× | PASS" in tail[3]
+
+
+def test_a_roles_cpu_is_its_pod_when_a_proxy_holds_the_port():
+    """bench.e2e counts a role by the process tree behind its port: behind the serving
+    change's per-role nginx that listener is nginx, a child of the pod (`devstack.pod`) whose
+    other child is gunicorn — the role is the pod, or gunicorn's CPU would be missed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from bench.proc import listener_root, role_root
+
+    port = free_port()
+    listen = (
+        f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen();"
+        " time.sleep(60)"
+    )
+    spawn = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1]])"
+    for argv, is_pod in (([listen, "devstack.pod"], True), ([listen, "something-else"], False)):
+        parent = subprocess.Popen([sys.executable, "-c", spawn, *argv])
+        child = None
+        try:
+            deadline = time.monotonic() + 30
+            while listener_root(port) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            child = listener_root(port)
+            assert child is not None and child != parent.pid
+            assert role_root(port) == (parent.pid if is_pod else child)
+        finally:
+            if child is not None:
+                os.kill(child, signal.SIGKILL)
+            parent.kill()
+            parent.wait()
