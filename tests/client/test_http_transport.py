@@ -145,12 +145,17 @@ def test_chunked_and_close_delimited_bodies_and_interim_answers_are_read_whole(p
     assert server.connections == 2  # the close-delimited one did not
 
 
-def test_connection_close_and_junk_after_the_body_are_never_reused(peer):
-    answers = {1: _json(200, b"{}", "Connection: close"), 2: _json(200, b"{}") + b"junk"}
-    server = peer(lambda n, _: answers.get(n, _json(200, b"{}")))
-    for _ in range(3):
-        exchange("GET", f"{server.url}/x", hop=FAST)
-    assert server.connections == 3
+def test_connection_close_is_never_reused_and_bytes_after_a_body_never_answer_the_next_call(peer):
+    """A response the peer sends beyond the one asked for (here a whole forged answer glued to
+    the body) must never be read as the answer to the next request on that connection."""
+    smuggled = b'HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{"smuggled":1}'
+    answers = {1: _json(200, b"{}", "Connection: close"), 2: _json(200, b"{}") + smuggled}
+    server = peer(lambda n, _: answers.get(n, _json(200, b'{"n":%d}' % n)))
+    assert exchange("GET", f"{server.url}/x", hop=FAST).body == {}
+    assert exchange("GET", f"{server.url}/x", hop=FAST).body == {}
+    assert server.connections == 2  # the first answer said close: a new connection
+    assert exchange("GET", f"{server.url}/x", hop=FAST).body == {"n": 3}
+    assert len(server.requests) == 3
 
 
 def test_an_idle_connection_the_server_closed_is_replaced_not_reported_as_sent(peer):
