@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import pytest
 
+from devstack import free_port
 from dlock.budgets import Budget
 from dlock.client import (
     DlockError,
@@ -32,7 +33,6 @@ from dlock.client import (
     call,
     changed_nothing,
 )
-from devstack import free_port
 from dlock.http import ConnectionPool, exchange
 from tests.loopback import LoopbackServer
 
