@@ -242,7 +242,7 @@ class LockClient:
         if not 0.0 <= safety_margin < 1.0:
             raise ValueError("safety_margin must be in [0, 1)")
         # Idle keep-alive connections kept per replica: at least the caller's threads in flight.
-        self.endpoints = Endpoints(base_url, pool_size=pool_size)
+        self.endpoints = Endpoints(base_url, pool_size=pool_size, name="lockserver")
         self.owner_id = owner_id
         self.default_ttl_ms = default_ttl_ms
         self.retry = retry or RetryPolicy(sleep=sleep)
