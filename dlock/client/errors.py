@@ -29,6 +29,8 @@ class DlockError(Exception):
     """A C3 error envelope (or a local verdict) as an exception: code, retrySafe, details."""
 
     code: str | None = None
+    # The service whose endpoint list raised it (`Endpoints.name`), when one did.
+    peer: str | None = None
 
     def __init__(
         self,

@@ -218,6 +218,7 @@ class Endpoints:
                         self._failed(index, exc)
                     else:
                         self._answered(index)  # it answered: a 409 comes from a healthy replica
+                    exc.peer = self.name
                     if not changed_nothing(exc, after_send=failover_after_send):
                         raise
                     last = exc
