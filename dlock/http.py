@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
-from urllib3 import HTTPConnectionPool, HTTPResponse, HTTPSConnectionPool
+from urllib3 import BaseHTTPResponse, HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.util import Timeout
@@ -148,27 +148,28 @@ class _Dlock:
 
     deadline: float | None = None  # monotonic: the whole response must be in by then
     used_at: float = 0.0
+    sock: Any
 
     def connect(self) -> None:
         super().connect()  # type: ignore[misc]
-        self.sock = _BoundedSocket(self.sock, self)  # type: ignore[has-type]
+        self.sock = _BoundedSocket(self.sock, self)
         self.used_at = time.monotonic()
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         # Connect here, before the first byte is written: a failure up to now sent nothing.
-        if self.sock is None:  # type: ignore[has-type]
+        if self.sock is None:
             self.connect()
         read_s = getattr(_call, "read_s", None)
         self.deadline = None if read_s is None else time.monotonic() + read_s
         super().request(*args, **kwargs)  # type: ignore[misc]
 
     def send(self, data: Any) -> None:
-        if self.sock is None:  # type: ignore[has-type]
+        if self.sock is None:
             self.connect()
         _call.wrote = True  # from here on the server may have received (part of) the request
         super().send(data)  # type: ignore[misc]
 
-    def getresponse(self) -> HTTPResponse:
+    def getresponse(self) -> Any:
         response = super().getresponse()  # type: ignore[misc]
         self.used_at = time.monotonic()
         return response
@@ -357,7 +358,7 @@ def _checked(headers: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _read_body(response: HTTPResponse) -> bytes:
+def _read_body(response: BaseHTTPResponse) -> bytes:
     """The whole body, within MAX_BODY_BYTES (the connection's deadline bounds the reads)."""
     length = response.headers.get("content-length")
     if length is not None and length.strip().isdigit() and int(length) > MAX_BODY_BYTES:
@@ -412,7 +413,7 @@ def exchange(
         origin = (pool or pool_for(url)).urllib3
     except ValueError as exc:  # never written: nothing was sent
         raise TransportError(method, url, sent=False, cause=exc) from exc
-    response: HTTPResponse | None = None
+    response: BaseHTTPResponse | None = None
     try:
         response = origin.urlopen(
             method,
@@ -458,7 +459,7 @@ def send_once(
         origin = cls(host, port, maxsize=1, block=False, retries=False, **_tls_options(scheme))
     except ValueError as exc:
         raise TransportError(method, url, sent=False, cause=exc) from exc
-    response: HTTPResponse | None = None
+    response: BaseHTTPResponse | None = None
     try:
         response = origin.urlopen(
             method,
