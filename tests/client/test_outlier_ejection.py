@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from dlock.budgets import Budget
-from dlock.client import Endpoints, Overloaded, ServiceUnreachable
+from dlock.client import Endpoints, ServiceUnreachable
 from dlock.client.transport import EJECT_BASE_S, EJECT_MAX_S
 from tests.client.test_http_transport import ScriptedPeer, _json
 
