@@ -9,7 +9,7 @@ on a stop request picks nothing more, drains within the drain budget and returns
 Threads, not asyncio or processes: every hop is a blocking HTTP call that releases the GIL, the
 client library is synchronous and thread-safe, and one process keeps one lock session (one
 heartbeat) for all its sections. The threads share one keep-alive connection pool per service
-replica (`dlock.http.ConnectionPool`) sized to N + 2, so no section reconnects per hop.
+replica (`dlock.http.ConnectionPool`, urllib3) sized to N + 2, so no section reconnects per hop.
 """
 
 from __future__ import annotations
