@@ -63,8 +63,10 @@ class Dispatcher:
                     self._finished.wait(TICK_S)
                     self._finished.clear()
                     continue
-                if dispatched or ex.deferred():
-                    ex.stop_requested.wait(TICK_S)  # contended keys: their delay runs out soon
+                if dispatched or ex.deferred() or time.monotonic() < ex.slow_until:
+                    # contended keys, or a 503/429/outage back-off: their delay runs out soon,
+                    # and waiting it out is not idleness
+                    ex.stop_requested.wait(TICK_S)
                     continue
                 if until_idle:
                     code = self._idle_exit(last_progress, idle_timeout_s)

@@ -334,6 +334,7 @@ class Executor(Picker):
         the episode lasts); `event` is logged once per episode, every attempt is counted."""
         delay = self.outages.failed(peer, event, code=exc.code, error=str(exc), **fields)
         self.slow_until = max(self.slow_until, time.monotonic() + delay)
+        self.outage = True  # waited out, never mistaken for idleness (--until-idle)
 
     def _slow_down(self, exc: DlockError) -> None:
         """A 503/429 from any service slows the whole process: no new section until then."""
