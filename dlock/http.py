@@ -26,6 +26,7 @@ what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG row "clients 
 
 from __future__ import annotations
 
+import functools
 import http.client
 import io
 import json
@@ -361,11 +362,13 @@ def _checked(headers: dict[str, str]) -> dict[str, str]:
 def _read_body(response: BaseHTTPResponse) -> bytes:
     """The whole body, within MAX_BODY_BYTES (the connection's deadline bounds the reads)."""
     length = response.headers.get("content-length")
-    if length is not None and length.strip().isdigit() and int(length) > MAX_BODY_BYTES:
-        raise ValueError("response body too large")
+    if length is not None and length.strip().isdigit():
+        if int(length) > MAX_BODY_BYTES:
+            raise ValueError("response body too large")
+        return response.read()  # framed by its length: one call
     chunks: list[bytes] = []
     size = 0
-    while True:
+    while True:  # chunked or close-delimited: count as it comes
         chunk = response.read1(64 * 1024)
         if not chunk:
             return b"".join(chunks)
@@ -373,6 +376,12 @@ def _read_body(response: BaseHTTPResponse) -> bytes:
         if size > MAX_BODY_BYTES:
             raise ValueError("response body too large")
         chunks.append(chunk)
+
+
+@functools.lru_cache(maxsize=64)
+def _timeout(connect_s: float, read_s: float) -> Timeout:
+    """urllib3's timeout for a budget (urllib3 clones it per request, so sharing is safe)."""
+    return Timeout(connect=connect_s, read=read_s)
 
 
 def exchange(
@@ -423,7 +432,7 @@ def exchange(
             retries=False,
             redirect=False,
             assert_same_host=False,
-            timeout=Timeout(connect=hop.connect_s, read=read_s),
+            timeout=_timeout(hop.connect_s, read_s),
             preload_content=False,
             release_conn=False,
             pool_timeout=None,
@@ -469,7 +478,7 @@ def send_once(
             retries=False,
             redirect=False,
             assert_same_host=False,
-            timeout=Timeout(connect=connect_s, read=read_s),
+            timeout=_timeout(connect_s, read_s),
             preload_content=False,
             release_conn=False,
         )
