@@ -267,6 +267,36 @@ def test_a_peer_that_trickles_its_answer_cannot_stretch_the_read_budget(peer):
     assert caught.value.sent is True
 
 
+def test_a_peer_that_trickles_its_response_head_cannot_stretch_the_read_budget(peer):
+    """The deadline bounds the head too: a status line and headers dribbled a byte at a time
+    (each read returns within any per-read timeout) still end the call on its own budget."""
+    released, gave_up = threading.Event(), threading.Event()
+    head = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 200 + b"\r\nContent-Length: 2\r\n\r\n{}"
+
+    def trickle(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            for byte in head:
+                if released.wait(0.05):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+            gave_up.set()
+
+    server = peer(lambda n, _: None)
+    server.serve = trickle
+    try:
+        with pytest.raises(ServiceUnreachable) as caught:
+            call("POST", f"{server.url}/v1/rail/submissions", hop=FAST, json_body={},
+                 read_timeout_s=0.3)  # fmt: skip
+        assert not gave_up.is_set()  # ended before the peer finished its head
+    finally:
+        released.set()
+    assert caught.value.sent is True
+
+
 def test_a_header_value_that_would_split_the_request_is_never_written(peer):
     server = peer(lambda n, _: _json(200, b"{}"))
     with pytest.raises(ServiceUnreachable) as caught:
