@@ -86,6 +86,8 @@ class Dispatcher:
                 break
             if time.monotonic() < ex.slow_until:
                 break
+            if ex.outage and self.inflight:
+                break  # a peer is not answering: one section at a time probes it, not N
             busy = {c.account_id for c in self.inflight.values()}
             candidate = ex.pick(busy_accounts=busy, busy_payouts=self._busy_payouts())
             if candidate is None:

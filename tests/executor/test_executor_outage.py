@@ -82,7 +82,9 @@ def test_a_dead_lock_server_is_met_with_bounded_backoff_and_one_warning(exec_sta
     assert len(recovered) == 1 and recovered[0]["peer"] == "lockserver"
     assert recovered[0]["failedAttempts"] == len(failed)
     elapsed = _at(failed[-1]) - _at(failed[0])
-    assert len(failed) <= _most_attempts(elapsed), (len(failed), elapsed)
+    # The first sections were in flight together before any failure was known (concurrency
+    # 2); from then on one section at a time probes the dead peer, each after its back-off.
+    assert len(failed) <= 1 + _most_attempts(elapsed), (len(failed), elapsed)
     warnings = [e for e in proc.events() if e.get("level") == "WARNING"]
     lock_failed = [e for e in warnings if e["event"] == "executor_lock_failed"]
     assert len(lock_failed) == 1 and lock_failed[0]["outage"] == "started"
