@@ -1,65 +1,70 @@
-"""One HTTP exchange for dlock's own hops: budgeted timeouts, trace and owner headers, no retries.
+"""One HTTP exchange for dlock's own hops, on urllib3: budgeted timeouts, trace and owner
+headers, no retries, and a `sent` verdict a payments caller can act on.
 
-Retries are the caller's decision (`dlock.client.RetryPolicy`, or an explicit loop that reads
-`dlock.budgets`). This module never re-sends a request, so a POST is presented at most once per
-call.
+urllib3 (the transport `requests` is built on) frames and parses HTTP; this module only decides
+what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG row "clients on urllib3"):
 
-Connections are plain HTTP/1.1 keep-alive sockets in one thread-safe pool per origin
-(`ConnectionPool`), shared by every thread of the process; a caller with N threads in flight
-asks for a pool of at least N (`pool_for(url, size=N)`). `requests` cost ~1.2 ms of CPU per
-call in the executor (environment proxy look-ups, URL re-parsing, hooks, email-package header
-parsing) and `http.client` ~0.2 ms (two sends per request, a file object and an email parser per
-response); this path writes each request with one `sendall` and reads the response with a
-buffer of its own: ~0.1 ms. It speaks what dlock's hops need: a request with a JSON body (or
-none), a response framed by Content-Length, chunked transfer coding or the connection's close.
-
-`sent` on a TransportError is False only when no request byte can have left this process: the
-connection could not be opened (refused, connect timeout, no route, TLS handshake failed) or the
-request could not be written as valid HTTP. Anything that goes wrong once the request started to
-go out — including on a reused connection the server had just closed — is `sent=True`: the
-caller cannot know whether the server acted.
+- **No retry, no redirect** inside the library: every pool is made with `retries=False`, so a
+  POST is presented at most once per call (urllib3's default would silently re-send a request
+  whose pooled connection dropped). Retries are the caller's decision (`dlock.client.RetryPolicy`,
+  or an explicit loop that reads `dlock.budgets`).
+- **`sent`** on a TransportError is False only when no request byte can have left this process:
+  the connection could not be opened (refused, connect timeout, no route, DNS, TLS handshake) or
+  the request could not be written as valid HTTP. It is decided by whether a byte was handed to
+  the socket (`_Dlock.send`), not by the exception's type: anything after that — a reused
+  keep-alive connection the server had just closed included — is `sent=True`, outcome unknown.
+- **One read deadline per response**: `read_s` bounds the whole answer (head and body), not each
+  read, so a peer that trickles its answer cannot stretch it (`_DeadlineIO`).
+- **Pools per origin**, shared by the process's threads and sized by the caller
+  (`pool_for(url, size=N)`); a thread never waits for a connection. A connection idle for longer
+  than MAX_IDLE_S is closed, not reused: the servers close idle keep-alive connections after a few
+  seconds, and a request racing that close could not tell whether it was received.
+- **Limits**: an answer larger than MAX_BODY_BYTES is a transport failure, not a memory blow-up.
+- **TLS**: `https://` peers are verified against the PEM bundle named by `DLOCK_CA_BUNDLE`
+  when it is set, else against the system store; verification is never turned off.
 """
 
 from __future__ import annotations
 
+import functools
+import http.client
+import io
 import json
 import os
 import re
-import select
-import socket
-import ssl
 import threading
 import time
 import weakref
-from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
+from urllib3 import BaseHTTPResponse, HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.util import Timeout
 
 from dlock.budgets import Budget
 from dlock.tracing import traceparent
 
 # Idle connections kept per origin unless a caller asks for more (`pool_for(url, size=N)`).
 DEFAULT_POOL_SIZE = 16
-# An idle connection older than this is closed, not reused: the servers close keep-alive
-# connections after GUNICORN_KEEPALIVE (5 s), and a request racing that close could not tell
-# whether it was received.
+# An idle connection older than this is closed, not reused (the servers' keep-alive is longer).
 MAX_IDLE_S = 2.0
-# A response head or body larger than this is a protocol error (a hostile or broken peer).
-MAX_HEAD_BYTES = 64 * 1024
+# A response body larger than this is a transport failure (a hostile or broken peer).
 MAX_BODY_BYTES = 32 * 1024 * 1024
-RECV_BYTES = 64 * 1024
+# The env variable naming the PEM bundle every dlock client verifies https:// peers against.
+CA_BUNDLE_ENV = "DLOCK_CA_BUNDLE"
 # Characters a request target may carry as they are (RFC 3986 unreserved, sub-delims, ":@/%?");
-# anything else is percent-encoded, as requests did.
+# anything else is percent-encoded, as requests does.
 _TARGET_SAFE = "/%:@!$&'()*+,;=-._~?"
 _TARGET_UNSAFE = re.compile(r"[^A-Za-z0-9/%:@!$&'()*+,;=\-._~?]")
-# A header name is an RFC 7230 token; a value has no control characters but tab.
+# A header name is an RFC 9110 token; a value has no control characters but tab.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
-_NO_BODY = frozenset({204, 304})
+_TRANSPORT_ERRORS = (Urllib3Error, http.client.HTTPException, OSError, ValueError)
 
 
 class TransportError(Exception):
@@ -74,182 +79,146 @@ class TransportError(Exception):
         super().__init__(f"{method} {url}: {what}: {cause.__class__.__name__}: {cause}")
 
 
-class ProtocolError(Exception):
-    """The peer's bytes are not an HTTP/1.x response this client can frame."""
-
-
 @dataclass
 class Reply:
-    """A received HTTP response: status, parsed JSON body (or None) and headers."""
+    """A received HTTP response: status, parsed JSON body (or None) and headers (looked up
+    case-insensitively; a repeated field reads as its values joined by ", ")."""
 
     status: int
     body: Any
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
 
 
-class Connection:
-    """One open socket and the bytes read from it but not yet consumed."""
+# -- connections: the bytes-left flag and the one read deadline --------------------------------
 
-    __slots__ = ("buffer", "deadline", "idle_since", "sock")
+# The exchange this thread is running: its read budget (`read_s`: one deadline for the whole
+# answer) and whether a request byte was handed to a socket yet (`wrote`).
+_call = threading.local()
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = bytearray()
-        self.idle_since = 0.0
-        self.deadline: float | None = None  # monotonic: the whole response must be in by then
 
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+class _DeadlineIO(io.RawIOBase):
+    """The socket's reader with the connection's deadline: every read waits at most for what is
+    left of it, and none starts after it. http.client reads the head and body through this."""
 
-    def dropped(self) -> bool:
-        """True when an idle connection is readable: the server closed it, or sent junk."""
-        if self.buffer:
-            return True
-        try:
-            poller = select.poll()
-            poller.register(self.sock, select.POLLIN)
-            return bool(poller.poll(0))
-        except (OSError, ValueError):
-            return True
+    def __init__(self, raw: io.RawIOBase, sock: Any, conn: _Dlock) -> None:
+        self._raw = raw
+        self._sock = sock
+        self._conn = conn
 
-    def _recv(self) -> bytes:
-        """One read, within what is left of the response's deadline: a peer that trickles its
-        answer byte by byte cannot stretch the read budget, which bounds the whole response."""
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        deadline = self._conn.deadline
+        if deadline is not None:
+            left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the response did not complete within the read budget")
-            self.sock.settimeout(left)
-        return self.sock.recv(RECV_BYTES)
+            self._sock.settimeout(left)
+        return self._raw.readinto(buffer)
 
-    def _fill(self) -> None:
-        chunk = self._recv()
-        if not chunk:
-            raise ProtocolError("connection closed before the response ended")
-        self.buffer += chunk
-
-    def _line(self) -> bytes:
-        while True:
-            end = self.buffer.find(b"\r\n")
-            if end >= 0:
-                line = bytes(self.buffer[:end])
-                del self.buffer[: end + 2]
-                return line
-            if len(self.buffer) > MAX_HEAD_BYTES:
-                raise ProtocolError("line too long")
-            self._fill()
-
-    def _exactly(self, n: int) -> bytes:
-        while len(self.buffer) < n:
-            self._fill()
-        data = bytes(self.buffer[:n])
-        del self.buffer[:n]
-        return data
-
-    def _head(self) -> bytes:
-        while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end >= 0:
-                head = bytes(self.buffer[:end])
-                del self.buffer[: end + 4]
-                return head
-            if len(self.buffer) > MAX_HEAD_BYTES:
-                raise ProtocolError("response head too large")
-            self._fill()
-
-    def read_response(self, method: str) -> tuple[int, dict[str, str], bytes, bool]:
-        """(status, headers, body, reusable) of the next response on this connection."""
-        while True:
-            head = self._head()
-            status_line, _, header_block = head.partition(b"\r\n")
-            match = _STATUS_LINE.fullmatch(status_line)
-            if match is None:
-                raise ProtocolError(f"bad status line {status_line[:80]!r}")
-            status = int(match.group(2))
-            if not 100 <= status < 200 or status == 101:
-                break  # 1xx interim answers (we never ask for one) are skipped
-        minor = match.group(1)
-        headers = _parse_headers(header_block)
-        lowered = {name.lower(): value for name, value in headers.items()}
-        connection = lowered.get("connection", "").lower()
-        reusable = minor == b"1" and "close" not in connection
-        if method == "HEAD" or status in _NO_BODY or status == 101:
-            return status, headers, b"", reusable and status != 101
-        if "chunked" in lowered.get("transfer-encoding", "").lower():
-            return status, headers, self._chunked(), reusable
-        length = lowered.get("content-length")
-        if length is not None:
-            if not length.strip().isdigit():
-                raise ProtocolError(f"bad Content-Length {length[:40]!r}")
-            n = int(length)
-            if n > MAX_BODY_BYTES:
-                raise ProtocolError("response body too large")
-            return status, headers, self._exactly(n), reusable
-        return status, headers, self._until_close(), False
-
-    def _chunked(self) -> bytes:
-        body = bytearray()
-        while True:
-            size_field = self._line().split(b";", 1)[0].strip()
-            try:
-                size = int(size_field, 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size {size_field[:40]!r}") from None
-            if size == 0:
-                while self._line():  # trailer fields, up to the blank line
-                    pass
-                return bytes(body)
-            if len(body) + size > MAX_BODY_BYTES:
-                raise ProtocolError("response body too large")
-            body += self._exactly(size)
-            if self._exactly(2) != b"\r\n":
-                raise ProtocolError("chunk not followed by CRLF")
-
-    def _until_close(self) -> bytes:
-        while True:
-            chunk = self._recv()
-            if not chunk:
-                body = bytes(self.buffer)
-                self.buffer.clear()
-                return body
-            self.buffer += chunk
-            if len(self.buffer) > MAX_BODY_BYTES:
-                raise ProtocolError("response body too large")
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
-def _parse_headers(block: bytes) -> dict[str, str]:
-    """Header fields in arrival order, first spelling of each name; repeats joined by ", "."""
-    headers: dict[str, str] = {}
-    spelled: dict[str, str] = {}
-    last: str | None = None
-    for raw in block.decode("latin-1").split("\r\n"):
-        if not raw:
-            continue
-        if raw[0] in " \t" and last is not None:  # obsolete line folding
-            headers[last] = f"{headers[last]} {raw.strip()}"
-            continue
-        name, colon, value = raw.partition(":")
-        if not colon or not name or name != name.strip():
-            raise ProtocolError(f"bad header line {raw[:80]!r}")
-        value = value.strip()
-        key = spelled.setdefault(name.lower(), name)
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        last = key
-    return headers
+class _BoundedSocket:
+    """The connected socket as urllib3 and http.client see it, except that the reader
+    http.client makes from it (`makefile`) keeps the connection's deadline."""
+
+    __slots__ = ("_conn", "_sock")
+
+    def __init__(self, sock: Any, conn: _Dlock) -> None:
+        self._sock = sock
+        self._conn = conn
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        raw = self._sock.makefile("rb", buffering=0)  # counts as a reference, like http.client's
+        return io.BufferedReader(_DeadlineIO(raw, self._sock, self._conn))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _Dlock:
+    """What dlock adds to urllib3's connections (mixed into both schemes)."""
+
+    deadline: float | None = None  # monotonic: the whole response must be in by then
+    used_at: float = 0.0
+    sock: Any
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.sock = _BoundedSocket(self.sock, self)
+        self.used_at = time.monotonic()
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        # Connect here, before the first byte is written: a failure up to now sent nothing.
+        if self.sock is None:
+            self.connect()
+        read_s = getattr(_call, "read_s", None)
+        self.deadline = None if read_s is None else time.monotonic() + read_s
+        super().request(*args, **kwargs)  # type: ignore[misc]
+
+    def send(self, data: Any) -> None:
+        if self.sock is None:
+            self.connect()
+        _call.wrote = True  # from here on the server may have received (part of) the request
+        super().send(data)  # type: ignore[misc]
+
+    def getresponse(self) -> Any:
+        response = super().getresponse()  # type: ignore[misc]
+        self.used_at = time.monotonic()
+        return response
+
+    @property
+    def is_connected(self) -> bool:
+        if time.monotonic() - self.used_at > MAX_IDLE_S:
+            return False  # idle too long: the server may be closing it right now
+        return bool(super().is_connected)  # type: ignore[misc]
+
+
+class _HTTPConnection(_Dlock, HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Dlock, HTTPSConnection):
+    pass
+
+
+class _HTTPPool(HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+def _tls_options(scheme: str) -> dict[str, Any]:
+    """Verification settings for an https origin: DLOCK_CA_BUNDLE, else the system store."""
+    if scheme != "https":
+        return {}
+    bundle = os.environ.get(CA_BUNDLE_ENV) or None
+    return {"cert_reqs": "CERT_REQUIRED", "ca_certs": bundle}
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    scheme = parts.scheme or "http"
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return scheme, parts.hostname, parts.port or (443 if scheme == "https" else 80)
 
 
 class ConnectionPool:
-    """Idle keep-alive connections to one origin, most recently used first; thread-safe.
+    """Keep-alive connections to one origin (a urllib3 pool), shared by the process's threads.
 
-    `size` bounds the idle connections kept, not the connections in use: a thread never waits
-    for a connection, it opens one when none is idle, and one returned to a full pool is closed.
+    `size` bounds the idle connections kept, not the connections in use: a thread never waits for
+    a connection, it opens one when none is idle, and one returned to a full pool is closed.
     """
 
     def __init__(self, scheme: str, host: str, port: int, *, size: int = DEFAULT_POOL_SIZE) -> None:
@@ -257,65 +226,43 @@ class ConnectionPool:
         self.host = host
         self.port = port
         self.size = size
-        default_port = 443 if scheme == "https" else 80
-        bracketed = f"[{host}]" if ":" in host else host
-        self.host_header = bracketed if port == default_port else f"{bracketed}:{port}"
-        self._tls: ssl.SSLContext | None = None
-        self._idle: deque[Connection] = deque()
         self._mutex = threading.Lock()
+        self.urllib3 = self._new(size)
         _every_pool.add(self)
 
+    def _new(self, size: int) -> HTTPConnectionPool:
+        cls = _HTTPSPool if self.scheme == "https" else _HTTPPool
+        return cls(
+            self.host,
+            self.port,
+            maxsize=size,
+            block=False,
+            retries=False,  # never re-send, never follow a redirect
+            **_tls_options(self.scheme),
+        )
+
     def __repr__(self) -> str:
-        return f"<ConnectionPool {self.scheme}://{self.host_header} size={self.size}>"
+        return f"<ConnectionPool {self.scheme}://{self.host}:{self.port} size={self.size}>"
 
     def grow(self, size: int) -> None:
+        """Keep at least `size` idle connections (done when a caller is set up, not per call)."""
         with self._mutex:
-            self.size = max(self.size, size)
+            if size <= self.size:
+                return
+            old, self.size = self.urllib3, size
+            self.urllib3 = self._new(size)
+        old.close()
 
     def idle(self) -> int:
-        with self._mutex:
-            return len(self._idle)
-
-    def take(self) -> Connection | None:
-        """An idle connection the server has not closed, or None (the caller opens one)."""
-        now = time.monotonic()
-        while True:
-            with self._mutex:
-                if not self._idle:
-                    return None
-                conn = self._idle.pop()
-            if now - conn.idle_since <= MAX_IDLE_S and not conn.dropped():
-                return conn
-            conn.close()
-
-    def give_back(self, conn: Connection) -> None:
-        conn.idle_since = time.monotonic()
-        with self._mutex:
-            if len(self._idle) < self.size:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def open(self, connect_s: float) -> Connection:
-        """A new connection, connected; OSError when it could not be (nothing was sent)."""
-        sock = socket.create_connection((self.host, self.port), timeout=connect_s)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.scheme == "https":
-                if self._tls is None:
-                    self._tls = ssl.create_default_context()
-                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
-        except BaseException:
-            sock.close()
-            raise
-        return Connection(sock)
+        """Idle connections kept right now (for tests and diagnostics)."""
+        queue = self.urllib3.pool
+        return 0 if queue is None else sum(1 for conn in list(queue.queue) if conn is not None)
 
     def close(self) -> None:
         with self._mutex:
-            idle = list(self._idle)
-            self._idle.clear()
-        for conn in idle:
-            conn.close()
+            old = self.urllib3
+            self.urllib3 = self._new(self.size)
+        old.close()
 
 
 _pools: dict[tuple[str, str, int], ConnectionPool] = {}
@@ -324,12 +271,13 @@ _every_pool: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
 
 
 def _forget_after_fork() -> None:
-    """In a forked child: never share the parent's sockets (or a lock a parent thread held)."""
+    """In a forked child: never share the parent's connections (or a lock a parent thread held).
+    The parent's sockets are dropped, not closed: closing them here could end its requests."""
     global _pools_mutex
     _pools_mutex = threading.Lock()
     for pool in list(_every_pool):
-        pool._idle = deque()
         pool._mutex = threading.Lock()
+        pool.urllib3 = pool._new(pool.size)
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -337,16 +285,11 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def pool_for(url: str, *, size: int | None = None) -> ConnectionPool:
     """The process's pool for `url`'s origin, grown to at least `size` idle connections."""
-    parts = urlsplit(url)
-    scheme = parts.scheme or "http"
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    port = parts.port or (443 if scheme == "https" else 80)
-    key = (scheme, parts.hostname, port)
+    key = _origin(url)
     with _pools_mutex:
         pool = _pools.get(key)
         if pool is None:
-            pool = _pools[key] = ConnectionPool(scheme, parts.hostname, port)
+            pool = _pools[key] = ConnectionPool(*key)
     if size is not None:
         pool.grow(size)
     return pool
@@ -358,6 +301,9 @@ def close_pools() -> None:
         pools = list(_pools.values())
     for pool in pools:
         pool.close()
+
+
+# -- requests ----------------------------------------------------------------------------------
 
 
 def _target(url: str, params: dict[str, Any] | None) -> str:
@@ -393,29 +339,49 @@ def decode_json(raw: bytes) -> Any:
         return None
 
 
-def request_bytes(
-    method: str, target: str, host: str, headers: dict[str, str], body: bytes | None
-) -> bytes:
-    """The request as it goes on the wire; ValueError for a name or value HTTP cannot carry."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
-    for name, value in headers.items():
-        value = str(value)
-        if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(value):
-            raise ValueError(f"header {name!r} cannot be sent as is")
-        lines.append(f"{name}: {value}")
-    if body is not None:
-        lines.append(f"Content-Length: {len(body)}")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head + body if body else head
-
-
-def _merge(into: dict[str, str], extra: dict[str, str]) -> None:
+def _merge(into: dict[str, str], extra: Mapping[str, str | None]) -> None:
     """`extra` over `into`, names compared case-insensitively; a None value removes the field."""
     for name, value in extra.items():
         for existing in [k for k in into if k.lower() == name.lower()]:
             del into[existing]
         if value is not None:
             into[name] = value
+
+
+def _checked(headers: dict[str, str]) -> dict[str, str]:
+    """The headers as sent; ValueError for a name or value HTTP cannot carry (never written)."""
+    out = {}
+    for name, value in headers.items():
+        text = str(value)
+        if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(text):
+            raise ValueError(f"header {name!r} cannot be sent as is")
+        out[name] = text
+    return out
+
+
+def _read_body(response: BaseHTTPResponse) -> bytes:
+    """The whole body, within MAX_BODY_BYTES (the connection's deadline bounds the reads)."""
+    length = response.headers.get("content-length")
+    if length is not None and length.strip().isdigit():
+        if int(length) > MAX_BODY_BYTES:
+            raise ValueError("response body too large")
+        return response.read()  # framed by its length: one call
+    chunks: list[bytes] = []
+    size = 0
+    while True:  # chunked or close-delimited: count as it comes
+        chunk = response.read1(64 * 1024)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ValueError("response body too large")
+        chunks.append(chunk)
+
+
+@functools.lru_cache(maxsize=64)
+def _timeout(connect_s: float, read_s: float) -> Timeout:
+    """urllib3's timeout for a budget (urllib3 clones it per request, so sharing is safe)."""
+    return Timeout(connect=connect_s, read=read_s)
 
 
 def exchange(
@@ -426,16 +392,16 @@ def exchange(
     owner_id: str | None = None,
     json_body: Any = None,
     params: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str | None] | None = None,
     read_timeout_s: float | None = None,
     trace_id: str | None = None,
     pool: ConnectionPool | None = None,
 ) -> Reply:
-    """Send one request within `hop`'s budget; raise TransportError when no response came."""
-    sent_headers = {
+    """Send one request within `hop`'s budget on a pooled keep-alive connection; raise
+    TransportError when no response came. Never retried, never redirected."""
+    sent_headers: dict[str, str] = {
         "Accept": "application/json",
         "Accept-Encoding": "identity",
-        "Connection": "keep-alive",
         "traceparent": traceparent(trace_id),
     }
     if owner_id is not None:
@@ -447,29 +413,80 @@ def exchange(
         data = _encode(json_body)
         sent_headers["Content-Type"] = "application/json; charset=utf-8"
     elif method not in ("GET", "HEAD"):
-        data = b""  # Content-Length: 0, as requests sent
-    pool = pool or pool_for(url)
+        data = b""  # Content-Length: 0
+    read_s = read_timeout_s if read_timeout_s is not None else hop.read_s
+    _call.wrote, _call.read_s = False, read_s
     try:
-        wire = request_bytes(method, _target(url, params), pool.host_header, sent_headers, data)
+        checked = _checked(sent_headers)
+        target = _target(url, params)
+        origin = (pool or pool_for(url)).urllib3
     except ValueError as exc:  # never written: nothing was sent
         raise TransportError(method, url, sent=False, cause=exc) from exc
-    read_s = read_timeout_s if read_timeout_s is not None else hop.read_s
-    conn = pool.take()
-    if conn is None:
-        try:
-            conn = pool.open(hop.connect_s)
-        except OSError as exc:  # refused, connect timeout, no route, TLS: nothing was sent
-            raise TransportError(method, url, sent=False, cause=exc) from exc
+    response: BaseHTTPResponse | None = None
     try:
-        conn.sock.settimeout(read_s)
-        conn.deadline = time.monotonic() + read_s
-        conn.sock.sendall(wire)
-        status, reply_headers, raw, reusable = conn.read_response(method)
-    except (OSError, ProtocolError, ValueError) as exc:
-        conn.close()
-        raise TransportError(method, url, sent=True, cause=exc) from exc
-    if reusable and not conn.buffer:
-        pool.give_back(conn)
-    else:
-        conn.close()
-    return Reply(status, decode_json(raw) if raw else None, reply_headers)
+        response = origin.urlopen(
+            method,
+            target,
+            body=data,
+            headers=checked,
+            retries=False,
+            redirect=False,
+            assert_same_host=False,
+            timeout=_timeout(hop.connect_s, read_s),
+            preload_content=False,
+            release_conn=False,
+            pool_timeout=None,
+        )
+        raw = _read_body(response)
+    except _TRANSPORT_ERRORS as exc:
+        if response is not None:
+            response.close()
+            response.release_conn()
+        raise TransportError(method, url, sent=bool(_call.wrote), cause=exc) from exc
+    response.release_conn()
+    return Reply(response.status, decode_json(raw) if raw else None, response.headers)
+
+
+def send_once(
+    method: str,
+    url: str,
+    *,
+    connect_s: float,
+    read_s: float,
+    body: bytes,
+    headers: Mapping[str, str],
+) -> tuple[int, Mapping[str, str], bytes]:
+    """One request on a fresh connection that is closed after it, never pooled or reused (the
+    rail forward: a kept-alive connection could have died before the send). `read_s` is ONE
+    deadline for sending the request and reading the whole answer."""
+    _call.wrote, _call.read_s = False, read_s
+    try:
+        scheme, host, port = _origin(url)
+        checked = _checked({"Accept-Encoding": "identity", **headers, "Connection": "close"})
+        target = _target(url, None)
+        cls = _HTTPSPool if scheme == "https" else _HTTPPool
+        origin = cls(host, port, maxsize=1, block=False, retries=False, **_tls_options(scheme))
+    except ValueError as exc:
+        raise TransportError(method, url, sent=False, cause=exc) from exc
+    response: BaseHTTPResponse | None = None
+    try:
+        response = origin.urlopen(
+            method,
+            target,
+            body=body,
+            headers=checked,
+            retries=False,
+            redirect=False,
+            assert_same_host=False,
+            timeout=_timeout(connect_s, read_s),
+            preload_content=False,
+            release_conn=False,
+        )
+        raw = _read_body(response)
+        return response.status, response.headers, raw
+    except _TRANSPORT_ERRORS as exc:
+        raise TransportError(method, url, sent=bool(_call.wrote), cause=exc) from exc
+    finally:
+        if response is not None:
+            response.close()
+        origin.close()

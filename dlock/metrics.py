@@ -199,3 +199,31 @@ def export(request: HttpRequest) -> HttpResponse:
     """GET /metrics in the Prometheus text format (aggregated over workers when there are
     several)."""
     return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)
+
+
+# Clients (issue 27 items 1–2): outlier ejection in dlock.client.Endpoints and the executor's
+# outage episodes. `peer` is a service name, never an endpoint URL or an id.
+CLIENT_PEERS = ("lockserver", "payments", "railproxy")
+client_endpoint_ejected = Counter(
+    "client_endpoint_ejected",
+    "Times a client demoted one of a service's endpoints for new calls (timed out, refused, "
+    "or answered 503/504), by service.",
+    ["peer"],
+    registry=None,
+)
+executor_peer_unreachable = Counter(
+    "executor_peer_unreachable",
+    "Executor calls that found a service unreachable (no answer, or 503/504) while an outage "
+    "episode lasted (one WARNING line per episode, this counter per attempt), by service.",
+    ["peer"],
+    registry=None,
+)
+for _peer in CLIENT_PEERS:
+    client_endpoint_ejected.labels(peer=_peer)
+    executor_peer_unreachable.labels(peer=_peer)
+ROLE_METRICS["executor"] = (
+    *ROLE_METRICS["executor"],
+    client_endpoint_ejected,
+    executor_peer_unreachable,
+)
+ROLE_METRICS["ops"] = (*ROLE_METRICS["ops"], client_endpoint_ejected, executor_peer_unreachable)

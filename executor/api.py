@@ -6,7 +6,9 @@ reached the server); any 409 is final. Rail submit is never retried. Reads are a
 Each service URL may be a comma-separated list of replicas (decision 16). A call moves to the
 next replica only on an outcome that proves nothing changed (`dlock.client.changed_nothing`):
 for the rail submission that is "nothing was sent" alone — once its bytes left, it is never
-presented again, to any replica. Waits honour the server's retryAfterMillis.
+presented again, to any replica. Waits honour the server's retryAfterMillis. A replica that
+timed out, refused or answered 503/504 is demoted for the next calls (decision 21,
+`dlock.client.Endpoints`); the rail proxy's is probed back by a health GET, not a payout.
 """
 
 from __future__ import annotations
@@ -79,8 +81,12 @@ class Api:
         sleep: Callable[[float], None] = time.sleep,
         pool_size: int | None = None,
     ) -> None:
-        self.payments = Endpoints(payments_url, pool_size=pool_size)
-        self.rail_proxy = Endpoints(rail_proxy_url, pool_size=pool_size)
+        self.payments = Endpoints(payments_url, pool_size=pool_size, name="payments")
+        # A demoted rail-proxy replica is probed back with a health GET, never with a payout
+        # (a trial submission to a still-stalled replica would end RAIL_AMBIGUOUS).
+        self.rail_proxy = Endpoints(
+            rail_proxy_url, pool_size=pool_size, name="railproxy", probe_path="/health/live"
+        )
         self.owner_id = owner_id
         self.sleep = sleep
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dlock.logs import log_event
-from dlock.metrics import executor_backoff
+from dlock.metrics import executor_backoff, executor_peer_unreachable
 
 # Outcomes that moved the payout (or finished it): the account is healthy again.
 PROGRESS = ("posted", "failed", "ambiguous")
@@ -101,3 +101,70 @@ class AccountBackoff:
             delaySeconds=round(delay, 3),
         )
         return delay
+
+
+# A service that does not answer (refused, timed out, 503/504): the whole process waits a
+# jittered, exponentially growing delay before its next new section, 0.1 s → 5 s.
+OUTAGE_INITIAL_S = 0.1
+OUTAGE_MAX_S = 5.0
+
+
+@dataclass
+class _Episode:
+    started: float
+    attempts: int = 0
+
+
+class PeerOutages:
+    """Outage episodes per service (issue 27.2): bounded, jittered back-off while a peer does not
+    answer, one WARNING when an episode starts, `executor_peer_unreachable_total{peer}` per
+    failed attempt, and one `executor_peer_recovered` line when a call to it succeeds again."""
+
+    def __init__(
+        self,
+        *,
+        initial_s: float = OUTAGE_INITIAL_S,
+        max_s: float = OUTAGE_MAX_S,
+        clock: Callable[[], float] = time.monotonic,
+        random_fn: Callable[[], float] = random.random,
+    ) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.clock = clock
+        self.random_fn = random_fn
+        self._episodes: dict[str, _Episode] = {}
+        self._mutex = threading.Lock()
+
+    def active(self, peer: str) -> bool:
+        return peer in self._episodes
+
+    def failed(self, peer: str, event: str, **fields: object) -> float:
+        """Record a failed attempt on `peer`; the delay before the next new section. `event` is
+        logged (WARNING) only when this attempt starts an episode."""
+        with self._mutex:
+            episode = self._episodes.get(peer)
+            first = episode is None
+            if episode is None:
+                episode = self._episodes[peer] = _Episode(started=self.clock())
+            episode.attempts += 1
+            base = min(self.max_s, self.initial_s * 2 ** (episode.attempts - 1))
+            delay = base * (0.5 + 0.5 * self.random_fn())
+        executor_peer_unreachable.labels(peer=peer).inc()
+        if first:
+            log_event(event, level=logging.WARNING, peer=peer, outage="started", **fields)
+        return delay
+
+    def recovered(self, peer: str) -> None:
+        """A call to `peer` succeeded: end its episode (one line), if one was running."""
+        if peer not in self._episodes:  # the hot path: no lock when nothing is wrong
+            return
+        with self._mutex:
+            episode = self._episodes.pop(peer, None)
+        if episode is not None:
+            log_event(
+                "executor_peer_recovered",
+                level=logging.INFO,
+                peer=peer,
+                failedAttempts=episode.attempts,
+                outageSeconds=round(self.clock() - episode.started, 3),
+            )

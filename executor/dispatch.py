@@ -9,7 +9,7 @@ on a stop request picks nothing more, drains within the drain budget and returns
 Threads, not asyncio or processes: every hop is a blocking HTTP call that releases the GIL, the
 client library is synchronous and thread-safe, and one process keeps one lock session (one
 heartbeat) for all its sections. The threads share one keep-alive connection pool per service
-replica (`dlock.http.ConnectionPool`) sized to N + 2, so no section reconnects per hop.
+replica (`dlock.http.ConnectionPool`, urllib3) sized to N + 2, so no section reconnects per hop.
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ class Dispatcher:
                     self._finished.wait(TICK_S)
                     self._finished.clear()
                     continue
-                if dispatched or ex.deferred():
-                    ex.stop_requested.wait(TICK_S)  # contended keys: their delay runs out soon
+                if dispatched or ex.deferred() or time.monotonic() < ex.slow_until:
+                    # contended keys, or a 503/429/outage back-off: their delay runs out soon,
+                    # and waiting it out is not idleness
+                    ex.stop_requested.wait(TICK_S)
                     continue
                 if until_idle:
                     code = self._idle_exit(last_progress, idle_timeout_s)
@@ -84,6 +86,8 @@ class Dispatcher:
                 break
             if time.monotonic() < ex.slow_until:
                 break
+            if ex.outage and self.inflight:
+                break  # a peer is not answering: one section at a time probes it, not N
             busy = {c.account_id for c in self.inflight.values()}
             candidate = ex.pick(busy_accounts=busy, busy_payouts=self._busy_payouts())
             if candidate is None:

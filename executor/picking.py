@@ -14,13 +14,13 @@ from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from dlock.client import DlockError
+from dlock.client import DlockError, ServiceUnreachable
 from dlock.logs import log_event
 from dlock.metrics import payout_backlog_age
 
 if TYPE_CHECKING:
     from executor.api import Api, Candidate
-    from executor.backoff import AccountBackoff
+    from executor.backoff import AccountBackoff, PeerOutages
 
 RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
 LIST_PAGE = 100
@@ -46,8 +46,14 @@ class Picker:
     owner_id: str
     outage: bool
     round_progress: bool
+    outages: PeerOutages
 
     def _note_outage(self, exc: DlockError) -> None:  # pragma: no cover - Executor's
+        raise NotImplementedError
+
+    def _peer_failed(
+        self, peer: str, event: str, exc: DlockError, fields: dict[str, object]
+    ) -> None:  # pragma: no cover - Executor's
         raise NotImplementedError
 
     # -- step 1: pick --------------------------------------------------------------------
@@ -100,10 +106,19 @@ class Picker:
             ]
         except DlockError as exc:
             self._note_outage(exc)
-            log_event(
-                "executor_list_failed", level=logging.WARNING, ownerId=self.owner_id, error=str(exc)
-            )
+            if isinstance(exc, ServiceUnreachable) or exc.status in (503, 504):
+                self._peer_failed(
+                    "payments", "executor_list_failed", exc, {"ownerId": self.owner_id}
+                )
+            else:
+                log_event(
+                    "executor_list_failed",
+                    level=logging.WARNING,
+                    ownerId=self.owner_id,
+                    error=str(exc),
+                )
             return
+        self.outages.recovered("payments")
         self.outage = False
         oldest = min((c.created_at for c in pending if c.created_at), default=None)
         payout_backlog_age.set(

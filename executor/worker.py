@@ -53,7 +53,7 @@ from dlock.logs import log_event
 from dlock.metrics import payout_execute
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id
 from executor.api import Api, Candidate
-from executor.backoff import AccountBackoff
+from executor.backoff import AccountBackoff, PeerOutages
 from executor.dispatch import Dispatcher
 from executor.pause import PausePlan
 from executor.picking import LIST_PAGE, RECOVERABLE, Picker  # noqa: F401 - re-exported
@@ -63,6 +63,8 @@ NO_PROGRESS = ("lock_contended", "lock_lost", "error", "abandoned", "skipped")
 # Not executions, so not counted in payout_execute_total (logged as payout_executed).
 UNCOUNTED = ("abandoned", "skipped")
 CLAIMABLE = ("PENDING", "CLAIMED")
+# The service each hop calls (for outage episodes).
+HOP_PEERS = {"claim": "payments", "post": "payments", "submit": "railproxy"}
 # `--until-idle` with only backed-off work left: the run did not finish its work (issue 19.2).
 EXIT_BACKED_OFF = 3
 
@@ -127,6 +129,9 @@ class Executor(Picker):
         # hands the same grant back) is never used for another payout: a false FENCED_OUT.
         self.presented: dict[str, int] = {}
         self.backoff = backoff or AccountBackoff()
+        # Services that stopped answering: one WARNING per episode, jittered back-off between
+        # new sections while it lasts (issue 27.2).
+        self.outages = PeerOutages()
         self.concurrency = concurrency
         self.drain_budget_s = drain_budget_s
         self._mutex = threading.Lock()  # the session, counters and outcomes
@@ -243,9 +248,13 @@ class Executor(Picker):
             return self._skip("lock_lost", fields)
         except DlockError as exc:
             self._note_outage(exc)
-            log_event("executor_lock_failed", level=logging.WARNING, error=str(exc), **fields)
+            if unreachable(exc):  # once per outage episode, then a counter and a back-off
+                self._peer_failed("lockserver", "executor_lock_failed", exc, fields)
+            else:
+                log_event("executor_lock_failed", level=logging.WARNING, error=str(exc), **fields)
             # an outage is waited out by the loop, not held against the account
             return self._count("error", fields, refusal=not self.outage)
+        self.outages.recovered("lockserver")
         if grant is None:
             log_event("executor_token_reused", level=logging.WARNING, key=key, **fields)
             return self._skip("lock_lost", fields)
@@ -278,9 +287,12 @@ class Executor(Picker):
         except DlockError as exc:
             outcome = "error"
             self._slow_down(exc)
-            log_event(
-                "executor_error", level=logging.WARNING, code=exc.code, error=str(exc), **fields
-            )
+            if unreachable(exc):
+                self._peer_failed(exc.peer or "payments", "executor_error", exc, fields)
+            else:
+                log_event(
+                    "executor_error", level=logging.WARNING, code=exc.code, error=str(exc), **fields
+                )
         finally:
             grant.release()
         return self._count(outcome, fields)
@@ -316,6 +328,13 @@ class Executor(Picker):
         if isinstance(exc, (ServiceUnreachable, NotLeader, Overloaded)):
             self.outage = True
         self._slow_down(exc)
+
+    def _peer_failed(self, peer: str, event: str, exc: DlockError, fields: dict[str, Any]) -> None:
+        """`peer` did not answer: back off the whole process (jittered, bounded, growing while
+        the episode lasts); `event` is logged once per episode, every attempt is counted."""
+        delay = self.outages.failed(peer, event, code=exc.code, error=str(exc), **fields)
+        self.slow_until = max(self.slow_until, time.monotonic() + delay)
+        self.outage = True  # waited out, never mistaken for idleness (--until-idle)
 
     def _slow_down(self, exc: DlockError) -> None:
         """A 503/429 from any service slows the whole process: no new section until then."""
@@ -396,7 +415,9 @@ class Executor(Picker):
                 payout_id, token=grant.token, proof=grant.proof, expected_state=state
             )
         except InsufficientFunds:
+            fields["state"] = "FAILED"  # P2 failed it for funds
             return None
+        fields["state"] = str(claimed.get("state") or "CLAIMED")
         self._hop("claim", fields)
         return claimed
 
@@ -429,6 +450,7 @@ class Executor(Picker):
             rail_reference=str(submission["railReference"]),
             submission_id=str(submission["submissionId"]),
         )
+        fields["state"] = "POSTED"
         self._hop("post", fields)
         return "posted"
 
@@ -450,28 +472,36 @@ class Executor(Picker):
         try:
             submission = self.api.submit(payout, token=grant.token, proof=grant.proof)
         except RailAmbiguous as exc:
+            fields["state"] = "RAIL_AMBIGUOUS"  # the proxy quarantined it
             self._ambiguous(fields, exc.details)
             return "ambiguous"
         except ServiceUnreachable as exc:
             if exc.sent:
-                # Our read gave up after sending: the proxy recorded the truth; we must not guess.
-                self._ambiguous(fields, {"reason": "executor read timeout"})
+                # Our read gave up after sending (or the proxy's proxy did: UPSTREAM_TIMEOUT):
+                # the proxy recorded the truth; we must not guess, and never re-send.
+                fields["state"] = self._state_now(str(payout["payoutId"]))
+                reason = "upstream timeout" if exc.code == "UPSTREAM_TIMEOUT" else "read timeout"
+                self._ambiguous(fields, {"reason": f"executor {reason}"})
                 return "ambiguous"
             return "error"  # nothing reached the proxy; payout stays CLAIMED for recovery
         except RailUnavailable as exc:
+            fields["state"] = "CLAIMED"  # nothing presented; back to CLAIMED for a later grant
             self._slow_down(exc)
-            return "error"  # nothing presented; payout back to CLAIMED, a later grant retries
+            return "error"
         except ValidationFailed as exc:
+            fields["state"] = str((exc.details or {}).get("payoutState") or "FAILED")
             log_event("executor_rail_rejected", details=exc.details, **fields)
             return "failed"
         except DuplicateSubmission:
             return self._resolve_duplicate(str(payout["payoutId"]), fields)
+        fields["state"] = "RAIL_ACKED"
         self._hop("submit", fields, railReference=submission.get("railReference"))
         return submission
 
     def _resolve_duplicate(self, payout_id: str, fields: dict[str, Any]) -> dict[str, Any] | str:
         """DUPLICATE_SUBMISSION: read the existing record; post it if ACKED, else stop."""
         payout = self.api.get_payout(payout_id)
+        fields["state"] = payout["state"]
         acked = _acked_submission(payout) if payout["state"] == "RAIL_ACKED" else None
         log_event(
             "executor_duplicate_resolved",
@@ -485,12 +515,20 @@ class Executor(Picker):
             return "duplicate"
         return acked
 
+    def _state_now(self, payout_id: str) -> str:
+        """The payout's state as P4 says now (advisory: for the event only), or UNKNOWN."""
+        try:
+            return str(self.api.get_payout(payout_id)["state"])
+        except (DlockError, KeyError, TypeError):
+            return "UNKNOWN"
+
     # -- bookkeeping ---------------------------------------------------------------------
 
     def _ambiguous(self, fields: dict[str, Any], details: dict[str, Any] | None) -> None:
         log_event("rail_ambiguous", level=logging.WARNING, details=details or {}, **fields)
 
     def _hop(self, hop: str, fields: dict[str, Any], **extra: Any) -> None:
+        self.outages.recovered(HOP_PEERS[hop])
         log_event("executor_hop", hop=hop, **fields, **extra)
 
     def _skip(self, outcome: str, fields: dict[str, Any]) -> str:
@@ -509,6 +547,11 @@ class Executor(Picker):
                 account_id=fields["accountId"], payout_id=fields["payoutId"], outcome=outcome
             )
         return outcome
+
+
+def unreachable(exc: DlockError) -> bool:
+    """The service did not answer (refused, timed out, dropped) or said 503/504: an outage."""
+    return isinstance(exc, ServiceUnreachable) or exc.status in (503, 504)
 
 
 def _acked_submission(payout: dict[str, Any]) -> dict[str, Any] | None:

@@ -2,28 +2,29 @@
 
 Never retried: a second presentation of a non-idempotent rail is the double payment this
 project exists to prevent. A connect failure proves nothing was presented (NOT_SENT); anything
-after bytes left without a valid ack is TIMEOUT (ambiguous) — CHANGELOG row 10.
+after bytes left without a valid ack is TIMEOUT (ambiguous) — CHANGELOG row 10. A 502/503/504
+from a proxy in front of the rail (the rail's own nginx) is ambiguous too: the proxy may have
+forwarded the request before it failed.
 
 One fresh connection per submission, closed after it: never a pooled or reused connection (a
-kept-alive one could have died before the send, and the rail must never see a request twice).
-It is opened and framed by `dlock.http` (the same response reader as every dlock hop) but never
-taken from or given back to a pool. The same two timeouts as every hop: `RAIL_CONNECT_TIMEOUT_MS`
-bounds the TCP connect, `RAIL_READ_TIMEOUT_MS` is ONE deadline for sending the request and
-reading the whole answer, so a rail that trickles its answer cannot hold the proxy past its
-request deadline (C3 §3.8's chain; a per-read timeout could be stretched without end).
+kept-alive one could have died before the send, and the rail must never see a request twice):
+`dlock.http.send_once`, on urllib3 with retries off. The same two timeouts as every hop:
+`RAIL_CONNECT_TIMEOUT_MS` bounds the TCP (and TLS) connect, `RAIL_READ_TIMEOUT_MS` is ONE deadline
+for sending the request and reading the whole answer, so a rail that trickles its answer cannot
+hold the proxy past its request deadline (C3 §3.8's chain; a per-read timeout could be stretched
+without end). An https:// rail is verified against DLOCK_CA_BUNDLE (else the system store).
 """
 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
+from urllib3.exceptions import ReadTimeoutError
 
-from dlock.http import Connection, ProtocolError, decode_json, pool_for, request_bytes
+from dlock.http import TransportError, decode_json, send_once
 from dlock.tracing import traceparent
 from railproxy.models import Outcome
 from railproxy.submission import RailAnswer, SubmissionRequest
@@ -39,41 +40,28 @@ def forward(*, request: SubmissionRequest, submission_id: uuid.UUID) -> RailAnsw
         },
         separators=(",", ":"),
     ).encode()
-    # The process's pool for the rail's origin, used only to `open`: a connection is never
-    # taken from it or given back, so none is ever kept or reused.
+    url = f"{settings.RAIL_STUB_URL.rstrip('/')}/submit"
     try:
-        origin = pool_for(settings.RAIL_STUB_URL)  # ValueError: not an http(s) URL
-        connection = origin.open(settings.RAIL_CONNECT_TIMEOUT_MS / 1000)
-    except (OSError, ValueError):  # refused, unreachable, connect timeout, no such host: unsent
-        return RailAnswer(Outcome.NOT_SENT, "connect_failed")
-    # From here on bytes may have left: whatever fails is ambiguous, never re-sent.
-    try:
-        path = urlsplit(settings.RAIL_STUB_URL).path
-        status, payload = _exchange(connection, origin.host_header, path, body)
-    except TimeoutError:
-        return RailAnswer(Outcome.TIMEOUT, "read_timeout")
-    except (OSError, ProtocolError):
+        status, _, payload = send_once(
+            "POST",
+            url,
+            connect_s=settings.RAIL_CONNECT_TIMEOUT_MS / 1000,
+            read_s=settings.RAIL_READ_TIMEOUT_MS / 1000,
+            body=body,
+            headers={
+                "Accept": "application/json",
+                "Content-Type": "application/json; charset=utf-8",
+                "traceparent": traceparent(),
+            },
+        )
+    except TransportError as exc:
+        if not exc.sent:  # refused, unreachable, connect timeout, TLS, no such host: unsent
+            return RailAnswer(Outcome.NOT_SENT, "connect_failed")
+        # Bytes may have left: whatever failed is ambiguous, never re-sent.
+        if isinstance(exc.cause, (TimeoutError, ReadTimeoutError)):
+            return RailAnswer(Outcome.TIMEOUT, "read_timeout")
         return RailAnswer(Outcome.TIMEOUT, "connection_lost")
-    finally:
-        connection.close()
     return _classify(status, payload)
-
-
-def _exchange(connection: Connection, host: str, base_path: str, body: bytes) -> tuple[int, bytes]:
-    read_s = settings.RAIL_READ_TIMEOUT_MS / 1000
-    connection.sock.settimeout(read_s)
-    connection.deadline = time.monotonic() + read_s
-    headers = {
-        "Accept": "application/json",
-        "Accept-Encoding": "identity",
-        "Content-Type": "application/json; charset=utf-8",
-        "traceparent": traceparent(),
-        "Connection": "close",  # one request per connection, said so to the rail too
-    }
-    path = f"{base_path.rstrip('/')}/submit"
-    connection.sock.sendall(request_bytes("POST", path, host, headers, body))
-    status, _, payload, _ = connection.read_response("POST")
-    return status, payload
 
 
 def _classify(status: int, payload: bytes) -> RailAnswer:

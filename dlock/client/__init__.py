@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dlock.client.errors import (
     ERRORS,
+    PROXY_ERRORS,
     ContentionExceeded,
     DeadlineExceeded,
     DlockError,
@@ -46,6 +47,7 @@ from dlock.client.errors import (
     SessionExpired,
     SessionUnknown,
     Unauthenticated,
+    UpstreamTimeout,
     ValidationFailed,
     check_error_map,
     error_from_reply,
@@ -57,6 +59,7 @@ from dlock.client.transport import Endpoints, call, changed_nothing, parse_endpo
 
 __all__ = [
     "ERRORS",
+    "PROXY_ERRORS",
     "RETRY_SAFE_LOCK_ERRORS",
     "ContentionExceeded",
     "DeadlineExceeded",
@@ -85,6 +88,7 @@ __all__ = [
     "SessionExpired",
     "SessionUnknown",
     "Unauthenticated",
+    "UpstreamTimeout",
     "ValidationFailed",
     "call",
     "changed_nothing",

@@ -3,6 +3,13 @@
 `ERRORS` maps each C3 code to its exception class. `check_error_map()` runs at import: a code
 added to `dlock.errors.Code` without a client exception here fails the import, so a new server
 code can never reach a caller as an untyped error.
+
+`PROXY_ERRORS` are the codes the reverse proxy in front of every role answers on its own
+(ARCHITECTURE decision 18): `UPSTREAM_TIMEOUT` (504: the proxy forwarded the request and its
+upstream read timed out) is "sent, outcome unknown", exactly as a read timeout of our own — a
+`ServiceUnreachable` with `sent=True`, never failed over, never re-sent; so is a 502 with
+`retrySafe:false` (the upstream failed after the request went in). A 503 OVERLOADED from the
+proxy (it could not connect upstream: nothing was forwarded) is the catalogue's Overloaded.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ class DlockError(Exception):
     """A C3 error envelope (or a local verdict) as an exception: code, retrySafe, details."""
 
     code: str | None = None
+    # The service whose endpoint list raised it (`Endpoints.name`), when one did.
+    peer: str | None = None
 
     def __init__(
         self,
@@ -179,6 +188,20 @@ class ServiceUnreachable(DlockError):
         super().__init__(message, retry_safe=not sent, **kwargs)
 
 
+class UpstreamTimeout(ServiceUnreachable):
+    """UPSTREAM_TIMEOUT: the proxy in front of the role forwarded the request and gave up
+    waiting; the server may have acted. Sent, outcome unknown (a rail submission: ambiguous)."""
+
+    code = "UPSTREAM_TIMEOUT"
+
+    def __init__(self, message: str = "", **kwargs: Any) -> None:
+        kwargs.pop("retry_safe", None)
+        super().__init__(message, sent=True, **kwargs)
+
+
+# Answered by the reverse proxy itself; may or may not be a catalogue code of the servers.
+PROXY_ERRORS: dict[str, type[DlockError]] = {UpstreamTimeout.code: UpstreamTimeout}
+
 ERRORS: dict[str, type[DlockError]] = {
     cls.code: cls
     for cls in (
@@ -203,6 +226,7 @@ ERRORS: dict[str, type[DlockError]] = {
         InternalError,
         Unauthenticated,
         Forbidden,
+        *((UpstreamTimeout,) if UpstreamTimeout.code in Code.__members__ else ()),
     )
     if cls.code
 }
@@ -210,7 +234,9 @@ ERRORS: dict[str, type[DlockError]] = {
 
 def check_error_map(errors: dict[str, type[DlockError]] = ERRORS) -> None:
     """Raise RuntimeError unless `errors` has one exception class for every catalogue code."""
-    missing = sorted(code.value for code in Code if code.value not in errors)
+    missing = sorted(
+        code.value for code in Code if code.value not in errors and code.value not in PROXY_ERRORS
+    )
     unknown = sorted(code for code in errors if code not in Code.__members__)
     wrong = sorted(code for code, cls in errors.items() if cls.code != code)
     if missing or unknown or wrong:
@@ -227,11 +253,26 @@ def error_from_reply(reply: Reply) -> DlockError:
     """Map a non-2xx reply to its typed exception; a body without a code is INTERNAL."""
     body = reply.body if isinstance(reply.body, dict) else {}
     code = body.get("code")
-    cls = ERRORS.get(code, DlockError) if isinstance(code, str) else InternalError
+    cls = (
+        ERRORS.get(code) or PROXY_ERRORS.get(code, DlockError)
+        if isinstance(code, str)
+        else InternalError
+    )
+    retry_safe = bool(body.get("retrySafe", False))
+    if reply.status == 502 and not retry_safe and not issubclass(cls, ServiceUnreachable):
+        # The proxy's upstream failed after the request went in (reset, bad answer): unknown.
+        return ServiceUnreachable(
+            str(body.get("message") or "HTTP 502"),
+            sent=True,
+            code=code if isinstance(code, str) else "INTERNAL",
+            details=body.get("details") if isinstance(body.get("details"), dict) else None,
+            status=reply.status,
+            trace_id=body.get("traceId"),
+        )
     return cls(
         str(body.get("message") or f"HTTP {reply.status}"),
         code=code if isinstance(code, str) else "INTERNAL",
-        retry_safe=bool(body.get("retrySafe", False)),
+        retry_safe=retry_safe,
         details=body.get("details") if isinstance(body.get("details"), dict) else None,
         retry_after_ms=body.get("retryAfterMillis"),
         status=reply.status,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -123,7 +124,7 @@ class LockSession:
         hop = BUDGETS["lock.heartbeat"]
         window_ends = self.clock() + heartbeat_window_s(self.ttl_ms)
         last: DlockError | None = None
-        for _ in range(1 + hop.retries):
+        for attempt in range(1 + hop.retries):
             left = window_ends - self.clock()
             if left <= 0:
                 break
@@ -141,7 +142,9 @@ class LockSession:
                 last = exc
                 if not exc.retry_safe and not isinstance(exc, ServiceUnreachable):
                     break  # a slow heartbeat is a lost lease; an unknown reply is too
-                self._stop.wait(min(BACKOFF_INITIAL_S, max(0.0, window_ends - self.clock())))
+                # jittered, growing, and always inside the heartbeat window
+                pause = BACKOFF_INITIAL_S * 2**attempt * (0.5 + random.random())
+                self._stop.wait(min(pause, max(0.0, window_ends - self.clock())))
                 continue
             self.heartbeats += 1
             self.expires_at = _parse_time(reply.body.get("expiresAt")) or self.expires_at
@@ -242,7 +245,7 @@ class LockClient:
         if not 0.0 <= safety_margin < 1.0:
             raise ValueError("safety_margin must be in [0, 1)")
         # Idle keep-alive connections kept per replica: at least the caller's threads in flight.
-        self.endpoints = Endpoints(base_url, pool_size=pool_size)
+        self.endpoints = Endpoints(base_url, pool_size=pool_size, name="lockserver")
         self.owner_id = owner_id
         self.default_ttl_ms = default_ttl_ms
         self.retry = retry or RetryPolicy(sleep=sleep)
@@ -277,7 +280,8 @@ class LockClient:
                 if attempts >= hop.retries:
                     raise
                 attempts += 1
-                self.sleep(retry_delay_s(exc, BACKOFF_INITIAL_S))
+                # jittered: a fleet meeting a restarting lock-server does not come back at once
+                self.sleep(retry_delay_s(exc, BACKOFF_INITIAL_S) * (0.5 + random.random()))
         session = LockSession(self, reply.body, ttl_ms=ttl_ms)
         if heartbeat:
             session.start_heartbeat()

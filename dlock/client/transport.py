@@ -5,12 +5,24 @@
 changed nothing: no connection (connect refused or connect timeout: nothing was sent) or a 503
 NOT_LEADER / OVERLOADED (the server did nothing). Any other outcome, including a read timeout
 after sending, is returned to the caller as is: re-sending it elsewhere could do it twice.
+
+Outlier ejection (decision 21): an endpoint whose call timed out, was refused, or answered
+503/504 (its own or its proxy's) is demoted for new calls for a bounded, jittered, exponentially
+growing period (`EJECT_BASE_S` doubling per consecutive failure up to `EJECT_MAX_S`); what moves
+to another endpoint is the next call, never the same bytes. When the period is over, one call is
+its trial (or, with `probe_path`, one GET of that path first — the rail proxy's, so a payout is
+never the probe); success restores it, failure demotes it again for longer. With every endpoint
+demoted a call still goes out, to the one that failed least recently.
 """
 
 from __future__ import annotations
 
+import logging
+import random
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dlock.auth import authorization_header
@@ -23,6 +35,15 @@ from dlock.client.errors import (
     error_from_reply,
 )
 from dlock.http import ConnectionPool, Reply, TransportError, exchange, pool_for
+from dlock.logs import log_event
+from dlock.metrics import client_endpoint_ejected
+
+# The first demotion of an endpoint lasts about this long (jittered 0.5–1×), doubling per
+# consecutive failure up to EJECT_MAX_S.
+EJECT_BASE_S = 1.0
+EJECT_MAX_S = 15.0
+# A health probe (probe_path) gets this budget: a stalled endpoint costs the prober no more.
+PROBE_BUDGET = Budget(0.3, 0.5, 0, "outlier probe: GET of a health path")
 
 
 def parse_endpoints(value: str | Sequence[str]) -> tuple[str, ...]:
@@ -48,16 +69,50 @@ def changed_nothing(exc: DlockError, *, after_send: bool = True) -> bool:
     return after_send and isinstance(exc, (NotLeader, Overloaded)) and exc.status == 503
 
 
+def unhealthy(exc: DlockError) -> bool:
+    """Whether `exc` counts against the endpoint: no answer (refused, timed out, dropped) or a
+    503/504 from it or its proxy (not leader, overloaded, upstream timeout, deadline)."""
+    return isinstance(exc, ServiceUnreachable) or exc.status in (503, 504)
+
+
+@dataclass
+class _Health:
+    failures: int = 0  # consecutive
+    until: float = 0.0  # demoted for new calls until then (monotonic)
+    failed_at: float = 0.0
+    probing: bool = False  # a trial call is out: no other call goes there meanwhile
+
+    def demoted(self, now: float) -> bool:
+        return self.failures > 0 and (now < self.until or self.probing)
+
+
 class Endpoints:
-    """A service's replicas, in order; calls stick to the last one that answered.
+    """A service's replicas, in order; calls stick to the last one that answered, and skip one
+    that failed while its demotion lasts.
 
     `pool_size`: keep at least that many idle keep-alive connections per replica (a caller with
-    N threads in flight passes N, so no thread reconnects per call).
+    N threads in flight passes N, so no thread reconnects per call). `name`: the service, for
+    the `client_endpoint_ejected_total{peer}` counter and the log lines. `probe_path`: a GET
+    that proves a demoted endpoint answers again, sent before it gets real calls back.
     """
 
-    def __init__(self, urls: str | Sequence[str], *, pool_size: int | None = None) -> None:
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        pool_size: int | None = None,
+        name: str = "peer",
+        probe_path: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        random_fn: Callable[[], float] = random.random,
+    ) -> None:
         self.urls = parse_endpoints(urls)
         self.pools = [pool_for(url, size=pool_size) for url in self.urls]
+        self.name = name
+        self.probe_path = probe_path
+        self.clock = clock
+        self.random_fn = random_fn
+        self.health = [_Health() for _ in self.urls]
         self._current = 0
         self._mutex = threading.Lock()
 
@@ -68,34 +123,112 @@ class Endpoints:
     def current(self) -> str:
         return self.urls[self._current]
 
-    def _order(self) -> list[int]:
-        start = self._current
-        return [(start + i) % len(self.urls) for i in range(len(self.urls))]
-
-    def _moved_past(self, index: int) -> None:
+    def demoted(self) -> list[str]:
+        """The endpoints new calls avoid right now."""
+        now = self.clock()
         with self._mutex:
+            return [u for u, h in zip(self.urls, self.health, strict=True) if h.demoted(now)]
+
+    def _plan(self) -> tuple[list[int], int | None]:
+        """(the order this call tries endpoints in, the index it is the trial call of)."""
+        now = self.clock()
+        n = len(self.urls)
+        with self._mutex:
+            sticky = [(self._current + i) % n for i in range(n)]
+            healthy = [i for i in sticky if self.health[i].failures == 0]
+            due = [
+                i
+                for i in sticky
+                if self.health[i].failures
+                and not self.health[i].probing
+                and now >= self.health[i].until
+            ]
+            resting = sorted(
+                (i for i in sticky if i not in healthy and i not in due),
+                key=lambda i: self.health[i].failed_at,
+            )
+            trial = due[0] if due else None
+            if trial is not None:
+                self.health[trial].probing = True
+            return ([trial] if trial is not None else []) + healthy + due[1:] + resting, trial
+
+    def _failed(self, index: int, exc: DlockError) -> None:
+        now = self.clock()
+        with self._mutex:
+            h = self.health[index]
+            h.probing = False
+            h.failures += 1
+            h.failed_at = now
+            base = min(EJECT_MAX_S, EJECT_BASE_S * 2 ** (h.failures - 1))
+            period = base * (0.5 + 0.5 * self.random_fn())
+            h.until = now + period
+            first = h.failures == 1
             if self._current == index:
                 self._current = (index + 1) % len(self.urls)
+        client_endpoint_ejected.labels(peer=self.name).inc()
+        if first:  # one line per episode; the counter counts every demotion
+            log_event(
+                "client_endpoint_demoted",
+                level=logging.WARNING,
+                peer=self.name,
+                endpoint=self.urls[index],
+                periodSeconds=round(period, 3),
+                error=str(exc),
+            )
+
+    def _answered(self, index: int) -> None:
+        with self._mutex:
+            h = self.health[index]
+            was_down = h.failures > 0
+            h.failures, h.until, h.probing = 0, 0.0, False
+            self._current = index
+        if was_down:
+            log_event("client_endpoint_restored", peer=self.name, endpoint=self.urls[index])
+
+    def _probe(self, index: int) -> bool:
+        """The health GET of a due endpoint; False (and demoted again) when it does not answer."""
+        assert self.probe_path is not None
+        try:
+            call(
+                "GET", self.urls[index] + self.probe_path, hop=PROBE_BUDGET, pool=self.pools[index]
+            )
+        except DlockError as exc:
+            self._failed(index, exc)
+            return False
+        return True
 
     def call(
         self, method: str, path: str, *, failover_after_send: bool = True, **kwargs: Any
     ) -> Reply:
-        """`call()` on the current replica, then the next ones while nothing changed.
+        """`call()` on the best endpoint, then the next ones while nothing changed.
 
         Each replica is tried at most once per call; the last error is raised when all refused.
         Waiting (retryAfterMillis) is the caller's retry loop's job: the error carries it.
         """
+        order, trial = self._plan()
         last: DlockError | None = None
-        for index in self._order():
-            try:
-                reply = call(method, self.urls[index] + path, pool=self.pools[index], **kwargs)
-            except DlockError as exc:
-                if not changed_nothing(exc, after_send=failover_after_send):
-                    raise
-                last = exc
-                self._moved_past(index)
-                continue
-            return reply
+        try:
+            for index in order:
+                if index == trial and self.probe_path is not None and not self._probe(index):
+                    continue
+                try:
+                    reply = call(method, self.urls[index] + path, pool=self.pools[index], **kwargs)
+                except DlockError as exc:
+                    if unhealthy(exc):
+                        self._failed(index, exc)
+                    else:
+                        self._answered(index)  # it answered: a 409 comes from a healthy replica
+                    exc.peer = self.name
+                    if not changed_nothing(exc, after_send=failover_after_send):
+                        raise
+                    last = exc
+                    continue
+                self._answered(index)
+                return reply
+        finally:
+            if trial is not None:
+                with self._mutex:
+                    self.health[trial].probing = False  # whatever ended the trial
         assert last is not None
         raise last
 

@@ -1,4 +1,5 @@
-"""dlock.http against scripted HTTP peers on loopback: framing, keep-alive, and what `sent` means.
+"""dlock.http (urllib3 underneath) against scripted HTTP peers on loopback: framing, keep-alive,
+retries off, TLS verification, and what `sent` means.
 
 Each test starts a real TCP server whose answers are raw bytes, so a peer can misbehave in ways
 gunicorn never does (chunked bodies, 1xx, a close mid-response, junk, silence) and the test can
@@ -7,16 +8,31 @@ count the connections it accepted. `sent=False` must mean that no request byte r
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import pathlib
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
+from devstack import free_port
 from dlock.budgets import Budget
-from dlock.client import Endpoints, InternalError, LockContended, ServiceUnreachable, call
+from dlock.client import (
+    DlockError,
+    Endpoints,
+    InternalError,
+    LockContended,
+    Overloaded,
+    ServiceUnreachable,
+    call,
+    changed_nothing,
+)
 from dlock.http import ConnectionPool, exchange
 from tests.loopback import LoopbackServer
 
@@ -145,12 +161,17 @@ def test_chunked_and_close_delimited_bodies_and_interim_answers_are_read_whole(p
     assert server.connections == 2  # the close-delimited one did not
 
 
-def test_connection_close_and_junk_after_the_body_are_never_reused(peer):
-    answers = {1: _json(200, b"{}", "Connection: close"), 2: _json(200, b"{}") + b"junk"}
-    server = peer(lambda n, _: answers.get(n, _json(200, b"{}")))
-    for _ in range(3):
-        exchange("GET", f"{server.url}/x", hop=FAST)
-    assert server.connections == 3
+def test_connection_close_is_never_reused_and_bytes_after_a_body_never_answer_the_next_call(peer):
+    """A response the peer sends beyond the one asked for (here a whole forged answer glued to
+    the body) must never be read as the answer to the next request on that connection."""
+    smuggled = b'HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{"smuggled":1}'
+    answers = {1: _json(200, b"{}", "Connection: close"), 2: _json(200, b"{}") + smuggled}
+    server = peer(lambda n, _: answers.get(n, _json(200, b'{"n":%d}' % n)))
+    assert exchange("GET", f"{server.url}/x", hop=FAST).body == {}
+    assert exchange("GET", f"{server.url}/x", hop=FAST).body == {}
+    assert server.connections == 2  # the first answer said close: a new connection
+    assert exchange("GET", f"{server.url}/x", hop=FAST).body == {"n": 3}
+    assert len(server.requests) == 3
 
 
 def test_an_idle_connection_the_server_closed_is_replaced_not_reported_as_sent(peer):
@@ -246,6 +267,36 @@ def test_a_peer_that_trickles_its_answer_cannot_stretch_the_read_budget(peer):
     assert caught.value.sent is True
 
 
+def test_a_peer_that_trickles_its_response_head_cannot_stretch_the_read_budget(peer):
+    """The deadline bounds the head too: a status line and headers dribbled a byte at a time
+    (each read returns within any per-read timeout) still end the call on its own budget."""
+    released, gave_up = threading.Event(), threading.Event()
+    head = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 200 + b"\r\nContent-Length: 2\r\n\r\n{}"
+
+    def trickle(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            for byte in head:
+                if released.wait(0.05):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+            gave_up.set()
+
+    server = peer(lambda n, _: None)
+    server.serve = trickle
+    try:
+        with pytest.raises(ServiceUnreachable) as caught:
+            call("POST", f"{server.url}/v1/rail/submissions", hop=FAST, json_body={},
+                 read_timeout_s=0.3)  # fmt: skip
+        assert not gave_up.is_set()  # ended before the peer finished its head
+    finally:
+        released.set()
+    assert caught.value.sent is True
+
+
 def test_a_header_value_that_would_split_the_request_is_never_written(peer):
     server = peer(lambda n, _: _json(200, b"{}"))
     with pytest.raises(ServiceUnreachable) as caught:
@@ -268,7 +319,7 @@ def test_error_envelopes_keep_their_code_and_a_non_json_error_is_internal(peer):
         b'{"code":"LOCK_CONTENDED","message":"held","retrySafe":true,'
         b'"retryAfterMillis":250,"traceId":"t1","details":{"key":"k"}}'
     )
-    answers = {1: _json(409, envelope), 2: b"HTTP/1.1 502 Bad\r\nContent-Length: 5\r\n\r\n<h1/>"}
+    answers = {1: _json(409, envelope), 2: b"HTTP/1.1 500 Bad\r\nContent-Length: 5\r\n\r\n<h1/>"}
     server = peer(lambda n, _: answers[n])
     with pytest.raises(LockContended) as contended:
         call("POST", f"{server.url}/v1/locks/k/acquire", hop=FAST, json_body={})
@@ -277,7 +328,36 @@ def test_error_envelopes_keep_their_code_and_a_non_json_error_is_internal(peer):
     assert error.details == {"key": "k"} and error.trace_id == "t1"
     with pytest.raises(InternalError) as internal:
         call("GET", f"{server.url}/v1/x", hop=FAST)
-    assert internal.value.status == 502 and internal.value.retry_safe is False
+    assert internal.value.status == 500 and internal.value.retry_safe is False
+
+
+def _envelope(code: str, retry_safe: bool) -> bytes:
+    return json.dumps(
+        {"code": code, "message": "m", "retrySafe": retry_safe, "traceId": "t"}
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "unknown"),
+    [
+        (504, _envelope("UPSTREAM_TIMEOUT", False), True),  # the proxy forwarded, then gave up
+        (502, _envelope("INTERNAL", False), True),  # the upstream failed after the request
+        (502, b"<html>bad gateway</html>", True),  # a proxy that is not ours
+        (503, _envelope("OVERLOADED", True), False),  # the proxy could not connect: unsent
+    ],
+)
+def test_the_proxys_own_answers_say_whether_the_request_went_in(peer, status, body, unknown):
+    server = peer(lambda n, _: _json(status, body))
+    with pytest.raises(DlockError) as caught:
+        call("POST", f"{server.url}/v1/rail/submissions", hop=FAST, json_body={})
+    error = caught.value
+    assert error.status == status
+    if unknown:  # sent, outcome unknown: never failed over, never re-sent
+        assert isinstance(error, ServiceUnreachable) and error.sent is True
+        assert error.retry_safe is False and not changed_nothing(error)
+    else:
+        assert isinstance(error, Overloaded) and changed_nothing(error)
+    assert len(server.requests) == 1
 
 
 def test_json_the_fast_parser_refuses_is_read_as_the_standard_library_reads_it(peer):
@@ -324,12 +404,129 @@ def test_a_pool_keeps_as_many_connections_as_threads_in_flight(peer):
 
 
 def test_a_full_pool_closes_what_it_cannot_keep(peer):
-    server = peer(lambda n, _: _json(200, b"{}"))
-    pool = ConnectionPool("http", "127.0.0.1", int(server.url.rsplit(":", 1)[1]), size=1)
-    first, second = pool.open(0.5), pool.open(0.5)
-    pool.give_back(first)
-    pool.give_back(second)
-    assert pool.idle() == 1 and second.sock.fileno() == -1
+    gate = threading.Barrier(2)
+
+    def answer(n: int, request: bytes) -> bytes:
+        if n <= 2:
+            gate.wait(5)  # both first requests are in flight at once: two connections
+        return _json(200, b"{}")
+
+    server = peer(answer)
+    pool = ConnectionPool("http", "127.0.0.1", server.port, size=1)
+    threads = [
+        threading.Thread(
+            target=exchange, args=("GET", f"{server.url}/x"), kwargs={"hop": FAST, "pool": pool}
+        )
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert server.connections == 2 and pool.idle() == 1  # the second one was closed
+    exchange("GET", f"{server.url}/y", hop=FAST, pool=pool)
+    assert server.connections == 2  # the kept one was reused
+
+
+def test_a_post_on_a_kept_alive_connection_that_drops_after_reading_it_is_sent_and_not_resent(
+    peer,
+):
+    """The server reads the second request on the kept-alive connection and closes without a
+    word (a crash, a keep-alive race). The request may have been acted on: `sent=True`, and the
+    library must not re-send it on a fresh connection (urllib3 would, with its default retries)."""
+    server = peer(lambda n, _: _json(200, b"{}") if n == 1 else None)
+    assert exchange("POST", f"{server.url}/v1/x", hop=FAST, json_body={}).ok
+    with pytest.raises(ServiceUnreachable) as caught:
+        call("POST", f"{server.url}/v1/rail/submissions", hop=FAST, json_body={"a": 1})
+    assert caught.value.sent is True and caught.value.retry_safe is False
+    # The call is over: had the library retried, the peer would hold a third request now.
+    assert len(server.requests) == 2 and server.connections == 1
+
+
+def test_a_redirect_is_an_answer_not_a_second_request(peer):
+    moved = b"HTTP/1.1 307 Moved\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n"
+    server = peer(lambda n, _: moved if n == 1 else _json(200, b"{}"))
+    with pytest.raises(InternalError) as caught:
+        call("POST", f"{server.url}/v1/rail/submissions", hop=FAST, json_body={})
+    assert caught.value.status == 307
+    assert len(server.requests) == 1
+
+
+def test_a_refused_connection_is_not_sent():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(ServiceUnreachable) as caught:
+        call("POST", f"{url}/v1/rail/submissions", hop=FAST, json_body={})
+    assert caught.value.sent is False and caught.value.retry_safe is True
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """A throwaway CA and a certificate for 127.0.0.1 it signed (openssl, as `make up TLS=1`)."""
+    d = tmp_path_factory.mktemp("tls")
+    ext = d / "ext.cnf"
+    ext.write_text(
+        "[ca]\nbasicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n"
+        "subjectKeyIdentifier=hash\n"
+        "[srv]\nsubjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "authorityKeyIdentifier=keyid\n"
+    )
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run = functools.partial(subprocess.run, check=True, capture_output=True, cwd=d)
+    run(["openssl", "req", "-new", *ec, "-keyout", "ca.key", "-out", "ca.csr", "-subj", "/CN=t-ca"])
+    run(["openssl", "x509", "-req", "-in", "ca.csr", "-signkey", "ca.key", "-out", "ca.pem",
+         "-days", "2", "-extfile", "ext.cnf", "-extensions", "ca"])  # fmt: skip
+    run(["openssl", "req", "-new", *ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=t"])
+    run(["openssl", "x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+         "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf",
+         "-extensions", "srv"])  # fmt: skip
+    return d
+
+
+def _tls_peer(peer, tls_files):
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls_files / "srv.pem", tls_files / "srv.key")
+    server = peer(lambda n, _: _json(200, b'{"tls":true}'))
+
+    def serve(conn: socket.socket) -> None:
+        try:
+            wrapped = context.wrap_socket(conn, server_side=True)
+        except (OSError, ssl.SSLError):
+            conn.close()  # the client refused our certificate
+            return
+        server._serve(wrapped)
+
+    server.serve = serve
+    return server
+
+
+def test_https_is_verified_against_dlock_ca_bundle(peer, tls_files, monkeypatch):
+    server = _tls_peer(peer, tls_files)
+    url = f"https://127.0.0.1:{server.port}"
+    monkeypatch.setenv("DLOCK_CA_BUNDLE", str(tls_files / "ca.pem"))
+    pool = ConnectionPool("https", "127.0.0.1", server.port)
+    assert exchange("POST", f"{url}/v1/x", hop=FAST, json_body={}, pool=pool).body == {"tls": True}
+    assert len(server.requests) == 1
+
+
+def test_https_without_the_bundle_refuses_an_unknown_ca_before_sending(
+    peer, tls_files, monkeypatch
+):
+    server = _tls_peer(peer, tls_files)
+    monkeypatch.delenv("DLOCK_CA_BUNDLE", raising=False)
+    pool = ConnectionPool("https", "127.0.0.1", server.port)  # the system store
+    with pytest.raises(ServiceUnreachable) as caught:
+        call("POST", f"https://127.0.0.1:{server.port}/v1/x", hop=FAST, json_body={}, pool=pool)
+    assert caught.value.sent is False  # the handshake failed: no request byte left
+    assert server.requests == []
+
+
+def test_no_client_turns_tls_verification_off():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for package in ("dlock", "executor", "railproxy", "ops", "payments", "lockserver"):
+        for path in (root / package).rglob("*.py"):
+            text = path.read_text()
+            assert "verify=False" not in text and "CERT_NONE" not in text, path
 
 
 def test_a_forked_child_never_reuses_the_parents_connections(peer):

@@ -106,6 +106,8 @@ def test_ambiguous_rail_outcome_quarantines_the_payout_and_is_never_resubmitted(
     assert rail_requests(exec_stack, [pid]) == {pid: 1}
     assert rail_transfers(exec_stack, [pid]) == {}
     assert [e["payoutId"] for e in proc.events("rail_ambiguous")] == [pid]
+    # The event names the state the payout is in now, not the one it was picked in (issue 26.5).
+    assert [e["state"] for e in proc.events("rail_ambiguous")] == ["RAIL_AMBIGUOUS"]
     outcomes = [e["outcome"] for e in proc.events("payout_executed")]
     assert outcomes == ["ambiguous"]
     body = json.loads(exec_stack.manage("reconcile", "--json").stdout)
