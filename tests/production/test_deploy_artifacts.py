@@ -299,12 +299,58 @@ def test_the_dockerfile_is_multi_stage_slim_non_root_with_a_healthcheck_and_no_b
     assert "DLOCK_ENVIRONMENT=production" in text
 
 
-def test_the_image_ships_runtime_dependencies_only():
-    requirements = (PROJECT / "requirements.txt").read_text()
-    runtime = requirements.split("# tests and tooling")[0]
-    assert "gunicorn==" in runtime and "Django==" in runtime and "psycopg" in runtime
-    for tool in ("pytest", "ruff", "schemathesis", "hypothesis", "testcontainers"):
+def _pins(lock: str) -> dict[str, str]:
+    """name -> version of every `name==version` line of a pip-compile lock."""
+    pins = {}
+    for line in (PROJECT / lock).read_text().splitlines():
+        if m := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^ \\]+)", line):
+            pins[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[2]
+    return pins
+
+
+def _requirements(name: str) -> dict[str, str]:
+    pins = {}
+    for line in (PROJECT / name).read_text().splitlines():
+        if m := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^]]*\])?==([^ #]+)", line):
+            pins[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[3]
+    return pins
+
+
+def test_the_image_installs_the_hash_locked_runtime_dependencies_only():
+    build = " ".join(_stages()[0])
+    assert "COPY requirements.lock" in build
+    assert re.search(r"pip install [^&]*--require-hashes --no-deps -r requirements\.lock", build)
+    assert "requirements.txt" not in build and "requirements-dev" not in build
+    runtime = _pins("requirements.lock")
+    assert {"gunicorn", "django", "psycopg", "orjson", "whitenoise"} <= set(runtime)
+    assert {"django-csp", "django-axes", "django-prometheus"} <= set(runtime)
+    for tool in ("pytest", "ruff", "schemathesis", "hypothesis", "testcontainers", "pip-tools"):
         assert tool not in runtime
+    assert "etcd3gw" not in runtime
+
+
+def test_every_lock_line_is_pinned_with_hashes_and_agrees_with_its_requirements():
+    for source, lock in (
+        ("requirements.txt", "requirements.lock"),
+        ("requirements-dev.txt", "requirements-dev.lock"),
+    ):
+        text = (PROJECT / lock).read_text()
+        entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 1)[1])
+        for entry in entries:
+            if entry.startswith("#") or not entry.strip():
+                continue
+            assert "==" in entry.splitlines()[0] and "--hash=sha256:" in entry, entry
+        pins = _pins(lock)
+        for name, version in _requirements(source).items():
+            assert pins.get(name) == version, (lock, name)
+    runtime, dev = _pins("requirements.lock"), _pins("requirements-dev.lock")
+    # the dev environment tests what the image ships: every shared package at the same version
+    assert {n: dev.get(n) for n in runtime} == runtime
+    assert {"pytest-randomly", "pip-tools"} <= set(dev)
+    # no index or wheel directory of the machine that compiled it: the hashes are PyPI's files
+    for lock in ("requirements.lock", "requirements-dev.lock"):
+        for line in (PROJECT / lock).read_text().splitlines():
+            assert not line.startswith(("--index-url", "--extra-index-url", "--find-links")), line
 
 
 def test_the_dockerignore_allows_every_app_and_nothing_private():
