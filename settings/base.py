@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -283,3 +284,36 @@ ETCD_REQUEST_TIMEOUT_MS = env_int("ETCD_REQUEST_TIMEOUT_MS", 400, minimum=10, ma
 # On etcd, the PostgreSQL backend's last token (lockdb's fencing_token_seq, when present) is a
 # floor too, so a pg → etcd switch keeps tokens increasing even without LOCK_TOKEN_FLOOR.
 LOCK_TOKEN_FLOOR_FROM_PG = env_bool("LOCK_TOKEN_FLOOR_FROM_PG", True)
+
+# Admin hardening (issue 24; docs/security.md "Admin hardening"). The roles that serve the admin
+# (ROLE=payments) install django-csp and django-axes (settings/payments.py) and read these.
+# Content-Security-Policy on every page but the /v1 API docs (Swagger UI and Redoc run inline
+# scripts of their own); nothing but this origin's scripts, styles, images and forms.
+CONTENT_SECURITY_POLICY = {
+    "EXCLUDE_URL_PREFIXES": ["/v1/"],
+    "DIRECTIVES": {
+        "default-src": ["'none'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+        "base-uri": ["'none'"],
+    },
+}
+# Login throttling: after DLOCK_ADMIN_LOGIN_FAILURE_LIMIT failed log-ins a user name is locked
+# for DLOCK_ADMIN_LOCKOUT_MINUTES, whoever asks and whatever the password (the pods see every
+# client through one proxy address, so the user name is the lock's key); a log-in that succeeds
+# before the limit clears the count. Unlock sooner: `manage.py axes_reset_username <name>`.
+AXES_FAILURE_LIMIT = env_int("DLOCK_ADMIN_LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=100)
+AXES_COOLOFF_TIME = timedelta(
+    minutes=env_int("DLOCK_ADMIN_LOCKOUT_MINUTES", 30, minimum=1, maximum=7 * 24 * 60)
+)
+AXES_LOCKOUT_PARAMETERS = ["username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_CALLABLE = "dlock.adminpages.locked_out_page"
+AXES_ENABLE_ACCESS_FAILURE_LOG = False
+AXES_VERBOSE = False  # dlock.adminpages writes the audit lines (admin_login_failed, ...)

@@ -116,7 +116,8 @@ def test_an_operator_resolves_a_booked_once_payout_from_its_page(
     seeded = seed_quarantine(live_stack, "BOOKED_ONCE", ["RR-BR-1"])
     log_in(browser, payments_url, *admin_user)
 
-    browser.get(f"{payments_url}/admin/payments/quarantinedpayout/")
+    # its own row by its own account (the list holds other tests' payouts, oldest first)
+    browser.get(f"{payments_url}/admin/payments/quarantinedpayout/?q={seeded['account']}")
     browser.find_element(By.LINK_TEXT, seeded["payout"]).click()
     wait_for(browser, "#reconciliation")
     assert browser.find_element(By.CSS_SELECTOR, "#reconciliation .classification").text == (
