@@ -42,8 +42,14 @@ if not DEBUG and any(
 ALLOWED_HOSTS = [
     h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
 ]
+if "*" in ALLOWED_HOSTS and DLOCK_ENVIRONMENT == "production":
+    # Every Host would pass: the Host checks (docs/security.md API8) would do nothing.
+    raise ImproperlyConfigured(
+        "DJANGO_ALLOWED_HOSTS='*' is refused in production: list the names callers use "
+        "(the Service names; k8s/config.yaml)"
+    )
 if "*" in ALLOWED_HOSTS and not DEBUG:
-    ALLOWED_HOSTS = ["*"]  # explicit operator choice, e.g. behind a k8s Service
+    ALLOWED_HOSTS = ["*"]  # explicit choice outside production
 
 ROLE = "unset"  # each overlay sets it
 SERVICE_NAME = "dlock"

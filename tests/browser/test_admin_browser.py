@@ -54,8 +54,11 @@ def log_in(driver, base: str, user: str, password: str) -> None:
     driver.get(f"{base}/admin/login/?next=/admin/")
     driver.find_element(By.NAME, "username").send_keys(user)
     driver.find_element(By.NAME, "password").send_keys(password)
-    driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait_for(driver, "#site-name")
+    submit = driver.find_element(By.CSS_SELECTOR, "input[type=submit]")
+    submit.click()
+    # the login page itself has #site-name: wait for the next page, then for a signed-in one
+    WebDriverWait(driver, 30).until(ec.staleness_of(submit))
+    wait_for(driver, "#user-tools")
 
 
 def books(live_stack, account_id: str) -> tuple[int, int]:

@@ -12,6 +12,8 @@ import uuid
 import pytest
 import requests
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
 
 from devstack import manage
 from tests.browser.conftest import paydb
@@ -66,7 +68,9 @@ def submit_login(driver, base: str, user: str, password: str) -> None:
     driver.get(f"{base}/admin/login/?next=/admin/")
     driver.find_element(By.NAME, "username").send_keys(user)
     driver.find_element(By.NAME, "password").send_keys(password)
-    driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    submit = driver.find_element(By.CSS_SELECTOR, "input[type=submit]")
+    submit.click()
+    WebDriverWait(driver, 30).until(ec.staleness_of(submit))  # the answer, not the form
     wait_for(driver, "#content")
 
 

@@ -4,6 +4,7 @@ installed)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -448,12 +449,72 @@ def test_every_multi_replica_workload_spreads_over_nodes_and_zones(workload):
         assert selects(constraint["labelSelector"], template["metadata"]["labels"])
 
 
+def migrate_job() -> dict:
+    (job,) = [d for d in of_kind("Job") if d["metadata"]["labels"].get(COMPONENT) == "migrate"]
+    return job
+
+
 def test_the_migrate_job_cleans_up_after_itself_and_cannot_hang_a_rollout():
-    spec = named("Job", "migrate")["spec"]
+    spec = migrate_job()["spec"]
     assert 0 < spec["activeDeadlineSeconds"] <= 3600
     assert spec["ttlSecondsAfterFinished"] > 0
     docs = (PROJECT / "docs" / "operations.md").read_text()
-    assert "kubectl -n dlock wait --for=condition=complete job/migrate" in docs
+    assert "kubectl -n dlock wait --for=condition=complete job/migrate-" in docs
+
+
+def _kustomize(path) -> list[dict]:
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl renders the kustomization")
+def test_each_release_gets_its_own_migrate_job_named_after_its_image_tag(tmp_path):
+    job = migrate_job()
+    image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert job["metadata"]["name"] == f"migrate-{image.rsplit(':', 1)[1]}"
+    # an overlay that sets another tag (and copies the replacements block, as documented)
+    base = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    overlay = tmp_path / "release"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(K8S, overlay)],
+                "images": [{"name": base["images"][0]["newName"], "newTag": "0.2.0-rc1"}],
+                "replacements": base["replacements"],
+            }
+        )
+    )
+    jobs = [d for d in _kustomize(overlay) if d["kind"] == "Job"]
+    assert [j["metadata"]["name"] for j in jobs] == ["migrate-0.2.0-rc1"]
+    assert jobs[0]["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.2.0-rc1")
+
+
+def test_allowed_hosts_are_the_service_names_never_a_wildcard():
+    config = named("ConfigMap", "dlock-settings")["data"]
+    hosts = config["DJANGO_ALLOWED_HOSTS"].split(",")
+    assert "*" not in hosts and all(h and not h.startswith(".") for h in hosts)
+    services = {d["metadata"]["name"] for d in of_kind("Service")} & set(SERVER_ROLES)
+    assert services == set(SERVER_ROLES)
+    for service in services:
+        assert service in hosts and f"{service}.dlock.svc.cluster.local" in hosts
+        assert f"{service}.dlock.svc" in hosts
+    for url_var in ("LOCK_SERVER_URL", "PAYMENTS_URL", "RAIL_PROXY_URL", "RAIL_STUB_URL"):
+        assert config[url_var].split("//")[1].split(":")[0] in hosts  # what callers send
+    for workload in WORKLOADS:  # no workload widens it
+        for container in pod_template(workload)["spec"]["containers"]:
+            assert "DJANGO_ALLOWED_HOSTS" not in env_of(container)
+
+
+def test_the_reconciler_gets_no_lock_database():
+    container = pod_template(named("CronJob", "reconciler"))["spec"]["containers"][0]
+    env = env_of(container)
+    assert "LOCK_DATABASE_URL" not in env
+    assert {"PAY_DATABASE_URL", "RAIL_DATABASE_URL"} <= set(env)
 
 
 OPERATOR_JOB = PROJECT / "k8s" / "operator" / "job.yaml"

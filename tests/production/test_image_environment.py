@@ -297,7 +297,15 @@ def test_the_executor_and_the_ops_commands_run_from_the_image_environment(image,
     )
     assert executor.returncode == 0, executor.stderr[-3000:] + executor.stdout[-3000:]
     metrics_file = image.logdir / "reconcile.prom"
-    report = image.run("ops", "reconcile", "--json", "--metrics-file", str(metrics_file))
+    # as the reconciler CronJob runs it: paydb and raildb, no lock database
+    report = image.run(
+        "ops",
+        "reconcile",
+        "--json",
+        "--metrics-file",
+        str(metrics_file),
+        extra={"LOCK_DATABASE_URL": ""},
+    )
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
     assert json.loads(report.stdout)["ok"] is True
     assert "reconcile_ok 1" in metrics_file.read_text()
@@ -309,3 +317,63 @@ def test_the_executor_and_the_ops_commands_run_from_the_image_environment(image,
             ([str(p) for p in payouts],),
         ).fetchall()
     assert dict(states) == {"POSTED": 2}
+
+
+def _k8s_allowed_hosts() -> str:
+    import yaml
+
+    for doc in yaml.safe_load_all((PROJECT / "k8s" / "config.yaml").read_text()):
+        if doc and doc["kind"] == "ConfigMap":
+            return doc["data"]["DJANGO_ALLOWED_HOSTS"]
+    raise AssertionError("no ConfigMap in k8s/config.yaml")
+
+
+def test_with_the_k8s_allowed_hosts_probes_by_pod_ip_pass_and_foreign_hosts_do_not(image):
+    hosts = _k8s_allowed_hosts()
+    port = free_port()
+    env = image.process_env("railstub", {"DJANGO_ALLOWED_HOSTS": hosts})
+    env.pop("PORT", None)
+    proc = RoleProcess(
+        "railstub",
+        port,
+        env,
+        image.logdir / "railstub-hosts.log",
+        argv=image.entrypoint,
+        inherit_environ=False,
+    ).start(wait=False)
+    try:
+        proc.wait_ready(timeout=120)  # the readiness check itself sends Host: 127.0.0.1:<port>
+        url = f"http://127.0.0.1:{port}"
+        for path in ("/health/ready", "/health/live", "/metrics"):  # kubelet, Prometheus
+            probe = requests.get(f"{url}{path}", headers={"Host": "10.42.7.19:8080"}, timeout=5)
+            assert probe.status_code == 200, path
+        for host in ("evil.example", "10.42.7.19:8080", "rail-stub.attacker.example"):
+            refused = requests.get(f"{url}/v1/schema", headers={"Host": host}, timeout=5)
+            assert refused.status_code == 400, host
+            assert refused.headers["Content-Type"].startswith("application/json")
+        for host in ("rail-stub:8080", "rail-stub.dlock.svc.cluster.local:8080"):
+            served = requests.get(f"{url}/v1/schema", headers={"Host": host}, timeout=5)
+            assert served.status_code == 200, host
+    finally:
+        proc.stop()
+
+
+def test_production_refuses_a_wildcard_allowed_hosts_at_start_up(image):
+    result = image.python(
+        "railstub",
+        "-c",
+        "import django; from dlock.roles import configure_settings_module; "
+        "configure_settings_module(); django.setup()",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    env = image.process_env("railstub", {"DJANGO_ALLOWED_HOSTS": "*"})
+    refused = subprocess.run(
+        ["python", "manage.py", "check"],
+        cwd=image.app,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0
+    assert "DJANGO_ALLOWED_HOSTS='*' is refused in production" in refused.stderr
