@@ -13,11 +13,12 @@ UP_ARGS = $(if $(LOCK_BACKEND),--backend $(LOCK_BACKEND)) \
 	$(if $(ETCD_MEMBERS),--etcd-members $(ETCD_MEMBERS)) $(if $(REPLICAS),--replicas $(REPLICAS))
 PYTEST_ARGS ?=
 
-.PHONY: help venv lock sysdeps test up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
+.PHONY: help venv lock sysdeps test test-shuffled up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
 
 help:
 	@echo "make demo   - bring the stack up and run the fencing demo (the main job)"
 	@echo "make test   - run the test suite against real PostgreSQL and etcd"
+	@echo "make test-shuffled [SEED=N] - the suite in a random order (pytest-randomly), seed printed"
 	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd ETCD_MEMBERS=N REPLICAS=N)"
 	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
@@ -53,6 +54,12 @@ sysdeps:
 
 test: venv sysdeps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suite in a shuffled order (pytest-randomly) to find tests that depend on others' leftovers.
+# SEED=N replays an order (each run prints its seed); empty: a new one.
+SEED ?=
+test-shuffled: venv sysdeps
+	$(BIN)/python -m pytest -p randomly $(if $(SEED),--randomly-seed=$(SEED)) $(PYTEST_ARGS)
 
 up: venv sysdeps
 	$(BIN)/python -m devstack up $(UP_ARGS)
