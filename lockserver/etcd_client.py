@@ -1,6 +1,6 @@
 """A thin etcd v3 client over the JSON gRPC gateway (`/v3/...`), built on `requests`.
 
-Why not etcd3gw (pinned, and fine for plain CRUD): the lock backend needs (1) a short connect and
+Why not etcd3gw (fine for plain CRUD): the lock backend needs (1) a short connect and
 read timeout on every call so an unreachable or leaderless member answers NOT_LEADER within
 about a second instead of hanging (etcd3gw has one global timeout and none at all on watches),
 (2) a watch over several keys that ends at a caller's deadline and is closed cleanly (etcd3gw
