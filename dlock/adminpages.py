@@ -64,7 +64,7 @@ def locked_out_page(
     return page.render()
 
 
-def _client(request: HttpRequest | None) -> dict[str, str]:
+def _client(request: HttpRequest | None) -> dict[str, Any]:
     if request is None:
         return {}
     return {
