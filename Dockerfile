@@ -8,12 +8,12 @@
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY requirements.txt ./
-# Everything after "# tests and tooling" (pytest, ruff, schemathesis, ...) stays out of the image.
+COPY requirements.lock ./
+# The runtime lock only (requirements-dev.lock, pytest, ruff, ... stay out): every package pinned
+# with its hashes, nothing resolved here (--no-deps), a file whose hash differs is refused.
 # All runtime dependencies ship wheels (psycopg[binary]), so no compiler is needed even here.
-RUN sed '/^# tests and tooling/,$d' requirements.txt > runtime.txt \
- && python -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-compile -r runtime.txt \
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-compile --require-hashes --no-deps -r requirements.lock \
  && /opt/venv/bin/pip uninstall -y pip setuptools wheel
 
 # ---- final stage: no build tools, no pip, non-root ------------------------------------------

@@ -13,31 +13,53 @@ UP_ARGS = $(if $(LOCK_BACKEND),--backend $(LOCK_BACKEND)) \
 	$(if $(ETCD_MEMBERS),--etcd-members $(ETCD_MEMBERS)) $(if $(REPLICAS),--replicas $(REPLICAS))
 PYTEST_ARGS ?=
 
-.PHONY: help venv sysdeps test up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
+.PHONY: help venv lock sysdeps test test-shuffled up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
 
 help:
 	@echo "make demo   - bring the stack up and run the fencing demo (the main job)"
 	@echo "make test   - run the test suite against real PostgreSQL and etcd"
+	@echo "make test-shuffled [SEED=N] - the suite in a random order (pytest-randomly), seed printed"
 	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd ETCD_MEMBERS=N REPLICAS=N)"
 	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
 	@echo "make experiment-ha - the fencing experiment on 3 etcd members and 2 replicas per role"
 	@echo "make experiment-ha-recovery - HA faults one at a time; recovery per fault and replica"
+	@echo "make lock   - recompile requirements.lock / requirements-dev.lock (hashes, from PyPI)"
 	@echo "make lint   - ruff check + format check, import-linter (layers), mypy"
 
-$(STAMP): requirements.txt
+# The dev lock, hash-checked: every package and version is the lock's, nothing else installs.
+$(STAMP): requirements-dev.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --require-hashes -r requirements-dev.lock
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# Recompile both locks from requirements.txt / requirements-dev.txt (kept pins stay; add
+# LOCK_ARGS=--upgrade to move every transitive pin). Against PyPI alone: this machine's pip
+# config adds local wheel directories, whose files are not what PyPI serves.
+LOCK_ENV := env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL -u PIP_CONSTRAINT \
+	PIP_CONFIG_FILE=/dev/null
+PIP_COMPILE = $(LOCK_ENV) $(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe \
+	--strip-extras --index-url https://pypi.org/simple --no-emit-index-url --no-emit-find-links \
+	$(LOCK_ARGS)
+lock:
+	@test -x $(BIN)/pip-compile || { test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	  $(BIN)/python -m pip install -q "$$(grep -m1 '^pip-tools==' requirements-dev.txt)"; }
+	$(PIP_COMPILE) --output-file requirements.lock requirements.txt
+	$(PIP_COMPILE) --output-file requirements-dev.lock requirements-dev.txt
 
 sysdeps:
 	@bash scripts/sysdeps.sh
 
 test: venv sysdeps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suite in a shuffled order (pytest-randomly) to find tests that depend on others' leftovers.
+# SEED=N replays an order (each run prints its seed); empty: a new one.
+SEED ?=
+test-shuffled: venv sysdeps
+	$(BIN)/python -m pytest -p randomly $(if $(SEED),--randomly-seed=$(SEED)) $(PYTEST_ARGS)
 
 up: venv sysdeps
 	$(BIN)/python -m devstack up $(UP_ARGS)

@@ -96,6 +96,41 @@ def instances(topology: Topology) -> list[tuple[str, str, int]]:
     return result
 
 
+# --------------------------------------------------------------------------- secrets
+
+# Each secret reaches only the roles that use it (docs/security.md "Secrets"), as in k8s: the
+# proof ring signs (lock server) and verifies (payment resource, rail proxy); the credential
+# hashes are checked by every role but the rail stub, which stands in for a third party and
+# verifies no bearer. The plaintext credentials are the callers' (executor, operator): no
+# server gets them. DJANGO_SECRET_KEY: every Django process (settings refuse to start without).
+SECRET_USERS: dict[str, frozenset[str]] = {
+    "DLOCK_PROOF_KEYS": frozenset({"lockserver", "payments", "railproxy"}),
+    "DLOCK_CREDENTIALS": frozenset({"lockserver", "payments", "railproxy"}),
+    "DLOCK_EXECUTOR_CREDENTIAL": frozenset({"executor", "ops"}),
+    "DLOCK_OPERATOR_CREDENTIAL": frozenset({"ops"}),
+}
+# `.run/stack.env` is what executors, ops commands and scripts source: the callers' credentials,
+# URLs and database URLs, never the ring (any holder could mint a proof for any token) nor the
+# hash list (a server's, rotated with the roles).
+STACK_FILE_OMITS = ("DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS")
+
+
+def role_environment(
+    role: str, env: dict[str, str], *, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The whole environment a `role` process starts with: `base` (default: this process's
+    environment, which may hold a sourced stack.env or a ring exported by hand) without any
+    secret, then `env` with only the secrets `role` uses."""
+    inherited = dict(os.environ if base is None else base)
+    merged = {k: v for k, v in inherited.items() if k not in SECRET_USERS} | env
+    return {k: v for k, v in merged.items() if k not in SECRET_USERS or role in SECRET_USERS[k]}
+
+
+def stack_file_env(env: dict[str, str]) -> dict[str, str]:
+    """What `.run/stack.env` (and each role record's copy of the stack's env) may hold."""
+    return {k: v for k, v in env.items() if k not in STACK_FILE_OMITS}
+
+
 # --------------------------------------------------------------------------- what is running
 
 
@@ -277,7 +312,14 @@ def _start_roles(
         if action == "alive":
             alive.append((name, port))
             continue
-        proc = RoleProcess(role, port, env, run / "logs" / f"{name}.log", name=name)
+        proc = RoleProcess(
+            role,
+            port,
+            role_environment(role, env),
+            run / "logs" / f"{name}.log",
+            name=name,
+            inherit_environ=False,
+        )
         if action == "replace":  # its process exists but answers nothing: replace it, as it was
             _terminate(int(running[name]["pid"]))
             wait_until(lambda p=port: not port_open(p), timeout=15, what=f"port {port} to free")
@@ -294,7 +336,8 @@ def _start_roles(
 
 
 def _remember(run: Path, proc: RoleProcess, stack_env: dict[str, str]) -> None:
-    write_record(run / "roles" / f"{proc.instance}.json", {**proc.record(), "stack_env": stack_env})
+    record = {**proc.record(), "stack_env": stack_file_env(stack_env)}
+    write_record(run / "roles" / f"{proc.instance}.json", record)
     (run / "pids" / f"{proc.instance}.pid").write_text(str(proc.process.pid))
 
 
@@ -358,7 +401,7 @@ def up(
     migrate_all(env)
     _start_roles(env, topology, run, running_records(run))
     env.update(credentials)  # issue 15: callers read DLOCK_{EXECUTOR,OPERATOR}_CREDENTIAL
-    write_env(run / "stack.env", env)
+    write_env(run / "stack.env", stack_file_env(env))
     say(f"wrote {run / 'stack.env'} ({topology.describe()})")
     return env
 

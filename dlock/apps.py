@@ -12,3 +12,7 @@ class DlockConfig(AppConfig):
 
         proof.check_configured(settings.ROLE)
         metrics.register_role_metrics(settings.ROLE, backend=settings.LOCK_BACKEND)
+        if "axes" in settings.INSTALLED_APPS:  # the admin's login audit trail (ROLE=payments)
+            from dlock import adminpages
+
+            adminpages.connect_audit_log()

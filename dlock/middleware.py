@@ -10,14 +10,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.exceptions import DisallowedHost
+from django.core.exceptions import DisallowedHost, PermissionDenied
 from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
 from django.utils.module_loading import import_string
 
-from dlock import auth
+from dlock import adminpages, auth
 from dlock.errors import PROTOCOL_STATUSES, ApiError, Code
 from dlock.handlers import error_response, render_exception
 from dlock.parsers import too_large
@@ -291,6 +291,8 @@ class ApiMiddleware:
         return error_response(envelope_for_status(response.status_code, response))
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse:
+        if isinstance(exc, PermissionDenied) and adminpages.is_admin_page(request):
+            return adminpages.forbidden_page(request)  # staff without the permission: a page
         return render_exception(exc)
 
     def process_view(

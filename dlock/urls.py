@@ -11,7 +11,7 @@ from django.views.decorators.http import require_safe
 from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiYamlRenderer
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from dlock import health, metrics
+from dlock import adminpages, health, metrics
 from dlock.errors import ApiError, Code
 from dlock.handlers import error_response
 
@@ -73,6 +73,8 @@ def bad_request_view(request: HttpRequest, exception: Exception | None = None) -
 
 
 def forbidden_view(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if adminpages.is_admin_page(request):  # a staff user without the permission: a 403 page
+        return adminpages.forbidden_page(request)
     return error_response(ApiError(Code.VALIDATION_FAILED, "request rejected"))
 
 

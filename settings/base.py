@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -41,8 +42,14 @@ if not DEBUG and any(
 ALLOWED_HOSTS = [
     h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
 ]
+if "*" in ALLOWED_HOSTS and DLOCK_ENVIRONMENT == "production":
+    # Every Host would pass: the Host checks (docs/security.md API8) would do nothing.
+    raise ImproperlyConfigured(
+        "DJANGO_ALLOWED_HOSTS='*' is refused in production: list the names callers use "
+        "(the Service names; k8s/config.yaml)"
+    )
 if "*" in ALLOWED_HOSTS and not DEBUG:
-    ALLOWED_HOSTS = ["*"]  # explicit operator choice, e.g. behind a k8s Service
+    ALLOWED_HOSTS = ["*"]  # explicit choice outside production
 
 ROLE = "unset"  # each overlay sets it
 SERVICE_NAME = "dlock"
@@ -297,3 +304,36 @@ LOCK_TOKEN_FLOOR_FROM_PG = env_bool("LOCK_TOKEN_FLOOR_FROM_PG", True)
 # reserved ahead, which is how many tokens (etcd revisions) the lock-server can issue while
 # lockdb is unreachable; a switch of backend or cluster skips at most one block.
 LOCK_TOKEN_RESERVE_BLOCK = env_int("LOCK_TOKEN_RESERVE_BLOCK", 10_000, minimum=10)
+
+# Admin hardening (issue 24; docs/security.md "Admin hardening"). The roles that serve the admin
+# (ROLE=payments) install django-csp and django-axes (settings/payments.py) and read these.
+# Content-Security-Policy on every page but the /v1 API docs (Swagger UI and Redoc run inline
+# scripts of their own); nothing but this origin's scripts, styles, images and forms.
+CONTENT_SECURITY_POLICY = {
+    "EXCLUDE_URL_PREFIXES": ["/v1/"],
+    "DIRECTIVES": {
+        "default-src": ["'none'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+        "base-uri": ["'none'"],
+    },
+}
+# Login throttling: after DLOCK_ADMIN_LOGIN_FAILURE_LIMIT failed log-ins a user name is locked
+# for DLOCK_ADMIN_LOCKOUT_MINUTES, whoever asks and whatever the password (the pods see every
+# client through one proxy address, so the user name is the lock's key); a log-in that succeeds
+# before the limit clears the count. Unlock sooner: `manage.py axes_reset_username <name>`.
+AXES_FAILURE_LIMIT = env_int("DLOCK_ADMIN_LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=100)
+AXES_COOLOFF_TIME = timedelta(
+    minutes=env_int("DLOCK_ADMIN_LOCKOUT_MINUTES", 30, minimum=1, maximum=7 * 24 * 60)
+)
+AXES_LOCKOUT_PARAMETERS = ["username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_CALLABLE = "dlock.adminpages.locked_out_page"
+AXES_ENABLE_ACCESS_FAILURE_LOG = False
+AXES_VERBOSE = False  # dlock.adminpages writes the audit lines (admin_login_failed, ...)

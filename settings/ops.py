@@ -1,5 +1,7 @@
 """Every app and every database: management commands and the test suite."""
 
+import os
+
 from settings.base import *  # noqa: F403
 from settings.base import BASE_APPS, DLOCK_PAGE_MIDDLEWARE, database, logging_config
 
@@ -33,8 +35,11 @@ SILENCED_SYSTEM_CHECKS = ["admin.E408", "admin.E409", "admin.E410"]
 ROOT_URLCONF = "settings.ops_urls"
 DATABASES = {
     "default": database("PAY_DATABASE_URL"),
-    "lockdb": database("LOCK_DATABASE_URL"),
     "raildb": database("RAIL_DATABASE_URL"),
 }
+# lockdb only where it is given: the reconciler (k8s CronJob) reads paydb and raildb and gets no
+# lock-database credentials; commands that need lockdb (repair_fence) need LOCK_DATABASE_URL.
+if os.environ.get("LOCK_DATABASE_URL"):
+    DATABASES["lockdb"] = database("LOCK_DATABASE_URL")
 APP_DATABASES = {"lockserver": "lockdb", "railstub": "raildb"}
 LOGGING = logging_config(SERVICE_NAME)

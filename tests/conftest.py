@@ -124,3 +124,16 @@ def raw_request(port: int, payload: bytes) -> bytes:
         while data := sock.recv(65536):
             chunks.append(data)
     return b"".join(chunks)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """A shuffled run (`make test-shuffled`, `-p randomly`) names its seed last, -q or not, so
+    a failure that depends on the order can be replayed."""
+    if not config.pluginmanager.hasplugin("randomly"):
+        return
+    seed = config.getoption("randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(
+            f"[dlock] shuffled order: replay with `make test-shuffled SEED={seed}` "
+            f"(pytest -p randomly --randomly-seed={seed})"
+        )

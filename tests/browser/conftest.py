@@ -34,7 +34,8 @@ def browser():
     options.add_argument("--disable-background-networking")
     options.add_argument("--disable-component-update")
     options.add_argument("--no-first-run")
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    # performance: every request a page made; browser: the console (CSP violations land there)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     driver = webdriver.Chrome(
         service=Service(shutil.which(CHROMEDRIVER) or CHROMEDRIVER), options=options
     )

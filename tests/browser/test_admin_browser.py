@@ -54,8 +54,11 @@ def log_in(driver, base: str, user: str, password: str) -> None:
     driver.get(f"{base}/admin/login/?next=/admin/")
     driver.find_element(By.NAME, "username").send_keys(user)
     driver.find_element(By.NAME, "password").send_keys(password)
-    driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait_for(driver, "#site-name")
+    submit = driver.find_element(By.CSS_SELECTOR, "input[type=submit]")
+    submit.click()
+    # the login page itself has #site-name: wait for the next page, then for a signed-in one
+    WebDriverWait(driver, 30).until(ec.staleness_of(submit))
+    wait_for(driver, "#user-tools")
 
 
 def books(live_stack, account_id: str) -> tuple[int, int]:
@@ -116,7 +119,8 @@ def test_an_operator_resolves_a_booked_once_payout_from_its_page(
     seeded = seed_quarantine(live_stack, "BOOKED_ONCE", ["RR-BR-1"])
     log_in(browser, payments_url, *admin_user)
 
-    browser.get(f"{payments_url}/admin/payments/quarantinedpayout/")
+    # its own row by its own account (the list holds other tests' payouts, oldest first)
+    browser.get(f"{payments_url}/admin/payments/quarantinedpayout/?q={seeded['account']}")
     browser.find_element(By.LINK_TEXT, seeded["payout"]).click()
     wait_for(browser, "#reconciliation")
     assert browser.find_element(By.CSS_SELECTOR, "#reconciliation .classification").text == (

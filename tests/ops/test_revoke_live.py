@@ -153,7 +153,9 @@ def test_revoke_that_cannot_reach_the_lock_server_says_nothing_was_revoked_with_
 def test_revoke_with_a_stale_expected_token_is_refused(ops_stack):
     key = f"payout:acct-{uuid.uuid4().hex[:10]}"
     client = LockClient(ops_stack.url("lockserver"), "holder")
-    with client.session(5_000) as session, session.lock(key, 10_000) as grant:
+    # the longest lease: the revoke command's start-up (a Django process) on a loaded machine
+    # must not outlast the grant's validity, or ensure_valid below fails by the clock alone
+    with client.session(5_000) as session, session.lock(key, 60_000) as grant:
         result = _revoke(ops_stack, key, "--expected-token", str(grant.token - 1))
         assert result.returncode == 1
         assert json.loads(result.stdout)["code"] == "FENCED_OUT"

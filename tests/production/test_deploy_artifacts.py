@@ -4,6 +4,7 @@ installed)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -299,12 +300,58 @@ def test_the_dockerfile_is_multi_stage_slim_non_root_with_a_healthcheck_and_no_b
     assert "DLOCK_ENVIRONMENT=production" in text
 
 
-def test_the_image_ships_runtime_dependencies_only():
-    requirements = (PROJECT / "requirements.txt").read_text()
-    runtime = requirements.split("# tests and tooling")[0]
-    assert "gunicorn==" in runtime and "Django==" in runtime and "psycopg" in runtime
-    for tool in ("pytest", "ruff", "schemathesis", "hypothesis", "testcontainers"):
+def _pins(lock: str) -> dict[str, str]:
+    """name -> version of every `name==version` line of a pip-compile lock."""
+    pins = {}
+    for line in (PROJECT / lock).read_text().splitlines():
+        if m := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^ \\]+)", line):
+            pins[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[2]
+    return pins
+
+
+def _requirements(name: str) -> dict[str, str]:
+    pins = {}
+    for line in (PROJECT / name).read_text().splitlines():
+        if m := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^]]*\])?==([^ #]+)", line):
+            pins[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[3]
+    return pins
+
+
+def test_the_image_installs_the_hash_locked_runtime_dependencies_only():
+    build = " ".join(_stages()[0])
+    assert "COPY requirements.lock" in build
+    assert re.search(r"pip install [^&]*--require-hashes --no-deps -r requirements\.lock", build)
+    assert "requirements.txt" not in build and "requirements-dev" not in build
+    runtime = _pins("requirements.lock")
+    assert {"gunicorn", "django", "psycopg", "orjson", "whitenoise"} <= set(runtime)
+    assert {"django-csp", "django-axes", "django-prometheus"} <= set(runtime)
+    for tool in ("pytest", "ruff", "schemathesis", "hypothesis", "testcontainers", "pip-tools"):
         assert tool not in runtime
+    assert "etcd3gw" not in runtime
+
+
+def test_every_lock_line_is_pinned_with_hashes_and_agrees_with_its_requirements():
+    for source, lock in (
+        ("requirements.txt", "requirements.lock"),
+        ("requirements-dev.txt", "requirements-dev.lock"),
+    ):
+        text = (PROJECT / lock).read_text()
+        entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 1)[1])
+        for entry in entries:
+            if entry.startswith("#") or not entry.strip():
+                continue
+            assert "==" in entry.splitlines()[0] and "--hash=sha256:" in entry, entry
+        pins = _pins(lock)
+        for name, version in _requirements(source).items():
+            assert pins.get(name) == version, (lock, name)
+    runtime, dev = _pins("requirements.lock"), _pins("requirements-dev.lock")
+    # the dev environment tests what the image ships: every shared package at the same version
+    assert {n: dev.get(n) for n in runtime} == runtime
+    assert {"pytest-randomly", "pip-tools"} <= set(dev)
+    # no index or wheel directory of the machine that compiled it: the hashes are PyPI's files
+    for lock in ("requirements.lock", "requirements-dev.lock"):
+        for line in (PROJECT / lock).read_text().splitlines():
+            assert not line.startswith(("--index-url", "--extra-index-url", "--find-links")), line
 
 
 def test_the_dockerignore_allows_every_app_and_nothing_private():
@@ -402,12 +449,72 @@ def test_every_multi_replica_workload_spreads_over_nodes_and_zones(workload):
         assert selects(constraint["labelSelector"], template["metadata"]["labels"])
 
 
+def migrate_job() -> dict:
+    (job,) = [d for d in of_kind("Job") if d["metadata"]["labels"].get(COMPONENT) == "migrate"]
+    return job
+
+
 def test_the_migrate_job_cleans_up_after_itself_and_cannot_hang_a_rollout():
-    spec = named("Job", "migrate")["spec"]
+    spec = migrate_job()["spec"]
     assert 0 < spec["activeDeadlineSeconds"] <= 3600
     assert spec["ttlSecondsAfterFinished"] > 0
     docs = (PROJECT / "docs" / "operations.md").read_text()
-    assert "kubectl -n dlock wait --for=condition=complete job/migrate" in docs
+    assert "kubectl -n dlock wait --for=condition=complete job/migrate-" in docs
+
+
+def _kustomize(path) -> list[dict]:
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl renders the kustomization")
+def test_each_release_gets_its_own_migrate_job_named_after_its_image_tag(tmp_path):
+    job = migrate_job()
+    image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert job["metadata"]["name"] == f"migrate-{image.rsplit(':', 1)[1]}"
+    # an overlay that sets another tag (and copies the replacements block, as documented)
+    base = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    overlay = tmp_path / "release"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(K8S, overlay)],
+                "images": [{"name": base["images"][0]["newName"], "newTag": "0.2.0-rc1"}],
+                "replacements": base["replacements"],
+            }
+        )
+    )
+    jobs = [d for d in _kustomize(overlay) if d["kind"] == "Job"]
+    assert [j["metadata"]["name"] for j in jobs] == ["migrate-0.2.0-rc1"]
+    assert jobs[0]["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.2.0-rc1")
+
+
+def test_allowed_hosts_are_the_service_names_never_a_wildcard():
+    config = named("ConfigMap", "dlock-settings")["data"]
+    hosts = config["DJANGO_ALLOWED_HOSTS"].split(",")
+    assert "*" not in hosts and all(h and not h.startswith(".") for h in hosts)
+    services = {d["metadata"]["name"] for d in of_kind("Service")} & set(SERVER_ROLES)
+    assert services == set(SERVER_ROLES)
+    for service in services:
+        assert service in hosts and f"{service}.dlock.svc.cluster.local" in hosts
+        assert f"{service}.dlock.svc" in hosts
+    for url_var in ("LOCK_SERVER_URL", "PAYMENTS_URL", "RAIL_PROXY_URL", "RAIL_STUB_URL"):
+        assert config[url_var].split("//")[1].split(":")[0] in hosts  # what callers send
+    for workload in WORKLOADS:  # no workload widens it
+        for container in pod_template(workload)["spec"]["containers"]:
+            assert "DJANGO_ALLOWED_HOSTS" not in env_of(container)
+
+
+def test_the_reconciler_gets_no_lock_database():
+    container = pod_template(named("CronJob", "reconciler"))["spec"]["containers"][0]
+    env = env_of(container)
+    assert "LOCK_DATABASE_URL" not in env
+    assert {"PAY_DATABASE_URL", "RAIL_DATABASE_URL"} <= set(env)
 
 
 OPERATOR_JOB = PROJECT / "k8s" / "operator" / "job.yaml"

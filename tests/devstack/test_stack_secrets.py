@@ -1,0 +1,100 @@
+"""`make up`: each secret reaches exactly the roles that use it (issue 24, item 3).
+
+The proof ring and the credential hashes go to the lock server, the payment resource and the
+rail proxy only; the rail stub (a third party's stand-in) gets neither; `.run/stack.env`, which
+executors and ops commands source, carries the callers' credentials, URLs and database URLs but
+neither the ring nor the hash list — also when the shell that runs `make up` exported them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from devstack import up
+from devstack.envfile import read_env
+from devstack.stack import SECRET_USERS, role_environment, stack_file_env
+from dlock.auth import credentials_entry
+
+SERVERS_THAT_VERIFY = {"lockserver", "payments", "railproxy"}
+RING, HASHES = "DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS"
+PLAINTEXTS = ("DLOCK_EXECUTOR_CREDENTIAL", "DLOCK_OPERATOR_CREDENTIAL")
+
+
+def _process_env(pid: int) -> dict[str, str]:
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_role_environment_gives_each_role_only_the_secrets_it_uses():
+    env = {
+        RING: "k1:" + "s" * 40,
+        HASHES: "executor:" + "a" * 64,
+        "DLOCK_EXECUTOR_CREDENTIAL": "dlk_exec",
+        "DLOCK_OPERATOR_CREDENTIAL": "dlk_op",
+        "DJANGO_SECRET_KEY": "x" * 48,
+        "PAY_DATABASE_URL": "postgres://p",
+    }
+    # a shell that sourced an old stack.env, or exported a ring by hand
+    shell = {"PATH": "/usr/bin", RING: "old:" + "o" * 40, "DLOCK_OPERATOR_CREDENTIAL": "dlk_old"}
+    for role in ("lockserver", "payments", "railproxy"):
+        got = role_environment(role, env, base=shell)
+        assert got[RING] == env[RING] and got[HASHES] == env[HASHES]
+        assert not set(PLAINTEXTS) & set(got), role
+        assert got["DJANGO_SECRET_KEY"] == env["DJANGO_SECRET_KEY"] and got["PATH"] == "/usr/bin"
+    stub = role_environment("railstub", env, base=shell)
+    assert not set(SECRET_USERS) & set(stub)
+    assert stub["PAY_DATABASE_URL"] == "postgres://p"
+    assert role_environment("executor", env, base=shell)["DLOCK_EXECUTOR_CREDENTIAL"] == "dlk_exec"
+    assert RING not in role_environment("executor", env, base=shell)
+    assert RING not in stack_file_env(env) and HASHES not in stack_file_env(env)
+    assert stack_file_env(env)["DLOCK_OPERATOR_CREDENTIAL"] == "dlk_op"
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_make_up_starts_each_role_with_only_its_secrets_and_stack_env_holds_no_ring(
+    run_dir, stack_ports, monkeypatch
+):
+    exported_ring = "exported:" + "e" * 40
+    monkeypatch.setenv(RING, exported_ring)  # must reach no role: the stack has its own ring
+    monkeypatch.setenv(HASHES, "executor:" + "b" * 64)
+    up(run=run_dir, ports=stack_ports)
+
+    ring = (run_dir / "proof_keys").read_text().strip()
+    stack_env = read_env(run_dir / "stack.env")
+    assert RING not in stack_env and HASHES not in stack_env
+    assert ring not in (run_dir / "stack.env").read_text()
+    for var in PLAINTEXTS:
+        assert stack_env[var].startswith("dlk_")
+    for var in ("LOCK_SERVER_URL", "PAYMENTS_URL", "RAIL_PROXY_URL", "RAIL_STUB_URL"):
+        assert stack_env[var].startswith("http://127.0.0.1:")
+    for var in ("LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"):
+        assert stack_env[var].startswith("postgres")
+    hashes = ",".join(
+        [
+            credentials_entry(stack_env["DLOCK_EXECUTOR_CREDENTIAL"], "executor"),
+            credentials_entry(stack_env["DLOCK_OPERATOR_CREDENTIAL"], "operator"),
+        ]
+    )
+
+    for role in ("lockserver", "payments", "railproxy", "railstub"):
+        record = json.loads((run_dir / "roles" / f"{role}.json").read_text())
+        live = _process_env(int(record["pid"]))
+        assert live == record["env"], role  # the record holds what the process runs with
+        assert not set(PLAINTEXTS) & set(live), role
+        if role in SERVERS_THAT_VERIFY:
+            assert live[RING] == ring, role
+            assert live[HASHES] == hashes, role
+        else:
+            assert RING not in live and HASHES not in live, role
+        assert exported_ring not in json.dumps(record), role
+        # the record's copy of the stack env is stack.env's, without the ring or the hashes
+        assert RING not in record["stack_env"] and HASHES not in record["stack_env"], role
+        assert oct(os.stat(run_dir / "roles" / f"{role}.json").st_mode & 0o777) == "0o600"
+
+    # `make up` again: nothing restarts, nothing in stack.env changes
+    before = (run_dir / "stack.env").read_text()
+    up(run=run_dir)
+    assert (run_dir / "stack.env").read_text() == before
