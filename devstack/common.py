@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import time
@@ -44,10 +45,43 @@ def say(message: str) -> None:
     print(f"[dlock] {message}", flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Ports the stack and the tests listen on come from here: below the kernel's ephemeral range
+# (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 on Linux by default), which outgoing
+# connections draw their source ports from, so no client connection can take a port between
+# free_port() choosing it and a server binding it (issue 24: "Address already in use").
+RESERVED_PORTS = range(20000, 30000)
+_random = random.SystemRandom()
+
+
+def ephemeral_range() -> range:
+    """The kernel's ephemeral (outgoing source) port range, inclusive."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def free_port(attempts: int = 200) -> int:
+    """A random port of RESERVED_PORTS that nothing listens on or is bound to right now (a
+    probe bind on 127.0.0.1 and on all addresses), never one of the ephemeral range."""
+    ephemeral = ephemeral_range()
+    candidates = [p for p in RESERVED_PORTS if p not in ephemeral]
+    for _ in range(attempts):
+        port = _random.choice(candidates)
+        if _bindable(port):
+            return port
+    raise StackError(f"no free port in {RESERVED_PORTS} after {attempts} tries")
+
+
+def _bindable(port: int) -> bool:
+    for host in ("127.0.0.1", "0.0.0.0"):  # noqa: S104 - a probe bind, closed at once
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+    return True
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

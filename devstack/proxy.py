@@ -204,6 +204,11 @@ def error_locations(config: ProxyConfig) -> str:
             envelope(vf, "a request header is too large", status=431, field_name="request"),
         ),
         ("500", 500, envelope(Code.INTERNAL, "the proxy failed to handle the request")),
+        (
+            "505",
+            400,
+            envelope(vf, "only HTTP/1.0 and HTTP/1.1 are spoken here", field_name="request"),
+        ),
     ]
     parts = [_error_location(name, status, text) for name, status, text in static]
     parts.append(
@@ -267,16 +272,18 @@ def _tls_lines(config: ProxyConfig) -> list[str]:
 
 
 def _methods_guard() -> list[str]:
+    """In each forwarding location (at server level they would run again for the error page's
+    internal redirect and turn it into nginx's HTML page)."""
     methods = "|".join(sorted(KNOWN_METHODS))
     return [
         # Methods no route has (TRACE, M-SEARCH, ...): 405 before anything reads a body.
-        f"        if ($request_method !~ ^({methods})$) {{",
-        "            return 405;",
-        "        }",
+        f"            if ($request_method !~ ^({methods})$) {{",
+        "                return 405;",
+        "            }",
         # Chunked (or any transfer-coded) request bodies: dlock's contract is Content-Length.
-        '        if ($http_transfer_encoding != "") {',
-        "            return 411;",
-        "        }",
+        '            if ($http_transfer_encoding != "") {',
+        "                return 411;",
+        "            }",
     ]
 
 
@@ -313,7 +320,8 @@ def servers(config: ProxyConfig) -> str:
                 ]
             )
         )
-    server_name = "_" if any_host else " ".join(names)
+    # "" also takes requests without a Host header (HTTP/1.0; HTTP/1.1 without one is a 400).
+    server_name = "_" if any_host else " ".join([*names, '""'])
     blocks.append(
         "\n".join(
             [
@@ -323,8 +331,8 @@ def servers(config: ProxyConfig) -> str:
                 f"        server_name {server_name};",
                 *_tls_lines(config),
                 f"        limit_conn per_client {_ms(config.env, 'PROXY_CONN_PER_CLIENT', DEFAULT_CONN_PER_CLIENT)};",  # noqa: E501
-                *_methods_guard(),
                 "        location / {",
+                *_methods_guard(),
                 "            proxy_pass http://dlock_role;",
                 "        }",
                 errors,
@@ -342,8 +350,8 @@ def servers(config: ProxyConfig) -> str:
                     _listen(config.metrics_listen, config, default=any_host),
                     f"        server_name {server_name};",
                     *_tls_lines(config),
-                    *_methods_guard(),
                     "        location ~ ^/(metrics|health/live|health/ready)$ {",
+                    *_methods_guard(),
                     "            proxy_pass http://dlock_role;",
                     "        }",
                     "        location / {",

@@ -325,11 +325,12 @@ def up(
 
 
 def _terminate(pid: int, timeout: float = 15) -> None:
-    """SIGTERM the process group, SIGKILL it after `timeout`; reaps our own children."""
+    """SIGTERM the process (a role's pod drains its nginx, then its gunicorn), SIGKILL its
+    process group after `timeout`; reaps our own children."""
     if not pid or not pid_alive(pid):
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):

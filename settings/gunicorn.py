@@ -115,8 +115,9 @@ keepalive = _int("GUNICORN_KEEPALIVE", 5)
 
 # Request limits: the proxy refuses bigger heads first (4 KiB lines, 413 over
 # DLOCK_MAX_BODY_BYTES); these stay as a second fence for a role run bare.
+# (above anything the proxy passes on: its 16 KiB head holds fewer than 4096 fields).
 limit_request_line = 8190
-limit_request_fields = 100
+limit_request_fields = 4096
 limit_request_field_size = 8190
 
 # The worker's heartbeat touches a file in worker_tmp_dir from the event loop; on a disk or
