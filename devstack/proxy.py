@@ -84,6 +84,8 @@ def caller_read_timeout_ms(role: str, env: Mapping[str, str]) -> int | None:
 def read_timeout_ms(role: str, env: Mapping[str, str]) -> int:
     """proxy_read_timeout: above the role's own deadline, so nginx never cuts a request the role
     would still answer (docs/operations.md "Budgets" lists where that is below the callers)."""
+    if env.get("PROXY_READ_TIMEOUT_MS"):  # an operator's (or a test's) explicit choice
+        return int(env["PROXY_READ_TIMEOUT_MS"])
     if role == "railstub":
         return RAILSTUB_READ_TIMEOUT_MS
     return role_deadline_ms(role, env) + READ_TIMEOUT_MARGIN_MS

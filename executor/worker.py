@@ -49,6 +49,7 @@ from dlock.client import (
     ValidationFailed,
     retry_delay_s,
 )
+from dlock.client.errors import UpstreamFailed, UpstreamTimeout
 from dlock.logs import log_event
 from dlock.metrics import payout_execute
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id
@@ -451,6 +452,11 @@ class Executor(Picker):
             submission = self.api.submit(payout, token=grant.token, proof=grant.proof)
         except RailAmbiguous as exc:
             self._ambiguous(fields, exc.details)
+            return "ambiguous"
+        except (UpstreamTimeout, UpstreamFailed) as exc:
+            # The rail-proxy's own proxy forwarded the submission and no answer came back:
+            # sent, outcome unknown, exactly like our own read timing out.
+            self._ambiguous(fields, {"reason": exc.code})
             return "ambiguous"
         except ServiceUnreachable as exc:
             if exc.sent:

@@ -171,6 +171,20 @@ class Forbidden(DlockError):
     code = "FORBIDDEN"
 
 
+class UpstreamTimeout(DlockError):
+    """UPSTREAM_TIMEOUT: the role's proxy forwarded the request and the role did not answer in
+    time: sent, outcome unknown (a rail submission is RAIL_AMBIGUOUS)."""
+
+    code = "UPSTREAM_TIMEOUT"
+
+
+class UpstreamFailed(DlockError):
+    """UPSTREAM_FAILED: the role's proxy forwarded the request and the answer was cut or
+    malformed: sent, outcome unknown (a rail submission is RAIL_AMBIGUOUS)."""
+
+    code = "UPSTREAM_FAILED"
+
+
 class ServiceUnreachable(DlockError):
     """No HTTP response at all; `sent` is False only when nothing reached the server."""
 
@@ -203,6 +217,8 @@ ERRORS: dict[str, type[DlockError]] = {
         InternalError,
         Unauthenticated,
         Forbidden,
+        UpstreamTimeout,
+        UpstreamFailed,
     )
     if cls.code
 }
