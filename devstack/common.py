@@ -109,8 +109,10 @@ def wait_until(
     raise StackError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def ready(url: str) -> bool:
+def ready(url: str, ca: str | None = None) -> bool:
+    """200 on /health/ready; an https URL is verified against `ca` (else DLOCK_CA_BUNDLE)."""
+    verify: str | bool = ca or os.environ.get("DLOCK_CA_BUNDLE") or True
     try:
-        return requests.get(f"{url}/health/ready", timeout=2).status_code == 200
+        return requests.get(f"{url}/health/ready", timeout=2, verify=verify).status_code == 200
     except requests.RequestException:
         return False

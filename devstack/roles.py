@@ -173,7 +173,7 @@ class RoleProcess:
             if self.process and self.process.poll() is not None:
                 tail = self.logfile.read_text(errors="replace")[-3000:]
                 raise StackError(f"{self.role} exited with {self.process.returncode}:\n{tail}")
-            return ready(self.url)
+            return ready(self.url, ca=self.started_env.get("DLOCK_CA_BUNDLE"))
 
         wait_until(check, timeout=timeout, what=f"{self.role} ready on {self.url}")
 

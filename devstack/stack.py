@@ -38,6 +38,7 @@ from devstack.envfile import proof_keys, read_env, run_dir, secret_key, write_en
 from devstack.etcd import etcd_cluster, etcd_healthy
 from devstack.postgres import PgCluster, private_datadir, state_root
 from devstack.roles import RoleProcess, migrate_all, read_record, write_record
+from devstack.tls import ensure_tls
 from dlock.auth import credentials_entry, new_credential  # issue 15
 
 
@@ -233,10 +234,12 @@ def _start_roles(
 ) -> None:
     procs: list[RoleProcess] = []
     for name, role, port in instances(topology):
-        if name in running and ready(f"http://127.0.0.1:{port}"):
-            say(f"{name} already running on http://127.0.0.1:{port}")
+        scheme = "https" if env.get("DLOCK_TLS") == "1" else "http"
+        if name in running and ready(f"{scheme}://127.0.0.1:{port}", env.get("DLOCK_CA_BUNDLE")):
+            say(f"{name} already running on {scheme}://127.0.0.1:{port}")
             continue
-        proc = RoleProcess(role, port, env, run / "logs" / f"{name}.log", name=name)
+        tls = (env["DLOCK_TLS_CERT"], env["DLOCK_TLS_KEY"]) if scheme == "https" else None
+        proc = RoleProcess(role, port, env, run / "logs" / f"{name}.log", name=name, tls=tls)
         if name in running:  # alive but not answering: replace it, with its own configuration
             _terminate(int(running[name]["pid"]))
             wait_until(lambda p=port: not port_open(p), timeout=15, what=f"port {port} to free")
@@ -248,7 +251,7 @@ def _start_roles(
     for proc in procs:
         proc.wait_ready()
     for name, _role, port in instances(topology):
-        say(f"{name:<13} ready on http://127.0.0.1:{port}")
+        say(f"{name:<13} ready on {scheme}://127.0.0.1:{port}")
 
 
 def _remember(run: Path, proc: RoleProcess, stack_env: dict[str, str]) -> None:
@@ -263,8 +266,12 @@ def up(
     replicas: int | None = None,
     ports: dict[str, int] | None = None,
     run: Path | str | None = None,
+    tls: bool | None = None,
 ) -> dict[str, str]:
     """Start the stack (or the parts of it that are not running); return its env.
+
+    `tls`: every role's proxy speaks https with a certificate of a throwaway CA made under
+    `.run/tls/` (devstack.tls); DLOCK_CA_BUNDLE names the CA. None: what is running, else off.
 
     None means "what is running, else the default" (pg, 1 member, 1 replica, 8081–8084)."""
     run = run_dir(run)
@@ -305,12 +312,26 @@ def up(
         ]
     )
     # --- end issue 15
+    if tls is None:
+        tls = env.get("DLOCK_TLS") == "1"
+    if tls:
+        files = ensure_tls(run / "tls")
+        env |= {
+            "DLOCK_TLS": "1",
+            "DLOCK_CA_BUNDLE": str(files.ca),
+            "DLOCK_TLS_CERT": str(files.certificate),
+            "DLOCK_TLS_KEY": str(files.key),
+        }
+    else:
+        for var in ("DLOCK_TLS", "DLOCK_CA_BUNDLE", "DLOCK_TLS_CERT", "DLOCK_TLS_KEY"):
+            env.pop(var, None)
+    scheme = "https" if tls else "http"
     _databases(env, previous, run)
     if topology.backend == "etcd":
         _etcd(env, previous, run, topology.etcd_members)
     by_role: dict[str, list[str]] = {}
     for _name, role, port in instances(topology):
-        by_role.setdefault(role, []).append(f"http://127.0.0.1:{port}")
+        by_role.setdefault(role, []).append(f"{scheme}://127.0.0.1:{port}")
     env.update({URL_ENV[role]: ",".join(urls) for role, urls in by_role.items()})
     say("migrating lockdb, paydb, raildb")
     migrate_all(env)
@@ -411,9 +432,10 @@ def status(*, run: Path | str | None = None) -> int:
     topology = Topology.of(env)
     say(f"stack: {topology.describe()}")
     healthy = True
+    scheme = "https" if env.get("DLOCK_TLS") == "1" else "http"
     for name, _role, port in instances(topology):
-        url = f"http://127.0.0.1:{port}"
-        state = "ready" if ready(url) else "DOWN"
+        url = f"{scheme}://127.0.0.1:{port}"
+        state = "ready" if ready(url, env.get("DLOCK_CA_BUNDLE")) else "DOWN"
         healthy &= state == "ready"
         say(f"{name:<13} {url:<24} {state}")
     if env.get("ETCD_URL"):
