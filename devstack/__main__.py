@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
         "--tls",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="https on every role's proxy with a throwaway CA (default: the running stack's, else off)",
+        help="https on every proxy, a throwaway CA (default: the running stack's, else off)",
     )
     parser.add_argument(
         "--port-base",
