@@ -247,7 +247,12 @@ def error_locations(config: ProxyConfig) -> str:
         *("    " + line for line in _envelope_headers(None)),
         f"                return 504 '{timed_out}';",
         "            }",
-        f"            return 502 '{failed}';",
+        # The rail stub is the third party: when it drops a connection (its injected faults,
+        # railstub/views.py) its proxy drops the caller's too (444: close, no answer), so the
+        # rail-proxy sees exactly what a rail that hangs up shows it.
+        "            return 444;"
+        if config.role == "railstub"
+        else f"            return 502 '{failed}';",
         "        }",
     ]
     parts.append("\n".join(upstream))
