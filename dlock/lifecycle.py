@@ -82,3 +82,12 @@ def draining(worker: Any) -> None:
         inFlightConnections=getattr(worker, "nr_conns", None),
         gracefulTimeoutS=worker.cfg.graceful_timeout,
     )
+
+
+def started_command(command: str, **fields: Any) -> None:
+    """`service_started` of a process that is not a gunicorn role (the executor's command)."""
+    log_event("service_started", **identity(), command=command, **fields)
+
+
+def stopped_command(command: str, **fields: Any) -> None:
+    log_event("service_stopped", **identity(), command=command, **fields)

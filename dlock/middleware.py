@@ -118,9 +118,9 @@ class EdgeMiddleware:
     """Outermost: what every request gets, in this order (one layer instead of five):
 
     1. traceId from `traceparent` or fresh, in a context variable for every log line;
-    2. 501 for a method no dlock view implements, before any metric sees it (under gunicorn
-       the arrival path, dlock.serving, refuses them already; this covers runserver and the
-       test client);
+    2. 501 for a method no dlock view implements, before any metric sees it (behind the role's
+       proxy such methods are 405 there already; this covers runserver, the test client and a
+       role run bare);
     3. `django_http_requests_before_middlewares_total`;
     4. Django's SecurityMiddleware (its request and response steps, same settings);
     5. the request guards (`refusal`);
