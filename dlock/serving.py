@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 
 class DrainingThreadWorker(ThreadWorker):
+    alive: bool  # gunicorn's Worker sets it in __init__ (untyped there)
+
     def set_accept_enabled(self, enabled: bool) -> None:
         if enabled and not self.alive:  # draining: the listener is closed for good
             return
