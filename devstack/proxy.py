@@ -158,13 +158,16 @@ def _envelope_headers(retry_after: int | None) -> list[str]:
     return [f'            add_header {name} "{value}" always;' for name, value in headers.items()]
 
 
-def error_locations(config: ProxyConfig) -> str:
-    """/_dlock/<status>: every answer nginx writes itself, as a C3 envelope."""
+def _retry_after_s() -> int:
+    overloaded = ApiError(Code.OVERLOADED)
+    return max(1, -(-(overloaded.retry_after_ms or 0) // 1000))
+
+
+def _static_errors(config: ProxyConfig) -> list[tuple[str, int, str]]:
+    """(location name, status, envelope) of each fixed answer."""
     max_body = _ms(config.env, "DLOCK_MAX_BODY_BYTES", 64 * 1024)
     vf = Code.VALIDATION_FAILED
-    overloaded = ApiError(Code.OVERLOADED)
-    retry_after = max(1, -(-(overloaded.retry_after_ms or 0) // 1000))
-    static = [
+    return [
         ("400", 400, envelope(vf, "the request could not be parsed", field_name="request")),
         (
             "400-tls",
@@ -212,7 +215,12 @@ def error_locations(config: ProxyConfig) -> str:
             envelope(vf, "only HTTP/1.0 and HTTP/1.1 are spoken here", field_name="request"),
         ),
     ]
-    parts = [_error_location(name, status, text) for name, status, text in static]
+
+
+def error_locations(config: ProxyConfig) -> str:
+    """/_dlock/<status>: every answer nginx writes itself, as a C3 envelope."""
+    retry_after = _retry_after_s()
+    parts = [_error_location(name, status, text) for name, status, text in _static_errors(config)]
     parts.append(
         _error_location(
             "503",
@@ -221,7 +229,12 @@ def error_locations(config: ProxyConfig) -> str:
             retry_after=retry_after,
         )
     )
-    # 502/504 from the upstream: the answer depends on whether any byte reached the role.
+    parts.append(_upstream_location(config, retry_after))
+    return "\n".join(parts)
+
+
+def _upstream_location(config: ProxyConfig, retry_after: int) -> str:
+    """502/504 from the upstream: the answer depends on whether any byte reached the role."""
     service = SERVICE_NAMES.get(config.role, config.role)
     not_sent = envelope(
         Code.OVERLOADED, f"the {service} server could not be reached; nothing was forwarded"
@@ -255,8 +268,7 @@ def error_locations(config: ProxyConfig) -> str:
         else f"            return 502 '{failed}';",
         "        }",
     ]
-    parts.append("\n".join(upstream))
-    return "\n".join(parts)
+    return "\n".join(upstream)
 
 
 def _listen(address: str, config: ProxyConfig, *, default: bool = False) -> str:

@@ -259,6 +259,24 @@ def _remember(run: Path, proc: RoleProcess, stack_env: dict[str, str]) -> None:
     (run / "pids" / f"{proc.instance}.pid").write_text(str(proc.process.pid))
 
 
+def _tls(env: dict[str, str], run: Path, tls: bool | None) -> str:
+    """Set (or clear) the TLS settings of the stack's env; the URL scheme. None: as running."""
+    if tls is None:
+        tls = env.get("DLOCK_TLS") == "1"
+    if not tls:
+        for var in ("DLOCK_TLS", "DLOCK_CA_BUNDLE", "DLOCK_TLS_CERT", "DLOCK_TLS_KEY"):
+            env.pop(var, None)
+        return "http"
+    files = ensure_tls(run / "tls")
+    env |= {
+        "DLOCK_TLS": "1",
+        "DLOCK_CA_BUNDLE": str(files.ca),
+        "DLOCK_TLS_CERT": str(files.certificate),
+        "DLOCK_TLS_KEY": str(files.key),
+    }
+    return "https"
+
+
 def up(
     backend: str | None = None,
     *,
@@ -312,20 +330,7 @@ def up(
         ]
     )
     # --- end issue 15
-    if tls is None:
-        tls = env.get("DLOCK_TLS") == "1"
-    if tls:
-        files = ensure_tls(run / "tls")
-        env |= {
-            "DLOCK_TLS": "1",
-            "DLOCK_CA_BUNDLE": str(files.ca),
-            "DLOCK_TLS_CERT": str(files.certificate),
-            "DLOCK_TLS_KEY": str(files.key),
-        }
-    else:
-        for var in ("DLOCK_TLS", "DLOCK_CA_BUNDLE", "DLOCK_TLS_CERT", "DLOCK_TLS_KEY"):
-            env.pop(var, None)
-    scheme = "https" if tls else "http"
+    scheme = _tls(env, run, tls)
     _databases(env, previous, run)
     if topology.backend == "etcd":
         _etcd(env, previous, run, topology.etcd_members)
