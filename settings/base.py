@@ -109,7 +109,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DLOCK_MAX_BODY_BYTES", 64 * 1024, minimum
 DLOCK_MAX_JSON_DEPTH = 32
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
 
-# Security headers (no TLS here: it terminates in front of the pods).
+# Security headers. TLS terminates at the role's proxy (devstack/proxy.py, the k8s sidecar), the
+# only client gunicorn has; it overwrites X-Forwarded-Proto on every request, so Django may read
+# the scheme from it (an https admin form's Origin then matches: CSRF).
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 # same-origin, not no-referrer: with no-referrer Chromium sends `Origin: null` on form POSTs and
 # Django's CSRF origin check refuses every admin login. Nothing leaves for another origin.
