@@ -233,6 +233,13 @@ def error_locations(config: ProxyConfig) -> str:
     return "\n".join(parts)
 
 
+def passes_drops(config: ProxyConfig) -> bool:
+    """A forwarded request whose answer was cut is dropped (no answer) rather than 502: the rail
+    stub's default (PROXY_PASS_DROPS=1), so its injected drops stay drops."""
+    default = "1" if config.role == "railstub" else "0"
+    return config.env.get("PROXY_PASS_DROPS", default) == "1"
+
+
 def _upstream_location(config: ProxyConfig, retry_after: int) -> str:
     """502/504 from the upstream: the answer depends on whether any byte reached the role."""
     service = SERVICE_NAMES.get(config.role, config.role)
@@ -264,7 +271,7 @@ def _upstream_location(config: ProxyConfig, retry_after: int) -> str:
         # railstub/views.py) its proxy drops the caller's too (444: close, no answer), so the
         # rail-proxy sees exactly what a rail that hangs up shows it.
         "            return 444;"
-        if config.role == "railstub"
+        if passes_drops(config)
         else f"            return 502 '{failed}';",
         "        }",
     ]

@@ -90,7 +90,8 @@ def test_a_forwarded_request_without_an_answer_in_time_is_504_and_never_resent(p
 
 
 def test_a_forwarded_request_whose_answer_is_cut_is_502_upstream_failed(probe_factory):
-    probe = probe_factory(DB_STATEMENT_TIMEOUT_MS="30000")
+    # The probe runs under the rail stub's settings, whose proxy passes drops through (below).
+    probe = probe_factory(DB_STATEMENT_TIMEOUT_MS="30000", PROXY_PASS_DROPS="0")
     with ThreadPoolExecutor(1) as pool:
         slow = pool.submit(
             requests.get, f"{probe.url}/probe/sleep", params={"ms": 8000}, timeout=30
@@ -123,3 +124,17 @@ def test_the_proxy_budget_sits_between_each_role_and_its_callers():
     # The rail stub is the third party: its proxy never cuts first, the rail-proxy's
     # RAIL_READ_TIMEOUT_MS does.
     assert read_timeout_ms("railstub", {}) > caller_read_timeout_ms("railstub", {})
+
+
+def test_the_rail_stubs_proxy_passes_a_cut_answer_through_as_a_drop(probe_factory):
+    """The third party hangs up: its caller sees the connection close, not a 502 (the rail
+    stub's injected drops keep their meaning; tests/rail/test_rail_proxy.py::*drop*)."""
+    probe = probe_factory(DB_STATEMENT_TIMEOUT_MS="30000")  # railstub: PROXY_PASS_DROPS=1
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(
+            requests.get, f"{probe.url}/probe/sleep", params={"ms": 8000}, timeout=30
+        )
+        wait_until(lambda: sleeping(probe) == 1, timeout=30, what="the request in the role")
+        os.kill(gunicorn_worker(probe), signal.SIGKILL)
+        with pytest.raises(requests.ConnectionError):
+            slow.result()
