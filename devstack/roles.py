@@ -15,6 +15,7 @@ import grp
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterable
@@ -33,6 +34,12 @@ POD_ROOT = Path("/tmp/dlock-pods")  # noqa: S108 - see above
 def new_pod_dir(instance: str, port: int) -> Path:
     """A private directory for one pod: gunicorn's socket, nginx's config, pid and temp files."""
     return make_pod_dir(POD_ROOT / f"{instance}-{port}-{secrets.token_hex(3)}")
+
+
+def remove_pod_dir(path: Path) -> None:
+    """Only a directory of POD_ROOT (a record names its own)."""
+    if path.parent == POD_ROOT:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_pod_dir(path: Path) -> Path:
@@ -186,6 +193,8 @@ class RoleProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        if self.pod_dir is not None and self.process and self.process.poll() is not None:
+            remove_pod_dir(self.pod_dir)  # a start() after this makes the same path again
 
     def record(self) -> dict[str, Any]:
         """What was started (call after `start`): enough to start it again identically."""

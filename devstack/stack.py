@@ -37,7 +37,7 @@ from devstack.common import (
 from devstack.envfile import proof_keys, read_env, run_dir, secret_key, write_env
 from devstack.etcd import etcd_cluster, etcd_healthy
 from devstack.postgres import PgCluster, private_datadir, state_root
-from devstack.roles import RoleProcess, migrate_all, read_record, write_record
+from devstack.roles import RoleProcess, migrate_all, read_record, remove_pod_dir, write_record
 from devstack.tls import ensure_tls
 from dlock.auth import credentials_entry, new_credential  # issue 15
 
@@ -397,6 +397,9 @@ def down(*, run: Path | str | None = None) -> None:
             say(f"stopped {pidfile.stem} (pid {pid})")
         pidfile.unlink()
     for record in (run / "roles").glob("*.json") if (run / "roles").exists() else []:
+        pod_dir = (read_record(record) or {}).get("pod_dir")
+        if pod_dir:
+            remove_pod_dir(Path(pod_dir))
         record.unlink()
     if env.get("DLOCK_PG_DATADIR"):
         cluster = PgCluster(Path(env["DLOCK_PG_DATADIR"]), int(env["DLOCK_PG_PORT"]))
