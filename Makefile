@@ -9,8 +9,12 @@ STAMP := $(VENV)/.installed
 LOCK_BACKEND ?=
 ETCD_MEMBERS ?=
 REPLICAS ?=
+# TLS=1: every role's proxy speaks https (a throwaway CA under .run/tls/, DLOCK_CA_BUNDLE in
+# .run/stack.env); TLS=0 turns it off again; empty = what is running, else plain HTTP.
+TLS ?=
 UP_ARGS = $(if $(LOCK_BACKEND),--backend $(LOCK_BACKEND)) \
-	$(if $(ETCD_MEMBERS),--etcd-members $(ETCD_MEMBERS)) $(if $(REPLICAS),--replicas $(REPLICAS))
+	$(if $(ETCD_MEMBERS),--etcd-members $(ETCD_MEMBERS)) $(if $(REPLICAS),--replicas $(REPLICAS)) \
+	$(if $(filter 1,$(TLS)),--tls) $(if $(filter 0,$(TLS)),--no-tls)
 PYTEST_ARGS ?=
 
 .PHONY: help venv lock sysdeps test test-shuffled up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
@@ -19,7 +23,7 @@ help:
 	@echo "make demo   - bring the stack up and run the fencing demo (the main job)"
 	@echo "make test   - run the test suite against real PostgreSQL and etcd"
 	@echo "make test-shuffled [SEED=N] - the suite in a random order (pytest-randomly), seed printed"
-	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd ETCD_MEMBERS=N REPLICAS=N)"
+	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd ETCD_MEMBERS=N REPLICAS=N TLS=1)"
 	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
 	@echo "make experiment-ha - the fencing experiment on 3 etcd members and 2 replicas per role"

@@ -24,6 +24,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--etcd-members", type=int, default=None, help="etcd cluster size")
     parser.add_argument("--replicas", type=int, default=None, help="replicas of each role")
     parser.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="https on every proxy, a throwaway CA (default: the running stack's, else off)",
+    )
+    parser.add_argument(
         "--port-base",
         type=int,
         default=None,
@@ -44,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                 etcd_members=args.etcd_members,
                 replicas=args.replicas,
                 ports=ports,
+                tls=args.tls,
             )
             say("stack is up:")
             for role in DEFAULT_PORTS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import time
@@ -44,10 +45,43 @@ def say(message: str) -> None:
     print(f"[dlock] {message}", flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Ports the stack and the tests listen on come from here: below the kernel's ephemeral range
+# (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 on Linux by default), which outgoing
+# connections draw their source ports from, so no client connection can take a port between
+# free_port() choosing it and a server binding it (issue 24: "Address already in use").
+RESERVED_PORTS = range(20000, 30000)
+_random = random.SystemRandom()
+
+
+def ephemeral_range() -> range:
+    """The kernel's ephemeral (outgoing source) port range, inclusive."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def free_port(attempts: int = 200) -> int:
+    """A random port of RESERVED_PORTS that nothing listens on or is bound to right now (a
+    probe bind on 127.0.0.1 and on all addresses), never one of the ephemeral range."""
+    ephemeral = ephemeral_range()
+    candidates = [p for p in RESERVED_PORTS if p not in ephemeral]
+    for _ in range(attempts):
+        port = _random.choice(candidates)
+        if _bindable(port):
+            return port
+    raise StackError(f"no free port in {RESERVED_PORTS} after {attempts} tries")
+
+
+def _bindable(port: int) -> bool:
+    for host in ("127.0.0.1", "0.0.0.0"):  # noqa: S104 - a probe bind, closed at once
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+    return True
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -75,25 +109,30 @@ def wait_until(
     raise StackError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def ready(url: str) -> bool:
+def _verify(ca: str | None) -> str | bool:
+    return ca or os.environ.get("DLOCK_CA_BUNDLE") or True
+
+
+def ready(url: str, ca: str | None = None) -> bool:
+    """200 on /health/ready; an https URL is verified against `ca` (else DLOCK_CA_BUNDLE)."""
     try:
-        return requests.get(f"{url}/health/ready", timeout=2).status_code == 200
+        return requests.get(f"{url}/health/ready", timeout=2, verify=_verify(ca)).status_code == 200
     except requests.RequestException:
         return False
 
 
-def live(url: str) -> bool:
+def live(url: str, ca: str | None = None) -> bool:
     """The process answers `/health/live` (it runs, whatever its dependencies do)."""
     try:
-        return requests.get(f"{url}/health/live", timeout=2).status_code == 200
+        return requests.get(f"{url}/health/live", timeout=2, verify=_verify(ca)).status_code == 200
     except requests.RequestException:
         return False
 
 
-def readiness_checks(url: str) -> str:
+def readiness_checks(url: str, ca: str | None = None) -> str:
     """`/health/ready`'s checks as `name=STATE …` (for messages), or why there are none."""
     try:
-        body = requests.get(f"{url}/health/ready", timeout=2).json()
+        body = requests.get(f"{url}/health/ready", timeout=2, verify=_verify(ca)).json()
     except (requests.RequestException, ValueError) as exc:
         return f"readiness unanswered: {type(exc).__name__}"
     checks = body.get("checks") or (body.get("details") or {}).get("checks") or {}

@@ -1,4 +1,9 @@
-"""A role under gunicorn, and `manage.py` for a role: how the stack runs dlock's own code.
+"""A role under gunicorn behind its own nginx, and `manage.py` for a role: how the stack runs
+dlock's own code.
+
+Every started role is "a pod" (devstack.pod): gunicorn on a unix socket in the pod's directory
+(no port to race for) and an nginx on the role's public port in front of it (devstack.proxy,
+deploy/nginx/dlock.conf.tmpl), as each server pod in k8s/ runs an nginx sidecar.
 
 A started role can be written down (`record()`: its argv, its whole environment, its port and
 log) and started again from that record, so a restart reproduces exactly what was started.
@@ -6,8 +11,11 @@ log) and started again from that record, so a restart reproduces exactly what wa
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterable
@@ -15,13 +23,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devstack import proxy
 from devstack.common import PROJECT, PYTHON, StackError, ready, wait_until
+
+# Pod directories live here, not under the run or test directory: a unix socket's path must
+# stay under 108 bytes. Sticky and world-writable like /tmp; each pod's own directory is private.
+POD_ROOT = Path("/tmp/dlock-pods")  # noqa: S108 - see above
+
+
+def new_pod_dir(instance: str, port: int) -> Path:
+    """A private directory for one pod: gunicorn's socket, nginx's config, pid and temp files."""
+    return make_pod_dir(POD_ROOT / f"{instance}-{port}-{secrets.token_hex(3)}")
+
+
+def remove_pod_dir(path: Path) -> None:
+    """Only a directory of POD_ROOT (a record names its own)."""
+    if path.parent == POD_ROOT:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def make_pod_dir(path: Path) -> Path:
+    """As root, nginx's worker runs as nobody: the directory is group `nogroup` (r-x), so that
+    worker can reach the socket and no other local user can."""
+    POD_ROOT.mkdir(exist_ok=True)
+    if POD_ROOT.stat().st_uid == os.geteuid():
+        POD_ROOT.chmod(0o1777)
+    path.mkdir(mode=0o700, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(path, 0, grp.getgrnam("nogroup").gr_gid)
+        path.chmod(0o750)
+    return path
 
 
 @dataclass
 class RoleProcess:
-    """One role under gunicorn on 127.0.0.1:port (`app`: the WSGI module, for test and bench
-    apps that run under the same gunicorn config; ready = 200 on /health/ready).
+    """One role under gunicorn behind its nginx on 127.0.0.1:port (`app`: the WSGI module, for
+    test and bench apps that run under the same gunicorn config; ready = 200 on /health/ready).
+
+    `process` is the pod (devstack.pod): signal it as the role, its process group reaches
+    gunicorn and nginx. `tls` = (certificate, key) paths: the proxy speaks https on the port.
 
     `env` is laid over this process's environment unless `inherit_environ` is false (a role
     restarted from its record gets exactly its recorded environment and argv)."""
@@ -36,10 +76,23 @@ class RoleProcess:
     inherit_environ: bool = True
     name: str = ""  # the instance name: `lockserver`, `lockserver-2`, … (default: the role)
     started_env: dict[str, str] = field(default_factory=dict, repr=False)
+    pod_dir: Path | None = None
+    tls: tuple[str, str] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def socket_path(self) -> Path:
+        assert self.pod_dir is not None
+        return self.pod_dir / "gunicorn.sock"
+
+    @property
+    def proxy_log(self) -> Path:
+        """nginx's own error log (plain text, not JSON), beside the role's log."""
+        return self.logfile.with_name(self.logfile.stem + ".nginx.log")
 
     @property
     def instance(self) -> str:
@@ -48,16 +101,67 @@ class RoleProcess:
     def command(self) -> list[str]:
         if self.argv:
             return list(self.argv)
-        return [PYTHON, "-m", "gunicorn", "-c", str(PROJECT / "settings" / "gunicorn.py"), self.app]
+        assert self.pod_dir is not None
+        env = self.started_env or self.environment()
+        return [
+            PYTHON,
+            "-m",
+            "devstack.pod",
+            "--nginx-conf",
+            str(self.pod_dir / "nginx.conf"),
+            "--nginx-prefix",
+            str(self.pod_dir),
+            "--nginx-log",
+            str(self.proxy_log),
+            "--drain-timeout",
+            str(proxy.shutdown_timeout_s(self.role, env)),
+            "--",
+            PYTHON,
+            "-m",
+            "gunicorn",
+            "-c",
+            str(PROJECT / "settings" / "gunicorn.py"),
+            self.app,
+        ]
 
     def environment(self) -> dict[str, str]:
         base = dict(os.environ) if self.inherit_environ else {}
-        return {**base, **self.env, "ROLE": self.role, "PORT": str(self.port)}
+        assert self.pod_dir is not None
+        return {
+            **base,
+            **self.env,
+            "ROLE": self.role,
+            "PORT": str(self.port),
+            "GUNICORN_BIND": f"unix:{self.socket_path}",
+            "DLOCK_PUBLIC_ADDRESS": f"127.0.0.1:{self.port}",
+        }
+
+    def proxy_config(self, env: dict[str, str]) -> proxy.ProxyConfig:
+        assert self.pod_dir is not None
+        metrics = env.get("METRICS_PORT")
+        return proxy.ProxyConfig(
+            role=self.role,
+            listen=f"127.0.0.1:{self.port}",
+            upstream=f"unix:{self.socket_path}",
+            prefix=self.pod_dir,
+            error_log=str(self.proxy_log),
+            env=env,
+            metrics_listen=f"127.0.0.1:{metrics}" if metrics else None,
+            tls_certificate=self.tls[0] if self.tls else None,
+            tls_key=self.tls[1] if self.tls else None,
+            user=proxy.worker_user(),
+        )
 
     def start(self, *, wait: bool = True, timeout: float = 60) -> RoleProcess:
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.logfile, "ab")
-        self.started_env = self.environment()
+        if self.pod_dir is None:
+            self.pod_dir = new_pod_dir(self.instance, self.port)
+        elif not self.pod_dir.is_dir():  # a record's directory, removed since: the same path
+            make_pod_dir(self.pod_dir)
+        if not self.started_env or self.inherit_environ:
+            self.started_env = self.environment()
+        (self.pod_dir / "nginx.conf").write_text(proxy.render(self.proxy_config(self.started_env)))
         self.argv = self.command()
         self.process = subprocess.Popen(
             self.argv,
@@ -76,11 +180,12 @@ class RoleProcess:
             if self.process and self.process.poll() is not None:
                 tail = self.logfile.read_text(errors="replace")[-3000:]
                 raise StackError(f"{self.role} exited with {self.process.returncode}:\n{tail}")
-            return ready(self.url)
+            return ready(self.url, ca=self.started_env.get("DLOCK_CA_BUNDLE"))
 
         wait_until(check, timeout=timeout, what=f"{self.role} ready on {self.url}")
 
     def stop(self, timeout: float = 15) -> None:
+        """Drain (SIGTERM to the pod: nginx, then gunicorn); SIGKILL both after `timeout`."""
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -88,6 +193,8 @@ class RoleProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        if self.pod_dir is not None and self.process and self.process.poll() is not None:
+            remove_pod_dir(self.pod_dir)  # a start() after this makes the same path again
 
     def record(self) -> dict[str, Any]:
         """What was started (call after `start`): enough to start it again identically."""
@@ -102,6 +209,8 @@ class RoleProcess:
             "env": self.started_env,
             "logfile": str(self.logfile),
             "pid": self.process.pid,
+            "pod_dir": str(self.pod_dir),
+            "tls": list(self.tls) if self.tls else None,
         }
 
     @classmethod
@@ -115,6 +224,9 @@ class RoleProcess:
             argv=list(record["argv"]),
             inherit_environ=False,
             name=record["name"],
+            started_env=dict(record["env"]),
+            pod_dir=Path(record["pod_dir"]) if record.get("pod_dir") else None,
+            tls=tuple(record["tls"]) if record.get("tls") else None,  # type: ignore[arg-type]
         )
 
 

@@ -39,7 +39,8 @@ from devstack.common import (
 from devstack.envfile import proof_keys, read_env, run_dir, secret_key, write_env
 from devstack.etcd import etcd_cluster, etcd_healthy
 from devstack.postgres import PgCluster, private_datadir, state_root
-from devstack.roles import RoleProcess, migrate_all, read_record, write_record
+from devstack.roles import RoleProcess, migrate_all, read_record, remove_pod_dir, write_record
+from devstack.tls import ensure_tls
 from dlock.auth import credentials_entry, new_credential  # issue 15
 
 
@@ -269,31 +270,46 @@ def _etcd(env: dict[str, str], previous: dict[str, str], run: Path, members: int
 ALIVE_WAIT_S = 60.0
 
 
-def plan(name: str, port: int, running: dict[str, dict[str, Any]]) -> str:
+def plan(
+    name: str,
+    port: int,
+    running: dict[str, dict[str, Any]],
+    *,
+    scheme: str = "http",
+    ca: str | None = None,
+) -> str:
     """What `up` does with one instance: "ready" (leave it), "alive" (its process answers
     /health/live but is not ready: wait for it, never replace it — a new process would wait for
     the same dependency, and replacing it refuses connections meanwhile), "replace" (its process
     exists but does not answer at all) or "start" (nothing runs)."""
     if name not in running:
         return "start"
-    url = f"http://127.0.0.1:{port}"
-    if ready(url):
+    url = f"{scheme}://127.0.0.1:{port}"
+    if ready(url, ca):
         return "ready"
-    return "alive" if live(url) else "replace"
+    return "alive" if live(url, ca) else "replace"
 
 
-def wait_alive(alive: list[tuple[str, int]], run: Path, *, timeout: float = ALIVE_WAIT_S) -> None:
+def wait_alive(
+    alive: list[tuple[str, int]],
+    run: Path,
+    *,
+    timeout: float = ALIVE_WAIT_S,
+    scheme: str = "http",
+    ca: str | None = None,
+) -> None:
     """Wait until every alive-but-not-ready instance is ready; say what it waits for. After
     `timeout` it is left running and `up` fails, naming it and its readiness checks."""
     for name, port in alive:
-        url = f"http://127.0.0.1:{port}"
-        say(f"{name} is alive but not ready ({readiness_checks(url)}): waiting, not replacing it")
+        url = f"{scheme}://127.0.0.1:{port}"
+        checks = readiness_checks(url, ca)
+        say(f"{name} is alive but not ready ({checks}): waiting, not replacing it")
         deadline = time.monotonic() + timeout
-        while not ready(url):
+        while not ready(url, ca):
             if time.monotonic() >= deadline:
                 raise StackError(
                     f"{name} on {url} is alive (answers /health/live) but not ready after "
-                    f"{timeout:.0f}s ({readiness_checks(url)}); it is left running — fix what "
+                    f"{timeout:.0f}s ({readiness_checks(url, ca)}); it is left running — fix what "
                     f"it waits for (log: {run / 'logs' / f'{name}.log'}) or `make down`"
                 )
             time.sleep(0.2)
@@ -305,13 +321,16 @@ def _start_roles(
     procs: list[RoleProcess] = []
     alive: list[tuple[str, int]] = []
     for name, role, port in instances(topology):
-        action = plan(name, port, running)
+        scheme = "https" if env.get("DLOCK_TLS") == "1" else "http"
+        ca = env.get("DLOCK_CA_BUNDLE")
+        action = plan(name, port, running, scheme=scheme, ca=ca)
         if action == "ready":
-            say(f"{name} already running on http://127.0.0.1:{port}")
+            say(f"{name} already running on {scheme}://127.0.0.1:{port}")
             continue
         if action == "alive":
             alive.append((name, port))
             continue
+        tls = (env["DLOCK_TLS_CERT"], env["DLOCK_TLS_KEY"]) if scheme == "https" else None
         proc = RoleProcess(
             role,
             port,
@@ -319,6 +338,7 @@ def _start_roles(
             run / "logs" / f"{name}.log",
             name=name,
             inherit_environ=False,
+            tls=tls,
         )
         if action == "replace":  # its process exists but answers nothing: replace it, as it was
             _terminate(int(running[name]["pid"]))
@@ -330,15 +350,34 @@ def _start_roles(
         _remember(run, proc, env)
     for proc in procs:
         proc.wait_ready()
-    wait_alive(alive, run)
+    scheme = "https" if env.get("DLOCK_TLS") == "1" else "http"
+    wait_alive(alive, run, scheme=scheme, ca=env.get("DLOCK_CA_BUNDLE"))
     for name, _role, port in instances(topology):
-        say(f"{name:<13} ready on http://127.0.0.1:{port}")
+        say(f"{name:<13} ready on {scheme}://127.0.0.1:{port}")
 
 
 def _remember(run: Path, proc: RoleProcess, stack_env: dict[str, str]) -> None:
     record = {**proc.record(), "stack_env": stack_file_env(stack_env)}
     write_record(run / "roles" / f"{proc.instance}.json", record)
     (run / "pids" / f"{proc.instance}.pid").write_text(str(proc.process.pid))
+
+
+def _tls(env: dict[str, str], run: Path, tls: bool | None) -> str:
+    """Set (or clear) the TLS settings of the stack's env; the URL scheme. None: as running."""
+    if tls is None:
+        tls = env.get("DLOCK_TLS") == "1"
+    if not tls:
+        for var in ("DLOCK_TLS", "DLOCK_CA_BUNDLE", "DLOCK_TLS_CERT", "DLOCK_TLS_KEY"):
+            env.pop(var, None)
+        return "http"
+    files = ensure_tls(run / "tls")
+    env |= {
+        "DLOCK_TLS": "1",
+        "DLOCK_CA_BUNDLE": str(files.ca),
+        "DLOCK_TLS_CERT": str(files.certificate),
+        "DLOCK_TLS_KEY": str(files.key),
+    }
+    return "https"
 
 
 def up(
@@ -348,8 +387,12 @@ def up(
     replicas: int | None = None,
     ports: dict[str, int] | None = None,
     run: Path | str | None = None,
+    tls: bool | None = None,
 ) -> dict[str, str]:
     """Start the stack (or the parts of it that are not running); return its env.
+
+    `tls`: every role's proxy speaks https with a certificate of a throwaway CA made under
+    `.run/tls/` (devstack.tls); DLOCK_CA_BUNDLE names the CA. None: what is running, else off.
 
     None means "what is running, else the default" (pg, 1 member, 1 replica, 8081–8084)."""
     run = run_dir(run)
@@ -390,12 +433,13 @@ def up(
         ]
     )
     # --- end issue 15
+    scheme = _tls(env, run, tls)
     _databases(env, previous, run)
     if topology.backend == "etcd":
         _etcd(env, previous, run, topology.etcd_members)
     by_role: dict[str, list[str]] = {}
     for _name, role, port in instances(topology):
-        by_role.setdefault(role, []).append(f"http://127.0.0.1:{port}")
+        by_role.setdefault(role, []).append(f"{scheme}://127.0.0.1:{port}")
     env.update({URL_ENV[role]: ",".join(urls) for role, urls in by_role.items()})
     say("migrating lockdb, paydb, raildb")
     migrate_all(env)
@@ -410,11 +454,12 @@ def up(
 
 
 def _terminate(pid: int, timeout: float = 15) -> None:
-    """SIGTERM the process group, SIGKILL it after `timeout`; reaps our own children."""
+    """SIGTERM the process (a role's pod drains its nginx, then its gunicorn), SIGKILL its
+    process group after `timeout`; reaps our own children."""
     if not pid or not pid_alive(pid):
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
@@ -455,6 +500,9 @@ def down(*, run: Path | str | None = None) -> None:
             say(f"stopped {pidfile.stem} (pid {pid})")
         pidfile.unlink()
     for record in (run / "roles").glob("*.json") if (run / "roles").exists() else []:
+        pod_dir = (read_record(record) or {}).get("pod_dir")
+        if pod_dir:
+            remove_pod_dir(Path(pod_dir))
         record.unlink()
     if env.get("DLOCK_PG_DATADIR"):
         cluster = PgCluster(Path(env["DLOCK_PG_DATADIR"]), int(env["DLOCK_PG_PORT"]))
@@ -495,9 +543,10 @@ def status(*, run: Path | str | None = None) -> int:
     topology = Topology.of(env)
     say(f"stack: {topology.describe()}")
     healthy = True
+    scheme = "https" if env.get("DLOCK_TLS") == "1" else "http"
     for name, _role, port in instances(topology):
-        url = f"http://127.0.0.1:{port}"
-        state = "ready" if ready(url) else "DOWN"
+        url = f"{scheme}://127.0.0.1:{port}"
+        state = "ready" if ready(url, env.get("DLOCK_CA_BUNDLE")) else "DOWN"
         healthy &= state == "ready"
         say(f"{name:<13} {url:<24} {state}")
     if env.get("ETCD_URL"):

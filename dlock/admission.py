@@ -1,13 +1,15 @@
 """Admission control in front of Django: shed a request that waited too long to be served.
 
-Before Django runs, a request waits in its socket buffer for the worker's main loop and then in
-the thread pool's queue; no database deadline can see either, and under overload they grow
-without bound (a 2x open-loop run measured 12 s medians and client timeouts). `dlock.serving`
-measures the time since the request arrived; one older than SERVER_QUEUE_DEADLINE_MS has spent
-most of its caller's
-budget (C3 3.8), so it is answered 503 OVERLOADED (retrySafe, retryAfterMillis, Retry-After) at
-once, without entering Django: shedding must cost a small fraction of serving, or the work of
-refusing becomes the overload (measured in docs/benchmarks.md). Probes and scrapes are never shed.
+Before Django runs, a request waits in the proxy's upstream connection, gunicorn's accept
+queue, its main loop and its thread pool's queue; no database deadline can see any of it, and
+under overload it grows without bound (a 2x open-loop run measured 12 s medians and client
+timeouts). The role's proxy stamps every request with the time it took it, `X-Request-Start:
+t=<seconds.milliseconds>` (nginx's `$msec`; a client's own copy is replaced, never passed on:
+devstack/proxy.py); a request older than SERVER_QUEUE_DEADLINE_MS when a worker thread picks it
+up has spent most of its caller's budget (C3 3.8), so it is answered 503 OVERLOADED (retrySafe,
+retryAfterMillis, Retry-After) at once, without entering Django: shedding must cost a small
+fraction of serving, or the work of refusing becomes the overload. Probes and scrapes are never
+shed. Without the header (a role run bare, the test client) nothing is shed.
 """
 
 from __future__ import annotations
@@ -22,9 +24,21 @@ from dlock import metrics
 from dlock.errors import ApiError, Code
 from dlock.handlers import envelope_headers
 from dlock.logs import log_event
-from dlock.serving import thread_queue_wait
 from dlock.tracing import new_trace_id, trace_id_from_traceparent
 from dlock.wire import MONITORING_PATHS, raw_json_headers
+
+
+def queue_wait(stamp: str | None, now: float | None = None) -> float | None:
+    """Seconds since the proxy's `t=<seconds.milliseconds>` stamp (None: absent or not one)."""
+    if not stamp or not stamp.startswith("t="):
+        return None
+    try:
+        started = float(stamp[2:])
+    except ValueError:
+        return None
+    if started != started:  # NaN
+        return None
+    return (time.time() if now is None else now) - started
 
 
 class AdmissionControl:
@@ -35,7 +49,7 @@ class AdmissionControl:
         self._last_report = 0.0
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        waited = thread_queue_wait()
+        waited = queue_wait(environ.get("HTTP_X_REQUEST_START"))
         if (
             waited is None
             or waited * 1000 <= self.deadline_ms
@@ -48,7 +62,8 @@ class AdmissionControl:
         trace_id = trace_id_from_traceparent(environ.get("HTTP_TRACEPARENT")) or new_trace_id()
         error = ApiError(
             Code.OVERLOADED,
-            f"request waited {round(waited * 1000)} ms before a worker thread took it (queue "
+            f"request waited {round(waited * 1000)} ms after the proxy took it before a worker "
+            f"thread did (queue "
             f"deadline {self.deadline_ms} ms); nothing was done",
         )
         body = error.envelope_bytes(trace_id)

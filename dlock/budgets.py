@@ -20,6 +20,13 @@ BACKOFF_INITIAL_S = 0.05
 BACKOFF_MAX_S = 1.0
 # Client-side local deadline: TTL × (1 − safety margin) (ARCHITECTURE §8).
 CLIENT_SAFETY_MARGIN = 0.30
+# The longest legitimate request per server role, in seconds (gunicorn's graceful timeout and the
+# proxy's drain timeout, settings/gunicorn.py and devstack/proxy.py):
+#   lockserver: acquire with waitMillis 30 s (+ database deadline)
+#   railproxy:  rail connect 1 s + rail read 8 s + two database exchanges (its caller waits 10 s)
+#   payments:   database queue deadline + statement deadline (~5 s); its caller waits 3 s
+#   railstub:   its configured latency (experiments keep it below the proxy's 8 s read timeout)
+LONGEST_REQUEST_S = {"lockserver": 33, "railproxy": 15, "payments": 6, "railstub": 10}
 
 
 @dataclass(frozen=True)

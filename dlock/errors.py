@@ -36,6 +36,10 @@ class Code(enum.StrEnum):
     # Caller credentials, ARCHITECTURE decision 14 (CHANGELOG)
     UNAUTHENTICATED = "UNAUTHENTICATED"
     FORBIDDEN = "FORBIDDEN"
+    # Answered by the proxy in front of a role, ARCHITECTURE decision 18 (CHANGELOG): the request
+    # was forwarded to the role and no complete answer came back, so its outcome is unknown.
+    UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
+    UPSTREAM_FAILED = "UPSTREAM_FAILED"
 
 
 @dataclass(frozen=True)
@@ -68,14 +72,16 @@ CATALOGUE: dict[Code, CodeSpec] = {
     Code.INTERNAL: CodeSpec(500, False, False),
     Code.UNAUTHENTICATED: CodeSpec(401, False, False),
     Code.FORBIDDEN: CodeSpec(403, False, False),
+    Code.UPSTREAM_TIMEOUT: CodeSpec(504, False, False),
+    Code.UPSTREAM_FAILED: CodeSpec(502, False, False),
 }
 
 if set(CATALOGUE) != set(Code):  # pragma: no cover - a new code without a row must not ship
     raise RuntimeError(f"error catalogue incomplete: {set(Code) - set(CATALOGUE)}")
 
 # Protocol-level rejections keep their HTTP status and say VALIDATION_FAILED (CHANGELOG row 6;
-# 408 and 501: the hardening row).
-PROTOCOL_STATUSES = frozenset({405, 406, 408, 411, 413, 415, 501})
+# 408 and 501: the hardening row; 414 and 431: answered by the proxy, the serving row).
+PROTOCOL_STATUSES = frozenset({405, 406, 408, 411, 413, 414, 415, 431, 501})
 
 # Every other status a code may answer besides its catalogue row; each entry is a CHANGELOG row.
 STATUS_OVERRIDES: dict[Code, frozenset[int]] = {

@@ -118,7 +118,9 @@ class EdgeMiddleware:
 
     1. traceId from `traceparent` or fresh, in a context variable for every log line;
     2. 501 for a method no dlock view implements, before django-prometheus' labelled metrics
-       (PrometheusAfterMiddleware, innermost) see it: no client-chosen method is a label;
+       (PrometheusAfterMiddleware, innermost) see it: no client-chosen method is a label (behind
+       the role's proxy such methods are 405 there already; this covers runserver, the test
+       client and a role run bare);
     3. Django's SecurityMiddleware (its request and response steps, same settings);
     4. the request guards (`refusal`);
     and on the way out the security headers of every answer (`secure_headers`), so envelopes

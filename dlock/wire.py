@@ -1,13 +1,14 @@
 """Response constants every answer shares, whoever writes it: Django, the admission layer in
-front of it, or the gunicorn worker answering a request Django never saw. Standard library only,
-so the gunicorn worker can import it before Django is configured."""
+front of it, or the role's proxy (devstack/proxy.py renders its envelopes with these headers).
+Standard library only."""
 
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 
-# Probes and scrapes: never shed, answered outside the request thread pool (dlock.serving).
+# Probes and scrapes: never shed by the queue deadline (dlock.admission).
 MONITORING_PATHS = frozenset({"/metrics", "/health/live", "/health/ready"})
-# The methods a dlock role implements; anything else is 501 before any view or metric sees it
-# (a method name is client-chosen text and must never become a metric label value).
+# The methods a dlock role implements; anything else is 405 at the proxy (devstack/proxy.py) and
+# 501 in Django if it gets that far (a method name is client-chosen text and must never become a
+# metric label value).
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 # Every response: nothing may frame it or sniff it.

@@ -480,7 +480,10 @@ class Executor(Picker):
                 # Our read gave up after sending (or the proxy's proxy did: UPSTREAM_TIMEOUT):
                 # the proxy recorded the truth; we must not guess, and never re-send.
                 fields["state"] = self._state_now(str(payout["payoutId"]))
-                reason = "upstream timeout" if exc.code == "UPSTREAM_TIMEOUT" else "read timeout"
+                reason = {
+                    "UPSTREAM_TIMEOUT": "upstream timeout",
+                    "UPSTREAM_FAILED": "upstream failed",
+                }.get(str(exc.code), "read timeout")
                 self._ambiguous(fields, {"reason": f"executor {reason}"})
                 return "ambiguous"
             return "error"  # nothing reached the proxy; payout stays CLAIMED for recovery

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Make sure the system packages dlock needs exist: PostgreSQL server binaries, etcd, and for the
-# browser and alerting tests headless Chromium + chromedriver (Selenium) and promtool (prometheus);
-# for `make bench` also redis-server (WITH_REDIS=1) and zookeeper (WITH_ZOOKEEPER=1).
+# Make sure the system packages dlock needs exist: PostgreSQL server binaries, etcd, nginx (the
+# proxy in front of every role), openssl (make up TLS=1), and for the browser and alerting tests
+# headless Chromium + chromedriver (Selenium) and promtool (prometheus); for `make bench` also
+# redis-server (WITH_REDIS=1) and zookeeper (WITH_ZOOKEEPER=1).
 # As root, installs what is missing with apt-get; otherwise says exactly what to install.
 set -euo pipefail
 missing=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+[ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
@@ -22,7 +25,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
   # Debian starts packaged services on install where it can; dlock runs its own private ones.
-  for svc in etcd postgresql redis-server prometheus zookeeper; do
+  for svc in etcd postgresql redis-server prometheus zookeeper nginx; do
     (service "$svc" stop >/dev/null 2>&1 || true)
   done
 else

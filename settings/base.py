@@ -121,7 +121,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DLOCK_MAX_BODY_BYTES", 64 * 1024, minimum
 DLOCK_MAX_JSON_DEPTH = 32
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
 
-# Security headers (no TLS here: it terminates in front of the pods).
+# Security headers. TLS terminates at the role's proxy (devstack/proxy.py, the k8s sidecar), the
+# only client gunicorn has; it overwrites X-Forwarded-Proto on every request, so Django may read
+# the scheme from it (an https admin form's Origin then matches: CSRF).
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 # same-origin, not no-referrer: with no-referrer Chromium sends `Origin: null` on form POSTs and
 # Django's CSRF origin check refuses every admin login. Nothing leaves for another origin.
@@ -184,12 +187,12 @@ LOCK_DEFAULT_TTL_MS = env_int("LOCK_DEFAULT_TTL_MS", 10_000, minimum=1_000, maxi
 LOCK_MAX_TTL_MS = env_int("LOCK_MAX_TTL_MS", 60_000, minimum=1_000, maximum=60_000)
 ETCD_URL = env_str("ETCD_URL", "http://127.0.0.1:2379")
 
-# How long a request may wait, from its arrival until a gunicorn worker thread takes it, before
-# it is shed with 503 OVERLOADED (dlock.serving times the wait, dlock.admission sheds).
+# How long a request may wait, from when the role's proxy took it (its X-Request-Start stamp)
+# until a gunicorn worker thread takes it, before it is shed with 503 OVERLOADED (dlock.admission).
 SERVER_QUEUE_DEADLINE_MS = env_int("SERVER_QUEUE_DEADLINE_MS", 500, minimum=10)
-# A request's head and body must have arrived within this long of its first byte (of the accept,
-# on a new connection), whatever its pace, or the connection is closed with 408 (dlock.serving:
-# a slow or stalled client never holds a worker thread).
+# The role's proxy: a request's head must have arrived within this long, and a body may pause no
+# longer between two reads, or the proxy closes the connection (devstack/proxy.py; a slow or
+# stalled client never reaches gunicorn).
 SERVER_HEADER_TIMEOUT_MS = env_int("SERVER_HEADER_TIMEOUT_MS", 3_000, minimum=100, maximum=60_000)
 
 # Database capacity and deadlines (failure-behavior.md "Capacity and deadlines").

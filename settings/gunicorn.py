@@ -47,23 +47,33 @@ def child_exit(server, worker) -> None:
 
 
 def on_exit(server) -> None:
-    """Remove the metrics directory this master made for itself (not one it was given)."""
+    """Log `service_stopped`; remove the metrics directory this master made for itself (not one
+    it was given)."""
+    lifecycle.on_exit(server)
     if _own_multiproc:
         import shutil
 
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 
 
-from dlock.serving import drain_on_sigint  # noqa: E402 - after PROMETHEUS_MULTIPROC_DIR is set
+from dlock import lifecycle  # noqa: E402 - after PROMETHEUS_MULTIPROC_DIR is set
+from dlock.budgets import LONGEST_REQUEST_S  # noqa: E402
 
-_host = os.environ.get("BIND_HOST", "127.0.0.1")
-bind = [f"{_host}:{os.environ.get('PORT', '8080')}"]
-# Kubernetes scrapes a separate port (`http-metrics`) that answers /metrics and /health/* only
-# (dlock.middleware.refusal), so NetworkPolicy can open it to monitoring alone.
-if os.environ.get("METRICS_PORT"):
-    bind.append(f"{_host}:{os.environ['METRICS_PORT']}")
+# Behind the role's proxy (nginx: devstack.pod locally, a sidecar in Kubernetes), gunicorn is
+# reachable only through it: GUNICORN_BIND is a unix socket in the pod's directory (make up,
+# tests) or 127.0.0.1:<port> inside a pod. Without it, BIND_HOST:PORT (and METRICS_PORT): a role
+# run bare, e.g. by the image smoke test.
+if os.environ.get("GUNICORN_BIND"):
+    bind = [os.environ["GUNICORN_BIND"]]
+else:
+    _host = os.environ.get("BIND_HOST", "127.0.0.1")
+    bind = [f"{_host}:{os.environ.get('PORT', '8080')}"]
+    # A separate port answering /metrics and /health/* only (dlock.middleware.refusal).
+    if os.environ.get("METRICS_PORT"):
+        bind.append(f"{_host}:{os.environ['METRICS_PORT']}")
 
-# GUNICORN_WORKER_CLASS exists for the comparison in bench/loadtest.py, not for production.
+# Stock gthread; the subclass only closes the listener at once on SIGTERM and logs the drain
+# (dlock/serving.py). GUNICORN_WORKER_CLASS exists for comparisons (bench), not for production.
 worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingThreadWorker")
 # More threads than database slots on purpose: a thread waiting for a slot gives up after
 # DB_QUEUE_DEADLINE_MS with 503 OVERLOADED; beyond DB_POOL_MAX_WAITING waiters it is refused at
@@ -84,40 +94,33 @@ raw_env = (
     if _role in ("railproxy", "railstub") and not os.environ.get("DB_POOL_MAX_WAITING")
     else []
 )
-# Open connections per process (keep-alive included); above it the worker stops accepting and
-# new clients wait in the kernel backlog, where no deadline sees them (a 2x load test hung
-# there). Accepted requests cost little when the box is full: one older than
-# SERVER_QUEUE_DEADLINE_MS (from its arrival) is shed with 503 OVERLOADED before Django
-# (dlock.admission).
+# Open connections per process (keep-alive included): the proxy's upstream keep-alive pool
+# (64) plus the requests it forwards. A request older than SERVER_QUEUE_DEADLINE_MS since the
+# proxy took it (X-Request-Start) is shed with 503 OVERLOADED before Django (dlock.admission).
 worker_connections = _int("GUNICORN_WORKER_CONNECTIONS", 2048)
 backlog = _int("GUNICORN_BACKLOG", 2048)
 
 # C3 §3.8 budgets shrink inward; the server must outlive every request its callers may still be
-# waiting for. The longest legitimate request per role:
-#   lockserver: acquire with waitMillis 30 s (+ database deadline)
-#   railproxy:  rail connect 1 s + rail read 8 s + two database exchanges (its caller waits 10 s)
-#   payments:   database queue deadline + statement deadline (~5 s); its caller waits 3 s
-#   railstub:   its configured latency (experiments keep it below the proxy's 8 s read timeout)
-_longest_request_s = {"lockserver": 33, "railproxy": 15, "payments": 6, "railstub": 10}.get(
-    _role, 15
-)
+# waiting for: the longest legitimate request per role is dlock.budgets.LONGEST_REQUEST_S.
+_longest_request_s = LONGEST_REQUEST_S.get(_role, 15)
 # gthread workers heartbeat from the event loop, not per request: `timeout` only kills a worker
 # whose loop is stuck, never a slow request. Keep it above any request anyway.
 timeout = _int("GUNICORN_TIMEOUT", 60)
 # SIGTERM/SIGINT: listener closed at once, in-flight requests get this long, then exit.
 # Kubernetes terminationGracePeriodSeconds must exceed it (k8s/ sets it per role).
 graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT", _longest_request_s)
-# Executors reuse connections; the keep-alive must be shorter than any idle timeout in front
-# of us (kube-proxy/conntrack is minutes) so the server, not a middlebox, closes first.
+# The proxy reuses its upstream connections for at most 4 s idle (devstack/proxy.py): longer
+# here, so gunicorn never closes one nginx is about to reuse.
 keepalive = _int("GUNICORN_KEEPALIVE", 5)
 
-# Request limits (the body limit is DLOCK_MAX_BODY_BYTES, enforced by dlock.middleware).
-limit_request_line = 4094  # the longest path is /v1/locks/<128-char key>/acquire + query
-limit_request_fields = 50
-limit_request_field_size = 4096  # header values are also validated by dlock.headers
+# Request limits: the proxy refuses bigger heads first (4 KiB lines, 413 over
+# DLOCK_MAX_BODY_BYTES); these stay as a second fence for a role run bare.
+# (above anything the proxy passes on: its 16 KiB head holds fewer than 4096 fields).
+limit_request_line = 8190
+limit_request_fields = 4096
+limit_request_field_size = 8190
 
-# The worker's heartbeat touches a file in worker_tmp_dir from the event loop (dlock's worker: at
-# most every 0.5 s, dlock.serving.HEARTBEAT_INTERVAL_S; stock gthread: every turn); on a disk or
+# The worker's heartbeat touches a file in worker_tmp_dir from the event loop; on a disk or
 # overlay filesystem that is a metadata write each time, in memory it is not (gunicorn's own
 # advice for containers).
 # gunicorn makes its file there with mkstemp and unlinks it at once.
@@ -130,9 +133,11 @@ accesslog = None  # request logs come from the app (JSON, without bodies)
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOGLEVEL", "warning")
 proc_name = f"dlock-{_role}"
-# Behind a Kubernetes Service there is no proxy whose headers we trust.
-forwarded_allow_ips = ""
-when_ready = drain_on_sigint
+# Only the role's own proxy reaches gunicorn, and it overwrites X-Forwarded-For/-Proto.
+forwarded_allow_ips = "127.0.0.1,::1"
+# One JSON line when the role is ready and one when it has stopped (dlock.lifecycle; the drain
+# line comes from the worker, dlock.serving).
+when_ready = lifecycle.when_ready
 # gunicorn's control socket (gunicornc) is off: nothing uses it, and its default path under
 # $HOME is read-only in the image (it logged "Control server error: [Errno 30]" on every start).
 control_socket_disable = True

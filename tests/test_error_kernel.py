@@ -33,6 +33,9 @@ EXPECTED = {
     "INTERNAL": (500, False, False),
     "UNAUTHENTICATED": (401, False, False),  # ARCHITECTURE 14
     "FORBIDDEN": (403, False, False),
+    # Answered by a role's proxy: forwarded, outcome unknown (ARCHITECTURE 18, CHANGELOG)
+    "UPSTREAM_TIMEOUT": (504, False, False),
+    "UPSTREAM_FAILED": (502, False, False),
 }
 
 

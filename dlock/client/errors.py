@@ -199,8 +199,23 @@ class UpstreamTimeout(ServiceUnreachable):
         super().__init__(message, sent=True, **kwargs)
 
 
-# Answered by the reverse proxy itself; may or may not be a catalogue code of the servers.
-PROXY_ERRORS: dict[str, type[DlockError]] = {UpstreamTimeout.code: UpstreamTimeout}
+class UpstreamFailed(ServiceUnreachable):
+    """UPSTREAM_FAILED: the proxy in front of the role forwarded the request and the answer was
+    cut or malformed; the server may have acted. Sent, outcome unknown (a rail submission:
+    ambiguous)."""
+
+    code = "UPSTREAM_FAILED"
+
+    def __init__(self, message: str = "", **kwargs: Any) -> None:
+        kwargs.pop("retry_safe", None)
+        super().__init__(message, sent=True, **kwargs)
+
+
+# Answered by the reverse proxy itself (decision 18), not by a role's views.
+PROXY_ERRORS: dict[str, type[DlockError]] = {
+    UpstreamTimeout.code: UpstreamTimeout,
+    UpstreamFailed.code: UpstreamFailed,
+}
 
 ERRORS: dict[str, type[DlockError]] = {
     cls.code: cls
@@ -226,7 +241,8 @@ ERRORS: dict[str, type[DlockError]] = {
         InternalError,
         Unauthenticated,
         Forbidden,
-        *((UpstreamTimeout,) if UpstreamTimeout.code in Code.__members__ else ()),
+        UpstreamTimeout,
+        UpstreamFailed,
     )
     if cls.code
 }

@@ -24,7 +24,8 @@ class Probe:
     port: int
     db_url: str
     logfile: Path
-    process: subprocess.Popen
+    process: subprocess.Popen  # the pod (devstack.pod): nginx in front of gunicorn
+    role: RoleProcess
 
     @property
     def url(self) -> str:
@@ -60,7 +61,7 @@ def start_probe(tmp_path: Path, **env: str) -> Probe:
         tmp_path / f"probe-{port}.log",
         app="tests.production.probe_wsgi",
     ).start()
-    return Probe(port, db_url, role.logfile, role.process)
+    return Probe(port, db_url, role.logfile, role.process, role)
 
 
 @pytest.fixture

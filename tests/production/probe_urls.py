@@ -16,7 +16,7 @@ from dlock.urls import common_patterns, handler404, handler500  # noqa: F401
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS probe_row (id int PRIMARY KEY, n int NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS probe_log (id serial PRIMARY KEY, tag text NOT NULL);
-INSERT INTO probe_row (id) VALUES (1), (2), (3) ON CONFLICT DO NOTHING;
+INSERT INTO probe_row (id) VALUES (1), (2), (3), (4), (5) ON CONFLICT DO NOTHING;
 """
 
 

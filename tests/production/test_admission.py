@@ -1,14 +1,13 @@
 """Admission control: a request that waited too long for a worker thread is shed, cheaply.
 
-Real gunicorn with ONE worker thread: a slow request occupies it, so the next one waits in the
-worker's thread queue — the wait no database deadline can see (dlock.serving, dlock.admission).
+Real gunicorn with ONE worker thread behind its proxy: a slow request occupies it, so the next
+one waits in the worker's thread queue — the wait no database deadline can see; the clock is the
+proxy's X-Request-Start stamp (dlock.admission).
 """
 
 from __future__ import annotations
 
-import select
 import socket
-import struct
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,6 @@ import pytest
 import requests
 
 from devstack import wait_until
-from dlock.serving import SO_TIMESTAMP, arrived_seconds_ago, kernel_stamp
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -94,66 +92,59 @@ def test_probes_are_never_shed_and_an_idle_server_sheds_nothing(probe_factory):
     assert shed_count(probe) == 0
 
 
-def stamped_pair(listener: socket.socket) -> tuple[socket.socket, socket.socket]:
-    client = socket.create_connection(listener.getsockname())
-    server, _ = listener.accept()
-    server.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
-    return client, server
+def test_a_client_sent_request_start_is_replaced_by_the_proxy(probe_factory):
+    """A client cannot make its own request look old (shed) or young (skip the queue): the
+    proxy overwrites X-Request-Start with its own clock."""
+    probe = probe_factory(SERVER_QUEUE_DEADLINE_MS="100")
+    for stamp in ("t=1.000", f"t={time.time() - 3600:.3f}", "t=9999999999.999"):
+        answer = requests.post(
+            f"{probe.url}/probe/bump/4",
+            json={"tag": "stamped"},
+            headers={"X-Request-Start": stamp},
+            timeout=10,
+        )
+        assert answer.status_code == 200, answer.text
+    assert probe.sql("SELECT n FROM probe_row WHERE id = 4") == [(3,)]
+    assert shed_count(probe) == 0
 
 
-def kernel_stamps_tcp(listener: socket.socket) -> bool:
-    """Whether this kernel stamps TCP reads (SO_TIMESTAMP) that the reader peeks at.
+def test_a_request_whose_proxy_stamp_is_older_than_the_deadline_is_shed(probe_factory):
+    """What the proxy's stamp means to the role: sent straight to gunicorn's socket (as the proxy
+    does), a stamp older than SERVER_QUEUE_DEADLINE_MS is shed and nothing is done; a fresh one,
+    a missing one and a malformed one are served."""
+    probe = probe_factory(SERVER_QUEUE_DEADLINE_MS="300")
 
-    Linux turns receive stamping on for the whole machine only once some socket asks for it, and
-    it does so a moment later, from a work queue: bytes that arrive first are not stamped. The
-    caller keeps one stamped socket open (so stamping stays on) and this polls for up to 5 s until
-    a fresh connection's bytes carry a stamp; some sandboxed network stacks never stamp at all."""
-    deadline = time.monotonic() + 5
-    while True:
-        client, server = stamped_pair(listener)
-        with client, server:
-            client.sendall(b"x")
-            select.select([server], [], [], 5)
-            if arrived_seconds_ago(server) is not None:
-                return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
+    def bump(stamp: str | None) -> tuple[int, bytes]:
+        body = b'{"tag": "direct"}'
+        head = (
+            f"POST /probe/bump/5 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        )
+        if stamp is not None:
+            head += f"X-Request-Start: {stamp}\r\n"
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(10)
+            sock.connect(str(probe.role.socket_path))
+            sock.sendall(head.encode() + b"\r\n" + body)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        return int(answer.split(b" ", 2)[1]), answer
 
-
-def test_the_arrival_clock_reads_the_kernels_receive_timestamp_without_consuming():
-    """What the admission deadline measures: time since the request's bytes arrived, including
-    the wait for the worker's main loop, which the thread-pool stamp alone would not see. On a
-    kernel that does not stamp TCP reads the reader says so (None) and the worker falls back to
-    the time its main loop read the bytes (the shedding tests above run on that clock there)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        holder_client, holder = stamped_pair(listener)  # keeps the kernel's stamping on
-        with holder_client, holder:
-            stamps = kernel_stamps_tcp(listener)
-            client, server = stamped_pair(listener)
-            with client, server:
-                assert arrived_seconds_ago(server) is None  # nothing buffered yet
-                client.sendall(b"GET / HTTP/1.1\r\n\r\n")
-                time.sleep(0.3)
-                ago = arrived_seconds_ago(server)
-                if stamps:
-                    assert ago is not None and 0.3 <= ago < 60
-                else:
-                    assert ago is None
-                assert server.recv(100) == b"GET / HTTP/1.1\r\n\r\n"  # the peek consumed nothing
+    status, answer = bump(f"t={time.time() - 1:.3f}")
+    assert status == 503 and b'"code":"OVERLOADED"' in answer, answer
+    assert probe.sql("SELECT n FROM probe_row WHERE id = 5") == [(0,)]
+    for stamp in (f"t={time.time():.3f}", None, "t=soon", "1700000000.000"):
+        status, answer = bump(stamp)
+        assert status == 200, answer
+    assert probe.sql("SELECT n FROM probe_row WHERE id = 5") == [(4,)]
+    assert shed_count(probe) == 1
 
 
-def test_a_receive_stamp_is_read_from_the_control_message_and_a_stepped_clock_is_refused():
-    """The parser behind both readers, on control messages built by hand (no kernel needed)."""
-    now = time.time()
+def test_the_queue_wait_is_read_from_the_stamp_alone():
+    from dlock.admission import queue_wait
 
-    def timeval(at: float) -> bytes:
-        return struct.pack("ll", int(at), int((at % 1) * 1e6))
-
-    stamped = [(socket.SOL_SOCKET, SO_TIMESTAMP, timeval(now - 2.5))]
-    assert kernel_stamp(stamped) == pytest.approx(now - 2.5, abs=1e-5)
-    assert kernel_stamp([]) is None
-    assert kernel_stamp([(socket.IPPROTO_IP, SO_TIMESTAMP, timeval(now))]) is None  # other level
-    assert kernel_stamp([(socket.SOL_SOCKET, SO_TIMESTAMP, b"\x00" * 4)]) is None  # truncated
-    assert kernel_stamp([(socket.SOL_SOCKET, SO_TIMESTAMP, timeval(now + 30))]) is None  # future
-    assert kernel_stamp([(socket.SOL_SOCKET, SO_TIMESTAMP, timeval(now - 7200))]) is None  # stepped
+    assert queue_wait("t=100.250", now=101.0) == pytest.approx(0.75)
+    assert queue_wait(None) is None and queue_wait("") is None
+    assert queue_wait("100.250") is None and queue_wait("t=") is None
+    assert queue_wait("t=nan") is None and queue_wait("t=abc") is None

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -91,19 +92,23 @@ def test_the_base_has_a_deployment_service_and_pdb_per_server_role_and_the_rest(
 
 @pytest.mark.parametrize("name", sorted(SERVER_ROLES))
 def test_probe_paths_exist_in_the_roles_urlconf_and_ports_are_named(name):
+    """The pod's ports and probes are the proxy sidecar's; gunicorn listens on loopback only."""
     deployment = named("Deployment", name)
-    container = pod_template(deployment)["spec"]["containers"][0]
-    role = env_of(container)["ROLE"]["value"]
+    role_container, proxy = pod_template(deployment)["spec"]["containers"]
+    role = env_of(role_container)["ROLE"]["value"]
     assert role == SERVER_ROLES[name]
-    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+    assert "ports" not in role_container and "readinessProbe" not in role_container
+    assert env_of(role_container)["GUNICORN_BIND"]["value"] == "127.0.0.1:8081"
+    assert "PORT" not in env_of(role_container) and "METRICS_PORT" not in env_of(role_container)
+    assert proxy["name"] == "proxy" and proxy["image"].rsplit("/", 1)[-1].startswith("nginx")
+    assert "env" not in proxy and "envFrom" not in proxy  # the sidecar holds no secret
+    assert {p["name"]: p["containerPort"] for p in proxy["ports"]} == {
         "http": 8080,
         "http-metrics": 9100,
     }
-    assert env_of(container)["PORT"]["value"] == "8080"
-    assert env_of(container)["METRICS_PORT"]["value"] == "9100"
     probes = {"readinessProbe": "/health/ready", "livenessProbe": "/health/live"}
     for probe, expected in probes.items():
-        get = container[probe]["httpGet"]
+        get = proxy[probe]["httpGet"]
         assert get["path"] == expected and get["port"] == "http"
         try:
             resolve(get["path"], urlconf=f"{role}.urls")
@@ -121,6 +126,47 @@ def test_probe_paths_exist_in_the_roles_urlconf_and_ports_are_named(name):
     assert selects(
         {"matchLabels": service["spec"]["selector"]}, pod_template(deployment)["metadata"]["labels"]
     )
+
+
+def test_the_proxy_configmaps_are_rendered_from_the_template_and_nginx_accepts_them(tmp_path):
+    """k8s/nginx-config.yaml is `python -m devstack.proxy k8s` of the current template and
+    manifests, each config passes `nginx -t`, and each pod mounts its own."""
+    import shutil
+
+    from devstack import proxy
+
+    assert (PROJECT / "k8s" / "nginx-config.yaml").read_text() == proxy.kubernetes_configmaps(), (
+        "k8s/nginx-config.yaml is stale: run `python -m devstack.proxy k8s`"
+    )
+    for name in SERVER_ROLES:
+        config = named("ConfigMap", f"{name}-nginx")["data"]["nginx.conf"]
+        volumes = {v["name"]: v for v in pod_template(named("Deployment", name))["spec"]["volumes"]}
+        assert volumes["nginx-config"]["configMap"]["name"] == f"{name}-nginx"
+        assert "upstream dlock_role" in config and "server 127.0.0.1:8081" in config
+        assert "proxy_next_upstream off;" in config
+        if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
+            prefix = tmp_path / name
+            prefix.mkdir()
+            local = config.replace("/tmp/nginx", str(prefix)).replace(
+                "listen 8080", "listen 127.0.0.1:1"
+            )
+            local = local.replace("listen 9100", "listen 127.0.0.1:2")
+            (prefix / "nginx.conf").write_text(local)
+            checked = subprocess.run(
+                [
+                    "/usr/sbin/nginx",
+                    "-t",
+                    "-p",
+                    str(prefix),
+                    "-c",
+                    str(prefix / "nginx.conf"),
+                    "-e",
+                    str(prefix / "error.log"),
+                ],
+                capture_output=True,
+                text=True,
+            )
+            assert checked.returncode == 0, checked.stderr
 
 
 @pytest.mark.parametrize(
@@ -253,7 +299,8 @@ def test_the_gunicorn_defaults_drain_the_longest_request_of_each_role(monkeypatc
         monkeypatch.delenv("GUNICORN_GRACEFUL_TIMEOUT", raising=False)
         config = runpy.run_path(str(PROJECT / "settings" / "gunicorn.py"))
         assert config["worker_class"] == "dlock.serving.DrainingThreadWorker"
-        assert config["limit_request_line"] <= 8190 and config["limit_request_fields"] <= 100
+        # Above what the proxy passes on (4 KiB lines, a 16 KiB head), never above gunicorn's caps.
+        assert config["limit_request_line"] <= 8190 and config["limit_request_fields"] <= 4096
         assert config["limit_request_field_size"] <= 8190
         assert config["timeout"] > config["graceful_timeout"]
         if role == "railproxy":
@@ -664,7 +711,9 @@ def test_only_the_roles_that_sign_or_verify_proofs_mount_the_proof_key_ring():
         for container in pod_template(workload)["spec"]["containers"]:
             env = env_of(container)
             name = workload["metadata"]["name"]
-            if name in PROOF_ROLES:
+            if container["name"] == "proxy":  # the nginx sidecar: no env at all
+                assert env == {}, name
+            elif name in PROOF_ROLES:
                 ref = env["DLOCK_PROOF_KEYS"]["valueFrom"]["secretKeyRef"]
                 assert ref == {"name": "dlock-secrets", "key": "DLOCK_PROOF_KEYS"}, name
             else:

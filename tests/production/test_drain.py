@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -49,6 +50,19 @@ def test_a_request_in_flight_completes_while_new_connections_are_refused(probe_f
     assert response.status_code == 200 and response.json() == {"slept": 2500}
     assert probe.process.wait(30) == 0
     assert "Traceback" not in probe.log()
+    # One JSON line each at start, at the drain and at the stop, in that order (issue 24.6).
+    events = [json.loads(line) for line in probe.log().splitlines() if line.startswith("{")]
+    lifecycle = [e for e in events if e.get("event", "").startswith("service_")]
+    assert [e["event"] for e in lifecycle] == [
+        "service_started",
+        "service_draining",
+        "service_stopped",
+    ]
+    started = lifecycle[0]
+    assert started["role"] == "railstub" and started["service"] == "rail-stub"
+    assert started["listen"] == [str(probe.role.socket_path)]
+    assert started["publicAddress"] == f"127.0.0.1:{probe.port}"
+    assert started["workers"] == 1 and started["threads"] == 64 and started["version"]
 
 
 def test_a_request_still_running_at_the_graceful_timeout_is_cut_and_the_process_exits(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from dlock import lifecycle
 from dlock.headers import validate_owner_id
 from executor.pause import PausePlan
 from executor.worker import Executor
@@ -95,11 +96,21 @@ class Command(BaseCommand):
         )
         signal.signal(signal.SIGTERM, executor.request_stop)
         signal.signal(signal.SIGINT, executor.request_stop)
+        lifecycle.started_command(
+            "run_executor",
+            ownerId=owner_id,
+            concurrency=options["concurrency"],
+            lockServerUrl=settings.LOCK_SERVER_URL,
+            paymentsUrl=settings.PAYMENTS_URL,
+            railProxyUrl=settings.RAIL_PROXY_URL,
+            metricsPort=options["metrics_port"] or None,
+        )
         code = executor.run(
             max_payouts=options["max_payouts"],
             until_idle=options["until_idle"],
             idle_timeout_s=options["idle_timeout_s"],
         )
+        lifecycle.stopped_command("run_executor", exitCode=code or 0)
         if options["metrics_port"] and options["metrics_linger_s"] > 0:
             done = threading.Event()
             signal.signal(signal.SIGTERM, lambda *_: done.set())

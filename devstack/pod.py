@@ -1,0 +1,126 @@
+"""One role instance as "a pod": its gunicorn on a unix socket and its own nginx in front.
+
+`python -m devstack.pod --nginx-conf CONF --nginx-prefix DIR --nginx-log LOG -- GUNICORN ARGV`
+runs both as children in its own process group (the Kubernetes pod of k8s/*.yaml, where nginx is
+a sidecar container), so everything that handles a role as one process keeps working: SIGTERM
+or SIGINT drains (nginx first: its listener closes at once and the requests it holds finish,
+then gunicorn stops), `killpg(SIGSTOP/SIGCONT/SIGKILL)` reaches both, and the exit status is
+gunicorn's. If either child dies on its own the other is stopped and the pod exits. Development
+tooling: the image runs gunicorn and nginx as two containers (k8s/), never this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+from devstack.proxy import NGINX
+
+PR_SET_PDEATHSIG = 1
+DRAIN_MARGIN_S = 5.0  # beyond nginx's own worker_shutdown_timeout before it is killed
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: killed if the pod process dies without stopping it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not glibc: the pod's own stop path still ends both children
+        pass
+
+
+class Pod:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.stopping = False
+        self.gunicorn: subprocess.Popen | None = None
+        self.nginx: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.gunicorn = subprocess.Popen(self.args.gunicorn, preexec_fn=_die_with_parent)
+        self.nginx = subprocess.Popen(
+            [
+                NGINX,
+                "-p",
+                self.args.nginx_prefix,
+                "-c",
+                self.args.nginx_conf,
+                "-e",
+                self.args.nginx_log,
+                "-g",
+                "daemon off;",
+            ],
+            preexec_fn=_die_with_parent,
+        )
+
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:  # reload both
+            for child in (self.nginx, self.gunicorn):
+                if child and child.poll() is None:
+                    child.send_signal(signal.SIGHUP)
+            return
+        self.stopping = True
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self.on_signal)
+        self.start()
+        assert self.gunicorn and self.nginx
+        while not self.stopping:
+            if self.gunicorn.poll() is not None:
+                sys.stderr.write(f"[pod] gunicorn exited with {self.gunicorn.returncode}\n")
+                self._stop_nginx(graceful=False)
+                return self.gunicorn.returncode or 1
+            if self.nginx.poll() is not None:
+                sys.stderr.write(f"[pod] nginx exited with {self.nginx.returncode}\n")
+                self._stop_gunicorn()
+                return 1
+            time.sleep(0.1)
+        self._stop_nginx(graceful=True)
+        return self._stop_gunicorn()
+
+    def _stop_nginx(self, *, graceful: bool) -> None:
+        """SIGQUIT: nginx closes its listener at once and lets requests in flight finish
+        (worker_shutdown_timeout); SIGTERM: at once."""
+        assert self.nginx
+        if self.nginx.poll() is None:
+            self.nginx.send_signal(signal.SIGQUIT if graceful else signal.SIGTERM)
+        try:
+            self.nginx.wait(self.args.drain_timeout + DRAIN_MARGIN_S)
+        except subprocess.TimeoutExpired:
+            self.nginx.kill()
+            self.nginx.wait()
+
+    def _stop_gunicorn(self) -> int:
+        """SIGTERM: gunicorn closes its listener and finishes what it holds (graceful_timeout)."""
+        assert self.gunicorn
+        if self.gunicorn.poll() is None:
+            self.gunicorn.send_signal(signal.SIGTERM)
+        try:
+            return self.gunicorn.wait(self.args.drain_timeout + DRAIN_MARGIN_S)
+        except subprocess.TimeoutExpired:
+            self.gunicorn.kill()
+            return self.gunicorn.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devstack.pod")
+    parser.add_argument("--nginx-conf", required=True)
+    parser.add_argument("--nginx-prefix", required=True)
+    parser.add_argument("--nginx-log", required=True)
+    parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument("gunicorn", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.gunicorn[:1] == ["--"]:
+        args.gunicorn = args.gunicorn[1:]
+    if not args.gunicorn:
+        parser.error("give the gunicorn command after --")
+    return Pod(args).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""A throwaway certificate authority and one server certificate for `make up TLS=1`.
+
+The openssl command line makes both under `.run/tls/`: `ca.crt` (what every client verifies
+against: DLOCK_CA_BUNDLE) and `server.crt`/`server.key` (what each role's proxy presents, for
+127.0.0.1 and localhost). Kept across `make up` like the secret key; delete the directory to get
+new ones. Development only: in Kubernetes the certificate is a Secret (`dlock-tls`) mounted into
+each proxy sidecar (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from devstack.common import StackError
+
+DAYS = 30
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path
+    certificate: Path
+    key: Path
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise StackError("TLS needs the openssl command (apt-get install openssl)")
+    done = subprocess.run([openssl, *args], cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise StackError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+
+
+def ensure_tls(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhost")) -> TlsFiles:
+    """The CA and server certificate under `directory`, made once."""
+    files = TlsFiles(directory / "ca.crt", directory / "server.crt", directory / "server.key")
+    if files.ca.exists() and files.certificate.exists() and files.key.exists():
+        return files
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", str(DAYS),
+        "-subj", "/CN=dlock development CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=directory,
+    )  # fmt: skip
+    san = ",".join(f"IP:{n}" if n.replace(".", "").isdigit() else f"DNS:{n}" for n in names)
+    (directory / "server.ext").write_text(
+        f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+    )
+    _openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=dlock development server",
+        cwd=directory,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.crt", "-days", str(DAYS), "-extfile", "server.ext",
+        cwd=directory,
+    )  # fmt: skip
+    for path in directory.iterdir():
+        path.chmod(0o600)
+    # nginx reads the key as root before it drops to its worker user; the CA is public.
+    files.ca.chmod(0o644)
+    files.certificate.chmod(0o644)
+    return files

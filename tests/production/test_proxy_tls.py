@@ -1,0 +1,76 @@
+"""TLS at the proxy (issue 25 item 6): given a certificate, a role's nginx speaks https; a
+client verifying against the stack's CA (DLOCK_CA_BUNDLE) is served, one verifying against
+anything else is refused, and plain HTTP on the TLS port gets the envelope, never a page."""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import uuid
+
+import pytest
+import requests
+
+from devstack import RoleProcess, free_port
+from devstack.tls import ensure_tls
+from tests.conftest import _create_db
+from tests.production.probe_urls import SCHEMA
+
+pytestmark = [pytest.mark.live, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tls_role(tmp_path_factory):
+    import psycopg
+
+    base = tmp_path_factory.mktemp("tls")
+    files = ensure_tls(base / "tls")
+    db_url = _create_db(f"probe_tls_{uuid.uuid4().hex[:10]}")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    env = {
+        "RAIL_DATABASE_URL": db_url,
+        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+        "DJANGO_DEBUG": "false",
+        "DLOCK_CA_BUNDLE": str(files.ca),
+    }
+    role = RoleProcess(
+        "railstub",
+        free_port(),
+        env,
+        base / "probe.log",
+        app="tests.production.probe_wsgi",
+        tls=(str(files.certificate), str(files.key)),
+    ).start()
+    yield role, files
+    role.stop()
+
+
+def test_a_client_verifying_against_the_stack_ca_is_served(tls_role):
+    role, files = tls_role
+    assert role.url.startswith("https://127.0.0.1:")
+    answer = requests.get(f"{role.url}/health/live", verify=str(files.ca), timeout=30)
+    assert answer.status_code == 200
+    bump = requests.post(
+        f"{role.url}/probe/bump/1", json={"tag": "tls"}, verify=str(files.ca), timeout=30
+    )
+    assert bump.status_code == 200, bump.text
+
+
+def test_a_client_that_does_not_trust_the_certificate_is_refused(tls_role):
+    role, _ = tls_role
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(f"{role.url}/health/live", verify=True, timeout=30)  # the system CAs
+    context = ssl.create_default_context()  # the same with the standard library
+    with socket.create_connection(("127.0.0.1", role.port), timeout=30) as raw:
+        with pytest.raises(ssl.SSLCertVerificationError):
+            context.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_plain_http_on_the_tls_port_is_a_400_envelope(tls_role):
+    role, _ = tls_role
+    answer = requests.get(f"http://127.0.0.1:{role.port}/v1/x", timeout=30)
+    assert answer.status_code == 400
+    assert answer.headers["Content-Type"] == "application/json; charset=utf-8"
+    assert answer.json()["code"] == "VALIDATION_FAILED"
