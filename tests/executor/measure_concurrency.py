@@ -1,5 +1,5 @@
 """Not a test: `pytest tests/executor/measure_concurrency.py -s` prints payouts/s of ONE
-run_executor process at concurrency 1, 8 and 32 with a 200 ms rail (docs/benchmarks.md)."""
+run_executor process at concurrency 1, 8 and 32 with a 200 ms rail (docs/benchmarks-history.md)."""
 
 from __future__ import annotations
 
