@@ -206,8 +206,10 @@ def stall_replica(stack: StackHandle, role: str, seconds: float, *, mark: Mark =
     try:
         time.sleep(seconds)
     finally:
-        os.killpg(pid, signal.SIGCONT)
+        # Marked before the signal: an answer the thawed replica sends at once must not look
+        # as if it came while it was still stopped.
         mark("restarted")
+        os.killpg(pid, signal.SIGCONT)
     url = f"http://127.0.0.1:{record['port']}"
     wait_until(lambda: ready(url), timeout=30, what=f"{role} ready after SIGCONT")
     return {"victim": role, "pid": pid}

@@ -116,6 +116,9 @@ OWN_SERIES = {
         'payouts_in_state{state="RAIL_AMBIGUOUS"} 0.0',
         'payouts_in_state{state="PENDING"} 0.0',
         "dlock_requests_shed_total 0.0",
+        # the books, read from paydb at scrape (payments/books_metrics.py)
+        "rail_recoveries_open 0.0",
+        'payout_backlog_oldest_age_seconds{state="PENDING"}',
     ],
     "railproxy": [
         'lock_fenced_out_total{resource="rail"} 0.0',
@@ -127,7 +130,14 @@ OWN_SERIES = {
 }
 FOREIGN_SERIES = {
     "lockserver": ["lock_fenced_out", "rail_", "payout_", "payouts_in_state", 'backend="etcd"'],
-    "payments": ['resource="rail"', "rail_", "payout_execute", "payout_backlog", "lock_acquire"],
+    "payments": [
+        'resource="rail"',
+        "rail_submission",
+        "rail_duplicate",
+        "payout_execute",
+        "payout_backlog_age_seconds",
+        "lock_acquire",
+    ],
     "railproxy": ['resource="account"', 'resource="ledger"', "payout_", "payouts_in", "lock_acq"],
     "railstub": ["lock_", "rail_", "payout_", "payouts_in_state"],
 }

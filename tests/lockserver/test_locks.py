@@ -10,6 +10,7 @@ import pytest
 
 from tests.lockserver.conftest import assert_error, revoke_until_answered
 from tests.lockserver.test_sessions import ts
+from tests.lockserver.test_token_continuity import log_events
 
 GRANT_FIELDS = {
     "key",
@@ -67,11 +68,11 @@ def test_second_acquire_by_the_holding_session_gets_a_new_higher_token(lock_serv
     assert lock_server.release(key, session, second["fencingToken"]).status_code == 204
     assert lock_server.get(f"/v1/locks/{key}").json()["held"] is False
     superseded = [
-        line
-        for line in lock_server.log_text().splitlines()
-        if '"reacquired"' in line and f'"fencingToken": {first["fencingToken"]},' in line
+        event
+        for event in log_events(lock_server, "lock_released")
+        if event.get("cause") == "reacquired" and event.get("fencingToken") == first["fencingToken"]
     ]
-    assert len(superseded) == 1 and '"lock_released"' in superseded[0]
+    assert len(superseded) == 1
 
 
 def test_acquire_with_an_unknown_session_is_404_and_leaves_the_key_unseen(lock_server, key):
