@@ -337,6 +337,13 @@ def servers(config: ProxyConfig) -> str:
                     ),
                     "        server_name _;",
                     *_tls_lines(config),
+                    # Kubelet probes and Prometheus address a pod by its IP (Host = pod IP):
+                    # liveness, readiness and metrics are answered whatever the Host (the role
+                    # exempts these paths from its own Host check too; no cookies, no data).
+                    "        location ~ ^/(health/live|health/ready|metrics)$ {",
+                    *_methods_guard(),
+                    "            proxy_pass http://dlock_role;",
+                    "        }",
                     "        location / {",
                     *_envelope_headers(None),
                     f"            return 400 '{refuse}';",

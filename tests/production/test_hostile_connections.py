@@ -412,6 +412,19 @@ def test_a_body_over_the_limit_is_413_before_the_role_and_a_foreign_host_is_400(
     assert target.books() == books
 
 
+def test_probes_and_scrapes_by_pod_ip_are_answered_whatever_the_host(target):
+    """Kubelet and Prometheus send Host = the pod's IP: /health/* and /metrics answer it, the
+    API under that Host stays refused."""
+    pod_ip = {"Host": "10.1.2.3:8080"}
+    for path in ("/health/live", "/health/ready", "/metrics"):
+        answer = requests.get(f"{target.proc.url}{path}", headers=pod_ip, timeout=30)
+        assert answer.status_code == 200, (path, answer.status_code, answer.text[:200])
+    api = requests.get(
+        f"{target.proc.url}/v1/payouts/{target.payout_id}", headers=pod_ip, timeout=30
+    )
+    assert api.status_code == 400 and api.json()["details"]["fields"][0]["field"] == "Host"
+
+
 def test_a_client_stamp_never_reaches_the_role_and_the_proxy_stamps_every_request(target):
     """X-Request-Start is the proxy's: an ancient client copy is replaced (the call is served,
     not shed)."""
