@@ -29,15 +29,24 @@ from dlock.wire import MONITORING_PATHS, raw_json_headers
 
 
 def queue_wait(stamp: str | None, now: float | None = None) -> float | None:
-    """Seconds since the proxy's `t=<seconds.milliseconds>` stamp (None: absent or not one)."""
+    """Seconds since the proxy's `t=<time>` stamp (None: absent or not one).
+
+    nginx's `$msec` is seconds with a millisecond fraction (`t=1764662400.123`); other proxies
+    stamp integer milliseconds or microseconds since the epoch (the header's other common
+    spellings). The unit is told by magnitude, as every reader of this header does: a value past
+    1e14 is microseconds, past 1e11 milliseconds, else seconds."""
     if not stamp or not stamp.startswith("t="):
         return None
     try:
         started = float(stamp[2:])
     except ValueError:
         return None
-    if started != started:  # NaN
+    if started != started or started <= 0 or started == float("inf"):  # NaN, absurd
         return None
+    if started > 1e14:
+        started /= 1e6
+    elif started > 1e11:
+        started /= 1e3
     return (time.time() if now is None else now) - started
 
 

@@ -2,35 +2,29 @@
 
 from __future__ import annotations
 
-import socket
+import random
 from pathlib import Path
 
 import pytest
 
 from devstack import DB_URL_ENV, ROLES, clean
+from devstack.common import RESERVED_PORTS, _bindable, ephemeral_range
+
+_random = random.SystemRandom()
 
 
 def _free_block(size: int, *, replicas: int = 1) -> int:
-    """A base port whose base+1..base+size (and +100 for replicas) are all free."""
+    """A base port whose base+1..base+size (and +100 for replicas) are all free, drawn from the
+    reserved range (never the kernel's ephemeral one, which outgoing connections take)."""
+    ephemeral = ephemeral_range()
+    top = RESERVED_PORTS.stop - size - 100 * replicas - 1
+    bases = [b for b in range(RESERVED_PORTS.start, top, 10) if b not in ephemeral]
     for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1] // 10 * 10
-        if base + size + 100 * replicas > 65000:
-            continue
+        base = _random.choice(bases)
         wanted = [base + n + 100 * r for n in range(1, size + 1) for r in range(replicas)]
-        if all(_bindable(port) for port in wanted):
+        if all(p not in ephemeral and _bindable(p) for p in wanted):
             return base
     raise RuntimeError("no free block of ports")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @pytest.fixture

@@ -148,3 +148,9 @@ def test_the_queue_wait_is_read_from_the_stamp_alone():
     assert queue_wait(None) is None and queue_wait("") is None
     assert queue_wait("100.250") is None and queue_wait("t=") is None
     assert queue_wait("t=nan") is None and queue_wait("t=abc") is None
+    # the same instant in nginx's seconds.milliseconds, in integer ms and in integer µs
+    now = 1_764_662_401.0
+    assert queue_wait("t=1764662400.250", now=now) == pytest.approx(0.75)
+    assert queue_wait("t=1764662400250", now=now) == pytest.approx(0.75)
+    assert queue_wait("t=1764662400250000", now=now) == pytest.approx(0.75)
+    assert queue_wait("t=-5") is None and queue_wait("t=inf") is None

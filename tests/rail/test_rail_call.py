@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from devstack import free_port
 from railproxy.models import Outcome
 from railproxy.rail_call import forward
 from railproxy.submission import SubmissionRequest
@@ -124,9 +125,7 @@ def test_two_submissions_never_share_a_tcp_connection(raw_rail):
 
 
 def test_a_refused_connect_is_provably_not_sent(settings):
-    probe = socket.create_server(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()  # nothing listens there now: the connect is refused
+    port = free_port()  # nothing listens there: the connect is refused
     settings.RAIL_STUB_URL = f"http://127.0.0.1:{port}"
 
     answer = forward(request=_request(), submission_id=uuid.uuid4())
