@@ -2,7 +2,11 @@
 share: who the operator is, a fresh read of the rail's statement, and how an answer is printed.
 
 The operator is a Django staff user of paydb (the admin's user table), so every command step
-leaves the same LogEntry an admin action does; `--operator` names it (default: the OS user).
+leaves the same LogEntry an admin action does. `--operator` names an existing staff user (an
+unknown name is refused). Without it, the OS user's own staff account if there is one, else the
+command-line account `cli:<OS user>` (created on first use, staff, with no usable password: it
+can never log in to the admin), so a script run as the issue spells it is attributed to the OS
+user who ran it.
 """
 
 from __future__ import annotations
@@ -31,18 +35,32 @@ def os_user() -> str:
         return ""
 
 
+CLI_PREFIX = "cli:"
+
+
 def operator_user(name: str | None) -> AbstractBaseUser:
-    """The active staff user called `name` (default: the OS user), or CommandError (exit 1)."""
-    name = (name or os_user()).strip()
-    user = (
-        get_user_model()
-        ._default_manager.db_manager(alias_for("payments"))
-        .filter(username=name, is_active=True, is_staff=True)
-        .first()
-    )
+    """The active staff user called `name`, or CommandError (exit 1); without a name, the OS
+    user's staff account or its command-line account (see the module's docstring)."""
+    users = get_user_model()._default_manager.db_manager(alias_for("payments"))
+    wanted = (name or "").strip()
+    if not wanted:
+        who = os_user() or "unknown"
+        own = users.filter(username=who, is_active=True, is_staff=True).first()
+        if own is not None:
+            return own
+        user, created = users.get_or_create(
+            username=f"{CLI_PREFIX}{who}"[:150], defaults={"is_staff": True, "is_active": True}
+        )
+        if created:
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+        if user.is_active and user.is_staff:
+            return user
+        wanted = user.get_username()  # deactivated by an administrator: refused below
+    user = users.filter(username=wanted, is_active=True, is_staff=True).first()
     if user is None:
         raise CommandError(
-            f"refused: no active staff user {name!r} (pass --operator with your admin user "
+            f"refused: no active staff user {wanted!r} (pass --operator with your admin user "
             "name; the audit records it)",
             returncode=1,
         )

@@ -349,6 +349,33 @@ def test_a_command_without_a_staff_operator_is_refused():
     assert caught.value.returncode == 1 and "no active staff user" in str(caught.value)
 
 
+def test_without_operator_the_os_user_is_recorded_through_its_command_line_account():
+    """The commands as the issue spells them (no --operator) work and are attributed to the OS
+    user; that account can never log in to the admin."""
+    from io import StringIO
+
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.auth import get_user_model
+
+    from ops.books import CLI_PREFIX, os_user
+
+    out = StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command(
+            "record_rail_recovery",
+            "--transfer",
+            "absent-ref",
+            "--reason",
+            "dup ack",
+            "--json",
+            stdout=out,
+        )
+    assert caught.value.returncode == 1 and json.loads(out.getvalue())["ok"] is False
+    user = get_user_model().objects.get(username=f"{CLI_PREFIX}{os_user() or 'unknown'}")
+    assert user.is_staff and not user.has_usable_password()
+    assert LogEntry.objects.filter(user=user).exists()  # the refusal is audited under it
+
+
 def test_a_metrics_file_that_is_not_a_regular_file_is_written_never_replaced(tmp_path):
     """`--metrics-file /dev/null` must not turn the device into a file (a FIFO stands in)."""
     import os
