@@ -68,7 +68,9 @@ def _client(request: HttpRequest | None) -> dict[str, Any]:
     if request is None:
         return {}
     return {
-        "clientIp": request.META.get("REMOTE_ADDR", ""),
+        # The role's proxy sets X-Forwarded-For to the client's address (a client's own copy is
+        # replaced); behind its unix socket REMOTE_ADDR is empty.
+        "clientIp": request.META.get("HTTP_X_FORWARDED_FOR") or request.META.get("REMOTE_ADDR", ""),
         "path": request.path_info,
         "userAgent": request.META.get("HTTP_USER_AGENT", "")[:200],
     }

@@ -33,10 +33,15 @@ def role() -> str:
 def identity() -> dict[str, Any]:
     """The fields every lifecycle line carries."""
     name = role()
-    fields: dict[str, Any] = {"role": name, "version": version(), "pid": os.getpid()}
+    return {"role": name, "version": version(), "backend": backend(name), "pid": os.getpid()}
+
+
+def backend(name: str) -> str:
+    """Where the role keeps its state: the lock-server's LOCK_BACKEND, PostgreSQL for the
+    others' own databases, none for the HTTP-only executor."""
     if name == "lockserver":
-        fields["backend"] = os.environ.get("LOCK_BACKEND") or "pg"
-    return fields
+        return os.environ.get("LOCK_BACKEND") or "pg"
+    return "none" if name == "executor" else "postgresql"
 
 
 def configure_master_logging() -> None:
@@ -79,7 +84,6 @@ def draining(worker: Any) -> None:
     log_event(
         "service_draining",
         **identity(),
-        inFlightConnections=getattr(worker, "nr_conns", None),
         gracefulTimeoutS=worker.cfg.graceful_timeout,
     )
 

@@ -54,8 +54,8 @@ def _text_within(value: object, high: int) -> bool:
 
 def parse_submission(data: Any) -> dict:
     """SubmissionIn's validated data. A well-formed body in its common shape is accepted
-    without building the serializer (~9 % of this role's CPU, docs/benchmarks-history.md); each check
-    is narrower than the serializer's and yields what it would; anything else, and so every
+    without building the serializer (~9 % of this role's CPU, docs/benchmarks-history.md); each
+    check is narrower than the serializer's and yields what it would; anything else, and so every
     refusal and its details, goes through the serializer."""
     if (
         type(data) is dict

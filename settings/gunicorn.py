@@ -17,9 +17,9 @@ def _int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
-# One process per role by default, threads inside it (measured in docs/benchmarks-history.md): the GIL
-# caps a process at about one core of Python, and the psycopg pool (DB_POOL_MAX, per process)
-# bounds database work. A pod on a machine with more cores runs GUNICORN_WORKERS > 1: then
+# One process per role by default, threads inside it (measured in docs/benchmarks-history.md):
+# the GIL caps a process at about one core of Python, and the psycopg pool (DB_POOL_MAX, per
+# process) bounds database work. A pod on a machine with more cores runs GUNICORN_WORKERS > 1: then
 # Prometheus metrics live in prometheus_client's multiprocess files, one per worker, summed by
 # /metrics (dlock.metrics.scrape_registry). PROMETHEUS_MULTIPROC_DIR names the directory (an
 # emptyDir in Kubernetes); unset, a fresh one under $TMPDIR. It must be in the environment before
