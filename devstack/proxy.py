@@ -313,46 +313,48 @@ def _methods_guard() -> list[str]:
     ]
 
 
+def _refusing_server(config: ProxyConfig, errors: str) -> str:
+    """The default server: a Host outside DJANGO_ALLOWED_HOSTS (or none) is refused, except for
+    the probes and scrapes that address a pod by its IP."""
+    refuse = envelope(
+        Code.VALIDATION_FAILED,
+        "this server does not answer for that Host",
+        field_name="Host",
+    )
+    return "\n".join(
+        [
+            "    # A Host outside DJANGO_ALLOWED_HOSTS (or none): refused here.",
+            "    server {",
+            _listen(config.listen, config, default=True),
+            *(
+                [_listen(config.metrics_listen, config, default=True)]
+                if config.metrics_listen
+                else []
+            ),
+            "        server_name _;",
+            *_tls_lines(config),
+            # Kubelet probes and Prometheus address a pod by its IP (Host = pod IP): liveness,
+            # readiness and metrics are answered whatever the Host (the role exempts these
+            # paths from its own Host check too; no cookies, no data).
+            "        location ~ ^/(health/live|health/ready|metrics)$ {",
+            *_methods_guard(),
+            "            proxy_pass http://dlock_role;",
+            "        }",
+            "        location / {",
+            *_envelope_headers(None),
+            f"            return 400 '{refuse}';",
+            "        }",
+            errors,
+            "    }",
+        ]
+    )
+
+
 def servers(config: ProxyConfig) -> str:
     errors = error_locations(config)
     names = config.names
     any_host = "*" in names
-    blocks = []
-    if not any_host:
-        refuse = envelope(
-            Code.VALIDATION_FAILED,
-            "this server does not answer for that Host",
-            field_name="Host",
-        )
-        blocks.append(
-            "\n".join(
-                [
-                    "    # A Host outside DJANGO_ALLOWED_HOSTS (or none): refused here.",
-                    "    server {",
-                    _listen(config.listen, config, default=True),
-                    *(
-                        [_listen(config.metrics_listen, config, default=True)]
-                        if config.metrics_listen
-                        else []
-                    ),
-                    "        server_name _;",
-                    *_tls_lines(config),
-                    # Kubelet probes and Prometheus address a pod by its IP (Host = pod IP):
-                    # liveness, readiness and metrics are answered whatever the Host (the role
-                    # exempts these paths from its own Host check too; no cookies, no data).
-                    "        location ~ ^/(health/live|health/ready|metrics)$ {",
-                    *_methods_guard(),
-                    "            proxy_pass http://dlock_role;",
-                    "        }",
-                    "        location / {",
-                    *_envelope_headers(None),
-                    f"            return 400 '{refuse}';",
-                    "        }",
-                    errors,
-                    "    }",
-                ]
-            )
-        )
+    blocks = [] if any_host else [_refusing_server(config, errors)]
     # "" also takes requests without a Host header (HTTP/1.0; HTTP/1.1 without one is a 400).
     server_name = "_" if any_host else " ".join([*names, '""'])
     blocks.append(

@@ -73,6 +73,9 @@ class RoleProcess:
     process: subprocess.Popen | None = None
     app: str = "settings.wsgi"
     argv: list[str] | None = None
+    # What the pod runs behind its nginx (default: gunicorn with settings/gunicorn.py and `app`);
+    # e.g. the image's entrypoint, as a container behind its proxy sidecar.
+    server: list[str] | None = None
     inherit_environ: bool = True
     name: str = ""  # the instance name: `lockserver`, `lockserver-2`, … (default: the role)
     started_env: dict[str, str] = field(default_factory=dict, repr=False)
@@ -116,13 +119,11 @@ class RoleProcess:
             "--drain-timeout",
             str(proxy.shutdown_timeout_s(self.role, env)),
             "--",
-            PYTHON,
-            "-m",
-            "gunicorn",
-            "-c",
-            str(PROJECT / "settings" / "gunicorn.py"),
-            self.app,
+            *(self.server or self.gunicorn()),
         ]
+
+    def gunicorn(self) -> list[str]:
+        return [PYTHON, "-m", "gunicorn", "-c", str(PROJECT / "settings" / "gunicorn.py"), self.app]
 
     def environment(self) -> dict[str, str]:
         base = dict(os.environ) if self.inherit_environ else {}

@@ -28,18 +28,18 @@ from devstack.common import (
     URL_ENV,
     StackError,
     free_port,
-    live,
     pid_alive,
     port_open,
-    readiness_checks,
     ready,
     say,
     wait_until,
 )
 from devstack.envfile import proof_keys, read_env, run_dir, secret_key, write_env
 from devstack.etcd import etcd_cluster, etcd_healthy
+from devstack.liveness import plan, wait_alive
 from devstack.postgres import PgCluster, private_datadir, state_root
 from devstack.roles import RoleProcess, migrate_all, read_record, remove_pod_dir, write_record
+from devstack.secrets_env import role_environment, stack_file_env
 from devstack.tls import ensure_tls
 from dlock.auth import credentials_entry, new_credential  # issue 15
 
@@ -95,41 +95,6 @@ def instances(topology: Topology) -> list[tuple[str, str, int]]:
             name = role if n == 1 else f"{role}-{n}"
             result.append((name, role, ports[role] + REPLICA_PORT_STEP * (n - 1)))
     return result
-
-
-# --------------------------------------------------------------------------- secrets
-
-# Each secret reaches only the roles that use it (docs/security.md "Secrets"), as in k8s: the
-# proof ring signs (lock server) and verifies (payment resource, rail proxy); the credential
-# hashes are checked by every role but the rail stub, which stands in for a third party and
-# verifies no bearer. The plaintext credentials are the callers' (executor, operator): no
-# server gets them. DJANGO_SECRET_KEY: every Django process (settings refuse to start without).
-SECRET_USERS: dict[str, frozenset[str]] = {
-    "DLOCK_PROOF_KEYS": frozenset({"lockserver", "payments", "railproxy"}),
-    "DLOCK_CREDENTIALS": frozenset({"lockserver", "payments", "railproxy"}),
-    "DLOCK_EXECUTOR_CREDENTIAL": frozenset({"executor", "ops"}),
-    "DLOCK_OPERATOR_CREDENTIAL": frozenset({"ops"}),
-}
-# `.run/stack.env` is what executors, ops commands and scripts source: the callers' credentials,
-# URLs and database URLs, never the ring (any holder could mint a proof for any token) nor the
-# hash list (a server's, rotated with the roles).
-STACK_FILE_OMITS = ("DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS")
-
-
-def role_environment(
-    role: str, env: dict[str, str], *, base: dict[str, str] | None = None
-) -> dict[str, str]:
-    """The whole environment a `role` process starts with: `base` (default: this process's
-    environment, which may hold a sourced stack.env or a ring exported by hand) without any
-    secret, then `env` with only the secrets `role` uses."""
-    inherited = dict(os.environ if base is None else base)
-    merged = {k: v for k, v in inherited.items() if k not in SECRET_USERS} | env
-    return {k: v for k, v in merged.items() if k not in SECRET_USERS or role in SECRET_USERS[k]}
-
-
-def stack_file_env(env: dict[str, str]) -> dict[str, str]:
-    """What `.run/stack.env` (and each role record's copy of the stack's env) may hold."""
-    return {k: v for k, v in env.items() if k not in STACK_FILE_OMITS}
 
 
 # --------------------------------------------------------------------------- what is running
@@ -264,55 +229,6 @@ def _etcd(env: dict[str, str], previous: dict[str, str], run: Path, members: int
     env["DLOCK_ETCD_PORTS"] = ",".join(f"{c}:{p}" for c, p in ports)
     env["DLOCK_ETCD_MEMBERS"] = str(members)
     say(f"etcd on {env['ETCD_URL']}" + (f" (started {len(started)})" if started else ""))
-
-
-# How long `up` waits for a role that is alive (answers /health/live) but not ready.
-ALIVE_WAIT_S = 60.0
-
-
-def plan(
-    name: str,
-    port: int,
-    running: dict[str, dict[str, Any]],
-    *,
-    scheme: str = "http",
-    ca: str | None = None,
-) -> str:
-    """What `up` does with one instance: "ready" (leave it), "alive" (its process answers
-    /health/live but is not ready: wait for it, never replace it — a new process would wait for
-    the same dependency, and replacing it refuses connections meanwhile), "replace" (its process
-    exists but does not answer at all) or "start" (nothing runs)."""
-    if name not in running:
-        return "start"
-    url = f"{scheme}://127.0.0.1:{port}"
-    if ready(url, ca):
-        return "ready"
-    return "alive" if live(url, ca) else "replace"
-
-
-def wait_alive(
-    alive: list[tuple[str, int]],
-    run: Path,
-    *,
-    timeout: float = ALIVE_WAIT_S,
-    scheme: str = "http",
-    ca: str | None = None,
-) -> None:
-    """Wait until every alive-but-not-ready instance is ready; say what it waits for. After
-    `timeout` it is left running and `up` fails, naming it and its readiness checks."""
-    for name, port in alive:
-        url = f"{scheme}://127.0.0.1:{port}"
-        checks = readiness_checks(url, ca)
-        say(f"{name} is alive but not ready ({checks}): waiting, not replacing it")
-        deadline = time.monotonic() + timeout
-        while not ready(url, ca):
-            if time.monotonic() >= deadline:
-                raise StackError(
-                    f"{name} on {url} is alive (answers /health/live) but not ready after "
-                    f"{timeout:.0f}s ({readiness_checks(url, ca)}); it is left running — fix what "
-                    f"it waits for (log: {run / 'logs' / f'{name}.log'}) or `make down`"
-                )
-            time.sleep(0.2)
 
 
 def _start_roles(

@@ -14,7 +14,7 @@ import pytest
 
 from devstack import up
 from devstack.envfile import read_env
-from devstack.stack import SECRET_USERS, role_environment, stack_file_env
+from devstack.secrets_env import SECRET_USERS, role_environment, stack_file_env
 from dlock.auth import credentials_entry
 
 SERVERS_THAT_VERIFY = {"lockserver", "payments", "railproxy"}

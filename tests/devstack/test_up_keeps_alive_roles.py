@@ -11,7 +11,7 @@ import time
 import pytest
 
 from devstack import StackError
-from devstack.stack import plan, wait_alive
+from devstack.liveness import plan, wait_alive
 from tests.conftest import fresh_etcd
 from tests.lockserver.conftest import start_lock_server
 

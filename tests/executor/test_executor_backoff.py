@@ -61,9 +61,13 @@ def test_an_unpassable_fence_is_backed_off_others_flow_and_the_run_exits_non_zer
         assert len(backoffs) <= len(fenced)  # at most one event per back-off step
         steps = [b["step"] for b in backoffs if b["payoutId"] == backoffs[0]["payoutId"]]
         assert steps == sorted(steps)
-        last = json.loads(proc.log.read_text().strip().splitlines()[-1])
-        assert last["event"] == "executor_stopped" and last["exitCode"] == EXIT_BACKED_OFF
-        assert set(last["backedOff"]) == set(stuck)  # both payouts of the account, by id
+        lines = [json.loads(line) for line in proc.log.read_text().strip().splitlines()]
+        (stopped,) = [e for e in lines if e["event"] == "executor_stopped"]
+        assert stopped["exitCode"] == EXIT_BACKED_OFF
+        assert set(stopped["backedOff"]) == set(stuck)  # both payouts of the account, by id
+        # the process's last word is its lifecycle line, with the same exit code
+        assert lines[-1]["event"] == "service_stopped"
+        assert lines[-1]["exitCode"] == EXIT_BACKED_OFF
         final = states(exec_stack, ids)
         others = [pid for pid in ids if pid not in stuck]
         assert {final[pid] for pid in others} == {"POSTED"}

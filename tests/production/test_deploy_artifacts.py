@@ -523,6 +523,7 @@ def test_each_release_gets_its_own_migrate_job_named_after_its_image_tag(tmp_pat
     assert job["metadata"]["name"] == f"migrate-{image.rsplit(':', 1)[1]}"
     # an overlay that sets another tag (and copies the replacements block, as documented)
     base = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    (dlock_image,) = [i for i in base["images"] if i["name"] == "dlock"]
     overlay = tmp_path / "release"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
@@ -531,7 +532,7 @@ def test_each_release_gets_its_own_migrate_job_named_after_its_image_tag(tmp_pat
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(K8S, overlay)],
-                "images": [{"name": base["images"][0]["newName"], "newTag": "0.2.0-rc1"}],
+                "images": [{"name": dlock_image["newName"], "newTag": "0.2.0-rc1"}],
                 "replacements": base["replacements"],
             }
         )

@@ -33,7 +33,7 @@ import requests
 from devstack import PROJECT, RoleProcess, free_port, wait_until
 from devstack.common import URL_ENV
 from devstack.envfile import new_proof_keys
-from devstack.stack import role_environment
+from devstack.secrets_env import role_environment
 from tests import credentials
 from tests.conftest import create_live_databases
 
@@ -225,7 +225,7 @@ def image_roles(image):
             port,
             env,
             image.logdir / f"{role}.log",
-            argv=image.entrypoint,
+            server=image.entrypoint,
             inherit_environ=False,
         ).start(wait=False)
     try:
@@ -265,8 +265,14 @@ def test_every_server_role_starts_from_the_image_environment_to_ready(image, ima
         assert ready.status_code == 200, (role, ready.text)
         assert proc.started_env["PATH"].split(":")[0] == f"{image.venv}/bin"
         assert "PYTHONPATH" not in proc.started_env and proc.started_env["ROLE"] == role
-        exe = Path(f"/proc/{proc.process.pid}/cmdline").read_bytes().split(b"\0")
-        assert exe[0].decode().startswith(str(image.venv)), exe  # the image's gunicorn
+        # the pod (its nginx in front) runs the image's entrypoint, which execs its gunicorn
+        exes = [
+            Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            for child in Path(f"/proc/{proc.process.pid}/task/{proc.process.pid}/children")
+            .read_text()
+            .split()
+        ]
+        assert any(exe[0].decode().startswith(str(image.venv)) for exe in exes), exes
         assert proc.argv[-1].endswith("container-entrypoint.sh")
     admin = requests.get(f"{image_roles['payments'].url}/admin/login/", timeout=5)
     assert admin.status_code == 200 and "csrfmiddlewaretoken" in admin.text
@@ -338,7 +344,7 @@ def test_with_the_k8s_allowed_hosts_probes_by_pod_ip_pass_and_foreign_hosts_do_n
         port,
         env,
         image.logdir / "railstub-hosts.log",
-        argv=image.entrypoint,
+        server=image.entrypoint,
         inherit_environ=False,
     ).start(wait=False)
     try:

@@ -94,7 +94,9 @@ def test_the_pod_monitor_scrapes_the_metrics_port_every_dlock_workload_exposes()
             for d in yaml.safe_load_all((PROJECT / "k8s" / f"{name}.yaml").read_text())
             if d and d["kind"] == "Deployment"
         ]
-        ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        # the server pods publish it on their proxy sidecar, the executor on its own container
+        containers = deployment["spec"]["template"]["spec"]["containers"]
+        ports = [p for c in containers for p in c.get("ports", [])]
         assert "http-metrics" in {p["name"] for p in ports}, name
 
 

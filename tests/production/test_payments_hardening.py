@@ -53,7 +53,10 @@ def test_an_issued_cursor_still_pages(live_stack):
     assert rest.status_code == 200 and len(rest.json()["items"]) == 1
 
 
-def test_a_truncated_claim_body_is_400_and_the_payout_stays_pending(live_stack):
+def test_a_truncated_claim_body_is_never_forwarded_and_the_payout_stays_pending(live_stack):
+    """The client half-closes 73 bytes short of its Content-Length: the proxy, which buffers
+    every body whole before forwarding, drops the request (nginx answers a client that stopped
+    sending with nothing, its 499) or refuses it with the 400 envelope; never a claim."""
     base = live_stack.url("payments")
     seeded = _seed(live_stack, payouts=1)
     payout = seeded["payouts"][0]
@@ -76,6 +79,8 @@ def test_a_truncated_claim_body_is_400_and_the_payout_stays_pending(live_stack):
         while data := sock.recv(65536):
             chunks.append(data)
     answer = b"".join(chunks)
-    assert answer.startswith(b"HTTP/1.1 400") and b'"code":"VALIDATION_FAILED"' in answer
+    assert answer == b"" or (
+        answer.startswith(b"HTTP/1.1 400") and b'"code":"VALIDATION_FAILED"' in answer
+    ), answer[:300]
     after = requests.get(f"{base}/v1/payouts/{payout}", timeout=5).json()
     assert after["state"] == "PENDING"
