@@ -64,13 +64,18 @@ def locked_out_page(
     return page.render()
 
 
+def client_ip(request: HttpRequest) -> str:
+    """The client's address: the role's proxy sets X-Forwarded-For to it (a client's own copy
+    is replaced, never passed on); behind its unix socket REMOTE_ADDR is empty. Also django-axes'
+    AXES_CLIENT_IP_CALLABLE."""
+    return request.META.get("HTTP_X_FORWARDED_FOR") or request.META.get("REMOTE_ADDR") or ""
+
+
 def _client(request: HttpRequest | None) -> dict[str, Any]:
     if request is None:
         return {}
     return {
-        # The role's proxy sets X-Forwarded-For to the client's address (a client's own copy is
-        # replaced); behind its unix socket REMOTE_ADDR is empty.
-        "clientIp": request.META.get("HTTP_X_FORWARDED_FOR") or request.META.get("REMOTE_ADDR", ""),
+        "clientIp": client_ip(request),
         "path": request.path_info,
         "userAgent": request.META.get("HTTP_USER_AGENT", "")[:200],
     }

@@ -340,6 +340,7 @@ AXES_HTTP_RESPONSE_CODE = 429
 AXES_LOCKOUT_CALLABLE = "dlock.adminpages.locked_out_page"
 AXES_ENABLE_ACCESS_FAILURE_LOG = False
 # The client's address, as the role's proxy sets it (X-Forwarded-For = $remote_addr, a client's
-# copy replaced); recorded with each attempt, never the lock's key.
-AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR")
+# copy replaced; behind its unix socket REMOTE_ADDR is empty); recorded with each attempt (one
+# attempt row per name, address and browser), never the lock's key.
+AXES_CLIENT_IP_CALLABLE = "dlock.adminpages.client_ip"
 AXES_VERBOSE = False  # dlock.adminpages writes the audit lines (admin_login_failed, ...)
