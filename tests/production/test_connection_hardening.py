@@ -210,10 +210,13 @@ def test_http11_without_host_is_400_and_http10_without_host_is_served(probe):
 
 
 def test_an_absolute_form_target_with_a_foreign_host_is_400(probe):
+    """The absolute-form target's host is the request's Host (RFC 9112 3.2.2): a foreign one is
+    refused on every path but the probes' (/health/*, /metrics answer whatever the Host, as
+    kubelet and Prometheus address a pod by its IP)."""
     foreign = raw_request(
         probe.port,
-        b"GET http://evil.example/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close"
-        b"\r\n\r\n",
+        b"POST http://evil.example/submit HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2"
+        b"\r\nConnection: close\r\n\r\n{}",
     )
     assert _status(foreign) == 400 and b'"code":"VALIDATION_FAILED"' in foreign
     own = raw_request(
