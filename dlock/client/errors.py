@@ -188,27 +188,25 @@ class ServiceUnreachable(DlockError):
         super().__init__(message, retry_safe=not sent, **kwargs)
 
 
-class UpstreamTimeout(ServiceUnreachable):
-    """UPSTREAM_TIMEOUT: the proxy in front of the role forwarded the request and gave up
-    waiting; the server may have acted. Sent, outcome unknown (a rail submission: ambiguous)."""
+class ProxyAnswered(ServiceUnreachable):
+    """The reverse proxy in front of the role forwarded the request and no usable answer came
+    back: sent, outcome unknown (a rail submission: ambiguous), whatever retrySafe it carries."""
+
+    def __init__(self, message: str = "", **kwargs: Any) -> None:
+        kwargs.pop("retry_safe", None)
+        super().__init__(message, sent=True, **kwargs)
+
+
+class UpstreamTimeout(ProxyAnswered):
+    """UPSTREAM_TIMEOUT: the proxy gave up waiting for the role; the server may have acted."""
 
     code = "UPSTREAM_TIMEOUT"
 
-    def __init__(self, message: str = "", **kwargs: Any) -> None:
-        kwargs.pop("retry_safe", None)
-        super().__init__(message, sent=True, **kwargs)
 
-
-class UpstreamFailed(ServiceUnreachable):
-    """UPSTREAM_FAILED: the proxy in front of the role forwarded the request and the answer was
-    cut or malformed; the server may have acted. Sent, outcome unknown (a rail submission:
-    ambiguous)."""
+class UpstreamFailed(ProxyAnswered):
+    """UPSTREAM_FAILED: the role's answer was cut or malformed; the server may have acted."""
 
     code = "UPSTREAM_FAILED"
-
-    def __init__(self, message: str = "", **kwargs: Any) -> None:
-        kwargs.pop("retry_safe", None)
-        super().__init__(message, sent=True, **kwargs)
 
 
 # Answered by the reverse proxy itself (decision 18), not by a role's views.
