@@ -26,6 +26,10 @@ def bounded_server(request):
         # isolate the wait bound from the HTTP layer's queue shedding (503 OVERLOADED), which
         # a burst of 100 connections on this loaded box would otherwise also trigger
         "SERVER_QUEUE_DEADLINE_MS": "20000",
+        # ... and from the database pool's (503 OVERLOADED "too many requests already waiting
+        # for a database slot"): the burst's refused acquires still take a slot to be refused
+        "DB_POOL_MAX_WAITING": str(WAITERS),
+        "DB_QUEUE_DEADLINE_MS": "20000",
     }
     if request.param == "etcd":
         extra["ETCD_URL"] = request.getfixturevalue("etcd_server").url

@@ -35,7 +35,7 @@ class AcquireMixin(GrantsMixin):
         """
         seconds = ttl_seconds(ttl_ms)
         owner = self._session_owner(session_id)
-        lease, _ = self.client.lease_grant(seconds)
+        lease, expires_ms = self._grant_lease(seconds)
         leased_at = time.monotonic()
         try:
             for _attempt in range(8):
@@ -44,10 +44,15 @@ class AcquireMixin(GrantsMixin):
                     # reported expiresAt stays within milliseconds of etcd's own expiry
                     self._revoke_quietly(lease)
                     lease = 0
-                    lease, _ = self.client.lease_grant(seconds)
+                    lease, expires_ms = self._grant_lease(seconds)
                     leased_at = time.monotonic()
                 grant, result = self._create_grant(
-                    key=key, session_id=session_id, owner=owner, seconds=seconds, lease=lease
+                    key=key,
+                    session_id=session_id,
+                    owner=owner,
+                    seconds=seconds,
+                    lease=lease,
+                    expires_ms=expires_ms,
                 )
                 if grant is not None:
                     lease = 0  # now owned by the grant
@@ -68,7 +73,14 @@ class AcquireMixin(GrantsMixin):
                 self._revoke_quietly(lease)
 
     def _create_grant(
-        self, *, key: str, session_id: uuid.UUID, owner: str, seconds: int, lease: int
+        self,
+        *,
+        key: str,
+        session_id: uuid.UUID,
+        owner: str,
+        seconds: int,
+        lease: int,
+        expires_ms: int,
     ) -> tuple[GrantRecord | None, TxnResult]:
         """The create transaction: the grant when the key was free and our session alive.
 
@@ -78,7 +90,12 @@ class AcquireMixin(GrantsMixin):
         that replica's, so the stored offset is adopted and the create tried again."""
         for _attempt in range(4):
             grant, result, offset_moved = self._create_grant_once(
-                key=key, session_id=session_id, owner=owner, seconds=seconds, lease=lease
+                key=key,
+                session_id=session_id,
+                owner=owner,
+                seconds=seconds,
+                lease=lease,
+                expires_ms=expires_ms,
             )
             if not offset_moved:
                 return grant, result
@@ -86,9 +103,18 @@ class AcquireMixin(GrantsMixin):
         raise EtcdUnavailable("the token offset kept moving under the acquire")
 
     def _create_grant_once(
-        self, *, key: str, session_id: uuid.UUID, owner: str, seconds: int, lease: int
+        self,
+        *,
+        key: str,
+        session_id: uuid.UUID,
+        owner: str,
+        seconds: int,
+        lease: int,
+        expires_ms: int,
     ) -> tuple[GrantRecord | None, TxnResult, bool]:
-        """One create txn: (grant or None, result, whether our offset is not the one stored)."""
+        """One create txn: (grant or None, result, whether our offset is not the one stored).
+
+        expiresAt is the lease's (`_grant_lease`), never later than etcd's own expiry."""
         now = _now()
         offset = self._current_offset()
         value = {
@@ -97,7 +123,7 @@ class AcquireMixin(GrantsMixin):
             "offset": offset,
             "ttlMs": seconds * 1000,
             "acquiredAt": _ms(now),
-            "expiresAt": _ms(now) + seconds * 1000,
+            "expiresAt": expires_ms,
         }
         lock_key = self._lock_key(key)
         # create_revision == 0: nobody holds the key; our session's key exists: alive; the

@@ -61,6 +61,14 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             ms_until_free=self._ms_until_free(holder, session),
         )
 
+    def _grant_lease(self, seconds: int) -> tuple[int, int]:
+        """(a new lease of `seconds`, its expiresAt in epoch ms). The clock is read before the
+        grant is sent, so the reported deadline is never later than etcd's own expiry of the
+        lease: a successor's acquiredAt cannot fall before its predecessor's expiresAt."""
+        expires_ms = _ms(_now()) + seconds * 1000
+        lease, _ = self.client.lease_grant(seconds)
+        return lease, expires_ms
+
     def _revoke_quietly(self, lease: int) -> None:
         try:
             self.client.lease_revoke(lease)
@@ -129,9 +137,8 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             raise lock_lost(key, self._token(kv) if kv and holder_session else None)
         value = kv.json()
         seconds = ttl_seconds(ttl_ms) if ttl_ms else value["ttlMs"] // 1000
-        lease, _ = self.client.lease_grant(seconds)
-        now = _now()
-        value.update(ttlMs=seconds * 1000, expiresAt=_ms(now) + seconds * 1000)
+        lease, expires_ms = self._grant_lease(seconds)
+        value.update(ttlMs=seconds * 1000, expiresAt=expires_ms)
         # re-attaching to a new lease is a put: ModRevision moves, create_revision (the token)
         # does not; the compare on ModRevision rejects a concurrent release or takeover
         result = self.client.txn(
