@@ -10,6 +10,7 @@ from pathlib import Path
 
 import requests
 
+from devstack import netcut
 from devstack.common import StackError, wait_until
 
 
@@ -32,6 +33,11 @@ class EtcdServer:
     @property
     def peer_url(self) -> str:
         return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def cut_tag(self) -> str:
+        """Its cgroup's name (devstack.netcut): the experiment can partition it for real."""
+        return netcut.tag_for(self.datadir)
 
     @property
     def logfile(self) -> Path:
@@ -74,7 +80,7 @@ class EtcdServer:
         log = open(self.logfile, "ab")
         env = {**os.environ, "ETCD_UNSUPPORTED_ARCH": os.environ.get("ETCD_UNSUPPORTED_ARCH", "")}
         self.process = subprocess.Popen(
-            self.command(binary),
+            netcut.wrap(self.command(binary), self.cut_tag),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -30,6 +30,7 @@ from devstack import (
     EtcdServer,
     etcd_cluster,
     etcd_healthy,
+    netcut,
     pid_alive,
     ready,
     restart_role,
@@ -158,24 +159,37 @@ def kill_etcd_follower(stack: StackHandle, *, mark: Mark = _no_mark) -> str:
     return victim.name
 
 
-def cut_etcd_leader(stack: StackHandle, seconds: float, *, mark: Mark = _no_mark) -> str:
-    """SIGSTOP the etcd leader for `seconds`, then SIGCONT: to its peers and its clients it is
-    partitioned away (calls sent to it time out; the others elect a new leader), and it comes
-    back as a follower. A partition without iptables: it cannot answer anyone meanwhile."""
+def cut_etcd_leader(stack: StackHandle, seconds: float, *, mark: Mark = _no_mark) -> dict:
+    """Partition the etcd leader from peers and clients alike for `seconds`: nftables drops
+    every packet its sockets send or receive (devstack.netcut) while the process runs on, so
+    calls sent to it time out, the others elect a new leader, and it comes back as a follower.
+    Where the machine cannot cut (not root, no nft or cgroup v2, or the member was started
+    outside its group) the stand-in is SIGSTOP for the same time; the outcome says which."""
     cluster = members(stack)
     victim = leader(cluster)
     if victim is None:
         raise MissingPiece("no etcd member says it is the leader")
     pid = int(_pidfile(stack, victim).read_text() or 0)
-    mark("killed")
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        time.sleep(seconds)
-    finally:
-        os.kill(pid, signal.SIGCONT)
+    why_not = netcut.unavailable()
+    if why_not is None and not netcut.in_group(pid, victim.cut_tag):
+        why_not = f"{victim.name} runs outside its cgroup (started before devstack.netcut)"
+    if why_not is None:
+        with netcut.partitioned(victim.cut_tag):
+            mark("killed")
+            time.sleep(seconds)
         mark("restarted")
+        how = "nftables partition"
+    else:
+        mark("killed")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            mark("restarted")
+        how = f"SIGSTOP stand-in ({why_not})"
     wait_quorum(stack)
-    return victim.name
+    return {"victim": victim.name, "cut": how}
 
 
 def _record(stack: StackHandle, name: str) -> dict:
@@ -539,6 +553,8 @@ def _extra_lines(fault: dict) -> list[str]:
             f" {logged['lock_failed_per_s']:.1f}/s; events {logged['events']}"
         )
     outcome = fault.get("outcome") or {}
+    if "cut" in outcome:
+        lines.append(f"  {outcome['victim']} cut off by {outcome['cut']}")
     if "replaced" in outcome:
         waited = [
             line.split("] ", 1)[-1].split(" is alive")[0]

@@ -36,8 +36,9 @@ REPLICA_STALL = "replica_stall"
 REPLICA_DOWN = "replica_down"
 PG_KILL = "pg_kill"
 ETCD_FOLLOWER_KILL = "etcd_follower_kill"  # kill -9 a member that is not the leader, 2 s down
-# The leader cut off from peers and clients alike (SIGSTOP for `seconds`, then SIGCONT): calls to
-# it time out after they were sent, instead of being refused — a partition without iptables.
+# The leader partitioned from peers and clients alike for `seconds` (nftables drops its sockets'
+# packets, devstack.netcut; SIGSTOP where the machine cannot): calls to it time out after they
+# were sent, instead of being refused.
 ETCD_LEADER_CUT = "etcd_leader_cut"
 HA_FAULTS = (
     ETCD_LEADER_KILL,
@@ -296,7 +297,7 @@ def ha_faults(rng: random.Random, duration: float) -> list[FaultEvent]:
 # The recovery run (`--ha-recovery`): the HA faults alone, one at a time. Each waits until the
 # previous one has healed (victim started and healthy) and `settle` seconds have passed.
 # (kind, target): issue 16's five, then issue 27's — an etcd follower killed, the etcd leader
-# cut off (SIGSTOP, 5 s), the lock-server replica the executors use stalled (SIGSTOP) for 15 s,
+# partitioned (5 s), the lock-server replica the executors use stalled (SIGSTOP) for 15 s,
 # then killed and kept down 5 s (refused connections), and PostgreSQL's postmaster killed -9
 # and started again by `make up` (which must replace nothing).
 STALL_S = 15.0

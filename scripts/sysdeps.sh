@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the system packages dlock needs exist: PostgreSQL server binaries, etcd, nginx (the
 # proxy in front of every role), openssl (make up TLS=1), and for the browser and alerting tests
-# headless Chromium + chromedriver (Selenium) and promtool (prometheus); for `make bench` also
+# headless Chromium + chromedriver (Selenium) and promtool (prometheus), nftables (the HA
+# experiment's partition); for `make bench` also
 # redis-server (WITH_REDIS=1) and zookeeper (WITH_ZOOKEEPER=1).
 # As root, installs what is missing with apt-get; otherwise says exactly what to install.
 set -euo pipefail
@@ -13,6 +14,8 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# nft: the HA experiment's real partition of an etcd member (devstack/netcut.py)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
 if [ "${WITH_REDIS:-0}" = 1 ]; then command -v redis-server >/dev/null 2>&1 || missing+=(redis-server); fi
 # The ZooKeeper peer of the lock benchmark (bench/zookeeper.py runs the packaged server jar).
 if [ "${WITH_ZOOKEEPER:-0}" = 1 ]; then

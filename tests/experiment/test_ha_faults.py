@@ -7,9 +7,13 @@ issue 16 §1 — so the replica kill runs on a pg HA stack; the faults do not ca
 
 from __future__ import annotations
 
-import pytest
+import threading
+from pathlib import Path
 
-from devstack import ROLES, clean, etcd_cluster, free_port, pid_alive, ready, up
+import pytest
+import requests
+
+from devstack import ROLES, clean, etcd_cluster, free_port, netcut, pid_alive, ready, up
 from devstack.postgres import state_root
 from devstack.roles import read_record
 from experiment import ha
@@ -64,6 +68,67 @@ def test_a_quorum_lost_for_five_seconds_is_restored(etcd_stack):
     assert len(set(killed)) == 2
     assert healthy(etcd_stack) == ["dlock1", "dlock2", "dlock3"]
     assert ha.leader(ha.members(etcd_stack)) is not None
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.etcd
+@pytest.mark.skipif(
+    netcut.unavailable() is not None, reason=f"no partition: {netcut.unavailable()}"
+)
+def test_the_etcd_leader_partitioned_runs_on_unreachable_and_rejoins_as_a_follower(etcd_stack):
+    """A real partition, not a SIGSTOP: the cut leader keeps running (its timers fire) while no
+    packet reaches it or leaves it; the other two elect a leader and take writes; after the heal
+    the old leader rejoins and the cluster has one leader again."""
+    cluster = ha.members(etcd_stack)
+    before = ha.leader(cluster)
+    assert before is not None
+    pid = int((etcd_stack.run_dir / "pids" / f"{before.datadir.name}.pid").read_text())
+    assert netcut.in_group(pid, before.cut_tag)
+    others = [m for m in cluster if m is not before]
+    marks: dict[str, bool] = {}
+    observed: dict[str, object] = {}
+    during = threading.Event()
+
+    def mark(what: str) -> None:
+        marks[what] = True
+        if what == "killed":
+            during.set()
+
+    def observe() -> None:
+        during.wait(10)
+        try:
+            requests.post(f"{before.url}/v3/maintenance/status", json={}, timeout=1)
+            observed["cut_answered"] = True
+        except requests.RequestException as exc:
+            observed["cut_answered"] = type(exc).__name__
+        observed["cut_state"] = _state(pid)  # running or sleeping, never stopped (T)
+        for _ in range(40):
+            chief = ha.leader(others)
+            if chief is not None:
+                observed["new_leader"] = chief.name
+                put = requests.post(
+                    f"{chief.url}/v3/kv/put", json={"key": "Y3V0", "value": "b2s="}, timeout=2
+                )
+                observed["put"] = put.status_code
+                return
+            threading.Event().wait(0.1)
+
+    watcher = threading.Thread(target=observe)
+    watcher.start()
+    outcome = ha.cut_etcd_leader(etcd_stack, 3.0, mark=mark)
+    watcher.join(15)
+    assert outcome == {"victim": before.name, "cut": "nftables partition"}
+    assert marks == {"killed": True, "restarted": True}
+    assert observed["cut_answered"] in ("ReadTimeout", "ConnectTimeout"), observed
+    assert observed["cut_state"] in ("S", "R"), observed
+    assert observed["new_leader"] != before.name and observed["put"] == 200, observed
+    assert healthy(etcd_stack) == ["dlock1", "dlock2", "dlock3"]
+    assert pid_alive(pid)  # never restarted: the same process rejoined
+    after = ha.leader(ha.members(etcd_stack))
+    assert after is not None
 
 
 def test_a_replica_killed_is_restarted_with_its_own_configuration(run):
