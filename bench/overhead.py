@@ -18,13 +18,14 @@ import io
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from pathlib import Path
+
+from devstack import bound_listener
 
 ROLES = ("lockserver", "payments", "railproxy", "railstub")
 WRITE_PATH = {"lockserver": "/v1/locks/k/acquire", "railproxy": "/v1/rail/submissions"}
@@ -71,7 +72,7 @@ def _per_call_us(call, n: int) -> float:
 
 
 def _ack_server() -> int:
-    listener = socket.create_server(("127.0.0.1", 0), backlog=512)
+    listener = bound_listener(backlog=512)
 
     def serve() -> None:
         while True:

@@ -74,6 +74,19 @@ def free_port(attempts: int = 200) -> int:
     raise StackError(f"no free port in {RESERVED_PORTS} after {attempts} tries")
 
 
+def bound_listener(backlog: int = 128, attempts: int = 200) -> socket.socket:
+    """A TCP listener on 127.0.0.1, bound and listening on a port of RESERVED_PORTS (never the
+    kernel's ephemeral range): the caller keeps the socket, so nothing can take the port."""
+    ephemeral = ephemeral_range()
+    candidates = [p for p in RESERVED_PORTS if p not in ephemeral]
+    for _ in range(attempts):
+        try:
+            return socket.create_server(("127.0.0.1", _random.choice(candidates)), backlog=backlog)
+        except OSError:
+            continue
+    raise StackError(f"no free port in {RESERVED_PORTS} after {attempts} tries")
+
+
 def _bindable(port: int) -> bool:
     for host in ("127.0.0.1", "0.0.0.0"):  # noqa: S104 - a probe bind, closed at once
         with socket.socket() as sock:

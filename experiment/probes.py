@@ -120,7 +120,9 @@ class LockProbe:
     def __call__(self) -> None:
         if self.session is None or self.session.lost is not None:
             self.close()
-            self.session = self.client.open_session(PROBE_SESSION_TTL_MS)
+            # one attempt, as for the acquire: a retry after retryAfterMillis inside the call
+            # would be counted as dlock's recovery time
+            self.session = self.client.open_session(PROBE_SESSION_TTL_MS, retry=self.no_retry)
         grant = self.session.acquire(self.key, PROBE_LOCK_TTL_MS, retry=self.no_retry)
         grant.release()
 

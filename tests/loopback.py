@@ -8,6 +8,8 @@ import socket
 import threading
 from collections.abc import Callable
 
+from devstack import bound_listener
+
 Handler = Callable[[socket.socket, tuple[str, int]], None]  # (connection, peer address)
 
 
@@ -20,7 +22,7 @@ class LoopbackServer:
         self.handle = handle
         self.threaded = threaded
         self.accepted: list[socket.socket] = []
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock = bound_listener()
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self._accept, daemon=True).start()

@@ -261,9 +261,15 @@ class LockClient:
         """The replica calls currently go to (the first of the list until one fails)."""
         return self.endpoints.current
 
-    def open_session(self, ttl_ms: int = 10_000, *, heartbeat: bool = True) -> LockSession:
-        """Create a session (L1); the caller must close() it. Prefer `session()`."""
+    def open_session(
+        self, ttl_ms: int = 10_000, *, heartbeat: bool = True, retry: RetryPolicy | None = None
+    ) -> LockSession:
+        """Create a session (L1); the caller must close() it. Prefer `session()`.
+
+        Retried at most the budget's retries (C3 §3.8), fewer when `retry` allows fewer
+        (`RetryPolicy(max_retries=0)`: one attempt, the caller decides what comes next)."""
         hop = BUDGETS["lock.session"]
+        retries = hop.retries if retry is None else min(hop.retries, retry.max_retries)
         attempts = 0
         while True:
             try:
@@ -277,7 +283,7 @@ class LockClient:
             except (NotLeader, Overloaded, ServiceUnreachable) as exc:
                 # A duplicate session is harmless (it simply expires), so even a lost reply
                 # may be retried once, after the server's retryAfterMillis when it gave one.
-                if attempts >= hop.retries:
+                if attempts >= retries:
                     raise
                 attempts += 1
                 # jittered: a fleet meeting a restarting lock-server does not come back at once

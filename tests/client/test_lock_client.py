@@ -345,7 +345,7 @@ class _HeaderCapture(http.server.BaseHTTPRequestHandler):
 
 
 def test_every_request_carries_traceparent_and_the_owner_id():
-    server = http.server.HTTPServer(("127.0.0.1", 0), _HeaderCapture)
+    server = http.server.HTTPServer(("127.0.0.1", free_port()), _HeaderCapture)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     token = set_trace_id("ab" * 16)
@@ -360,3 +360,42 @@ def test_every_request_carries_traceparent_and_the_owner_id():
     assert headers["X-Owner-Id"] == "worker-9"
     assert headers["traceparent"].startswith("00-" + "ab" * 16 + "-")
     assert caught.value.status == 409 and caught.value.code == "LOCK_CONTENDED"
+
+
+class _NotLeader(http.server.BaseHTTPRequestHandler):
+    """Every session open answered 503 NOT_LEADER (a lock store without quorum)."""
+
+    calls = 0
+
+    def do_POST(self):
+        type(self).calls += 1
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = (
+            b'{"code":"NOT_LEADER","message":"no leader","retrySafe":true,'
+            b'"retryAfterMillis":10,"traceId":"t"}'
+        )
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(("retry", "sent"), [(None, 2), (RetryPolicy(max_retries=0), 1)])
+def test_open_session_retries_within_its_budget_or_not_at_all_when_told(retry, sent):
+    """The budget's one retry after retryAfterMillis by default; `retry=RetryPolicy(
+    max_retries=0)` makes it one attempt (the HA probers: no wait hidden inside a call)."""
+    _NotLeader.calls = 0
+    server = http.server.HTTPServer(("127.0.0.1", free_port()), _NotLeader)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = LockClient(f"http://127.0.0.1:{server.server_address[1]}", "owner-1")
+        with pytest.raises(NotLeader):
+            client.open_session(5_000, heartbeat=False, retry=retry)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _NotLeader.calls == sent

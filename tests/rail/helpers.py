@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 from collections.abc import Iterator
 
-from devstack import RoleProcess, free_port
+from devstack import RoleProcess, bound_listener, free_port
 from tests.conftest import LiveStack
 
 
@@ -23,9 +22,7 @@ def start_proxy(stack: LiveStack, **env: str) -> RoleProcess:
 @contextlib.contextmanager
 def stub_answering_garbage() -> Iterator[str]:
     """A tiny TCP server that answers every request `200 OK` with a body that is not JSON."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
+    listener = bound_listener(backlog=8)
     stop = threading.Event()
 
     def serve() -> None:
