@@ -268,6 +268,20 @@ def test_each_role_reaches_only_its_own_database_and_gets_only_its_own_url():
 
 
 @pytest.mark.parametrize("name", sorted(SERVER_ROLES))
+def test_the_start_up_line_names_the_address_the_pod_is_reached_at(name):
+    """`kubectl logs` shows where the role listens (gunicorn on loopback) and where it is
+    reached (the pod IP and the proxy's port), so DLOCK_PUBLIC_ADDRESS is the pod's, not null."""
+    spec = pod_template(named("Deployment", name))["spec"]
+    env = env_of(spec["containers"][0])
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    proxy = next(c for c in spec["containers"] if c["name"] == "proxy")
+    http = next(p["containerPort"] for p in proxy["ports"] if p["name"] == "http")
+    assert env["DLOCK_PUBLIC_ADDRESS"]["value"] == f"$(POD_IP):{http}"
+    names = [e["name"] for e in spec["containers"][0]["env"]]
+    assert names.index("POD_IP") < names.index("DLOCK_PUBLIC_ADDRESS")  # $(...) sees only earlier
+
+
+@pytest.mark.parametrize("name", sorted(SERVER_ROLES))
 def test_drain_and_database_deadlines_fit_inside_the_callers_budget(name):
     deployment = named("Deployment", name)
     spec = pod_template(deployment)["spec"]
