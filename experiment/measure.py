@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 import psycopg
 
 from experiment.stack import scrape
+from payments.models import CLAIMABLE_STATES
 from payments.selectors import payout_state_counts, payout_summaries
 
 FENCED_NON_TERMINAL = ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")
@@ -81,6 +82,19 @@ def state_counts(pay_url: str, *, arm: str, payout_ids: list[str], run_id: str) 
             return payout_state_counts(conn.cursor(), payout_ids=payout_ids)
         rows = conn.execute(NAIVE_STATES, (run_id,)).fetchall()
     return {state: n for state, n in rows}
+
+
+CLAIMABLE_ELSEWHERE = """
+SELECT count(*) FROM payout WHERE state = ANY(%s) AND NOT (payout_id = ANY(%s::uuid[]))
+"""
+
+
+def claimable_elsewhere(pay_url: str, payout_ids: list[str]) -> int:
+    """Payouts of earlier runs (not `payout_ids`) that executors would still claim: the run's
+    executors spend their time on those too, so its payout rates would not be this run's."""
+    with psycopg.connect(pay_url, connect_timeout=5) as conn:
+        row = conn.execute(CLAIMABLE_ELSEWHERE, (list(CLAIMABLE_STATES), payout_ids)).fetchone()
+    return int(row[0]) if row else 0
 
 
 POSTED_AT = """

@@ -78,6 +78,17 @@ def rows(arm: dict) -> dict[str, str]:
     }
 
 
+def shared_rates_line(name: str, arm: dict) -> str | None:
+    """The warning a run's table carries when earlier runs' payouts were still claimable."""
+    leftovers = arm.get("earlier_runs_claimable") or 0
+    if not leftovers:
+        return None
+    return (
+        f"{name}: {leftovers} payouts of earlier runs were claimable when it began: its"
+        " POSTED/s are shared with them, not comparable (start from a clean stack)"
+    )
+
+
 def table(report: dict) -> str:
     arms = report["arms"]
     names = list(arms)
@@ -117,6 +128,9 @@ def table(report: dict) -> str:
                 for r in recovery
             ]
         ha_recovery = arms[name].get("ha_recovery") or []
+        shared = shared_rates_line(name, arms[name])
+        if shared:
+            lines.append(shared)
         if ha_recovery:
             lines.append(
                 f"{name}: recovery per HA fault and replica (outage = first acquire/call that"

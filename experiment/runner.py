@@ -25,7 +25,13 @@ from experiment.arms import Arm, ArmContext, arm_named
 from experiment.arms.fenced import fenced_out_in_logs, seed_fenced
 from experiment.config import CI_PRESET, ExperimentConfig
 from experiment.fenced_outs import Fault
-from experiment.measure import CounterScraper, collect, posted_times, state_counts
+from experiment.measure import (
+    CounterScraper,
+    claimable_elsewhere,
+    collect,
+    posted_times,
+    state_counts,
+)
 from experiment.rail import HOLD_MS, RailConfigurator
 from experiment.schedule import (
     ETCD_FOLLOWER_KILL,
@@ -136,6 +142,7 @@ class ArmRun:
         self.t0 = time.monotonic()
         self.probers: list[probes.Prober] = []
         self.last_ha_end = 0.0  # when the latest HA fault healed (the recovery run's settle)
+        self.leftovers = 0  # claimable payouts of earlier runs on this stack when it began
         # Faults that run in the background until healed: kind -> action(event, mark).
         self.actions: dict[str, Callable[[FaultEvent, ha.Mark], object]] = {
             RESTART: lambda e, _m: stack.restart_role(e.target),
@@ -170,6 +177,16 @@ class ArmRun:
             )
         self.seeded = self.arm.seed(self.ctx)
         self.ctx.payout_ids = self.seeded["payouts"]
+        if self.arm.name == "fenced":
+            self.leftovers = claimable_elsewhere(self.pay_url, self.ctx.payout_ids)
+            if self.leftovers:
+                print(
+                    f"[experiment] warning: {self.leftovers} payouts of earlier runs are still"
+                    " PENDING/CLAIMED on this stack; the executors will work on them too, so this"
+                    " run's POSTED/s are not comparable (start from a clean stack: `make down`,"
+                    " `make clean`, or drain them with `manage.py run_executor --until-idle`)",
+                    file=sys.stderr,
+                )
         spawn = self.arm.spawner(self.ctx)
         self.arm.start_sampling(self.ctx)
         self.t0 = time.monotonic()
@@ -488,6 +505,7 @@ class ArmRun:
             "elapsed_s": round(elapsed, 2),
             "throughput_posted_per_s": round(posted / elapsed, 2) if elapsed else 0.0,
             "still_in_flight": in_flight,
+            "earlier_runs_claimable": self.leftovers,
             **truth,
             **own,
             "executor_outcomes": dict(self.executed.total),
