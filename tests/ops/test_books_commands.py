@@ -17,7 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ops.reconciler import reconcile
-from payments import services
+from payments import selectors, services
 from payments.models import (
     Account,
     LedgerEntry,
@@ -127,7 +127,8 @@ def refused(*args: str) -> str:
 
 
 def balance(account_id: str) -> int:
-    return Account.objects.get(account_id=account_id).balance_minor
+    """As every reader sees it: a settlement account's row plus its buckets."""
+    return selectors.get_account(account_id=account_id)["balanceMinor"]
 
 
 def log_messages(model, object_id: str) -> list[str]:
