@@ -5,12 +5,12 @@ Parts (each writes `.run/bench/<name>.json` and returns a dict): `bench.fsync` (
 `bench.lockserver` (dlock over HTTP vs its SQL sent directly vs a no-framework floor; it runs
 `bench.lock_etcd` for the etcd rows), `bench.redis_lock` (python-redis-lock, not durable),
 `bench.payments` (claim+post over HTTP vs SQL), `bench.settlement` (posts only: the settlement
-row's lock wait), `bench.e2e` (payouts end to end, CPU per payout by role, the like-for-like
-floor). `--before REV` adds `bench.compare` (two trees' stacks, interleaved; issue 25).
-A part that is not built yet is reported as missing; a part that fails is reported with its
-error; the others still run. The summary (printed and written to `.run/bench/summary.json`)
-puts the numbers next to each other with ratios and ends with issue 28's goal lines, PASS or
-FAIL (also `.run/bench/goals.json`).
+row's lock wait, PAY_SETTLEMENT_BUCKETS 1 vs 8), `bench.e2e` (payouts end to end, CPU per
+payout by role, the like-for-like floor). `--before REV` adds `bench.compare` (two trees'
+stacks, interleaved; issue 25). A part that is not built yet is reported as missing; a part
+that fails is reported with its error; the others still run. The summary (printed and written
+to `.run/bench/summary.json`) puts the numbers next to each other with ratios and ends with
+issue 28's goal lines, PASS or FAIL (also `.run/bench/goals.json`).
 """
 
 from __future__ import annotations
@@ -471,8 +471,9 @@ def settlement_lines(entry: dict | None) -> list[str]:
     result = entry["result"]
     for level in result.get("levels", []):
         lines.append(
-            f"  {level['accounts']:>3} accounts on {level.get('settlement_rows', 1)} settlement"
-            f" row(s): {level['posts_per_s']} posts/s,"
+            f"  {level['accounts']:>3} accounts,"
+            f" PAY_SETTLEMENT_BUCKETS={level.get('buckets', level.get('settlement_rows', 1))}:"
+            f" {level['posts_per_s']} posts/s,"
             f" post p50 {level['post_p50_ms']} ms p99 {level['post_p99_ms']} ms;"
             f" row-lock wait {level['lock_wait_share']:.0%} of post time;"
             f" ceiling 1/(statement + commit) = {level['ceiling_posts_per_s']}/s"

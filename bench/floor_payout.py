@@ -41,7 +41,8 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings.tooling")
 django.setup()
 
-from psycopg_pool import ConnectionPool  # noqa: E402 - after django.setup()
+from django.conf import settings  # noqa: E402 - after django.setup()
+from psycopg_pool import ConnectionPool  # noqa: E402
 
 from dlock import idempotency, proof  # noqa: E402
 from dlock.timefmt import rfc3339_ms, utcnow  # noqa: E402
@@ -175,6 +176,9 @@ def _post(conn, environ, payout_id: uuid.UUID) -> dict:
                 idempotency_key=key,
                 request_hash=request_hash,
                 body_json=json.dumps(answer, separators=(",", ":")),
+                settlement_bucket=pay_sql.settlement_bucket(
+                    payout_id, buckets=settings.PAY_SETTLEMENT_BUCKETS
+                ),
             )
             assert posted is not None, "the floor serves RAIL_ACKED payouts only"
     return answer

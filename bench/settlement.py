@@ -1,13 +1,15 @@
 """The settlement row (issue 28 item 3): posts only, at 1, 8 and 64 concurrent accounts.
 
-Every P3 post credits `settlement:<currency>` in its own transaction, so the posts of one
-currency queue on that row's lock, held from the post statement's update until the commit's
-fsync. This measures how much that queue costs, on a private durable stack (fsync on,
-synchronous_commit on, pg_stat_statements loaded) with dlock's real roles:
+Every P3 post credits `settlement:<currency>` in its own transaction. With
+PAY_SETTLEMENT_BUCKETS=1 every credit lands in one row, so the posts of one currency queue on
+that row's lock, held from the post statement's update until the commit's fsync; with N
+buckets a post locks one of N rows (the payout id's). This measures that queue and what the
+buckets buy, on a private durable stack (fsync on, synchronous_commit on, pg_stat_statements
+loaded) with dlock's real roles, every account in one currency (EUR):
 
-1. Prepare (not measured): per level, fresh accounts (one currency: one settlement row) and
-   payouts; each is taken through L4 acquire → P2 claim → the rail submission (RAIL_ACKED) → L6
-   release, and its grant (token + proof) kept for the post.
+1. Prepare (not measured): per level, fresh accounts and payouts; each is taken through L4
+   acquire → P2 claim → the rail submission (RAIL_ACKED) → L6 release, and its grant (token +
+   proof) kept for the post.
 2. Measure: one client thread per account posts its account's payouts (P3 over HTTP, back to
    back), while a sampler polls paydb's pg_stat_activity every BENCH_SETTLEMENT_SAMPLE_MS (2)
    ms. Row-lock wait share = (mean number of post backends waiting on a heavyweight lock,
@@ -16,15 +18,17 @@ synchronous_commit on, pg_stat_statements loaded) with dlock's real roles:
    COMMIT's mean execution times; the ceiling the row implies is 1 / (statement + commit):
    posts of one currency cannot commit faster than one row-lock hold after another.
 
-3. Then the top level again with its accounts spread over BENCH_SETTLEMENT_SPREAD (8)
-   currencies: 8 settlement rows share the credits, which is what bucketing the settlement
-   credit over 8 rows would give, measured on the unchanged code; one row and spread alternate
-   for BENCH_SETTLEMENT_TOP_ROUNDS (2) pairs.
+   The levels run with PAY_SETTLEMENT_BUCKETS=1 (one row: the contention without buckets).
+3. Then the top level again with PAY_SETTLEMENT_BUCKETS=BENCH_SETTLEMENT_BUCKETS (8): the same
+   code and workload, payments restarted with the other setting between arms; one bucket and N
+   buckets alternate for BENCH_SETTLEMENT_TOP_ROUNDS (2) pairs (before/after, interleaved).
+   After every level the settlement balance (its row plus its buckets) must equal its ledger.
 
-Verdict: the row is the limiter at the top level when the spread arm posts at least
-LIMITER_GAIN (1.2) × as fast (the causal test); the lock-wait shares — of the post's latency,
-and of the post backends active in PostgreSQL (at most DB_POOL_MAX: beyond it posts queue for a
-connection inside payments) — say where the time goes. Writes `<out>/settlement.json`.
+Verdict: the gain at the top level is the median over the pairs of (posts/s with N buckets) ÷
+(posts/s with one); one row was the limiter when it is at least LIMITER_GAIN (1.2); the
+lock-wait shares — of the post's latency, and of the post backends active in PostgreSQL (at
+most DB_POOL_MAX: beyond it posts queue for a connection inside payments) — say where the time
+goes. Writes `<out>/settlement.json`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from urllib.parse import urlsplit
 import psycopg
 
 from bench import credentials
+from payments.selectors import account_books
 
 LEVELS = tuple(
     int(v) for v in os.environ.get("BENCH_SETTLEMENT_ACCOUNTS", "1,8,64").split(",") if v
@@ -51,13 +56,11 @@ LEVELS = tuple(
 POSTS_PER_ACCOUNT = int(os.environ.get("BENCH_SETTLEMENT_POSTS", "0"))  # 0: sized per level
 SAMPLE_S = float(os.environ.get("BENCH_SETTLEMENT_SAMPLE_MS", "2")) / 1000
 TARGET_POSTS = 320  # per level (at least 4 per account)
-# The spread arm: the same accounts over SPREAD currencies, so SPREAD settlement rows share the
-# credits — what bucketing the settlement credit over SPREAD rows would give, measured on the
-# unchanged code.
-SPREAD = int(os.environ.get("BENCH_SETTLEMENT_SPREAD", "8"))
-TOP_ROUNDS = int(os.environ.get("BENCH_SETTLEMENT_TOP_ROUNDS", "2"))  # (one row, spread) pairs
-CURRENCIES = ("EUR", "USD", "GBP", "CHF", "SEK", "NOK", "DKK", "PLN", "CZK", "JPY", "CAD", "AUD")
-LIMITER_GAIN = 1.2  # spreading must post this much faster for the row to be the limiter
+# The after arm: PAY_SETTLEMENT_BUCKETS of payments at the top level (the before arm: 1).
+BUCKETS = int(os.environ.get("BENCH_SETTLEMENT_BUCKETS", "8"))
+TOP_ROUNDS = int(os.environ.get("BENCH_SETTLEMENT_TOP_ROUNDS", "2"))  # (1, BUCKETS) pairs
+CURRENCY = "EUR"
+LIMITER_GAIN = 1.2  # the buckets must post this much faster for one row to be the limiter
 PG_SETTINGS = (
     "shared_preload_libraries=pg_stat_statements",
     "pg_stat_statements.max=2000",
@@ -70,8 +73,8 @@ SELECT count(*) FILTER (WHERE state = 'active'),
   FROM pg_stat_activity
  WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid()
 """
-# P3's one statement (fenced_sql.POST_SQL: the payout, its event, both legs and both balances,
-# the settlement credit among them), by its normalised text (constants are $n there).
+# P3's one statement (fenced_sql.POST_SQL: the payout, its event, both legs, the debit and the
+# settlement bucket's credit), by its normalised text (constants are $n there).
 STATEMENTS = """
 SELECT 'post', sum(calls), sum(total_exec_time) / greatest(sum(calls), 1)
   FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
@@ -79,6 +82,10 @@ SELECT 'post', sum(calls), sum(total_exec_time) / greatest(sum(calls), 1)
 """
 # A commit's flush: pg_stat_wal's fsyncs (track_wal_io_timing) over the window.
 WAL_SYNC = "SELECT wal_sync, wal_sync_time FROM pg_stat_wal"
+# The settlement account's bucket rows the window's credits touched.
+BUCKETS_TOUCHED = """
+SELECT count(*) FROM settlement_bucket WHERE account_id = %s AND updated_at >= to_timestamp(%s)
+"""
 
 
 class _Caller:
@@ -198,36 +205,28 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else 0
 
 
-def _seed(
-    stack, accounts: int, per_account: int, rows: int
-) -> list[tuple[str, str, str, int, str]]:
-    """`accounts` accounts with `per_account` PENDING payouts each, spread over `rows`
-    currencies (one settlement row each; the first is EUR)."""
-    ids: list[str] = []
-    for index, currency in enumerate(CURRENCIES[:rows]):
-        share = accounts // rows + (1 if index < accounts % rows else 0)
-        if not share:
-            continue
-        result = stack.manage(
-            "seed_payouts",
-            "--accounts",
-            str(share),
-            "--payouts-per-account",
-            str(per_account),
-            "--balance-minor",
-            str(per_account * 1_000 * 2),
-            "--amount-minor",
-            "1000",
-            "--currency",
-            currency,
-            "--json",
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"seed_payouts failed: {result.stderr[-800:]}")
-        data = json.loads(
-            next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{"))
-        )
-        ids += [str(p) for p in data["payouts"]]
+def _seed(stack, accounts: int, per_account: int) -> list[tuple[str, str, str, int, str]]:
+    """`accounts` accounts of CURRENCY with `per_account` PENDING payouts each."""
+    result = stack.manage(
+        "seed_payouts",
+        "--accounts",
+        str(accounts),
+        "--payouts-per-account",
+        str(per_account),
+        "--balance-minor",
+        str(per_account * 1_000 * 2),
+        "--amount-minor",
+        "1000",
+        "--currency",
+        CURRENCY,
+        "--json",
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"seed_payouts failed: {result.stderr[-800:]}")
+    data = json.loads(
+        next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{"))
+    )
+    ids = [str(p) for p in data["payouts"]]
     with psycopg.connect(stack.env["PAY_DATABASE_URL"]) as conn:
         rows = conn.execute(
             "SELECT payout_id::text, account_id, idempotency_key, amount_minor, currency"
@@ -237,13 +236,14 @@ def _seed(
     return [(p, a, k, int(m), c) for p, a, k, m, c in rows]
 
 
-def _level(stack, accounts: int, admin_url: str, settlement_rows: int = 1) -> dict:
+def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
+    """One measured window at `accounts` accounts; payments runs with `buckets` (the caller
+    restarted it with PAY_SETTLEMENT_BUCKETS=buckets)."""
     per_account = POSTS_PER_ACCOUNT or max(4, TARGET_POSTS // accounts)
-    rows = _seed(stack, accounts, per_account, settlement_rows)
+    rows = _seed(stack, accounts, per_account)
     by_account: dict[str, list] = {}
     for row in rows:
         by_account.setdefault(row[1], []).append(row)
-    currencies = sorted({row[4] for row in rows})
     names = sorted(by_account)
     callers = {a: _Caller(stack, f"settle-{uuid.uuid4().hex[:8]}") for a in names}
     prepared: dict[str, list] = {a: [] for a in names}
@@ -313,7 +313,7 @@ def _level(stack, accounts: int, admin_url: str, settlement_rows: int = 1) -> di
     watch = threading.Thread(target=sampler, daemon=True)
     load = round(os.getloadavg()[0], 2)
     ready.wait()
-    started = time.monotonic()
+    started, began_at = time.monotonic(), time.time()
     watch.start()
     for thread in posters:
         thread.join(600)
@@ -340,6 +340,9 @@ def _level(stack, accounts: int, admin_url: str, settlement_rows: int = 1) -> di
             " ELSE amount_minor END), 0) FROM ledger_entry WHERE payout_id = ANY(%s::uuid[])",
             (ids,),
         ).fetchone()
+        settlement = f"settlement:{CURRENCY}"
+        touched = conn.execute(BUCKETS_TOUCHED, (settlement, began_at - 1)).fetchone()[0]
+        (books,) = account_books(conn.cursor(), account_ids=[settlement])
     for caller in callers.values():
         for conn in caller.conns.values():
             conn.close()
@@ -351,8 +354,10 @@ def _level(stack, accounts: int, admin_url: str, settlement_rows: int = 1) -> di
     commit_ms = stats.get("commit", (0, 0.0))[1]
     return {
         "accounts": accounts,
-        "settlement_rows": len(currencies),
-        "currencies": currencies,
+        "buckets": buckets,  # PAY_SETTLEMENT_BUCKETS of payments in this window
+        "buckets_touched": int(touched),
+        # balance (row + buckets) = ledger sum of the settlement account after the window
+        "settlement_books_ok": books[1] == books[2],
         "posts": len(latencies),
         "posted_rows": posted,
         "ledger_legs": int(legs[0]),
@@ -385,9 +390,7 @@ def with_ceilings(levels: list[dict]) -> list[dict]:
     flush). At more accounts the statement's own mean includes the row-lock wait itself."""
     if not levels:
         return levels
-    alone = min(levels, key=lambda lvl: (lvl["accounts"], lvl["settlement_rows"]))[
-        "post_statement_ms"
-    ]
+    alone = min(levels, key=lambda lvl: (lvl["accounts"], lvl["buckets"]))["post_statement_ms"]
     for level in levels:
         hold = alone + level["commit_ms"]
         level["uncontended_statement_ms"] = alone
@@ -395,39 +398,56 @@ def with_ceilings(levels: list[dict]) -> list[dict]:
     return levels
 
 
-def verdict(levels: list[dict]) -> tuple[bool, str]:
-    """Is the one settlement row the limiter at the most accounts? The causal test: spreading
-    the same accounts over SPREAD rows (the spread arm, interleaved with the one-row arm in
-    TOP_ROUNDS pairs) posts at least LIMITER_GAIN × as fast, as the median of the pairs' gains.
-    The lock-wait shares say how the time is spent; they do not decide (at 64 accounts most
-    posts wait for one of payments' DB_POOL_MAX connections, not in PostgreSQL)."""
+def verdict(levels: list[dict]) -> tuple[bool, float | None, str]:
+    """What the buckets buy at the most accounts: the median over the interleaved pairs of
+    (posts/s with BUCKETS buckets) ÷ (posts/s with one); one row was the limiter when that is
+    at least LIMITER_GAIN. The lock-wait shares say how the time is spent; they do not decide
+    (at 64 accounts most posts wait for one of payments' DB_POOL_MAX connections, not in
+    PostgreSQL). Returns (limiter, gain, text)."""
     most = max(lvl["accounts"] for lvl in levels)
-    single = [lvl for lvl in levels if lvl["accounts"] == most and lvl["settlement_rows"] == 1]
-    spread = [lvl for lvl in levels if lvl["accounts"] == most and lvl["settlement_rows"] > 1]
+    single = [lvl for lvl in levels if lvl["accounts"] == most and lvl["buckets"] == 1]
+    bucketed = [lvl for lvl in levels if lvl["accounts"] == most and lvl["buckets"] > 1]
     gains = [
         round(b["posts_per_s"] / a["posts_per_s"], 2)
-        for a, b in zip(single, spread, strict=False)
+        for a, b in zip(single, bucketed, strict=False)
         if a.get("posts_per_s") and b.get("posts_per_s")
     ]
     gain = round(statistics.median(gains), 2) if gains else None
     top = single[len(single) // 2] if single else max(levels, key=lambda lvl: lvl["accounts"])
     limiter = bool(gain is not None and gain >= LIMITER_GAIN)
     facts = (
-        f"{most} accounts on one row: {', '.join(str(a['posts_per_s']) for a in single)} posts/s,"
-        f" {top['lock_wait_share']:.0%} of post time waiting on the row lock"
+        f"{most} accounts, one bucket: {', '.join(str(a['posts_per_s']) for a in single)}"
+        f" posts/s, {top['lock_wait_share']:.0%} of post time waiting on a row lock"
         f" ({top.get('lock_wait_share_in_db', 0):.0%} of the post backends in PostgreSQL),"
         f" ceiling 1 / ({top.get('uncontended_statement_ms')} ms statement +"
         f" {top['commit_ms']} ms flush) = {top.get('ceiling_posts_per_s')}/s"
     )
-    if spread:
+    if bucketed:
+        after = bucketed[len(bucketed) // 2]
         facts += (
-            f"; on {spread[0]['settlement_rows']} rows:"
-            f" {', '.join(str(b['posts_per_s']) for b in spread)} posts/s"
+            f"; {bucketed[0]['buckets']} buckets:"
+            f" {', '.join(str(b['posts_per_s']) for b in bucketed)} posts/s,"
+            f" {after['lock_wait_share']:.0%} waiting on a row lock"
             f" (gain per pair {gains}, median {gain}×)"
         )
+    broken = [lvl for lvl in levels if not lvl.get("settlement_books_ok", True)]
+    if broken:
+        facts += f"; SETTLEMENT BOOKS BROKEN after {len(broken)} window(s)"
     if limiter:
-        return True, f"the settlement row IS the limiter: {facts}"
-    return False, f"the settlement row is NOT the limiter: {facts}; payments unchanged"
+        return True, gain, f"one settlement row WAS the limiter, the buckets lift it: {facts}"
+    return False, gain, f"the buckets do not lift posts by {LIMITER_GAIN}×: {facts}"
+
+
+def plan(levels: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(accounts, buckets) windows in order: every level on one bucket, then the top level on
+    BUCKETS, then (1, BUCKETS) pairs until TOP_ROUNDS pairs ran at the top level."""
+    windows = [(accounts, 1) for accounts in levels]
+    if BUCKETS > 1:
+        top = max(levels)
+        windows.append((top, BUCKETS))
+        for _ in range(TOP_ROUNDS - 1):
+            windows += [(top, 1), (top, BUCKETS)]
+    return windows
 
 
 def run(out_dir: str | Path, levels: tuple[int, ...] = LEVELS) -> dict:
@@ -448,15 +468,14 @@ def run(out_dir: str | Path, levels: tuple[int, ...] = LEVELS) -> dict:
         _pg_stats_setup(stack)
         admin = stack.pg_cluster.url("postgres")
         rows = []
-        plan = [(accounts, 1) for accounts in levels]
-        if SPREAD > 1:  # the top level again, one row and spread alternating
-            plan.append((max(levels), SPREAD))
-            for _ in range(TOP_ROUNDS - 1):
-                plan += [(max(levels), 1), (max(levels), SPREAD)]
-        for accounts, settlement_rows in plan:
-            row = _level(stack, accounts, admin, settlement_rows)
+        running = 8  # payments' default PAY_SETTLEMENT_BUCKETS (not set by private_stack)
+        for accounts, buckets in plan(levels):
+            if buckets != running:  # the same code; only the setting differs between arms
+                stack.restart_role("payments", env={"PAY_SETTLEMENT_BUCKETS": str(buckets)})
+                running = buckets
+            row = _level(stack, accounts, admin, buckets)
             print(
-                f"[bench] settlement {accounts} accounts on {settlement_rows} row(s):"
+                f"[bench] settlement {accounts} accounts, {buckets} bucket(s):"
                 f" {row['posts_per_s']} posts/s,"
                 f" p99 {row['post_p99_ms']} ms, lock wait {row['lock_wait_share']:.0%},"
                 f" statement {row['post_statement_ms']} ms, commit flush {row['commit_ms']} ms",
@@ -466,14 +485,16 @@ def run(out_dir: str | Path, levels: tuple[int, ...] = LEVELS) -> dict:
     finally:
         stop()
         shutil.rmtree(base, ignore_errors=True)
-    limiter, text = verdict(with_ceilings(rows))
+    limiter, gain, text = verdict(with_ceilings(rows))
     data = {
         "name": "settlement",
-        "workload": "P3 posts only over HTTP, one client per account, one currency (one"
-        " settlement row); payouts prepared to RAIL_ACKED beforehand",
+        "workload": "P3 posts only over HTTP, one client per account, one currency; the levels"
+        f" with PAY_SETTLEMENT_BUCKETS=1, the top level also with {BUCKETS}, interleaved;"
+        " payouts prepared to RAIL_ACKED beforehand",
         "durability": "fsync=on, synchronous_commit=on",
         "levels": rows,
         "limiter_at_top": limiter,
+        "bucket_gain_at_top": gain,
         "verdict": text,
         "lock_wait_share_median": round(statistics.median(r["lock_wait_share"] for r in rows), 3),
         "top_rounds": TOP_ROUNDS,

@@ -14,7 +14,7 @@ import psycopg
 
 from experiment.stack import scrape
 from payments.models import CLAIMABLE_STATES
-from payments.selectors import payout_state_counts, payout_summaries
+from payments.selectors import account_books, payout_state_counts, payout_summaries
 
 FENCED_NON_TERMINAL = ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")
 NAIVE_NON_TERMINAL = ("PENDING", "CLAIMED")
@@ -46,13 +46,6 @@ SELECT client_ref, rail_reference, duplicate_of, amount_minor FROM rail_transfer
 NAIVE_PAYOUTS = """
 SELECT payout_id::text, account_id, state, amount_minor FROM experiment_naive_payout
  WHERE run_id = %s
-"""
-FENCED_BALANCES = """
-SELECT a.account_id, a.balance_minor,
-       coalesce(sum(CASE WHEN e.direction = 'CREDIT' THEN e.amount_minor
-                         ELSE -e.amount_minor END), 0)
-  FROM account a LEFT JOIN ledger_entry e ON e.account_id = a.account_id
- WHERE a.account_id = ANY(%s) GROUP BY a.account_id, a.balance_minor
 """
 NAIVE_BALANCES = """
 SELECT a.account_id, a.balance_minor,
@@ -164,7 +157,7 @@ def collect(
         if arm == "fenced":
             payouts = payout_summaries(conn.cursor(), payout_ids=payout_ids)
             subs = conn.execute(FENCED_SUBMISSIONS, (payout_ids,)).fetchall()
-            balances = conn.execute(FENCED_BALANCES, (account_ids,)).fetchall()
+            balances = account_books(conn.cursor(), account_ids=account_ids, settlement=True)
             entries = conn.execute(FENCED_PAYOUT_LEDGER, (payout_ids,)).fetchall()
             try:
                 recon = dict(conn.execute(RECONCILIATION, (payout_ids,)).fetchall())

@@ -40,7 +40,7 @@ class MissingPiece(RuntimeError):
 @dataclass
 class StackHandle:
     env: dict[str, str]
-    restart_role: Callable[[str], None]
+    restart_role: Callable[..., None]  # (role); a private stack's also takes env= overrides
     pg_cluster: PgCluster | None = None
     run_dir: Path = field(default_factory=lambda: PROJECT / ".run")
 
@@ -186,8 +186,12 @@ def private_stack(
         stop()
         raise
 
-    def restart(role: str) -> None:
+    def restart(role: str, env: dict[str, str] | None = None) -> None:
+        """`env`: settings laid over the role's environment from this start on (a bench arm,
+        e.g. PAY_SETTLEMENT_BUCKETS); the other roles and `manage` keep the stack's."""
         procs[role].stop()
+        if env:
+            procs[role].env = {**procs[role].env, **env}
         procs[role].start()
 
     return StackHandle(env=env, restart_role=restart, pg_cluster=cluster, run_dir=run_dir), stop

@@ -20,7 +20,8 @@ an orphan):
 Writes only its findings (`payout_reconciliation`, one row per classified payout) and the run's
 verdict (`reconcile_run`, exported by payments' /metrics as `reconcile_ok` and
 `reconcile_last_run_timestamp_seconds`). Raw SQL because it reads two apps' tables across two
-databases in one snapshot each; the `payout` reads go through payments.selectors.
+databases in one snapshot each; the `payout` reads and the balances (a settlement account's
+row plus its buckets) go through payments.selectors.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dlock.budgets import BUDGETS
 from dlock.dbrouter import alias_for
 from dlock.timefmt import rfc3339_ms
 from payments.operator import record_reconcile_run
-from payments.selectors import payouts_for_reconcile, rail_recoveries
+from payments.selectors import account_books, payouts_for_reconcile, rail_recoveries
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -45,13 +46,6 @@ if TYPE_CHECKING:
 
 FORWARDED_OUTCOMES = ("PENDING", "ACKED", "TIMEOUT", "DECLINED")
 
-ACCOUNTS_SQL = """
-SELECT a.account_id, a.balance_minor,
-       COALESCE(SUM(CASE WHEN e.direction = 'CREDIT' THEN e.amount_minor ELSE 0 END), 0)
-     - COALESCE(SUM(CASE WHEN e.direction = 'DEBIT' THEN e.amount_minor ELSE 0 END), 0)
-  FROM account a LEFT JOIN ledger_entry e ON e.account_id = a.account_id
- GROUP BY a.account_id, a.balance_minor
-"""
 TOTALS_SQL = """
 SELECT COALESCE(SUM(amount_minor) FILTER (WHERE direction = 'DEBIT'), 0),
        COALESCE(SUM(amount_minor) FILTER (WHERE direction = 'CREDIT'), 0)
@@ -164,8 +158,7 @@ def _read_paydb() -> dict[str, Any]:
         if not nested:
             cursor.execute(SNAPSHOT_SQL)
         cursor.execute(TIMEOUT_SQL, [int(BUDGETS["reconciler.db"].read_s * 1000)])
-        cursor.execute(ACCOUNTS_SQL)
-        accounts = cursor.fetchall()
+        accounts = account_books(cursor)  # a settlement balance: its row + its buckets
         cursor.execute(TOTALS_SQL)
         debits, credits = cursor.fetchone()
         payouts = payouts_for_reconcile(cursor, states=RECONCILED_STATES)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models.expressions import RawSQL
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -36,6 +37,7 @@ from payments.models import (
 )
 from payments.recovery import REASON_MIN, close_recovery, record_recovery, recovered_references
 from payments.resolve import OVERRIDE_REASON_MIN, allowed_resolution, resolve_payout
+from payments.selectors import balance_sql
 
 if TYPE_CHECKING:
     from django.db.models import Model, QuerySet
@@ -117,9 +119,35 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Account)
 class AccountAdmin(ReadOnlyAdmin):
-    list_display = ("account_id", "kind", "currency", "balance_minor", "fence", "updated_at_utc")
+    """The balance shown is the account's balance (selectors.balance_sql): a settlement
+    account's row holds only part of it, the rest is in its buckets (issue 28 item 3)."""
+
+    list_display = ("account_id", "kind", "currency", "balance", "fence", "updated_at_utc")
     list_filter = ("kind", "currency")
     search_fields = ("account_id",)
+    fields = (
+        "account_id",
+        "kind",
+        "currency",
+        "balance",
+        "row_balance",
+        "fence",
+        "updated_at_utc",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Account]:
+        # The table's own name: the changelist and the change form select FROM "account".
+        total = RawSQL(balance_sql('"account"'), ())  # noqa: S611 - a constant, no input
+        return super().get_queryset(request).annotate(balance_total=total)
+
+    @admin.display(description="balance (minor)", ordering="balance_total")
+    def balance(self, obj: Account) -> int:
+        return int(obj.balance_total)  # type: ignore[attr-defined]
+
+    @admin.display(description="on the account row (the rest: settlement buckets)")
+    def row_balance(self, obj: Account) -> int:
+        return obj.balance_minor
 
     @admin.display(description="updated at (UTC)", ordering="updated_at")
     def updated_at_utc(self, obj: Account) -> str:

@@ -12,6 +12,7 @@ Exported for other apps (docs/briefs/INTERFACES.md): `transition_payout`, `raise
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -158,9 +159,13 @@ SELECT account_id, amount_minor, currency FROM moved
 """
 
 # P3 after its fence (the account row locked): RAIL_ACKED → POSTED with its history row, both
-# legs, both balances (the settlement account created on its first credit) and the identity's
-# recorded 200, in one statement; nothing is written unless the payout moved. The entry ids and
-# the body come from the caller, who knows them from the locked account and payout rows.
+# legs, the debit and the settlement credit (the settlement account created on its first
+# credit) and the identity's recorded 200, in one statement; nothing is written unless the
+# payout moved. The entry ids and the body come from the caller, who knows them from the locked
+# account and payout rows. The credit lands in the payout's bucket row of the settlement
+# account (issue 28 item 3), not on the account row: the posts of one currency would otherwise
+# queue on that one row's lock until each commit's fsync. ON CONFLICT DO NOTHING takes no row
+# lock, so `settled` only creates the account (ledger entries and buckets reference it).
 POST_SQL = """
 WITH moved AS (
     UPDATE payout
@@ -179,15 +184,18 @@ WITH moved AS (
       FROM moved
      WHERE account.account_id = moved.account_id
  RETURNING account.balance_minor
-), credited AS (
+), settled AS (
     INSERT INTO account (account_id, currency, kind, balance_minor, fence, updated_at)
-    SELECT 'settlement:' || moved.currency, moved.currency, 'SETTLEMENT', moved.amount_minor, 0,
-           clock_timestamp()
+    SELECT 'settlement:' || moved.currency, moved.currency, 'SETTLEMENT', 0, 0, clock_timestamp()
       FROM moved
-        ON CONFLICT (account_id) DO UPDATE
-       SET balance_minor = account.balance_minor + EXCLUDED.balance_minor,
+        ON CONFLICT (account_id) DO NOTHING
+), credited AS (
+    INSERT INTO settlement_bucket (account_id, bucket, balance_minor, updated_at)
+    SELECT 'settlement:' || moved.currency, %(bucket)s, moved.amount_minor, clock_timestamp()
+      FROM moved
+        ON CONFLICT (account_id, bucket) DO UPDATE
+       SET balance_minor = settlement_bucket.balance_minor + EXCLUDED.balance_minor,
            updated_at = clock_timestamp()
- RETURNING balance_minor
 ), legs AS (
     INSERT INTO ledger_entry (entry_id, payout_id, account_id, direction, amount_minor, fence,
                               posted_at)
@@ -198,8 +206,7 @@ WITH moved AS (
                            (%(credit_entry)s::uuid, 'settlement:' || moved.currency, 'CREDIT'))
                 AS leg (entry_id, account_id, direction)
 ), rec AS ({record})
-SELECT moved.account_id, moved.amount_minor, moved.currency,
-       (SELECT balance_minor FROM debited), (SELECT balance_minor FROM credited)
+SELECT moved.account_id, moved.amount_minor, moved.currency, (SELECT balance_minor FROM debited)
   FROM moved
 """.format(record=_RECORD_MOVED_CTE.format(operation="'post'"))
 
@@ -213,6 +220,8 @@ ON CONFLICT (account_id) DO NOTHING
 
 # Double entry in one statement: DEBIT the debited account, CREDIT the credited one, both
 # balances moved by the same amount. The CUSTOMER CHECK (balance >= 0) is the last guard.
+# Opening balances and an operator's POSTED resolution: rare, so a settlement credit here moves
+# the account row itself (part of its balance beside the buckets: selectors.balance_sql).
 POST_LEDGER_SQL = """
 WITH debited AS (
     UPDATE account SET balance_minor = balance_minor - %(amount)s,
@@ -464,8 +473,13 @@ class Posted:
     account_id: str
     amount_minor: int
     currency: str
-    debit_balance: int
-    credit_balance: int
+    debit_balance: int  # the settlement side is a bucket's share: no balance of its own
+
+
+def settlement_bucket(payout_id: uuid.UUID, *, buckets: int) -> int:
+    """The settlement bucket a payout's credit lands in: stable (a retry or replay of the post
+    names the same row) and spread even for non-random ids (a hash, not the id's low bits)."""
+    return zlib.crc32(payout_id.bytes) % buckets
 
 
 def post(
@@ -481,13 +495,16 @@ def post(
     idempotency_key: str,
     request_hash: str,
     body_json: str,
+    settlement_bucket: int,
 ) -> Posted | None:
-    """RAIL_ACKED → POSTED, both legs, both balances and the recorded 200, one statement; None
-    if the payout was not RAIL_ACKED (nothing written)."""
+    """RAIL_ACKED → POSTED, both legs, the debit, the credit to `settlement_bucket` of the
+    settlement account and the recorded 200, one statement; None if the payout was not
+    RAIL_ACKED (nothing written)."""
     cursor.execute(
         POST_SQL,
         {
             "payout_id": str(payout_id),
+            "bucket": settlement_bucket,
             "token": token,
             "owner_id": owner_id,
             "rail_reference": rail_reference,
@@ -502,7 +519,7 @@ def post(
     row = cursor.fetchone()
     if row is None:
         return None
-    return Posted(row[0], int(row[1]), row[2], int(row[3]), int(row[4]))
+    return Posted(row[0], int(row[1]), row[2], int(row[3]))
 
 
 def payout_state(cursor: Any, *, payout_id: uuid.UUID) -> tuple[str | None, int | None]:
@@ -521,7 +538,7 @@ def ensure_account(cursor: Any, *, account_id: str, currency: str, kind: str) ->
 @dataclass(frozen=True)
 class Posting:
     entries: list[dict[str, Any]]
-    debit_balance: int
+    debit_balance: int  # the rows' own balance_minor: of a settlement account, a share of it
     credit_balance: int
 
 

@@ -88,6 +88,40 @@ class Account(models.Model):
         return self.account_id
 
 
+class SettlementBucket(models.Model):
+    """One of the rows P3 spreads a settlement account's credits over (issue 28 item 3): a post
+    credits bucket `hash(payout id) mod PAY_SETTLEMENT_BUCKETS` of `settlement:<currency>`, so
+    the posts of one currency lock one of N rows, not one row, until their commits' fsync.
+
+    balance(settlement:<ccy>) = account.balance_minor + Σ its buckets' balance_minor
+    (payments.selectors.balance_sql, the one way to read a balance); ledger entries still name
+    the account. Written only by fenced_sql.POST_SQL; operator moves change the account row.
+    """
+
+    pk = models.CompositePrimaryKey("account_id", "bucket")
+    account = models.ForeignKey(
+        Account,
+        on_delete=models.PROTECT,
+        db_column="account_id",
+        related_name="buckets",
+        db_index=False,  # the primary key (account_id, bucket) leads with it
+    )
+    bucket = models.SmallIntegerField()
+    balance_minor = models.BigIntegerField(default=0, db_default=0)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "settlement_bucket"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(bucket__gte=0), name="settlement_bucket_non_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.account_id}#{self.bucket}"
+
+
 class Payout(models.Model):
     payout_id = models.UUIDField(primary_key=True, default=uuid.uuid4)
     account = models.ForeignKey(

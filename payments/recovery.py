@@ -385,7 +385,9 @@ def _book(
     credit: tuple[str, str],
 ) -> list[dict[str, Any]]:
     """Two balanced legs on the recovery and both balance moves (balance = Σ CREDIT − Σ DEBIT).
-    The accounts are created on demand; operator legs carry fence 0 (no token is involved)."""
+    The accounts are created on demand; operator legs carry fence 0 (no token is involved).
+    A settlement leg moves the account row itself, never P3's buckets: its balance is the row
+    plus its buckets (selectors.balance_sql), and an operator step is too rare to spread."""
     amount = int(recovery.amount_minor)
     entries = []
     for (account_id, kind), direction, sign in ((debit, "DEBIT", -1), (credit, "CREDIT", 1)):

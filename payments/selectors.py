@@ -191,11 +191,23 @@ def get_payout(*, payout_id: uuid.UUID) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# P5
+# The balance of an account, and P5
 
 
-ACCOUNT_SQL = """
-SELECT a.account_id, a.currency, a.balance_minor, a.fence, a.updated_at,
+def balance_sql(account: str = "a") -> str:
+    """The balance of the `account` row (a table alias or name) as an SQL expression: its own
+    balance_minor plus its settlement buckets (issue 28 item 3: P3 spreads the credits to
+    `settlement:<ccy>` over bucket rows; other accounts have none, so the sum is 0). The one
+    definition every reader of a balance uses — P5, the admin, the reconciler, the experiment —
+    so none reads a settlement account's row alone. An index probe on the buckets' primary key."""
+    return (
+        f"({account}.balance_minor + COALESCE((SELECT SUM(sb.balance_minor)::bigint"
+        f" FROM settlement_bucket sb WHERE sb.account_id = {account}.account_id), 0))"
+    )
+
+
+ACCOUNT_SQL = f"""
+SELECT a.account_id, a.currency, {balance_sql("a")}, a.fence, a.updated_at,
        COALESCE((SELECT SUM(CASE e.direction WHEN 'CREDIT' THEN e.amount_minor
                                               ELSE -e.amount_minor END)
                    FROM ledger_entry e WHERE e.account_id = a.account_id), 0)
@@ -273,6 +285,17 @@ def payout_for_submission(cursor: Any, *, payout_id: Any, for_update: bool = Fal
     return cursor.fetchone()
 
 
+# (accountId, balance, Σ CREDIT − Σ DEBIT of its ledger) of every account, or of some: the
+# books invariant balance = ledger sum, as the reconciler and the experiment check it.
+ACCOUNT_BOOKS_SQL = f"""
+SELECT a.account_id, {balance_sql("a")},
+       COALESCE(SUM(CASE e.direction WHEN 'CREDIT' THEN e.amount_minor ELSE -e.amount_minor END),
+                0)
+  FROM account a LEFT JOIN ledger_entry e ON e.account_id = a.account_id
+ WHERE %(account_ids)s::varchar[] IS NULL OR a.account_id = ANY(%(account_ids)s::varchar[])
+    OR (%(settlement)s AND a.kind = 'SETTLEMENT')
+ GROUP BY a.account_id
+"""
 RECONCILE_PAYOUTS_SQL = """
 SELECT p.payout_id::text, p.state, p.rail_reference, p.amount_minor, p.currency,
        EXISTS (SELECT 1 FROM payout_event e
@@ -286,6 +309,16 @@ SELECT rail_reference, payout_id::text, amount_minor, currency, status,
        EXTRACT(EPOCH FROM recorded_at)
   FROM rail_recovery
 """
+
+
+def account_books(
+    cursor: Any, *, account_ids: list[str] | None = None, settlement: bool = False
+) -> list[tuple[str, int, int]]:
+    """(accountId, balance, ledger sum) of every account, or of `account_ids` (and, with
+    `settlement`, every settlement account: where their payouts' credits went), read in the
+    cursor's own snapshot: balance = ledger sum is the books' invariant."""
+    cursor.execute(ACCOUNT_BOOKS_SQL, {"account_ids": account_ids, "settlement": settlement})
+    return [(account, int(balance), int(total)) for account, balance, total in cursor.fetchall()]
 
 
 def payouts_for_reconcile(cursor: Any, *, states: tuple[str, ...]) -> list[tuple]:

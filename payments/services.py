@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import connections, transaction
 
 from dlock import idempotency
@@ -379,8 +380,8 @@ def post_steps(
 ) -> CommandResult:
     """The post's statements on one cursor inside the caller's transaction: identity lock →
     its record, else the fenced account UPDATE → one statement for RAIL_ACKED → POSTED +
-    payout_event, both legs and balances (settlement account on demand) and the identity's
-    record."""
+    payout_event, both legs, the debit, the credit to the payout's settlement bucket
+    (PAY_SETTLEMENT_BUCKETS; settlement account on demand) and the identity's record."""
     operation = "post"
     request_hash = _request_hash(
         operation,
@@ -424,6 +425,9 @@ def post_steps(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         body_json=_body_json(body),
+        settlement_bucket=fenced_sql.settlement_bucket(
+            payout_id, buckets=settings.PAY_SETTLEMENT_BUCKETS
+        ),
     )
     if posted is None:
         raise _not_in_state(cur, payout_id, ("RAIL_ACKED",), token=token)
@@ -442,6 +446,8 @@ def _post_to_settlement(
     currency: str,
     fence: int,
 ) -> fenced_sql.Posting:
+    """An operator's posting: the credit moves the settlement account row itself (rare; the
+    buckets are P3's, whose posts of one currency would otherwise queue on this row)."""
     settlement = settlement_account_id(currency)
     fenced_sql.ensure_account(
         cur, account_id=settlement, currency=currency, kind=AccountKind.SETTLEMENT

@@ -281,6 +281,12 @@ LOCK_HOUSEKEEPING_MS = env_int("LOCK_HOUSEKEEPING_MS", 1_000, minimum=50)
 # retryAfterMillis of 503 NOT_LEADER when the etcd store is unreachable or has no leader.
 LOCK_NOT_LEADER_RETRY_MS = env_int("LOCK_NOT_LEADER_RETRY_MS", 1_000, minimum=10, maximum=60_000)
 
+# Payment resource (issue 28 item 3; docs/performance.md "The settlement row"). P3 credits
+# `settlement:<currency>` into one of this many bucket rows, chosen from the payout id, so the
+# posts of one currency do not queue on one row lock held through their commits' fsync; a
+# settlement balance reads as the account row plus its buckets. 1 = one row takes every credit.
+PAY_SETTLEMENT_BUCKETS = env_int("PAY_SETTLEMENT_BUCKETS", 8, minimum=1, maximum=256)
+
 # Service URLs for clients of our own hops (executor, revoke_lock, experiment; issue 7).
 LOCK_SERVER_URL = env_str("LOCK_SERVER_URL", "http://127.0.0.1:8081")
 PAYMENTS_URL = env_str("PAYMENTS_URL", "http://127.0.0.1:8082")

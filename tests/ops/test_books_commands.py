@@ -17,7 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ops.reconciler import reconcile
-from payments import services
+from payments import fenced_sql, selectors, services
 from payments.models import (
     Account,
     LedgerEntry,
@@ -25,6 +25,7 @@ from payments.models import (
     PayoutEvent,
     RailRecovery,
     RailRecoveryEvent,
+    SettlementBucket,
 )
 from railproxy.models import RailSubmission
 from railstub.models import RailTransfer
@@ -110,6 +111,45 @@ def _posted_with_duplicate(account: Account) -> tuple[Payout, str, str]:
     return payout, ref, dup
 
 
+def _posted_by_p3_with_duplicate(account: Account) -> tuple[Payout, str, str]:
+    """As `_posted_with_duplicate`, but through P2 and P3 themselves: the settlement credit
+    lands in the payout's settlement bucket, not on the account row."""
+    payout = services.create_payout(account_id=account.account_id, amount_minor=1_000)
+    ref, dup = _booked(payout), _booked(payout)
+    services.claim_payout(
+        payout_id=payout.payout_id,
+        token=7,
+        owner_id="exec-test",
+        idempotency_key=payout.idempotency_key,
+        expected_state="PENDING",
+    )
+    submission_id = uuid.uuid4()
+    RailSubmission.objects.create(
+        submission_id=submission_id,
+        payout_id=payout.payout_id,
+        account_id=payout.account_id,
+        amount_minor=payout.amount_minor,
+        currency=payout.currency,
+        presented_token=7,
+        owner_id="exec-test",
+        idempotency_key=payout.idempotency_key,
+        request_hash="h",
+        client_ref=str(payout.payout_id),
+        outcome="ACKED",
+        rail_reference=ref,
+    )
+    Payout.objects.filter(pk=payout.pk).update(state="RAIL_ACKED")
+    services.post_payout(
+        payout_id=payout.payout_id,
+        token=7,
+        owner_id="exec-test",
+        idempotency_key=payout.idempotency_key,
+        rail_reference=ref,
+        submission_id=submission_id,
+    )
+    return payout, ref, dup
+
+
 def run(*args: str) -> dict:
     """The command's --json answer; CommandError (exit 1) propagates."""
     from io import StringIO
@@ -127,7 +167,8 @@ def refused(*args: str) -> str:
 
 
 def balance(account_id: str) -> int:
-    return Account.objects.get(account_id=account_id).balance_minor
+    """As every reader sees it: a settlement account's row plus its buckets."""
+    return selectors.get_account(account_id=account_id)["balanceMinor"]
 
 
 def log_messages(model, object_id: str) -> list[str]:
@@ -175,6 +216,38 @@ def test_a_duplicate_ack_keeps_reconcile_red_until_recorded_then_closes_recovere
         "close_rail_recovery", "--transfer", dup, "--written-off", "--reason", "second close"
     )
     assert RailRecovery.objects.get(rail_reference=dup).status == "RECOVERED"
+
+
+def test_a_recovery_of_a_payout_posted_into_a_bucket_keeps_settlement_equal_to_its_ledger(
+    settings,
+):
+    settings.PAY_SETTLEMENT_BUCKETS = 8
+    payout, _, dup = _posted_by_p3_with_duplicate(_account())
+    bucket = fenced_sql.settlement_bucket(payout.payout_id, buckets=8)
+    assert list(
+        SettlementBucket.objects.filter(account_id="settlement:EUR").values_list(
+            "bucket", "balance_minor"
+        )
+    ) == [(bucket, 1_000)]
+    assert not reconcile().ok  # the unrecorded duplicate, nothing else
+
+    run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
+
+    books = selectors.get_account(account_id="settlement:EUR")
+    assert books["balanceMinor"] == books["ledgerSumMinor"] == 2_000
+    report = reconcile()
+    assert report.ok, report.violations
+
+    run("close_rail_recovery", "--transfer", dup, "--recovered", "--reference", "ret-2")
+
+    books = selectors.get_account(account_id="settlement:EUR")
+    assert books["balanceMinor"] == books["ledgerSumMinor"] == 1_000
+    # The operator's legs moved the account row (+1 000 recorded, −1 000 recovered); P3's
+    # credit stays in its bucket.
+    assert Account.objects.get(account_id="settlement:EUR").balance_minor == 0
+    assert SettlementBucket.objects.get(account_id="settlement:EUR").balance_minor == 1_000
+    report = reconcile()
+    assert report.ok, report.violations
 
 
 def test_unsafe_recoveries_are_refused_audited_and_book_nothing():

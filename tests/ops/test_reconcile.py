@@ -14,7 +14,13 @@ from django.utils import timezone
 from devstack import free_port, manage
 from ops.reconciler import metrics_text, reconcile, render_text
 from payments import services
-from payments.models import Account, LedgerEntry, Payout, PayoutReconciliation
+from payments.models import (
+    Account,
+    LedgerEntry,
+    Payout,
+    PayoutReconciliation,
+    SettlementBucket,
+)
 from railproxy.models import RailSubmission
 from railstub.models import RailTransfer
 
@@ -152,6 +158,51 @@ def test_a_balance_that_drifted_from_its_ledger_breaks_the_run():
         {"accountId": account.account_id, "balanceMinor": 5_001, "ledgerSumMinor": 5_000}
     ]
     assert Account.objects.get(pk=account.pk).balance_minor == 5_001  # never repaired
+
+
+def test_balances_posted_into_settlement_buckets_pass_and_a_drifted_bucket_breaks_the_run(
+    settings,
+):
+    settings.PAY_SETTLEMENT_BUCKETS = 8
+    account = _account(20_000)
+    posted = []
+    for n in range(12):
+        payout = _payout(account, "PENDING", amount=100 + n)
+        token = 100 + n  # each claim a newer grant on the account
+        services.claim_payout(
+            payout_id=payout.payout_id,
+            token=token,
+            owner_id="exec-test",
+            idempotency_key=payout.idempotency_key,
+            expected_state="PENDING",
+        )
+        ref = _booked(str(payout.payout_id), amount=payout.amount_minor)
+        _submission(payout, "ACKED", ref)
+        Payout.objects.filter(pk=payout.pk).update(state="RAIL_ACKED")
+        services.post_payout(
+            payout_id=payout.payout_id,
+            token=token,
+            owner_id="exec-test",
+            idempotency_key=payout.idempotency_key,
+            rail_reference=ref,
+            submission_id=RailSubmission.objects.get(payout_id=payout.payout_id).submission_id,
+        )
+        posted.append(payout)
+    assert SettlementBucket.objects.filter(account_id="settlement:EUR").count() > 1
+
+    report = reconcile()
+
+    assert report.ok, report.violations  # the settlement balance is its row plus its buckets
+
+    bucket = SettlementBucket.objects.filter(account_id="settlement:EUR").first()
+    SettlementBucket.objects.filter(pk=bucket.pk).update(balance_minor=F("balance_minor") + 1)
+
+    report = reconcile()
+
+    total = sum(p.amount_minor for p in posted)
+    assert report.violations["balance_equals_ledger"] == [
+        {"accountId": "settlement:EUR", "balanceMinor": total + 1, "ledgerSumMinor": total}
+    ]
 
 
 def test_a_posted_payout_booked_twice_or_without_an_acked_submission_breaks_the_run():

@@ -6,11 +6,19 @@ import itertools
 import json
 import uuid
 
+from django.db import connection
 from prometheus_client import REGISTRY
 
 from dlock import proof
-from payments import services
-from payments.models import Account, IdempotencyRecord, LedgerEntry, Payout, PayoutEvent
+from payments import selectors, services
+from payments.models import (
+    Account,
+    IdempotencyRecord,
+    LedgerEntry,
+    Payout,
+    PayoutEvent,
+    SettlementBucket,
+)
 
 _tokens = itertools.count(1_000)
 
@@ -117,7 +125,23 @@ def snapshot(p: Payout) -> dict:
         "events": PayoutEvent.objects.filter(payout_id=p.payout_id).count(),
         "entries": LedgerEntry.objects.filter(payout_id=p.payout_id).count(),
         "idem": IdempotencyRecord.objects.filter(payout_id=p.payout_id).count(),
-        "settlement": Account.objects.filter(account_id=f"settlement:{acct.currency}")
-        .values_list("balance_minor", flat=True)
-        .first(),
+        "settlement": balance(f"settlement:{acct.currency}"),
+        "buckets": sorted(
+            SettlementBucket.objects.filter(account_id=f"settlement:{acct.currency}").values_list(
+                "bucket", "balance_minor"
+            )
+        ),
     }
+
+
+def books(account_ids: list[str] | None = None) -> list[tuple[str, int, int]]:
+    """(accountId, balance, ledger sum) as the reconciler reads them (payments.selectors)."""
+    with connection.cursor() as cur:
+        return selectors.account_books(cur, account_ids=account_ids)
+
+
+def balance(account_id: str) -> int | None:
+    """The account's balance as every reader sees it (its row plus any settlement buckets);
+    None for no such account."""
+    found = books([account_id])
+    return found[0][1] if found else None

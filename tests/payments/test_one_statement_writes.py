@@ -7,7 +7,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from django.db import connection
 
 from payments.models import Account, IdempotencyRecord, LedgerEntry, PayoutEvent
 from tests.payments import factories as f
@@ -16,18 +15,9 @@ pytestmark = pytest.mark.django_db(databases=["default"])
 
 
 def _books_balance() -> None:
-    """Every account's balance is the sum of its ledger legs (CREDIT +, DEBIT −)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT a.account_id, a.balance_minor,
-                   COALESCE(SUM(CASE e.direction WHEN 'CREDIT' THEN e.amount_minor
-                                                 ELSE -e.amount_minor END), 0)
-              FROM account a LEFT JOIN ledger_entry e ON e.account_id = a.account_id
-             GROUP BY a.account_id, a.balance_minor
-            """
-        )
-        rows = cur.fetchall()
+    """Every account's balance (a settlement account's: its row plus its buckets) is the sum
+    of its ledger legs (CREDIT +, DEBIT −)."""
+    rows = f.books()
     assert rows
     assert [r for r in rows if r[1] != r[2]] == []
 
@@ -52,7 +42,7 @@ def test_the_first_post_in_a_currency_creates_its_settlement_account_and_the_boo
         ("CREDIT", 1_250, token),
     ]
     settlement = Account.objects.get(account_id="settlement:NOK")
-    assert (settlement.kind, settlement.currency, settlement.balance_minor) == (
+    assert (settlement.kind, settlement.currency, f.balance("settlement:NOK")) == (
         "SETTLEMENT",
         "NOK",
         1_250,
@@ -78,7 +68,7 @@ def test_the_first_post_in_a_currency_creates_its_settlement_account_and_the_boo
     f.rail_acked(q)
     second = f.post(client, q, token2)
     assert second.status_code == 200 and second.json()["balanceMinor"] == 8_000
-    assert Account.objects.get(account_id="settlement:NOK").balance_minor == 2_000
+    assert f.balance("settlement:NOK") == 2_000
     _books_balance()
 
 
@@ -153,7 +143,8 @@ def test_post_hot_path_query_count(client, django_assert_num_queries):
     assert f.claim(client, p, token).status_code == 200
     f.rail_acked(p)
     # savepoint + (idempotency lock, record or fenced UPDATE, the posting with its event, legs,
-    # balances and record) + release savepoint; the payout's account for the proof is kept
+    # the debit, the settlement bucket's credit and record) + release savepoint; the payout's
+    # account for the proof is kept
     with django_assert_num_queries(5):
         response = f.post(client, p, token)
     assert response.status_code == 200
