@@ -63,16 +63,18 @@ fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # The customize hooks run inside the new root ($1). pip, run from Debian's own wheel file,
-# installs pip and setuptools under /usr/local as the official image has them (with RECORD).
+# installs pip and setuptools under /usr/local as the official image has them (with RECORD),
+# with none of this machine's PIP_* settings (env -i).
 mmdebstrap --variant=minbase --include="$PACKAGES" \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
   --customize-hook='ln -sf /usr/bin/python3 "$1/usr/local/bin/python3"' \
   --customize-hook='ln -sf /usr/bin/python3 "$1/usr/local/bin/python"' \
-  --customize-hook='chroot "$1" sh -ec "pip=\$(ls /usr/share/python-wheels/pip-*.whl); \
-    python3 \$pip/pip install --no-cache-dir --no-index --prefix /usr/local \
-      \$pip /usr/share/python-wheels/setuptools-*.whl"' \
+  --customize-hook='chroot "$1" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin sh -ec "pip=\$(ls /usr/share/python-wheels/pip-*.whl); \
+    python3 \$pip/pip install --no-cache-dir --no-index \
+      \$pip /usr/share/python-wheels/setuptools-*.whl; \
+    python3 -m pip --version | grep -q \" /usr/local/lib/python3\""' \
   --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
   "$SUITE" "$work/rootfs.tar"
 
