@@ -17,6 +17,7 @@ machine: `scripts/base-image.sh` pulls it, or builds a stand-in where no registr
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -140,18 +141,28 @@ class Built:
     stand_in: bool
 
     def run(self, *args: str, env: dict[str, str], timeout: float = 300):
-        """A one-off container of the image (a Job, an executor), with the pods' security."""
-        return podman(
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            *POD_SECURITY,
-            *self.run_flags,
-            *[f"--env={key}={value}" for key, value in env.items()],
-            *args,
-            timeout=timeout,
-        )
+        """A one-off container of the image (a Job, an executor), with the pods' security; its
+        values from podman's environment (no secret on a command line). One that outlives
+        `timeout` is removed, its log in the failure."""
+        name = f"dlock-run-{os.getpid()}-{next(_runs)}"
+        argv = ["podman", "run", "--rm", "--name", name, "--network", "host", *POD_SECURITY]
+        argv += [*self.run_flags, *[f"--env={key}" for key in env], *args]
+        try:
+            return subprocess.run(
+                argv,
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env},
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            log = podman("logs", name)
+            podman("rm", "-f", name)
+            tail = log.stdout[-3000:] + log.stderr[-3000:]
+            raise AssertionError(f"{args} still running after {timeout}s:\n{tail}") from None
+
+
+_runs = itertools.count()
 
 
 @pytest.fixture(scope="module")
