@@ -37,6 +37,7 @@ from devstack.common import URL_ENV
 from devstack.envfile import new_proof_keys
 from devstack.proxy import ProxyConfig
 from devstack.secrets_env import role_environment
+from dlock.roles import SERVICE_NAMES
 from tests import credentials
 from tests.conftest import create_live_databases
 
@@ -245,9 +246,27 @@ def migrate_job_env(stack_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def distinct_ports(count: int) -> list[int]:
+    """free_port() only probes: nothing stops two calls before anything binds from choosing
+    the same port (a run here gave the lock server and the payment resource one port, and the
+    lock server's readiness was answered by the payment resource's proxy)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 @pytest.fixture(scope="module")
-def stack_env() -> dict[str, str]:
-    ports = {role: free_port() for role in SERVER_ROLES}
+def ports() -> dict[str, tuple[int, int]]:
+    """Per role: the pod's port (its proxy) and its container's gunicorn port, all distinct."""
+    chosen = distinct_ports(2 * len(SERVER_ROLES))
+    return {role: (chosen[2 * i], chosen[2 * i + 1]) for i, role in enumerate(SERVER_ROLES)}
+
+
+@pytest.fixture(scope="module")
+def stack_env(ports) -> dict[str, str]:
     return {
         "DJANGO_SECRET_KEY": os.urandom(32).hex(),
         "DLOCK_PROOF_KEYS": new_proof_keys(),  # production refuses the development ring
@@ -257,7 +276,7 @@ def stack_env() -> dict[str, str]:
         "DLOCK_EXECUTOR_CREDENTIAL": credentials.EXECUTOR,
         "DLOCK_OPERATOR_CREDENTIAL": credentials.OPERATOR,
         **create_live_databases("container"),
-        **{URL_ENV[role]: f"http://127.0.0.1:{port}" for role, port in ports.items()},
+        **{URL_ENV[role]: f"http://127.0.0.1:{port}" for role, (port, _) in ports.items()},
     }
 
 
@@ -272,13 +291,13 @@ def migrated(built, stack_env) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def pods(built, stack_env, migrated, tmp_path_factory) -> Iterator[dict[str, ContainerRole]]:
+def pods(built, ports, stack_env, migrated, tmp_path_factory) -> Iterator[dict[str, ContainerRole]]:
     assert migrated.returncode == 0, migrated.stdout[-3000:] + migrated.stderr[-3000:]
     logs = tmp_path_factory.mktemp("container-logs")
     started: dict[str, ContainerRole] = {}
     try:
         for role in SERVER_ROLES:
-            port = int(stack_env[URL_ENV[role]].rsplit(":", 1)[1])
+            port, upstream_port = ports[role]
             started[role] = ContainerRole(
                 role,
                 port,
@@ -286,7 +305,7 @@ def pods(built, stack_env, migrated, tmp_path_factory) -> Iterator[dict[str, Con
                 logs / f"{role}.log",
                 inherit_environ=False,
                 image=built,
-                upstream_port=free_port(),
+                upstream_port=upstream_port,
                 container=f"dlock-{role}-{os.getpid()}",
             ).start(wait=False)
         for pod in started.values():
@@ -324,7 +343,7 @@ def test_every_server_role_answers_ready_through_its_proxy_as_the_service_user(p
     for role, pod in pods.items():
         ready = requests.get(f"{pod.url}/health/ready", timeout=5)
         assert ready.status_code == 200, (role, ready.text)
-        assert ready.headers["Content-Type"].startswith("application/json")
+        assert ready.json()["service"] == SERVICE_NAMES[role]  # this pod's role, no other
         user = podman("exec", pod.container, "id", "-u")
         assert user.stdout.strip() == SERVICE_UID, (role, user.stderr)
         # gunicorn is the container's PID 1 (the entrypoint execs it): SIGTERM reaches it
