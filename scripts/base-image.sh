@@ -78,6 +78,7 @@ mmdebstrap --variant=minbase --include="$PACKAGES" \
   --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
   "$SUITE" "$work/rootfs.tar"
 
+replaced="$(podman image inspect --format '{{.Id}}' "$BASE" 2>/dev/null || true)"
 version="$(tar -xOf "$work/rootfs.tar" ./var/lib/dpkg/status \
   | awk '/^Package: python3.11-minimal$/ { p = 1 } p && /^Version:/ { print $2; exit }')"
 podman import \
@@ -89,4 +90,8 @@ podman import \
   --change 'CMD ["python3"]' \
   --message "dlock STAND-IN for $BASE (Debian $SUITE python3.11 $version, scripts/base-image.sh)" \
   "$work/rootfs.tar" "$BASE" >/dev/null
+# FORCE_STAND_IN=1: the stand-in it replaced, now nameless, goes (unless a build still uses it).
+if [ -n "$replaced" ] && [ "$replaced" != "$(podman image inspect --format '{{.Id}}' "$BASE")" ]; then
+  podman rmi "$replaced" >/dev/null 2>&1 || true
+fi
 say "imported the STAND-IN as $BASE (Debian python3.11 $version; label dlock.base.stand-in=true)"

@@ -23,6 +23,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -394,3 +395,31 @@ def test_the_built_image_has_no_pip_keeps_its_healthcheck_and_names_its_user(bui
     assert inspected["Config"]["User"] == f"{SERVICE_UID}:{SERVICE_UID}"
     healthcheck = inspected.get("Healthcheck") or inspected["Config"].get("Healthcheck") or {}
     assert "scripts/container-healthcheck.py" in healthcheck.get("Test", []), inspected
+
+
+def test_without_the_base_image_the_skip_names_the_script_that_makes_it(monkeypatch):
+    if shutil.which("podman") is None or podman("info", timeout=60).returncode != 0:
+        pytest.skip("no podman here: the reason is the engine's, not the base image's")
+    monkeypatch.setattr(
+        sys.modules[__name__], "base_image", lambda: "localhost/dlock-no-such-base:never"
+    )
+    reason = skip_reason()
+    assert reason and "localhost/dlock-no-such-base:never" in reason and BASE_SCRIPT in reason
+
+
+def test_ops_migrate_runs_from_the_image_one_database_alias_at_a_time(built, stack_env):
+    """docs/operations.md's ROLE=ops commands: paydb (default), then lockdb, then raildb."""
+    fresh = create_live_databases("container_ops")
+    env = {
+        "ROLE": "ops",
+        "DJANGO_SECRET_KEY": stack_env["DJANGO_SECRET_KEY"],
+        "DJANGO_ALLOWED_HOSTS": stack_env["DJANGO_ALLOWED_HOSTS"],
+        **fresh,
+    }
+    for alias in ("default", "lockdb", "raildb"):
+        result = built.run(built.tag, "migrate", "--no-input", "--database", alias, env=env)
+        assert result.returncode == 0, (alias, result.stderr[-3000:])
+    for var, url in fresh.items():
+        with psycopg.connect(url, autocommit=True) as conn:
+            applied = conn.execute("SELECT count(*) FROM django_migrations").fetchone()
+        assert applied and applied[0] > 0, var
