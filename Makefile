@@ -17,7 +17,7 @@ UP_ARGS = $(if $(LOCK_BACKEND),--backend $(LOCK_BACKEND)) \
 	$(if $(filter 1,$(TLS)),--tls) $(if $(filter 0,$(TLS)),--no-tls)
 PYTEST_ARGS ?=
 
-.PHONY: help venv lock sysdeps test test-shuffled up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
+.PHONY: help venv lock sysdeps image test test-shuffled up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
 
 help:
 	@echo "make demo   - bring the stack up and run the fencing demo (the main job)"
@@ -30,6 +30,7 @@ help:
 	@echo "make experiment-ha-recovery - HA faults one at a time; recovery per fault and replica"
 	@echo "make lock   - recompile requirements.lock / requirements-dev.lock (hashes, from PyPI)"
 	@echo "make lint   - ruff check + format check, import-linter (layers), mypy"
+	@echo "make image  - build the container image with podman (IMAGE=localhost/dlock:dev)"
 
 # The dev lock, hash-checked: every package and version is the lock's, nothing else installs.
 $(STAMP): requirements-dev.lock
@@ -55,6 +56,20 @@ lock:
 
 sysdeps:
 	@bash scripts/sysdeps.sh
+
+# The image, with podman. scripts/base-image.sh first: the Dockerfile's base is pulled, or, where
+# no registry answers, a STAND-IN is built under its name (Debian's python; it says so). The
+# build's pip reaches PyPI over the host's network and trusts the host's CA bundle, mounted for
+# the RUN steps only (a TLS-intercepting egress); no layer keeps it. `--format docker` keeps the
+# HEALTHCHECK. PODMAN_ARGS: what this host's podman needs to start a container (docs/operations.md
+# "Container image"), e.g. PODMAN_ARGS="--runtime runc --ulimit nofile=20000:20000 --ulimit nproc=4096:4096".
+IMAGE ?= localhost/dlock:dev
+PODMAN_ARGS ?=
+HOST_CA := /etc/ssl/certs/ca-certificates.crt
+image:
+	bash scripts/base-image.sh
+	podman build --pull=never --format docker --network host $(PODMAN_ARGS) \
+	  $(if $(wildcard $(HOST_CA)),--volume $(HOST_CA):$(HOST_CA):ro) -t $(IMAGE) .
 
 test: venv sysdeps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

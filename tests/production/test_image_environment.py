@@ -9,9 +9,7 @@ the test tree nor the development tools can be imported. Each server role is sta
 environment devstack gives that role, and must answer /health/ready 200; then the executor
 pays seeded payouts and two ops commands (the migrate Job's migrations, reconcile) run from it.
 
-Where podman answers and a base image is on this machine, the image itself is built and one
-role started from it (test_the_image_builds_and_serves_a_role); otherwise that test is skipped
-with the reason."""
+The image itself, built by podman and run as the pods run it: test_image_container.py."""
 
 from __future__ import annotations
 
@@ -30,7 +28,7 @@ import psycopg
 import pytest
 import requests
 
-from devstack import PROJECT, RoleProcess, free_port, wait_until
+from devstack import PROJECT, RoleProcess, free_port
 from devstack.common import URL_ENV
 from devstack.envfile import new_proof_keys
 from devstack.secrets_env import role_environment
@@ -383,67 +381,3 @@ def test_production_refuses_a_wildcard_allowed_hosts_at_start_up(image):
     )
     assert refused.returncode != 0
     assert "DJANGO_ALLOWED_HOSTS='*' is refused in production" in refused.stderr
-
-
-# --------------------------------------------------------------------------- the image itself
-
-
-def _base_image() -> str:
-    return next(rest for word, rest in instructions()[-1] if word == "FROM").split()[0]
-
-
-def _podman_skip_reason() -> str | None:
-    podman = shutil.which("podman")
-    if podman is None:
-        return "no container engine (podman) on this machine"
-    try:
-        info = subprocess.run([podman, "info"], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        return "podman does not answer (`podman info` timed out)"
-    if info.returncode != 0:
-        return f"podman does not answer: {info.stderr.strip()[:300]}"
-    base = _base_image()
-    exists = subprocess.run([podman, "image", "exists", base], capture_output=True, timeout=60)
-    if exists.returncode != 0:
-        return (
-            f"podman answers, but the base image {base} is not on this machine and no registry "
-            "but PyPI and Debian is reachable from here; load it (`podman load`) to run this test"
-        )
-    return None
-
-
-def test_the_image_builds_and_serves_a_role(image, tmp_path):
-    reason = _podman_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    tag = f"localhost/dlock:test-{os.getpid()}"
-    build = subprocess.run(
-        ["podman", "build", "--pull=never", "--network", "host", "-t", tag, str(PROJECT)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    port, name = free_port(), f"dlock-test-{os.getpid()}"
-    env = role_environment("railstub", image.env, base={})
-    run = ["podman", "run", "-d", "--rm", "--name", name, "--network", "host"]
-    for key, value in {**env, "ROLE": "railstub", "PORT": str(port)}.items():
-        run += ["-e", f"{key}={value}"]
-    started = subprocess.run([*run, tag], capture_output=True, text=True, timeout=120)
-    assert started.returncode == 0, started.stderr
-    try:
-
-        def ready() -> bool:
-            try:
-                return requests.get(f"http://127.0.0.1:{port}/health/ready", timeout=2).ok
-            except requests.RequestException:
-                return False
-
-        wait_until(ready, timeout=120, what="the railstub container ready")
-        user = subprocess.run(
-            ["podman", "exec", name, "id", "-u"], capture_output=True, text=True, timeout=60
-        )
-        assert user.stdout.strip() == "10001"  # non-root, as the Dockerfile says
-    finally:
-        subprocess.run(["podman", "stop", "-t", "20", name], capture_output=True, timeout=120)
-        subprocess.run(["podman", "rmi", "-f", tag], capture_output=True, timeout=120)
