@@ -67,8 +67,16 @@ def parse_key_ring(raw: str, *, setting: str = "DLOCK_PROOF_KEYS") -> KeyRing:
     return tuple(ring)
 
 
-def check_configured(role: str) -> None:
-    """Start-up check (dlock.apps): a role that signs or verifies proofs needs a key ring."""
+# Management commands that sign and verify nothing, so a process running one needs no ring: the
+# migrate Job holds only database credentials (secrets where they are used, docs/security.md).
+RING_FREE_COMMANDS = frozenset({"migrate"})
+
+
+def check_configured(role: str, command: str | None = None) -> None:
+    """Start-up check (dlock.apps): a role that signs or verifies proofs needs a key ring,
+    unless the process only runs one of RING_FREE_COMMANDS (`manage.py <command>`)."""
+    if command in RING_FREE_COMMANDS:
+        return
     if role in PROOF_ROLES and not settings.DLOCK_PROOF_KEYS:
         raise ImproperlyConfigured(
             f"DLOCK_PROOF_KEYS must be set for the {role} role (kid:secret[,kid:secret…])"

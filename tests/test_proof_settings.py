@@ -63,3 +63,14 @@ def test_production_refuses_the_development_key_and_other_roles_need_no_ring():
     refused = _check("payments", proof.DEV_PROOF_KEYS)
     assert refused.returncode != 0 and "development key" in refused.stderr
     assert _check("railstub", None).returncode == 0, _check("railstub", None).stderr
+
+
+@pytest.mark.parametrize("role", ["lockserver", "payments", "railproxy"])
+def test_a_migration_needs_no_key_ring_and_every_other_command_does(role, settings):
+    """The migrate Job holds database credentials only: `manage.py migrate` of a proof role
+    starts without the ring; serving, `check` and any other command still refuse."""
+    settings.DLOCK_PROOF_KEYS = ()
+    proof.check_configured(role, "migrate")
+    for command in (None, "check", "runserver", "shell", "revoke_lock"):
+        with pytest.raises(ImproperlyConfigured, match="DLOCK_PROOF_KEYS"):
+            proof.check_configured(role, command)
