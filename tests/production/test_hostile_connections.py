@@ -445,6 +445,18 @@ def test_free_port_never_returns_an_ephemeral_port():
     from devstack.common import RESERVED_PORTS, ephemeral_range
 
     ephemeral = ephemeral_range()
-    for _ in range(300):
-        port = free_port()
-        assert port not in ephemeral and port in RESERVED_PORTS
+    given = [free_port() for _ in range(300)]
+    assert all(port not in ephemeral and port in RESERVED_PORTS for port in given)
+    # ports chosen before anything binds them are still distinct (a stack's 8 ports, say)
+    assert len(set(given)) == len(given)
+
+
+def test_a_bound_listener_holds_a_reserved_port_until_closed():
+    from devstack import bound_listener
+    from devstack.common import RESERVED_PORTS, ephemeral_range
+
+    with bound_listener() as listener:
+        port = listener.getsockname()[1]
+        assert port in RESERVED_PORTS and port not in ephemeral_range()
+        with pytest.raises(OSError), socket.socket() as other:
+            other.bind(("127.0.0.1", port))
