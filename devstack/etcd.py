@@ -100,6 +100,7 @@ class EtcdServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        netcut.release(self.cut_tag)
 
 
 def etcd_cluster(datadir_root: Path, ports: list[tuple[int, int]]) -> list[EtcdServer]:

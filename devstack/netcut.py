@@ -78,6 +78,15 @@ def wrap(command: list[str], tag: str) -> list[str]:
     return ["/bin/sh", "-c", join, "sh", *command]
 
 
+def release(tag: str) -> None:
+    """Remove the group `tag` once nothing lives in it (a stopped member's); a no-op where the
+    machine cannot cut or the group still holds a process."""
+    if unavailable() is not None:
+        return
+    with contextlib.suppress(OSError):
+        _group(tag).rmdir()
+
+
 def in_group(pid: int, tag: str) -> bool:
     """Whether process `pid` lives in the group `tag` (so a cut would reach it)."""
     try:

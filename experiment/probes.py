@@ -108,6 +108,11 @@ class Prober:
             self._stop.wait(max(0.0, self.interval - (self.clock() - start)))
 
 
+class ReleaseFailed(RuntimeError):
+    """The acquire succeeded but its release did not complete (timed out, refused): the
+    attempt did not succeed either (a stalled server can answer the one and not the other)."""
+
+
 class LockProbe:
     """One session of its own (re-opened when it is lost), acquire + release of its own key."""
 
@@ -124,7 +129,8 @@ class LockProbe:
             # would be counted as dlock's recovery time
             self.session = self.client.open_session(PROBE_SESSION_TTL_MS, retry=self.no_retry)
         grant = self.session.acquire(self.key, PROBE_LOCK_TTL_MS, retry=self.no_retry)
-        grant.release()
+        if not grant.release():
+            raise ReleaseFailed(f"release of {self.key} did not complete (lock_release_failed)")
 
     def close(self) -> None:
         session, self.session = self.session, None

@@ -400,3 +400,26 @@ def test_a_postgres_kill_leaves_the_etcd_lock_servers_serving_and_make_up_replac
     for name in ("lockserver/r1", "lockserver/r2"):
         during = [a for a in probers[name].attempts if a.start >= marks["killed"]]
         assert during and all(a.ok for a in during), [a for a in during if not a.ok][:3]
+
+
+class _Grant:
+    def release(self) -> bool:
+        return False  # what dlock.client's Grant.release answers when its DELETE timed out
+
+
+class _Session:
+    lost = None
+
+    def acquire(self, *_args, **_kwargs):
+        return _Grant()
+
+
+def test_a_lock_probe_whose_release_did_not_complete_failed():
+    """A stalled lock server can answer the acquire and then stall the release: that attempt
+    did not succeed (the release's failure is only logged by the client)."""
+    from experiment.probes import LockProbe, ReleaseFailed
+
+    probe = LockProbe("http://127.0.0.1:20001", owner_id="probe-t", key="probe:t")
+    probe.session = _Session()
+    with pytest.raises(ReleaseFailed):
+        probe()
