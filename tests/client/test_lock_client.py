@@ -6,11 +6,13 @@ lease clock is never faked.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import signal
 import threading
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import requests
@@ -328,74 +330,79 @@ def test_a_refused_connection_is_reported_as_nothing_sent():
 # --------------------------------------------------------------------------- headers
 
 
-class _HeaderCapture(http.server.BaseHTTPRequestHandler):
-    seen: list[dict[str, str]] = []
+class _CannedError(http.server.BaseHTTPRequestHandler):
+    """Answers every POST with one C3 error envelope; keeps each request's headers."""
+
+    status = 500
+    body = b""
+    seen: list[dict[str, str]]
 
     def do_POST(self):
-        _HeaderCapture.seen.append(dict(self.headers))
-        body = b'{"code":"LOCK_CONTENDED","message":"held","retrySafe":true,"traceId":"t"}'
-        self.send_response(409)
+        type(self).seen.append(dict(self.headers))
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(self.status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(self.body)
 
     def log_message(self, *args):
         pass
 
 
+@contextlib.contextmanager
+def _serving(handler: type[_CannedError]) -> Iterator[str]:
+    """The handler on a reserved port for the block; its base URL."""
+    handler.seen = []
+    server = http.server.HTTPServer(("127.0.0.1", free_port()), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _HeaderCapture(_CannedError):
+    status = 409
+    body = b'{"code":"LOCK_CONTENDED","message":"held","retrySafe":true,"traceId":"t"}'
+
+
 def test_every_request_carries_traceparent_and_the_owner_id():
-    server = http.server.HTTPServer(("127.0.0.1", free_port()), _HeaderCapture)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     token = set_trace_id("ab" * 16)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/sessions"
-        with pytest.raises(LockContended) as caught:
-            call("POST", url, hop=BUDGETS["lock.session"], owner_id="worker-9", json_body={})
+        with _serving(_HeaderCapture) as base, pytest.raises(LockContended) as caught:
+            call(
+                "POST",
+                f"{base}/v1/sessions",
+                hop=BUDGETS["lock.session"],
+                owner_id="worker-9",
+                json_body={},
+            )
     finally:
         reset_trace_id(token)
-        server.shutdown()
     headers = _HeaderCapture.seen[-1]
     assert headers["X-Owner-Id"] == "worker-9"
     assert headers["traceparent"].startswith("00-" + "ab" * 16 + "-")
     assert caught.value.status == 409 and caught.value.code == "LOCK_CONTENDED"
 
 
-class _NotLeader(http.server.BaseHTTPRequestHandler):
+class _NotLeader(_CannedError):
     """Every session open answered 503 NOT_LEADER (a lock store without quorum)."""
 
-    calls = 0
-
-    def do_POST(self):
-        type(self).calls += 1
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = (
-            b'{"code":"NOT_LEADER","message":"no leader","retrySafe":true,'
-            b'"retryAfterMillis":10,"traceId":"t"}'
-        )
-        self.send_response(503)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+    status = 503
+    body = (
+        b'{"code":"NOT_LEADER","message":"no leader","retrySafe":true,'
+        b'"retryAfterMillis":10,"traceId":"t"}'
+    )
 
 
 @pytest.mark.parametrize(("retry", "sent"), [(None, 2), (RetryPolicy(max_retries=0), 1)])
 def test_open_session_retries_within_its_budget_or_not_at_all_when_told(retry, sent):
     """The budget's one retry after retryAfterMillis by default; `retry=RetryPolicy(
     max_retries=0)` makes it one attempt (the HA probers: no wait hidden inside a call)."""
-    _NotLeader.calls = 0
-    server = http.server.HTTPServer(("127.0.0.1", free_port()), _NotLeader)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = LockClient(f"http://127.0.0.1:{server.server_address[1]}", "owner-1")
+    with _serving(_NotLeader) as base:
+        client = LockClient(base, "owner-1")
         with pytest.raises(NotLeader):
             client.open_session(5_000, heartbeat=False, retry=retry)
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert _NotLeader.calls == sent
+    assert len(_NotLeader.seen) == sent

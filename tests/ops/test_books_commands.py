@@ -81,12 +81,11 @@ def _booked(payout: Payout) -> str:
     return reference
 
 
-def _posted_with_duplicate(account: Account) -> tuple[Payout, str, str]:
-    """A payout the executor POSTED from its ACKED submission while the rail booked it twice."""
-    payout = services.create_payout(account_id=account.account_id, amount_minor=1_000)
-    ref, dup = _booked(payout), _booked(payout)
+def _acked_submission(payout: Payout, ref: str) -> uuid.UUID:
+    """The rail proxy's ACKED submission of `payout`, with the rail's reference; its id."""
+    submission_id = uuid.uuid4()
     RailSubmission.objects.create(
-        submission_id=uuid.uuid4(),
+        submission_id=submission_id,
         payout_id=payout.payout_id,
         account_id=payout.account_id,
         amount_minor=payout.amount_minor,
@@ -99,6 +98,14 @@ def _posted_with_duplicate(account: Account) -> tuple[Payout, str, str]:
         outcome="ACKED",
         rail_reference=ref,
     )
+    return submission_id
+
+
+def _posted_with_duplicate(account: Account) -> tuple[Payout, str, str]:
+    """A payout the executor POSTED from its ACKED submission while the rail booked it twice."""
+    payout = services.create_payout(account_id=account.account_id, amount_minor=1_000)
+    ref, dup = _booked(payout), _booked(payout)
+    _acked_submission(payout, ref)
     settlement = Account.objects.get_or_create(
         account_id="settlement:EUR", defaults={"currency": "EUR", "kind": "SETTLEMENT"}
     )[0]
@@ -123,21 +130,7 @@ def _posted_by_p3_with_duplicate(account: Account) -> tuple[Payout, str, str]:
         idempotency_key=payout.idempotency_key,
         expected_state="PENDING",
     )
-    submission_id = uuid.uuid4()
-    RailSubmission.objects.create(
-        submission_id=submission_id,
-        payout_id=payout.payout_id,
-        account_id=payout.account_id,
-        amount_minor=payout.amount_minor,
-        currency=payout.currency,
-        presented_token=7,
-        owner_id="exec-test",
-        idempotency_key=payout.idempotency_key,
-        request_hash="h",
-        client_ref=str(payout.payout_id),
-        outcome="ACKED",
-        rail_reference=ref,
-    )
+    submission_id = _acked_submission(payout, ref)
     Payout.objects.filter(pk=payout.pk).update(state="RAIL_ACKED")
     services.post_payout(
         payout_id=payout.payout_id,
