@@ -75,11 +75,12 @@ def free_port(attempts: int = 200) -> int:
     probe bind on 127.0.0.1 and on all addresses), never one of the ephemeral range, and never
     one this process was given before."""
     ephemeral = ephemeral_range()
+    usable = [p for p in RESERVED_PORTS if p not in ephemeral]
     with _handed_lock:
-        candidates = [p for p in RESERVED_PORTS if p not in ephemeral and p not in _handed_out]
+        candidates = [p for p in usable if p not in _handed_out]
         if len(candidates) < attempts:
             _handed_out.clear()
-            candidates = [p for p in RESERVED_PORTS if p not in ephemeral]
+            candidates = usable
         for _ in range(attempts):
             port = _random.choice(candidates)
             if _bindable(port):
@@ -88,15 +89,13 @@ def free_port(attempts: int = 200) -> int:
     raise StackError(f"no free port in {RESERVED_PORTS} after {attempts} tries")
 
 
-def bound_listener(backlog: int = 128, attempts: int = 200) -> socket.socket:
-    """A TCP listener on 127.0.0.1, bound and listening on a port of RESERVED_PORTS (never the
-    kernel's ephemeral range): the caller keeps the socket, so nothing can take the port."""
-    ephemeral = ephemeral_range()
-    candidates = [p for p in RESERVED_PORTS if p not in ephemeral]
+def bound_listener(backlog: int = 128, attempts: int = 20) -> socket.socket:
+    """A TCP listener on 127.0.0.1 on a free_port() (never the kernel's ephemeral range), bound
+    and listening: the caller keeps the socket, so nothing can take the port."""
     for _ in range(attempts):
         try:
-            return socket.create_server(("127.0.0.1", _random.choice(candidates)), backlog=backlog)
-        except OSError:
+            return socket.create_server(("127.0.0.1", free_port()), backlog=backlog)
+        except OSError:  # taken between the probe and the bind
             continue
     raise StackError(f"no free port in {RESERVED_PORTS} after {attempts} tries")
 

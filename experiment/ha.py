@@ -176,8 +176,10 @@ def cut_etcd_leader(stack: StackHandle, seconds: float, *, mark: Mark = _no_mark
     if why_not is None:
         with netcut.partitioned(victim.cut_tag):
             mark("killed")
-            time.sleep(seconds)
-        mark("restarted")
+            try:
+                time.sleep(seconds)
+            finally:
+                mark("restarted")  # before the heal, as before a SIGCONT
         how = "nftables partition"
     else:
         mark("killed")

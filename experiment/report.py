@@ -85,7 +85,9 @@ def shared_rates_line(name: str, arm: dict) -> str | None:
         return None
     return (
         f"{name}: {leftovers} payouts of earlier runs were claimable when it began: its"
-        " POSTED/s are shared with them, not comparable (start from a clean stack)"
+        " executors work on them too, so its POSTED/s are shared with them, not comparable"
+        " (start from a clean stack: `make down`, `make clean`, or drain them with"
+        " `manage.py run_executor --until-idle`)"
     )
 
 

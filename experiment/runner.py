@@ -33,6 +33,7 @@ from experiment.measure import (
     state_counts,
 )
 from experiment.rail import HOLD_MS, RailConfigurator
+from experiment.report import shared_rates_line
 from experiment.schedule import (
     ETCD_FOLLOWER_KILL,
     ETCD_LEADER_CUT,
@@ -179,14 +180,9 @@ class ArmRun:
         self.ctx.payout_ids = self.seeded["payouts"]
         if self.arm.name == "fenced":
             self.leftovers = claimable_elsewhere(self.pay_url, self.ctx.payout_ids)
-            if self.leftovers:
-                print(
-                    f"[experiment] warning: {self.leftovers} payouts of earlier runs are still"
-                    " PENDING/CLAIMED on this stack; the executors will work on them too, so this"
-                    " run's POSTED/s are not comparable (start from a clean stack: `make down`,"
-                    " `make clean`, or drain them with `manage.py run_executor --until-idle`)",
-                    file=sys.stderr,
-                )
+            shared = shared_rates_line(self.arm.name, {"earlier_runs_claimable": self.leftovers})
+            if shared:
+                print(f"[experiment] warning: {shared}", file=sys.stderr)
         spawn = self.arm.spawner(self.ctx)
         self.arm.start_sampling(self.ctx)
         self.t0 = time.monotonic()
