@@ -52,6 +52,10 @@ Handler = Callable[..., HttpResponse]
 
 _PARSER = StrictJSONParser()
 _RENDERER = JSONRenderer()
+# Content types DRF's media_type_matches(_PARSER.media_type, ...) accepts, as every dlock client
+# sends them (C3's `application/json; charset=utf-8`): compared as strings, not parsed again.
+# DRF's parse goes through the email package (~30 µs a request); anything else still takes it.
+_JSON_TYPES = frozenset((_PARSER.media_type, f"{_PARSER.media_type}; charset=utf-8"))
 
 
 def json_body(request: HttpRequest) -> Any:
@@ -64,7 +68,9 @@ def json_body(request: HttpRequest) -> Any:
     if length == 0:  # DRF: no stream, so no parser and no media-type check
         return {}
     content_type = meta.get("CONTENT_TYPE", meta.get("HTTP_CONTENT_TYPE", ""))
-    if not media_type_matches(_PARSER.media_type, content_type):
+    if content_type.lower() not in _JSON_TYPES and not media_type_matches(
+        _PARSER.media_type, content_type
+    ):
         raise drf.UnsupportedMediaType(content_type)
     # As DRF: read the request itself unless something has read it already.
     read_started = getattr(request, "_read_started", False)

@@ -14,23 +14,22 @@ The cursor counts in django-prometheus' `django_db_*` series as the ORM's cursor
 from __future__ import annotations
 
 import contextlib
-from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 from django.db import connections
-from django_prometheus.db.common import ExportingCursorWrapper
+
+from dlock.pgbackend.base import counting_cursor_class
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 
-@cache
 def server_cursor_class(alias: str) -> type[psycopg.Cursor]:
     """psycopg's server-binding cursor, counted in django-prometheus' `django_db_execute_total`,
     `django_db_query_duration_seconds` and `django_db_errors_total` under `alias`, as the
     cursors of the django-prometheus engine (settings.base.DB_ENGINE) are."""
-    return cast(type[psycopg.Cursor], ExportingCursorWrapper(psycopg.Cursor, alias, "postgresql"))
+    return cast(type[psycopg.Cursor], counting_cursor_class(psycopg.Cursor, alias, "postgresql"))
 
 
 @contextlib.contextmanager

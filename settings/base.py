@@ -206,7 +206,8 @@ DB_POOL_MAX_WAITING = env_int("DB_POOL_MAX_WAITING", 2 * DB_POOL_MAX, minimum=0)
 DB_PREPARE_THRESHOLD = 1
 
 
-DB_ENGINE = "django_prometheus.db.backends.postgresql"
+# django-prometheus' engine, its counting cursor class made once (dlock/pgbackend/base.py).
+DB_ENGINE = "dlock.pgbackend"
 
 
 def database(url_env: str) -> dict:

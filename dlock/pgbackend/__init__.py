@@ -1,0 +1,1 @@
+"""django-prometheus' PostgreSQL engine, with its counting cursor class made once (see base)."""
