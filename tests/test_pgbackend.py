@@ -28,12 +28,12 @@ def test_the_hot_cursors_share_the_cache_but_bind_server_side():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_statement_on_a_fresh_connection_is_counted():
-    from django_prometheus.db import execute_total
+    from prometheus_client import REGISTRY
 
-    counter = execute_total.labels(connection.alias, connection.vendor)
-    before = counter._value.get()
+    labels = {"alias": connection.alias, "vendor": connection.vendor}
+    before = REGISTRY.get_sample_value("django_db_execute_total", labels) or 0.0
     connection.close()
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         assert cursor.fetchone() == (1,)
-    assert counter._value.get() == before + 1
+    assert REGISTRY.get_sample_value("django_db_execute_total", labels) == before + 1

@@ -14,7 +14,6 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from django.db.backends.postgresql import base as django_pg
 from django_prometheus.db.backends.postgresql import base as instrumented
 from django_prometheus.db.common import ExportingCursorWrapper
 
@@ -27,7 +26,9 @@ def counting_cursor_class(cursor_class: type, alias: str, vendor: str) -> type:
 
 class DatabaseWrapper(instrumented.DatabaseWrapper):
     def get_connection_params(self) -> dict[str, Any]:
-        params = django_pg.DatabaseWrapper.get_connection_params(self)
+        # Django's own parameters (the next class in the MRO after django-prometheus' engine,
+        # whose override differs from this one only in making the class anew)
+        params = super(instrumented.DatabaseWrapper, self).get_connection_params()
         params["cursor_factory"] = counting_cursor_class(
             params["cursor_factory"], self.alias, self.vendor
         )
