@@ -11,13 +11,21 @@ that is not this tree is checked out with `git worktree add --detach` under
 gets a worker process, run from that tree with this virtualenv's Python, that starts the tree's
 own durable private stack (`experiment.stack.private_stack`, fsync on) and then waits for
 commands: so both stacks are up for the whole run and only the measured work alternates. Per
-round (BENCH_COMPARE_ROUNDS, default 3): a dlock payout point in `before`, then in `after`
+round (BENCH_COMPARE_ROUNDS, default 9): a dlock payout point in `before`, then in `after`
 (`bench.e2e._point`: one executor process × BENCH_COMPARE_CONCURRENCY, default 32, rail 0, on
-freshly seeded payouts), then the floor in `before`, then in `after`
+freshly seeded payouts planned for BENCH_COMPARE_POINT_S, default 20 s — handed to both trees as
+their BENCH_E2E_POINT_S), then the floor in `before`, then in `after`
 (`bench.payout_floor._floor_once`, the tree's own floor servers started through its own
 `devstack.RoleProcess`, so behind the same proxy and gunicorn as that tree's dlock). The first
 tree of each pair alternates between rounds. Ratios are per round, then the median.
 Writes `<out>/compare.json`.
+
+Why these defaults: a payout's server CPU is counted between the first and the last POSTED
+payout of the point. The e2e matrix's 8 s plan (256 payouts at 1 × 32) is a window of about 3 s,
+and this box's speed drifts within a minute (rounds where every role, PostgreSQL too, costs a
+third more); with 5 rounds of those, three runs of the same code gave 1.15×, 1.28× and 1.32×,
+while 14 s plans over 5 rounds and 20 s plans (640 payouts, an 8 s window) over 9 rounds gave
+1.09× each (docs/performance.md "Before / after").
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ from pathlib import Path
 
 from devstack import PROJECT, PYTHON
 
-ROUNDS = int(os.environ.get("BENCH_COMPARE_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_COMPARE_ROUNDS", "9"))
+POINT_S = os.environ.get("BENCH_COMPARE_POINT_S", "20")
 CONCURRENCY = int(os.environ.get("BENCH_COMPARE_CONCURRENCY", "32"))
 PREFIX = "@@compare "
 # Runs inside the tree under test (cwd, sys.path[0]); only names both trees have.
@@ -101,7 +110,7 @@ class Worker:
         self.process = subprocess.Popen(
             [PYTHON, "-c", WORKER, str(base / name)],
             cwd=tree,
-            env={**os.environ, "PYTHONPATH": str(tree)},
+            env={**os.environ, "PYTHONPATH": str(tree), "BENCH_E2E_POINT_S": POINT_S},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -249,8 +258,8 @@ def run(
     data = {
         "name": "compare",
         "trees": {name: {"path": str(tree), "commit": sha} for name, (tree, sha) in trees.items()},
-        "workload": f"1 executor process × {concurrency}, rail 0, durable PostgreSQL; floor:"
-        " the tree's own bench.payout_floor servers",
+        "workload": f"1 executor process × {concurrency}, rail 0, durable PostgreSQL, points"
+        f" planned for {POINT_S} s; floor: the tree's own bench.payout_floor servers",
         "interleaved": f"{rounds} rounds of (point, point, floor, floor), the first tree"
         " alternating between rounds",
         "goal_25": "server CPU per payout after <= 1.15x before",

@@ -9,7 +9,6 @@ server's store could not be read: nothing changed.
 
 from __future__ import annotations
 
-import getpass
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -17,17 +16,11 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from lockserver.etcd_client import EtcdError
+from ops.books import os_user
 from ops.repair import RepairRefused, repair_fence
 
 if TYPE_CHECKING:
     import argparse
-
-
-def _os_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (an arbitrary container uid)
-        return ""
 
 
 class Command(BaseCommand):
@@ -40,7 +33,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the repair as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        operator = options["operator"] or _os_user()
+        operator = options["operator"] or os_user()
         try:
             repair = repair_fence(
                 account_id=options["account"], operator=operator, reason=options["reason"]
