@@ -12,12 +12,14 @@ import requests
 
 from devstack import netcut
 from devstack.common import StackError, wait_until
+from devstack.tls import TlsFiles
 
 
 @dataclass
 class EtcdServer:
     """One etcd member. Alone it is a one-member cluster named `dlock`; in a cluster,
-    `initial_cluster` is every member's `name=peer-url` and `name` is this member's."""
+    `initial_cluster` is every member's `name=peer-url` and `name` is this member's. Given
+    `tls`, clients reach it on https:// with that certificate (peers stay on loopback HTTP)."""
 
     datadir: Path
     client_port: int
@@ -25,10 +27,12 @@ class EtcdServer:
     process: subprocess.Popen | None = None
     name: str = "dlock"
     initial_cluster: str = ""
+    tls: TlsFiles | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -44,6 +48,11 @@ class EtcdServer:
         return self.datadir.parent / f"{self.datadir.name}.log"
 
     def command(self, binary: str) -> list[str]:
+        tls = (
+            ["--cert-file", str(self.tls.certificate), "--key-file", str(self.tls.key)]
+            if self.tls
+            else []
+        )
         return [
             binary,
             "--name",
@@ -68,6 +77,7 @@ class EtcdServer:
             "50",
             "--election-timeout",
             "500",
+            *tls,
         ]
 
     def start(self, *, wait: bool = True) -> None:
@@ -90,7 +100,10 @@ class EtcdServer:
             self.wait_healthy()
 
     def wait_healthy(self, timeout: float = 30) -> None:
-        wait_until(lambda: etcd_healthy(self.url), timeout=timeout, what=f"etcd on {self.url}")
+        ca = str(self.tls.ca) if self.tls else None
+        wait_until(
+            lambda: etcd_healthy(self.url, ca=ca), timeout=timeout, what=f"etcd on {self.url}"
+        )
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -118,8 +131,8 @@ def etcd_cluster(datadir_root: Path, ports: list[tuple[int, int]]) -> list[EtcdS
     return members
 
 
-def etcd_healthy(url: str) -> bool:
+def etcd_healthy(url: str, *, ca: str | None = None) -> bool:
     try:
-        return requests.get(f"{url}/health", timeout=1).status_code == 200
+        return requests.get(f"{url}/health", timeout=1, verify=ca or True).status_code == 200
     except requests.RequestException:
         return False

@@ -17,6 +17,7 @@ import base64
 import contextlib
 import contextvars
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
+
+from dlock.http import CA_BUNDLE_ENV
 
 # gRPC status codes that mean "this member cannot serve now": DEADLINE_EXCEEDED, UNAVAILABLE.
 _UNAVAILABLE_GRPC = {4, 14}
@@ -201,7 +204,9 @@ def get(
 
 
 class EtcdClient:
-    """Thread-safe: one pooled `requests.Session` shared by the lock-server's threads."""
+    """Thread-safe: one pooled `requests.Session` shared by the lock-server's threads. An
+    https:// member is verified against DLOCK_CA_BUNDLE, as every dlock client verifies its
+    peer (else the system store); requests' REQUESTS_CA_BUNDLE does not override it."""
 
     def __init__(
         self,
@@ -221,6 +226,7 @@ class EtcdClient:
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
+        self.verify: str | bool = os.environ.get(CA_BUNDLE_ENV) or True
 
     def close(self) -> None:
         self.session.close()
@@ -272,7 +278,9 @@ class EtcdClient:
         connect, read = timeout or self.timeout
         bounded = (min(connect, remaining), max(0.05, min(read, remaining)))
         try:
-            resp = self.session.post(f"{member}/v3/{path}", json=body, timeout=bounded)
+            resp = self.session.post(
+                f"{member}/v3/{path}", json=body, timeout=bounded, verify=self.verify
+            )
         except requests.RequestException as exc:
             if _never_connected(exc):
                 raise _Refused(EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}")) from exc
@@ -386,6 +394,7 @@ class EtcdClient:
                 data="\n".join(lines) + "\n",
                 stream=True,
                 timeout=(self.timeout[0], read_timeout_s),
+                verify=self.verify,
             )
         except requests.RequestException as exc:
             self._next_member(member)

@@ -12,7 +12,11 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -42,6 +46,29 @@ def browser():
     driver.set_page_load_timeout(60)
     yield driver
     driver.quit()
+
+
+def wait_for(driver, css: str, timeout: float = 30):
+    return WebDriverWait(driver, timeout).until(
+        ec.presence_of_element_located((By.CSS_SELECTOR, css))
+    )
+
+
+def submit_login_form(driver, base: str, user: str, password: str) -> None:
+    """Fill the admin login form and submit it; return once the browser holds the answer.
+
+    The old form going stale is the signal. While chromium swaps documents, asking about the
+    old node can also fail with an inspector error ("Node with given id does not belong to the
+    document") instead of a stale-element one; that is the same swap under way, so the wait
+    polls again rather than failing."""
+    driver.get(f"{base}/admin/login/?next=/admin/")
+    driver.find_element(By.NAME, "username").send_keys(user)
+    driver.find_element(By.NAME, "password").send_keys(password)
+    submit = driver.find_element(By.CSS_SELECTOR, "input[type=submit]")
+    submit.click()
+    WebDriverWait(driver, 30, ignored_exceptions=(WebDriverException,)).until(
+        ec.staleness_of(submit)
+    )
 
 
 def requested_urls(driver) -> list[str]:

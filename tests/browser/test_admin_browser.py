@@ -11,11 +11,9 @@ import uuid
 import pytest
 import requests
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions as ec
-from selenium.webdriver.support.ui import WebDriverWait
 
 from dlock.roles import SERVICE_NAMES
-from tests.browser.conftest import off_loopback, paydb, requested_urls
+from tests.browser.conftest import off_loopback, paydb, requested_urls, submit_login_form, wait_for
 from tests.conftest import ROLES
 
 pytestmark = pytest.mark.live
@@ -43,21 +41,10 @@ def seed_quarantine(live_stack, classification: str | None, refs: list[str]) -> 
     return json.loads(out.strip().splitlines()[-1])
 
 
-def wait_for(driver, css: str, timeout: float = 30):
-    return WebDriverWait(driver, timeout).until(
-        ec.presence_of_element_located((By.CSS_SELECTOR, css))
-    )
-
-
 def log_in(driver, base: str, user: str, password: str) -> None:
     driver.delete_all_cookies()
-    driver.get(f"{base}/admin/login/?next=/admin/")
-    driver.find_element(By.NAME, "username").send_keys(user)
-    driver.find_element(By.NAME, "password").send_keys(password)
-    submit = driver.find_element(By.CSS_SELECTOR, "input[type=submit]")
-    submit.click()
     # the login page itself has #site-name: wait for the next page, then for a signed-in one
-    WebDriverWait(driver, 30).until(ec.staleness_of(submit))
+    submit_login_form(driver, base, user, password)
     wait_for(driver, "#user-tools")
 
 

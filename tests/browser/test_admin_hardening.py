@@ -12,12 +12,10 @@ import uuid
 import pytest
 import requests
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions as ec
-from selenium.webdriver.support.ui import WebDriverWait
 
 from devstack import manage
-from tests.browser.conftest import paydb
-from tests.browser.test_admin_browser import log_in, wait_for
+from tests.browser.conftest import paydb, submit_login_form, wait_for
+from tests.browser.test_admin_browser import log_in
 
 pytestmark = pytest.mark.live
 
@@ -65,12 +63,7 @@ def csp_violations(driver) -> list[str]:
 
 
 def submit_login(driver, base: str, user: str, password: str) -> None:
-    driver.get(f"{base}/admin/login/?next=/admin/")
-    driver.find_element(By.NAME, "username").send_keys(user)
-    driver.find_element(By.NAME, "password").send_keys(password)
-    submit = driver.find_element(By.CSS_SELECTOR, "input[type=submit]")
-    submit.click()
-    WebDriverWait(driver, 30).until(ec.staleness_of(submit))  # the answer, not the form
+    submit_login_form(driver, base, user, password)  # the answer, not the form
     wait_for(driver, "#content")
 
 

@@ -19,10 +19,10 @@ import psycopg
 import pytest
 import requests
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions as ec
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
 from payments.selectors import account_books, balance_sql
+from tests.browser.conftest import submit_login_form, wait_for
 from tests.conftest import start_stack, stop_stack
 from tests.executor.conftest import STACK_ENV, drain, seed
 
@@ -117,12 +117,6 @@ def command(stack, *args: str):
     return stack.manage(*args, "--operator", OPERATOR, "--json", check=False)
 
 
-def wait_for(driver, css: str, timeout: float = 30):
-    return WebDriverWait(driver, timeout).until(
-        ec.presence_of_element_located((By.CSS_SELECTOR, css))
-    )
-
-
 def message(driver) -> tuple[str, str]:
     """The admin's first message after a form: (level, text)."""
     item = wait_for(driver, "ul.messagelist li")
@@ -135,11 +129,8 @@ class Operator:
 
     def log_in(self) -> None:
         self.driver.delete_all_cookies()
-        self.driver.get(f"{self.base}/admin/login/?next=/admin/")
-        self.driver.find_element(By.NAME, "username").send_keys(OPERATOR)
-        self.driver.find_element(By.NAME, "password").send_keys(PASSWORD)
-        self.driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-        wait_for(self.driver, "#site-name")
+        submit_login_form(self.driver, self.base, OPERATOR, PASSWORD)
+        wait_for(self.driver, "#user-tools")  # signed in, not the login page again
 
     def open(self, path: str) -> None:
         self.driver.get(f"{self.base}{path}")

@@ -1,0 +1,63 @@
+"""The lock server's etcd client over TLS: a member on https:// is verified against
+DLOCK_CA_BUNDLE, the bundle every dlock client verifies its peer with (issue 25 item 6), not
+the system store and not requests' own REQUESTS_CA_BUNDLE. A real etcd serving the stack's
+throwaway certificate."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from devstack import EtcdServer, free_port
+from devstack.tls import ensure_tls
+from lockserver.etcd_client import EtcdClient, EtcdUnavailable, put
+
+pytestmark = [pytest.mark.live]
+
+
+@pytest.fixture(scope="module")
+def tls_etcd():
+    base = Path(tempfile.mkdtemp(prefix="dlock-etcd-tls-"))
+    files = ensure_tls(base / "tls")
+    server = EtcdServer(base / "data", free_port(), free_port(), tls=files)
+    server.start()
+    yield server, files
+    server.stop()
+
+
+def _round_trip(client: EtcdClient, key: str) -> bytes | None:
+    client.txn([], [put(key, b"over-tls")])
+    found = client.range(key).first()
+    return found.value if found else None
+
+
+def test_a_member_on_https_is_verified_against_the_ca_bundle(tls_etcd, monkeypatch):
+    server, files = tls_etcd
+    assert server.url.startswith("https://")
+    monkeypatch.setenv("DLOCK_CA_BUNDLE", str(files.ca))
+    # requests' own variable names the system store: DLOCK_CA_BUNDLE still decides.
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    client = EtcdClient(server.url)
+    try:
+        assert _round_trip(client, "tls/verified") == b"over-tls"
+    finally:
+        client.close()
+
+
+def test_without_the_bundle_the_member_is_refused_and_nothing_written(tls_etcd, monkeypatch):
+    server, files = tls_etcd
+    monkeypatch.delenv("DLOCK_CA_BUNDLE", raising=False)
+    client = EtcdClient(server.url)
+    try:
+        with pytest.raises(EtcdUnavailable):
+            _round_trip(client, "tls/unverified")
+    finally:
+        client.close()
+    monkeypatch.setenv("DLOCK_CA_BUNDLE", str(files.ca))
+    trusted = EtcdClient(server.url)
+    try:
+        assert trusted.range("tls/unverified").first() is None
+    finally:
+        trusted.close()
