@@ -198,12 +198,17 @@ class _HTTPSPool(HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
 
 
+def ca_bundle() -> str | None:
+    """The CA bundle every dlock client verifies an https peer against (DLOCK_CA_BUNDLE);
+    None means the system store."""
+    return os.environ.get(CA_BUNDLE_ENV) or None
+
+
 def _tls_options(scheme: str) -> dict[str, Any]:
     """Verification settings for an https origin: DLOCK_CA_BUNDLE, else the system store."""
     if scheme != "https":
         return {}
-    bundle = os.environ.get(CA_BUNDLE_ENV) or None
-    return {"cert_reqs": "CERT_REQUIRED", "ca_certs": bundle}
+    return {"cert_reqs": "CERT_REQUIRED", "ca_certs": ca_bundle()}
 
 
 def _origin(url: str) -> tuple[str, str, int]:

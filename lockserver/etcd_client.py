@@ -17,7 +17,6 @@ import base64
 import contextlib
 import contextvars
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
-from dlock.http import CA_BUNDLE_ENV
+from dlock.http import ca_bundle
 
 # gRPC status codes that mean "this member cannot serve now": DEADLINE_EXCEEDED, UNAVAILABLE.
 _UNAVAILABLE_GRPC = {4, 14}
@@ -226,7 +225,7 @@ class EtcdClient:
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
-        self.verify: str | bool = os.environ.get(CA_BUNDLE_ENV) or True
+        self.verify: str | bool = ca_bundle() or True
 
     def close(self) -> None:
         self.session.close()
