@@ -18,7 +18,11 @@ RUN python -m venv /opt/venv \
 
 # ---- final stage: no build tools, no pip, non-root ------------------------------------------
 FROM python:3.11-slim-bookworm
-ENV PATH=/opt/venv/bin:$PATH \
+# The release the image says it runs (service_started's `version`); `make image` passes
+# pyproject's version.
+ARG DLOCK_VERSION=unknown
+ENV DLOCK_VERSION=$DLOCK_VERSION \
+    PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     DLOCK_ENVIRONMENT=production \

@@ -66,9 +66,11 @@ sysdeps:
 IMAGE ?= localhost/dlock:dev
 PODMAN_ARGS ?=
 HOST_CA := /etc/ssl/certs/ca-certificates.crt
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 image:
 	bash scripts/base-image.sh
 	podman build --pull=never --format docker --network host $(PODMAN_ARGS) \
+	  --build-arg DLOCK_VERSION=$(VERSION) \
 	  $(if $(wildcard $(HOST_CA)),--volume $(HOST_CA):$(HOST_CA):ro) -t $(IMAGE) .
 
 test: venv sysdeps

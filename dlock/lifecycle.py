@@ -10,20 +10,33 @@ executor logs the same lines from its command (executor/management/commands/run_
 
 from __future__ import annotations
 
+import functools
 import logging
 import logging.config
 import os
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from dlock.logs import log_event
 from dlock.roles import SERVICE_NAMES
 
-# The release: the image sets DLOCK_VERSION (its tag); a checkout says what pyproject says.
-DEFAULT_VERSION = "0.1.0"
+_PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
 def version() -> str:
-    return os.environ.get("DLOCK_VERSION") or DEFAULT_VERSION
+    """The release: DLOCK_VERSION (`make image` builds it in from pyproject), else what the
+    checkout's pyproject.toml says, else "unknown"."""
+    return os.environ.get("DLOCK_VERSION") or _checkout_version()
+
+
+@functools.cache
+def _checkout_version() -> str:
+    try:
+        with _PYPROJECT.open("rb") as fh:
+            return str(tomllib.load(fh)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
 
 
 def role() -> str:

@@ -209,12 +209,6 @@ class UpstreamFailed(ProxyAnswered):
     code = "UPSTREAM_FAILED"
 
 
-# Answered by the reverse proxy itself (decision 18), not by a role's views.
-PROXY_ERRORS: dict[str, type[DlockError]] = {
-    UpstreamTimeout.code: UpstreamTimeout,
-    UpstreamFailed.code: UpstreamFailed,
-}
-
 ERRORS: dict[str, type[DlockError]] = {
     cls.code: cls
     for cls in (
@@ -245,12 +239,15 @@ ERRORS: dict[str, type[DlockError]] = {
     if cls.code
 }
 
+# The part of ERRORS the reverse proxy answers itself (decision 18), not a role's views.
+PROXY_ERRORS: dict[str, type[DlockError]] = {
+    code: cls for code, cls in ERRORS.items() if issubclass(cls, ProxyAnswered)
+}
+
 
 def check_error_map(errors: dict[str, type[DlockError]] = ERRORS) -> None:
     """Raise RuntimeError unless `errors` has one exception class for every catalogue code."""
-    missing = sorted(
-        code.value for code in Code if code.value not in errors and code.value not in PROXY_ERRORS
-    )
+    missing = sorted(code.value for code in Code if code.value not in errors)
     unknown = sorted(code for code in errors if code not in Code.__members__)
     wrong = sorted(code for code, cls in errors.items() if cls.code != code)
     if missing or unknown or wrong:
@@ -267,11 +264,7 @@ def error_from_reply(reply: Reply) -> DlockError:
     """Map a non-2xx reply to its typed exception; a body without a code is INTERNAL."""
     body = reply.body if isinstance(reply.body, dict) else {}
     code = body.get("code")
-    cls = (
-        ERRORS.get(code) or PROXY_ERRORS.get(code, DlockError)
-        if isinstance(code, str)
-        else InternalError
-    )
+    cls = ERRORS.get(code, DlockError) if isinstance(code, str) else InternalError
     retry_safe = bool(body.get("retrySafe", False))
     if reply.status == 502 and not retry_safe and not issubclass(cls, ServiceUnreachable):
         # The proxy's upstream failed after the request went in (reset, bad answer): unknown.

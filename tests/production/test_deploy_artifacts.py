@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import yaml
 from django.urls import Resolver404, resolve
 
 from devstack import PROJECT
+from dlock import lifecycle
 from dlock.budgets import BUDGETS, RAIL_READ_TIMEOUT_S
 from dlock.roles import ROLES
 
@@ -359,6 +361,21 @@ def test_the_dockerfile_is_multi_stage_slim_non_root_with_a_healthcheck_and_no_b
         assert tool not in text
     assert "COPY --from=build /opt/venv /opt/venv" in text
     assert "DLOCK_ENVIRONMENT=production" in text
+
+
+def test_the_image_and_a_checkout_report_pyprojects_version(monkeypatch):
+    with (PROJECT / "pyproject.toml").open("rb") as fh:
+        release = tomllib.load(fh)["project"]["version"]
+    make = subprocess.run(
+        ["make", "-n", "image"], cwd=PROJECT, capture_output=True, text=True, check=True
+    )
+    assert f"--build-arg DLOCK_VERSION={release} " in make.stdout
+    final = " ".join(_stages()[-1])
+    assert "ARG DLOCK_VERSION" in final and "DLOCK_VERSION=$DLOCK_VERSION" in final
+    monkeypatch.delenv("DLOCK_VERSION", raising=False)
+    assert lifecycle.version() == release
+    monkeypatch.setenv("DLOCK_VERSION", "2.0.0-rc1")
+    assert lifecycle.version() == "2.0.0-rc1"
 
 
 def _pins(lock: str) -> dict[str, str]:
