@@ -12,6 +12,7 @@ import pytest
 
 from devstack import EtcdServer, free_port
 from devstack.tls import ensure_tls
+from dlock.http import close_pools
 from lockserver.etcd_client import EtcdClient, EtcdUnavailable, put
 
 pytestmark = [pytest.mark.live]
@@ -27,6 +28,12 @@ def tls_etcd():
     server.stop()
 
 
+def _as_a_new_process() -> None:
+    """The process's pools read DLOCK_CA_BUNDLE when they are made (once, in a real role):
+    remake them, as a process started with this environment would have them."""
+    close_pools()
+
+
 def _round_trip(client: EtcdClient, key: str) -> bytes | None:
     client.txn([], [put(key, b"over-tls")])
     found = client.range(key).first()
@@ -39,6 +46,7 @@ def test_a_member_on_https_is_verified_against_the_ca_bundle(tls_etcd, monkeypat
     monkeypatch.setenv("DLOCK_CA_BUNDLE", str(files.ca))
     # requests' own variable names the system store: DLOCK_CA_BUNDLE still decides.
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    _as_a_new_process()
     client = EtcdClient(server.url)
     try:
         assert _round_trip(client, "tls/verified") == b"over-tls"
@@ -49,6 +57,7 @@ def test_a_member_on_https_is_verified_against_the_ca_bundle(tls_etcd, monkeypat
 def test_without_the_bundle_the_member_is_refused_and_nothing_written(tls_etcd, monkeypatch):
     server, files = tls_etcd
     monkeypatch.delenv("DLOCK_CA_BUNDLE", raising=False)
+    _as_a_new_process()
     client = EtcdClient(server.url)
     try:
         with pytest.raises(EtcdUnavailable):
@@ -56,6 +65,7 @@ def test_without_the_bundle_the_member_is_refused_and_nothing_written(tls_etcd, 
     finally:
         client.close()
     monkeypatch.setenv("DLOCK_CA_BUNDLE", str(files.ca))
+    _as_a_new_process()
     trusted = EtcdClient(server.url)
     try:
         assert trusted.range("tls/unverified").first() is None
