@@ -171,7 +171,8 @@ def test_probers_see_the_killed_replica_down_and_the_failover_client_carry_on(re
             marks[what] = time.monotonic() - t0
 
         ha.kill_replica(stack, "lockserver", mark=mark)  # kill -9 lockserver-2, restart it
-        time.sleep(1.0)  # attempts against the restarted replica, on the record
+        # attempts against the restarted replica, on the record
+        answered_since(by_name["lockserver/r2"], marks["restarted"])
     finally:
         for prober in lock_probers:
             prober.stop()
@@ -318,6 +319,16 @@ def lock_probers(stack, run_id: str):
     return probers, clock
 
 
+def answered_since(prober, since: float, limit_s: float = 60.0) -> None:
+    """Wait until `prober` has a successful attempt that started at or after `since` (its
+    clock): the victim is serving again, by the record, however long its client's back-off or
+    its own start took. `limit_s` only ends a hung run."""
+    give_up = time.monotonic() + limit_s
+    while not any(a.ok and a.start >= since for a in list(prober.attempts)):
+        assert time.monotonic() < give_up, (prober.name, prober.attempts[-3:])
+        time.sleep(0.05)
+
+
 def stop_all(probers) -> None:
     for prober in probers.values():
         prober.stop()
@@ -342,7 +353,7 @@ def test_a_stalled_replica_stops_answering_and_resumes_as_the_same_process(
     marks: dict[str, float] = {}
     try:
         ha.stall_replica(stack, "lockserver", 2.0, mark=marker(clock, marks))
-        time.sleep(0.5)
+        answered_since(probers["lockserver/r1"], marks["restarted"])
     finally:
         stop_all(probers)
     at, resumed = marks["killed"], marks["restarted"]
@@ -367,7 +378,7 @@ def test_a_replica_kept_down_refuses_connections_until_it_is_started_again(
     marks: dict[str, float] = {}
     try:
         ha.down_replica(stack, "lockserver", 1.5, mark=marker(clock, marks))
-        time.sleep(0.5)
+        answered_since(probers["lockserver/r1"], marks["restarted"])
     finally:
         stop_all(probers)
     at = marks["killed"]
