@@ -11,9 +11,9 @@ which etcd3gw folds into a few exception classes. Transactions are raw JSON eith
 
 Unary calls (range, txn, leases, status) go through `dlock.http`, as every dlock hop does
 (CHANGELOG row 66): no retry inside the library, one deadline for the whole answer, and its
-`sent` verdict, which decides whether a call may move on to the next member. requests costs
-~0.6 ms more CPU per call (1.0-1.1 ms against 0.42-0.49 ms on this box, a local etcd, 3 x 2 000
-ranges). Watches stay on requests' streaming reads: one per waiter or sweep, not per call.
+`sent` verdict, which decides whether a call may move on to the next member (requests cost
+more than twice the CPU per call: CHANGELOG row 77). Watches stay on requests' streaming reads:
+one per waiter or sweep, not per call.
 
 Int64 fields arrive as JSON strings; keys and values travel base64-encoded.
 """
@@ -219,12 +219,12 @@ class EtcdClient:
             raise ValueError(f"ETCD_URL must be http(s) URLs separated by commas, got {url!r}")
         self._member = 0
         self.timeout = (connect_timeout, read_timeout)
-        self.pools = [pool_for(member, size=pool_size) for member in self.urls]
+        self.pools = {member: pool_for(member, size=pool_size) for member in self.urls}
         self.verify: str | bool = ca_bundle() or True
 
     def close(self) -> None:
         """Close the idle connections to every member."""
-        for pool in self.pools:
+        for pool in self.pools.values():
             pool.close()
 
     @property
@@ -274,7 +274,9 @@ class EtcdClient:
         connect, read = timeout or self.timeout
         hop = Budget(min(connect, remaining), max(0.05, min(read, remaining)), 0, "etcd call")
         try:
-            reply = exchange("POST", f"{member}/v3/{path}", hop=hop, json_body=body)
+            reply = exchange(
+                "POST", f"{member}/v3/{path}", hop=hop, json_body=body, pool=self.pools[member]
+            )
         except TransportError as exc:
             unavailable = EtcdUnavailable(f"etcd unreachable: {type(exc.cause).__name__}")
             if not exc.sent:  # no byte of the call left: the member did nothing
