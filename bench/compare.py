@@ -23,10 +23,9 @@ Writes `<out>/compare.json`.
 Why these defaults: a payout's server CPU is counted between the first and the last POSTED
 payout of the point. The e2e matrix's 8 s plan (256 payouts at 1 × 32) is a window of about 3 s,
 and this box's speed drifts within a minute (rounds where every role, PostgreSQL too, costs a
-third more); with 5 rounds of those, three runs gave 1.15×, 1.28× (before dlock.pgbackend) and
-1.32× (after), while 14 s plans over 5 rounds gave 1.09×, and two runs of these defaults (20 s
-plans, 640 payouts, an 8 s window, 9 rounds) gave 1.09× and ≈ 1.19× (docs/performance.md
-"Before / after"): longer points narrow the spread, they do not close it.
+third more): 20 s plans (640 payouts, an 8 s window) over 9 rounds narrow the spread between
+runs that 8 s plans over 5 rounds showed; they do not close it (every run: docs/performance.md
+"Before / after").
 """
 
 from __future__ import annotations
