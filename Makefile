@@ -94,10 +94,10 @@ status: venv
 demo: up
 	$(BIN)/python -m devstack.demo
 
-# The redis-server and zookeeper packages are needed only here (the lock peers and baselines).
+# The redis-server package is needed only here (python-redis-lock's baseline).
 # e.g. make bench BENCH_ARGS="--only peers", BENCH_ARGS="--only compare --before 55d13fe"
 bench: venv
-	@WITH_REDIS=1 WITH_ZOOKEEPER=1 bash scripts/sysdeps.sh
+	@WITH_REDIS=1 bash scripts/sysdeps.sh
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # e.g. make experiment EXPERIMENT_ARGS="--seed 11 --executors 6 --payouts 400"

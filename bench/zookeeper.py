@@ -1,6 +1,6 @@
 """A private single-node ZooKeeper for the lock benchmark (issue 28), started as Redis is.
 
-Debian's `zookeeper` package (`WITH_ZOOKEEPER=1 bash scripts/sysdeps.sh` installs it): the
+Debian's `zookeeper` package (`bash scripts/sysdeps.sh` installs it): the
 standalone server class from /usr/share/java/zookeeper.jar (its manifest names every jar it
 needs), a private config with `forceSync=yes` (every transaction-log write is fsynced before the
 server answers, as PostgreSQL's commit and etcd's WAL are), its data directory beside the
@@ -59,7 +59,7 @@ class ZooKeeperServer:
         java = shutil.which("java")
         if java is None or not JAR.exists():
             raise RuntimeError(
-                "ZooKeeper not found: `WITH_ZOOKEEPER=1 bash scripts/sysdeps.sh`"
+                "ZooKeeper not found: `bash scripts/sysdeps.sh`"
                 " (apt-get install zookeeper)"
             )
         self.datadir.mkdir(parents=True, exist_ok=True)

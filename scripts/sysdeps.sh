@@ -2,8 +2,8 @@
 # Make sure the system packages dlock needs exist: PostgreSQL server binaries, etcd, nginx (the
 # proxy in front of every role), openssl (make up TLS=1), and for the browser and alerting tests
 # headless Chromium + chromedriver (Selenium) and promtool (prometheus), nftables (the HA
-# experiment's partition); for `make bench` also
-# redis-server (WITH_REDIS=1) and zookeeper (WITH_ZOOKEEPER=1).
+# experiment's partition), zookeeper (the lock peers' ZooKeeper arm: its token-check test in
+# `make test`, and `make bench`); for `make bench` also redis-server (WITH_REDIS=1).
 # As root, installs what is missing with apt-get; otherwise says exactly what to install.
 set -euo pipefail
 missing=()
@@ -17,10 +17,9 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 # nft: the HA experiment's real partition of an etcd member (devstack/netcut.py)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
 if [ "${WITH_REDIS:-0}" = 1 ]; then command -v redis-server >/dev/null 2>&1 || missing+=(redis-server); fi
-# The ZooKeeper peer of the lock benchmark (bench/zookeeper.py runs the packaged server jar).
-if [ "${WITH_ZOOKEEPER:-0}" = 1 ]; then
-  { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || missing+=(zookeeper)
-fi
+# The ZooKeeper peer of the lock benchmark (bench/zookeeper.py runs the packaged server jar);
+# tests/experiment/test_bench_peers.py starts one, so the suite needs it too.
+{ [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || missing+=(zookeeper)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "[dlock] installing system packages: ${missing[*]}"
