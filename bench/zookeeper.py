@@ -59,8 +59,7 @@ class ZooKeeperServer:
         java = shutil.which("java")
         if java is None or not JAR.exists():
             raise RuntimeError(
-                "ZooKeeper not found: `bash scripts/sysdeps.sh`"
-                " (apt-get install zookeeper)"
+                "ZooKeeper not found: `bash scripts/sysdeps.sh` (apt-get install zookeeper)"
             )
         self.datadir.mkdir(parents=True, exist_ok=True)
         self.config.write_text(self.config_text())
