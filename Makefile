@@ -16,6 +16,9 @@ UP_ARGS = $(if $(LOCK_BACKEND),--backend $(LOCK_BACKEND)) \
 	$(if $(ETCD_MEMBERS),--etcd-members $(ETCD_MEMBERS)) $(if $(REPLICAS),--replicas $(REPLICAS)) \
 	$(if $(filter 1,$(TLS)),--tls) $(if $(filter 0,$(TLS)),--no-tls)
 PYTEST_ARGS ?=
+# `make test` runs the suite in this many pytest-xdist workers, a test file per worker at a time
+# (its module fixtures stay in one process); 0 = one process, as `make test-shuffled` always is.
+TEST_WORKERS ?= 2
 
 .PHONY: help venv lock sysdeps image test test-shuffled up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
 
@@ -74,7 +77,7 @@ image:
 	  $(if $(wildcard $(HOST_CA)),--volume $(HOST_CA):$(HOST_CA):ro) -t $(IMAGE) .
 
 test: venv sysdeps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The suite in a shuffled order (pytest-randomly) to find tests that depend on others' leftovers.
 # SEED=N replays an order (each run prints its seed); empty: a new one.

@@ -50,7 +50,26 @@ def say(message: str) -> None:
 # (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 on Linux by default), which outgoing
 # connections draw their source ports from, so no client connection can take a port between
 # free_port() choosing it and a server binding it (issue 24: "Address already in use").
-RESERVED_PORTS = range(20000, 30000)
+# DLOCK_PORT_SLICE="i/n" narrows it to its i-th of n equal slices (0-based) for one process and
+# its children: each parallel test worker draws from a slice of its own (tests/pgplugin.py), so
+# two processes can never choose the same port between one's probe and its bind.
+FULL_RESERVED_PORTS = range(20000, 30000)
+
+
+def _reserved_ports() -> range:
+    given = os.environ.get("DLOCK_PORT_SLICE", "")
+    if not given:
+        return FULL_RESERVED_PORTS
+    index, _, count = given.partition("/")
+    i, n = int(index), int(count)
+    if not 0 <= i < n:
+        raise StackError(f"DLOCK_PORT_SLICE={given}: want i/n with 0 <= i < n")
+    width = len(FULL_RESERVED_PORTS) // n
+    low = FULL_RESERVED_PORTS.start + i * width
+    return range(low, low + width)
+
+
+RESERVED_PORTS = _reserved_ports()
 _random = random.SystemRandom()
 
 

@@ -52,6 +52,7 @@ def _create_db(name: str) -> str:
     import psycopg
     from psycopg import sql
 
+    name = pgplugin.db_name(name)
     with psycopg.connect(pgplugin.server_url("postgres"), autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))

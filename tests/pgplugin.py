@@ -3,6 +3,11 @@
 Order: DLOCK_TEST_DATABASE_URL (a server URL) if set; else testcontainers when a Docker engine
 answers; else a throwaway cluster started with initdb/pg_ctl in a temp dir (fsync off).
 Never SQLite, never a mock.
+
+Under `pytest -n N` (pytest-xdist; `make test` runs TEST_WORKERS of them) each worker is a suite
+of its own: its own cluster (or, on a given server, databases suffixed with its id) and its own
+slice of the reserved ports (devstack.common, DLOCK_PORT_SLICE); the controller, which runs no
+test, starts nothing.
 """
 
 from __future__ import annotations
@@ -12,10 +17,19 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from devstack import PgCluster, free_port
+# An xdist worker ("gw0", "gw1", ...) draws its ports from a slice of its own: set before
+# devstack is imported, and inherited by every process the worker starts.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER:
+    os.environ["DLOCK_PORT_SLICE"] = (
+        f"{WORKER.removeprefix('gw')}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
+    )
+
+from devstack import PgCluster, free_port  # noqa: E402 - after the port slice it reads
 
 _cluster: PgCluster | None = None
 _container = None
@@ -30,6 +44,11 @@ def _docker_answers() -> bool:
         return True
     except Exception:  # no engine, no socket, no permission: fall back to initdb
         return False
+
+
+def db_name(name: str) -> str:
+    """The database this process calls `name`: workers sharing a given server never share one."""
+    return f"{name}_{WORKER}" if WORKER else name
 
 
 def _with_db(server_url: str, dbname: str) -> str:
@@ -57,9 +76,9 @@ def _choose_server() -> str:
 
 SERVER_URL = _choose_server()
 os.environ["DLOCK_TEST_SERVER_URL"] = SERVER_URL
-os.environ["LOCK_DATABASE_URL"] = _with_db(SERVER_URL, "dlock_lockdb")
-os.environ["PAY_DATABASE_URL"] = _with_db(SERVER_URL, "dlock_paydb")
-os.environ["RAIL_DATABASE_URL"] = _with_db(SERVER_URL, "dlock_raildb")
+os.environ["LOCK_DATABASE_URL"] = _with_db(SERVER_URL, db_name("dlock_lockdb"))
+os.environ["PAY_DATABASE_URL"] = _with_db(SERVER_URL, db_name("dlock_paydb"))
+os.environ["RAIL_DATABASE_URL"] = _with_db(SERVER_URL, db_name("dlock_raildb"))
 os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(48))
 # One fencing-proof key ring for the suite: in-process views and every role a test starts.
 os.environ.setdefault("DLOCK_PROOF_KEYS", f"t1:{secrets.token_urlsafe(32)}")
@@ -80,7 +99,13 @@ def cluster() -> PgCluster | None:
     return _cluster
 
 
+def _is_xdist_controller(config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
 def pytest_configure(config):
+    if _is_xdist_controller(config):
+        return  # the workers run the tests, each against its own cluster
     if _cluster is not None and not _cluster.running():
         _cluster.start()
 
@@ -88,4 +113,10 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if _cluster is not None:
         _cluster.stop("immediate")
-        shutil.rmtree(_cluster.datadir.parent, ignore_errors=True)  # the mkdtemp parent
+        # the mkdtemp parent; again while a server process that outlived the postmaster for a
+        # moment still writes its last files (seen with two workers stopping at once)
+        for _ in range(20):
+            shutil.rmtree(_cluster.datadir.parent, ignore_errors=True)
+            if not _cluster.datadir.parent.exists():
+                break
+            time.sleep(0.1)

@@ -15,6 +15,8 @@ import os
 import re
 import select
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -460,3 +462,30 @@ def test_a_bound_listener_holds_a_reserved_port_until_closed():
         assert port in RESERVED_PORTS and port not in ephemeral_range()
         with pytest.raises(OSError), socket.socket() as other:
             other.bind(("127.0.0.1", port))
+
+
+def _ports_in_slice(given: str) -> subprocess.CompletedProcess:
+    code = (
+        "from devstack.common import RESERVED_PORTS as r, free_port\n"
+        "print(r.start, r.stop, *(free_port() for _ in range(50)))"
+    )
+    env = {**os.environ, "DLOCK_PORT_SLICE": given}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+
+
+def test_parallel_workers_draw_ports_from_disjoint_slices_of_the_reserved_range():
+    from devstack.common import FULL_RESERVED_PORTS
+
+    drawn = []
+    for given in ("0/2", "1/2"):
+        result = _ports_in_slice(given)
+        assert result.returncode == 0, result.stderr
+        start, stop, *ports = map(int, result.stdout.split())
+        assert FULL_RESERVED_PORTS.start <= start < stop <= FULL_RESERVED_PORTS.stop
+        assert all(start <= port < stop for port in ports)
+        drawn.append(range(start, stop))
+    assert drawn[0].stop <= drawn[1].start  # the two workers' slices do not overlap
+    for bad in ("2/2", "-1/2", "1/0"):
+        assert _ports_in_slice(bad).returncode != 0
