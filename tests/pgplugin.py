@@ -17,9 +17,10 @@ import os
 import secrets
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+import pytest
 
 # An xdist worker ("gw0", "gw1", ...) draws its ports from a slice of its own: set before
 # devstack is imported, and inherited by every process the worker starts.
@@ -110,13 +111,22 @@ def pytest_configure(config):
         _cluster.start()
 
 
+def _remove_cluster() -> None:
+    global _cluster
+    if _cluster is None:
+        return
+    _cluster.stop("immediate")
+    shutil.rmtree(_cluster.datadir.parent, ignore_errors=True)  # the mkdtemp parent
+    _cluster = None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    # Here, not only at unconfigure: an xdist worker reports itself finished when this hook
+    # returns, and the controller then gives it a few seconds to exit before killing it (a
+    # worker killed in its unconfigure left its cluster's directory behind).
+    _remove_cluster()
+
+
 def pytest_unconfigure(config):
-    if _cluster is not None:
-        _cluster.stop("immediate")
-        # the mkdtemp parent; again while a server process that outlived the postmaster for a
-        # moment still writes its last files (seen with two workers stopping at once)
-        for _ in range(20):
-            shutil.rmtree(_cluster.datadir.parent, ignore_errors=True)
-            if not _cluster.datadir.parent.exists():
-                break
-            time.sleep(0.1)
+    _remove_cluster()
