@@ -123,8 +123,9 @@ def _remove_cluster() -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session):
     # Here, not only at unconfigure: an xdist worker reports itself finished when this hook
-    # returns, and the controller then gives it a few seconds to exit before killing it (a
-    # worker killed in its unconfigure left its cluster's directory behind).
+    # returns, so the controller waits for this cleanup. Two parallel runs that cleaned up only
+    # at unconfigure each left a worker's cluster directory half-removed (likely the worker cut
+    # off after reporting itself finished; not proven), none has since.
     _remove_cluster()
 
 
