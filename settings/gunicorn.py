@@ -5,6 +5,7 @@ from the environment (GUNICORN_*); the defaults and why they are what they are:
 docs/operations.md, numbers in docs/benchmarks-history.md.
 """
 
+import gc
 import os
 import tempfile
 from pathlib import Path
@@ -141,3 +142,11 @@ when_ready = lifecycle.when_ready
 # gunicorn's control socket (gunicornc) is off: nothing uses it, and its default path under
 # $HOME is read-only in the image (it logged "Control server error: [Errno 30]" on every start).
 control_socket_disable = True
+
+
+def post_worker_init(worker) -> None:
+    """The objects the worker made loading the app (modules, settings, URLconf: most of the
+    heap) go to the collector's permanent generation, so its full collections never walk them
+    again. Measured at 1 x 32, rail 0 (bench e2e, 2 048 payouts): full collections took
+    0.27 s of the four roles' CPU before, 0.08 s after (0.09 ms per payout, 0.6 %)."""
+    gc.freeze()

@@ -6,6 +6,8 @@ kernel (settings.base.database, dlock.handlers, dlock.serving), not to any one a
 
 from __future__ import annotations
 
+import gc
+
 from django.db import connection, transaction
 from django.urls import path
 from rest_framework.response import Response
@@ -42,8 +44,16 @@ class SleepView(APIView):
         return Response({"slept": ms})
 
 
+class HeapView(APIView):
+    """What the worker's garbage collector holds in its permanent generation (gc.freeze)."""
+
+    def get(self, request):
+        return Response({"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())})
+
+
 urlpatterns = [
     path("probe/bump/<int:row>", BumpView.as_view()),
+    path("probe/heap", HeapView.as_view()),
     path("probe/sleep", SleepView.as_view()),
     *common_patterns(),
 ]
