@@ -7,7 +7,7 @@ Never SQLite, never a mock.
 Under `pytest -n N` (pytest-xdist; `make test` runs TEST_WORKERS of them) each worker is a suite
 of its own: its own cluster (or, on a given server, databases suffixed with its id) and its own
 slice of the reserved ports (devstack.common, DLOCK_PORT_SLICE); the controller, which runs no
-test, starts nothing.
+test, starts nothing: no cluster, no container (its settings point at a port nothing listens on).
 """
 
 from __future__ import annotations
@@ -75,20 +75,43 @@ def _choose_server() -> str:
     return f"postgres://postgres@127.0.0.1:{_cluster.port}/postgres"
 
 
-SERVER_URL = _choose_server()
-os.environ["DLOCK_TEST_SERVER_URL"] = SERVER_URL
-os.environ["LOCK_DATABASE_URL"] = _with_db(SERVER_URL, db_name("dlock_lockdb"))
-os.environ["PAY_DATABASE_URL"] = _with_db(SERVER_URL, db_name("dlock_paydb"))
-os.environ["RAIL_DATABASE_URL"] = _with_db(SERVER_URL, db_name("dlock_raildb"))
-os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(48))
-# One fencing-proof key ring for the suite: in-process views and every role a test starts.
-os.environ.setdefault("DLOCK_PROOF_KEYS", f"t1:{secrets.token_urlsafe(32)}")
-os.environ["DJANGO_DEBUG"] = "false"
-os.environ.setdefault("ROLE", "ops")
+# Chosen in pytest_load_initial_conftests (below), before pytest-django sets Django up: by then
+# the command line says whether this process is an xdist controller.
+SERVER_URL = ""
+# Where the xdist controller's settings point: nothing listens there, and the controller never
+# connects (it runs no test).
+_NOWHERE = "postgres://xdist-controller-runs-no-tests@127.0.0.1:1/postgres"
 
-from tests import credentials  # noqa: E402 - after the environment it extends
 
-credentials.install()
+def _runs_no_tests(early_config) -> bool:
+    """The xdist controller (`-n N`, N > 0, in a process that is not a worker): it hands the
+    tests to its workers and runs none itself."""
+    return not WORKER and bool(getattr(early_config.known_args_namespace, "numprocesses", None))
+
+
+def _prepare(server_url: str) -> None:
+    global SERVER_URL
+    SERVER_URL = server_url
+    os.environ["DLOCK_TEST_SERVER_URL"] = SERVER_URL
+    os.environ["LOCK_DATABASE_URL"] = _with_db(SERVER_URL, db_name("dlock_lockdb"))
+    os.environ["PAY_DATABASE_URL"] = _with_db(SERVER_URL, db_name("dlock_paydb"))
+    os.environ["RAIL_DATABASE_URL"] = _with_db(SERVER_URL, db_name("dlock_raildb"))
+    os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(48))
+    # One fencing-proof key ring for the suite: in-process views and every role a test starts.
+    os.environ.setdefault("DLOCK_PROOF_KEYS", f"t1:{secrets.token_urlsafe(32)}")
+    os.environ["DJANGO_DEBUG"] = "false"
+    os.environ.setdefault("ROLE", "ops")
+
+    from tests import credentials
+
+    credentials.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config):
+    # A wrapper runs before every plain implementation, pytest-django's (django.setup) included.
+    _prepare(_NOWHERE if _runs_no_tests(early_config) else _choose_server())
+    return (yield)
 
 
 def server_url(dbname: str) -> str:
@@ -100,13 +123,7 @@ def cluster() -> PgCluster | None:
     return _cluster
 
 
-def _is_xdist_controller(config) -> bool:
-    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
-
-
 def pytest_configure(config):
-    if _is_xdist_controller(config):
-        return  # the workers run the tests, each against its own cluster
     if _cluster is not None and not _cluster.running():
         _cluster.start()
 
