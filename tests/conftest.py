@@ -92,6 +92,23 @@ def stop_stack(stack: LiveStack) -> None:
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """pytest-django's test databases, dropped at the end of the session without the roles'
+    statement and lock timeouts: DROP DATABASE waits for a checkpoint, which on a busy CI
+    machine can outlast DB_STATEMENT_TIMEOUT_MS (the drop was cancelled and the database left
+    behind, with a PytestWarning). A later `-c` in libpq's options wins over an earlier one."""
+    yield
+    from django.db import connections
+
+    for alias in connections:
+        options = connections[alias].settings_dict.setdefault("OPTIONS", {})
+        options["options"] = f"{options.get('options', '')} {UNBOUNDED_STATEMENTS}".strip()
+
+
+UNBOUNDED_STATEMENTS = "-c statement_timeout=0 -c lock_timeout=0"
+
+
+@pytest.fixture(scope="session")
 def live_stack():
     stack = start_stack("live")
     yield stack
