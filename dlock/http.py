@@ -463,30 +463,25 @@ def send_once(
 ) -> tuple[int, Mapping[str, str], bytes]:
     """One request on a fresh connection that is closed after it, never pooled or reused (the
     rail forward: a kept-alive connection could have died before the send). `read_s` is ONE
-    deadline for sending the request and reading the whole answer."""
+    deadline for sending the request and reading the whole answer.
+
+    A bare urllib3 connection, not a one-connection pool: a pool made and closed per call (its
+    queue, its retry and redirect bookkeeping) cost ~0.07 ms of CPU per forward for nothing a
+    single exchange uses (docs/performance.md)."""
     _call.wrote, _call.read_s = False, read_s
     try:
         scheme, host, port = _origin(url)
         checked = _checked({"Accept-Encoding": "identity", **headers, "Connection": "close"})
         target = _target(url, None)
-        cls = _HTTPSPool if scheme == "https" else _HTTPPool
-        origin = cls(host, port, maxsize=1, block=False, retries=False, **_tls_options(scheme))
+        cls = _HTTPSConnection if scheme == "https" else _HTTPConnection
+        # The socket timeout bounds the connect and each write; reads keep the one deadline.
+        conn = cls(host, port, timeout=connect_s, **_tls_options(scheme))
     except ValueError as exc:
         raise TransportError(method, url, sent=False, cause=exc) from exc
     response: BaseHTTPResponse | None = None
     try:
-        response = origin.urlopen(
-            method,
-            target,
-            body=body,
-            headers=checked,
-            retries=False,
-            redirect=False,
-            assert_same_host=False,
-            timeout=_timeout(connect_s, read_s),
-            preload_content=False,
-            release_conn=False,
-        )
+        conn.request(method, target, body=body, headers=checked, preload_content=False)
+        response = conn.getresponse()
         raw = _read_body(response)
         return response.status, response.headers, raw
     except _TRANSPORT_ERRORS as exc:
@@ -494,4 +489,4 @@ def send_once(
     finally:
         if response is not None:
             response.close()
-        origin.close()
+        conn.close()

@@ -74,3 +74,27 @@ def test_plain_http_on_the_tls_port_is_a_400_envelope(tls_role):
     assert answer.status_code == 400
     assert answer.headers["Content-Type"] == "application/json; charset=utf-8"
     assert answer.json()["code"] == "VALIDATION_FAILED"
+
+
+def test_the_rail_forward_verifies_the_rail_against_the_ca_bundle(tls_role, monkeypatch):
+    """The one-shot connection of the rail forward (dlock.http.send_once) verifies too: served
+    against DLOCK_CA_BUNDLE; against the system store the handshake fails before any request
+    byte left, so the submission is provably not sent (NOT_SENT), never ambiguous."""
+    from dlock.http import TransportError, send_once
+
+    role, files = tls_role
+    one_shot = {
+        "connect_s": 5.0,
+        "read_s": 30.0,
+        "body": b'{"tag":"forward"}',
+        "headers": {"Content-Type": "application/json"},
+    }
+    monkeypatch.setenv("DLOCK_CA_BUNDLE", str(files.ca))
+    status, _, body = send_once("POST", f"{role.url}/probe/bump/1", **one_shot)
+    assert status == 200, body
+
+    monkeypatch.delenv("DLOCK_CA_BUNDLE")
+    with pytest.raises(TransportError) as refused:
+        send_once("POST", f"{role.url}/probe/bump/1", **one_shot)
+    assert refused.value.sent is False
+    assert isinstance(refused.value.cause, ssl.SSLCertVerificationError)
