@@ -98,7 +98,7 @@ payout_execute_seconds = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
     registry=None,
 )
-BACKOFF_REASONS = ("fenced_out", "not_claimable", "duplicate", "error", "token_reused")
+BACKOFF_REASONS = ("fenced_out", "not_claimable", "duplicate", "error")
 executor_backoff = Counter(
     "executor_backoff",
     "Back-off steps the executor took on an account it could not progress, by reason.",

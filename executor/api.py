@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from dlock.budgets import BACKOFF_INITIAL_S, BUDGETS
-from dlock.client import DlockError, Endpoints, ServiceUnreachable, retry_delay_s
+from dlock.client import DlockError, Endpoints, Grant, ServiceUnreachable, retry_delay_s
 
 PAYOUT_STATES = (
     "PENDING",
@@ -135,15 +135,9 @@ class Api:
 
     # -- protected writes ----------------------------------------------------------------
 
-    def _write(
-        self, path: str, body: dict[str, Any], *, token: int, proof: str, key: str, hop: str
-    ) -> Any:
-        budget = BUDGETS[hop]
-        headers = {
-            "X-Fencing-Token": str(token),
-            "X-Fencing-Proof": proof,
-            "X-Idempotency-Key": key,
-        }
+    def _write(self, path: str, body: dict[str, Any], *, grant: Grant, payout_id: str) -> Any:
+        budget = BUDGETS["payments.write"]
+        headers = {**grant.fence_headers(), "X-Idempotency-Key": idempotency_key(payout_id)}
         attempt = 0
         while True:
             try:
@@ -161,21 +155,17 @@ class Api:
                 attempt += 1
                 self.sleep(retry_delay_s(exc, BACKOFF_INITIAL_S, cap_s=1.0))
 
-    def claim(
-        self, payout_id: str, *, token: int, proof: str, expected_state: str
-    ) -> dict[str, Any]:
-        """P2: PENDING/CLAIMED → CLAIMED under `token` (account fence strictly below it)."""
+    def claim(self, payout_id: str, *, grant: Grant, expected_state: str) -> dict[str, Any]:
+        """P2: PENDING/CLAIMED → CLAIMED under the grant (account fence strictly below it)."""
         return self._write(
             f"/v1/payouts/{payout_id}/claim",
             {"expectedState": expected_state},
-            token=token,
-            proof=proof,
-            key=idempotency_key(payout_id),
-            hop="payments.write",
+            grant=grant,
+            payout_id=payout_id,
         )
 
     def post(
-        self, payout_id: str, *, token: int, proof: str, rail_reference: str, submission_id: str
+        self, payout_id: str, *, grant: Grant, rail_reference: str, submission_id: str
     ) -> dict[str, Any]:
         """P3: RAIL_ACKED → POSTED with the two ledger legs (account fence ≤ token)."""
         return self._write(
@@ -185,13 +175,11 @@ class Api:
                 "submissionId": submission_id,
                 "railOutcome": "ACKED",
             },
-            token=token,
-            proof=proof,
-            key=idempotency_key(payout_id),
-            hop="payments.write",
+            grant=grant,
+            payout_id=payout_id,
         )
 
-    def submit(self, payout: dict[str, Any], *, token: int, proof: str) -> dict[str, Any]:
+    def submit(self, payout: dict[str, Any], *, grant: Grant) -> dict[str, Any]:
         """Rail proxy submission: presented once, never retried, whatever happens."""
         payout_id = str(payout["payoutId"])
         body = {
@@ -209,8 +197,7 @@ class Api:
             owner_id=self.owner_id,
             json_body=body,
             headers={
-                "X-Fencing-Token": str(token),
-                "X-Fencing-Proof": proof,
+                **grant.fence_headers(),
                 "X-Idempotency-Key": payout.get("idempotencyKey") or idempotency_key(payout_id),
             },
         ).body

@@ -1,4 +1,5 @@
-"""Per-account back-off for payouts this executor cannot move (issue 19.2).
+"""How fast the executor goes: per account (`AccountBackoff`), and per process (`Pace`: a
+503/429 slow-down and outage episodes per peer).
 
 An account whose payout was FENCED_OUT while recovering, or refused the same way twice in a row,
 is left alone for a bounded, jittered, exponentially growing delay (0.5 s, 1 s, 2 s, … ≤ 30 s)
@@ -16,14 +17,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from dlock.budgets import BACKOFF_INITIAL_S
+from dlock.client import DlockError, ServiceUnreachable, retry_delay_s
 from dlock.logs import log_event
 from dlock.metrics import executor_backoff, executor_peer_unreachable
 
 # Outcomes that moved the payout (or finished it): the account is healthy again.
 PROGRESS = ("posted", "failed", "ambiguous")
 # Refusals that repeat identically when nothing changes; twice in a row is a back-off step.
-REFUSALS = ("not_claimable", "duplicate", "error", "token_reused")
+REFUSALS = ("not_claimable", "duplicate", "error")
 # Refused once is enough: retrying a fenced-out section at full speed floods incident events.
 IMMEDIATE = ("fenced_out",)
 
@@ -115,10 +119,15 @@ class _Episode:
     attempts: int = 0
 
 
-class PeerOutages:
-    """Outage episodes per service (issue 27.2): bounded, jittered back-off while a peer does not
-    answer, one WARNING when an episode starts, `executor_peer_unreachable_total{peer}` per
-    failed attempt, and one `executor_peer_recovered` line when a call to it succeeds again."""
+class Pace:
+    """The process-wide pace, shared by the picker, the sections and the dispatcher.
+
+    A 503/429 from any service slows every new section down (`slow_until`). A peer that does
+    not answer is an outage episode: a bounded, jittered back-off while it lasts, one WARNING
+    when it starts, `executor_peer_unreachable_total{peer}` per failed attempt, and one
+    `executor_peer_recovered` line when a call to it succeeds again; `outage` tells the
+    dispatcher the run is waiting one out, not idle (--until-idle must not give up on it).
+    """
 
     def __init__(
         self,
@@ -132,15 +141,29 @@ class PeerOutages:
         self.max_s = max_s
         self.clock = clock
         self.random_fn = random_fn
+        self.slow_until = 0.0  # on `clock`: no new section before then
+        self.outage = False
         self._episodes: dict[str, _Episode] = {}
         self._mutex = threading.Lock()
 
-    def active(self, peer: str) -> bool:
-        return peer in self._episodes
+    def slowed(self) -> bool:
+        return self.clock() < self.slow_until
 
-    def failed(self, peer: str, event: str, **fields: object) -> float:
-        """Record a failed attempt on `peer`; the delay before the next new section. `event` is
-        logged (WARNING) only when this attempt starts an episode."""
+    def slow_down(self, exc: DlockError) -> None:
+        """A 503/429 from any service slows the whole process: no new section until then."""
+        if exc.status not in (429, 503):
+            return
+        delay = retry_delay_s(exc, BACKOFF_INITIAL_S * 2, cap_s=5.0) * (0.5 + self.random_fn())
+        self.slow_until = max(self.slow_until, self.clock() + delay)
+
+    def failed(self, peer: str, event: str, exc: DlockError, fields: dict[str, Any]) -> None:
+        """A call to `peer` went wrong. Unreachable (no answer, or 503/504): an outage episode,
+        `event` logged (WARNING) only when this attempt starts it; any other error: `event`
+        logged as a WARNING."""
+        self.slow_down(exc)
+        if not unreachable(exc):
+            log_event(event, level=logging.WARNING, code=exc.code, error=str(exc), **fields)
+            return
         with self._mutex:
             episode = self._episodes.get(peer)
             first = episode is None
@@ -151,10 +174,19 @@ class PeerOutages:
             delay = base * (0.5 + 0.5 * self.random_fn())
         executor_peer_unreachable.labels(peer=peer).inc()
         if first:
-            log_event(event, level=logging.WARNING, peer=peer, outage="started", **fields)
-        return delay
+            log_event(
+                event,
+                level=logging.WARNING,
+                peer=peer,
+                outage="started",
+                code=exc.code,
+                error=str(exc),
+                **fields,
+            )
+        self.slow_until = max(self.slow_until, self.clock() + delay)
+        self.outage = True  # waited out, never mistaken for idleness (--until-idle)
 
-    def recovered(self, peer: str) -> None:
+    def answered(self, peer: str) -> None:
         """A call to `peer` succeeded: end its episode (one line), if one was running."""
         if peer not in self._episodes:  # the hot path: no lock when nothing is wrong
             return
@@ -168,3 +200,8 @@ class PeerOutages:
                 failedAttempts=episode.attempts,
                 outageSeconds=round(self.clock() - episode.started, 3),
             )
+
+
+def unreachable(exc: DlockError) -> bool:
+    """The service did not answer (refused, timed out, dropped) or said 503/504: an outage."""
+    return isinstance(exc, ServiceUnreachable) or exc.status in (503, 504)

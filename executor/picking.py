@@ -1,26 +1,24 @@
-"""Step 1 of a section, pick: a queue refilled from P1, spread over accounts (issue 17).
+"""The picker: step 1 of a section. A short queue refilled from P1, spread over accounts, with
+the contention delays and the per-account back-off that decide what is eligible now.
 
-Mixed into `executor.worker.Executor`, whose state (queue, api, backoff, contention delays) it
-reads; only the dispatcher thread calls it.
+Only the dispatcher thread calls `pick()`; `record()` is called from the section threads, each
+with an outcome on an account the dispatcher keeps busy until it is recorded.
 """
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections import deque
 from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
-from dlock.client import DlockError, ServiceUnreachable
-from dlock.logs import log_event
+from dlock.budgets import BACKOFF_INITIAL_S
+from dlock.client import DlockError, retry_delay_s
 from dlock.metrics import payout_backlog_age
-
-if TYPE_CHECKING:
-    from executor.api import Api, Candidate
-    from executor.backoff import AccountBackoff, PeerOutages
+from executor.api import Api, Candidate
+from executor.backoff import AccountBackoff, Pace
+from executor.section import Outcome
 
 RECOVERABLE = ("RAIL_ACKED", "CLAIMED")
 LIST_PAGE = 100
@@ -30,33 +28,35 @@ REFILL_S = 0.25
 
 
 class Picker:
-    """The picking half of the executor."""
+    """The queue of candidates, and which accounts wait (contended, backed off, hands off)."""
 
-    queue: deque[Candidate]
-    api: Api
-    backoff: AccountBackoff
-    contended_until: dict[str, float]
-    hands_off: set[str]
-    backed_off: dict[str, str]
-    next_refresh: float
-    next_refill: float
-    idle_sleep_s: float
-    batch: int
-    concurrency: int
-    owner_id: str
-    outage: bool
-    round_progress: bool
-    outages: PeerOutages
-
-    def _note_outage(self, exc: DlockError) -> None:  # pragma: no cover - Executor's
-        raise NotImplementedError
-
-    def _peer_failed(
-        self, peer: str, event: str, exc: DlockError, fields: dict[str, object]
-    ) -> None:  # pragma: no cover - Executor's
-        raise NotImplementedError
-
-    # -- step 1: pick --------------------------------------------------------------------
+    def __init__(
+        self,
+        api: Api,
+        pace: Pace,
+        *,
+        owner_id: str,
+        batch: int,
+        concurrency: int,
+        idle_sleep_s: float,
+        backoff: AccountBackoff | None = None,
+    ) -> None:
+        self.api = api
+        self.pace = pace
+        self.owner_id = owner_id
+        self.batch = batch
+        self.concurrency = concurrency
+        self.idle_sleep_s = idle_sleep_s
+        self.backoff = backoff or AccountBackoff()
+        self.queue: deque[Candidate] = deque()
+        self.contended_until: dict[str, float] = {}  # accountId → monotonic time
+        # Payouts this process must not present again (DUPLICATE_SUBMISSION it could not resolve):
+        # each retry would page someone, and nothing this executor can do resolves it.
+        self.hands_off: set[str] = set()
+        # payoutId → accountId the last listing skipped for back-off
+        self.backed_off: dict[str, str] = {}
+        self.next_refresh = 0.0
+        self.next_refill = 0.0
 
     def pick(
         self,
@@ -79,7 +79,7 @@ class Picker:
             return None
         # Nothing eligible: re-list when the queue ran dry, and also (at most every REFILL_S)
         # when all it holds waits on accounts in flight here or contended: otherwise free slots
-        # idle until those sections end (issue 17: the queue must feed N slots).
+        # idle until those sections end (the queue must feed N slots).
         self.refresh(busy_payouts)
         self.next_refill = now + REFILL_S
         found = bool(self.queue)
@@ -105,26 +105,14 @@ class Picker:
                 for c in self.api.list_payouts(state, max_items=LIST_PAGE)
             ]
         except DlockError as exc:
-            self._note_outage(exc)
-            if isinstance(exc, ServiceUnreachable) or exc.status in (503, 504):
-                self._peer_failed(
-                    "payments", "executor_list_failed", exc, {"ownerId": self.owner_id}
-                )
-            else:
-                log_event(
-                    "executor_list_failed",
-                    level=logging.WARNING,
-                    ownerId=self.owner_id,
-                    error=str(exc),
-                )
+            self.pace.failed("payments", "executor_list_failed", exc, {"ownerId": self.owner_id})
             return
-        self.outages.recovered("payments")
-        self.outage = False
+        self.pace.answered("payments")
+        self.pace.outage = False
         oldest = min((c.created_at for c in pending if c.created_at), default=None)
         payout_backlog_age.set(
             (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
         )
-        self.round_progress = False
         skip = self.hands_off | set(busy_payouts) | {c.payout_id for c in self.queue}
         pending = [c for c in pending if c.payout_id not in skip]
         recover = [c for c in recover if c.payout_id not in skip]
@@ -144,6 +132,29 @@ class Picker:
         picked = recover[: max(1, batch // 2)]
         room = max(0, 2 * batch - len(self.queue))
         self.queue.extend(_spread((picked + pending)[: batch * 2])[: min(batch, room)])
+
+    def record(self, outcome: Outcome) -> None:
+        """What a section's outcome means for its account: a contention delay, a back-off
+        step, or hands off the payout for good."""
+        account_id, payout_id = outcome.fields["accountId"], outcome.fields["payoutId"]
+        if outcome.contention is not None:
+            # Another process holds the key: leave the account for a jittered retryAfterMillis.
+            delay = retry_delay_s(outcome.contention, BACKOFF_INITIAL_S, cap_s=5.0)
+            self.contended_until[account_id] = time.monotonic() + delay * (1.0 + random.random())
+        if outcome.label == "duplicate":
+            self.hands_off.add(payout_id)
+        if outcome.refusal:
+            self.backoff.note(account_id=account_id, payout_id=payout_id, outcome=outcome.label)
+
+    def only_stuck_left(self) -> bool:
+        """The last listing skipped work, all of it on accounts backed off for good."""
+        stuck = self.backoff.stuck()
+        return bool(self.backed_off) and all(a in stuck for a in self.backed_off.values())
+
+    def left_behind(self) -> dict[str, str]:
+        """payoutId → why it was left (for the operator): what the last listing backed off."""
+        stuck = self.backoff.stuck()
+        return {pid: stuck.get(account, "backing off") for pid, account in self.backed_off.items()}
 
 
 def _spread(candidates: list[Candidate]) -> list[Candidate]:

@@ -310,7 +310,7 @@ def test_a_stale_listing_is_read_after_the_claim_refuses_it_and_nothing_is_paid_
     assert set(states(exec_stack, ids).values()) == {"POSTED"}
     reads = _payout_reads(exec_stack)
     try:
-        outcomes = [late.execute(candidate) for candidate in listed]
+        outcomes = [late.run_one_payout(candidate).label for candidate in listed]
     finally:
         late.close()
     assert outcomes == ["skipped", "skipped"]

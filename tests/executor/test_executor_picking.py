@@ -23,18 +23,18 @@ def test_a_queue_waiting_on_a_busy_account_is_relisted(exec_stack):
         concurrency=2,
     )
     listed = executor.api.list_payouts("PENDING", max_items=500)
-    executor.queue.extend(c for c in listed if c.account_id == busy and c.payout_id in ids)
-    assert len(executor.queue) == 2
+    executor.picker.queue.extend(c for c in listed if c.account_id == busy and c.payout_id in ids)
+    assert len(executor.picker.queue) == 2
 
-    picked = executor.pick(busy_accounts={busy})
+    picked = executor.picker.pick(busy_accounts={busy})
 
     # Before: a non-empty queue was never re-listed, so this slot stayed idle (None).
     assert picked is not None and picked.account_id != busy and picked.state == "PENDING"
-    queued = [c.payout_id for c in executor.queue]
+    queued = [c.payout_id for c in executor.picker.queue]
     assert len(queued) == len(set(queued)) and picked.payout_id not in queued
-    assert sum(c.account_id == busy for c in executor.queue) == 2  # still queued, once each
-    assert other in {c.account_id for c in executor.queue} | {picked.account_id}
+    assert sum(c.account_id == busy for c in executor.picker.queue) == 2  # still queued, once each
+    assert other in {c.account_id for c in executor.picker.queue} | {picked.account_id}
 
-    executor.queue.clear()
+    executor.picker.queue.clear()
     assert executor.run(until_idle=True) == 0
     assert set(states(exec_stack, ids).values()) == {"POSTED"}

@@ -4,7 +4,7 @@
 exit; `--metrics-linger-s` keeps serving that long after a `--until-idle` run is done, so a
 short run's final counters still reach a scrape (Prometheus scrapes every 15-30 s).
 
-The payout worker (ROLE=executor: no database, HTTP only). Steps are in `executor.worker`.
+The payout worker (ROLE=executor: no database, HTTP only). Steps are in `executor.section`.
 SIGTERM/SIGINT stop taking payouts; the current section finishes or is safely abandoned, the
 grant is released, the session closed, and the process exits 0.
 """
