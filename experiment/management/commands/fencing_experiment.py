@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from experiment import demo
 from experiment.config import RECOVERY_PRESET
 from experiment.progress import LivePrinter
 from experiment.report import table
@@ -64,6 +65,11 @@ class Command(BaseCommand):
             "--settle", type=float, default=None, help="--ha-recovery: seconds between faults"
         )
         parser.add_argument(
+            "--demo",
+            action="store_true",
+            help="`make demo`'s run: the fenced arm, demo-sized, then where to look next",
+        )
+        parser.add_argument(
             "--private-stack",
             action="store_true",
             help="start a throwaway stack (own PostgreSQL, four roles, free ports) under --out",
@@ -72,7 +78,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         preset: dict[str, Any] = dict(CI_PRESET) if options["ci"] else {}
         recovery = options["ha_recovery"]
-        if recovery:
+        if options["demo"]:
+            preset = dict(demo.DEMO_PRESET)
+        elif recovery:
             settle = options["settle"] or RECOVERY_SETTLE_S
             preset = {**preset, **RECOVERY_PRESET, "settle_s": settle}
             preset["duration"] = recovery_duration(settle)
@@ -96,6 +104,16 @@ class Command(BaseCommand):
             raise CommandError("--executors must be at least 2 (stale writers need a rival)")
         if config.executor_concurrency < 1:
             raise CommandError("--executor-concurrency must be at least 1")
+        if options["demo"]:
+            self.stdout.write(
+                demo.introduction(
+                    config.executors,
+                    config.executor_concurrency,
+                    config.payouts,
+                    config.lease_ms,
+                    config.duration,
+                )
+            )
         stop = None
         try:
             if options["private_stack"]:
@@ -109,9 +127,15 @@ class Command(BaseCommand):
         finally:
             if stop is not None:
                 stop()
-        self.stdout.write("")
+        self.stdout.write(demo.banner("report") if options["demo"] else "")
         self.stdout.write(table(report))
-        self.stdout.write(
-            f"\nreport: {config.out / 'report.json'}  chart: {config.out / 'report.png'}"
-        )
-        sys.exit(code)
+        if not options["demo"]:
+            self.stdout.write(
+                f"\nreport: {config.out / 'report.json'}  chart: {config.out / 'report.png'}"
+            )
+            sys.exit(code)
+        self.stdout.write(demo.where(stack.env, Path(config.out)))
+        line = demo.verdict_line(code)
+        if line:
+            self.stdout.write(line)
+        sys.exit(1 if code == 1 else 0)
