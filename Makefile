@@ -23,16 +23,21 @@ TEST_WORKERS ?= 2
 .PHONY: help venv lock sysdeps image test test-shuffled up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
 
 help:
+	@echo "make help   - this list"
 	@echo "make demo   - bring the stack up and run the fencing demo (the main job)"
 	@echo "make test   - run the test suite against real PostgreSQL and etcd"
 	@echo "make test-shuffled [SEED=N] - the suite in a random order (pytest-randomly), seed printed"
 	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd ETCD_MEMBERS=N REPLICAS=N TLS=1)"
 	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
+	@echo "make experiment [EXPERIMENT_ARGS=...] - the fencing experiment (fenced vs naive) on the running stack"
 	@echo "make experiment-ha - the fencing experiment on 3 etcd members and 2 replicas per role"
 	@echo "make experiment-ha-recovery - HA faults one at a time; recovery per fault and replica"
-	@echo "make lock   - recompile requirements.lock / requirements-dev.lock (hashes, from PyPI)"
 	@echo "make lint   - ruff check + format check, import-linter (layers), mypy"
+	@echo "make format - ruff format, then ruff check --fix"
+	@echo "make venv   - the virtualenv from requirements-dev.lock (hash-checked)"
+	@echo "make sysdeps - the system packages the stack and the suite need (PostgreSQL, etcd, nginx, ...)"
+	@echo "make lock   - recompile requirements.lock / requirements-dev.lock (hashes, from PyPI)"
 	@echo "make image  - build the container image with podman (IMAGE=localhost/dlock:dev)"
 
 # The dev lock, hash-checked: every package and version is the lock's, nothing else installs.

@@ -1,4 +1,4 @@
-"""The staff admin's refusals as admin pages, and its login audit trail (issue 24; docs/security.md
+"""The staff admin's refusals as admin pages, and its login audit trail (docs/security.md
 "Admin hardening").
 
 * `forbidden_page`: a staff user without the permission for an admin page gets a 403 page in the

@@ -1,15 +1,15 @@
 """Admission control in front of Django: shed a request that waited too long to be served.
 
-Before Django runs, a request waits in the proxy's upstream connection, gunicorn's accept
-queue, its main loop and its thread pool's queue; no database deadline can see any of it, and
-under overload it grows without bound (a 2x open-loop run measured 12 s medians and client
-timeouts). The role's proxy stamps every request with the time it took it, `X-Request-Start:
-t=<seconds.milliseconds>` (nginx's `$msec`; a client's own copy is replaced, never passed on:
-devstack/proxy.py); a request older than SERVER_QUEUE_DEADLINE_MS when a worker thread picks it
-up has spent most of its caller's budget (C3 3.8), so it is answered 503 OVERLOADED (retrySafe,
-retryAfterMillis, Retry-After) at once, without entering Django: shedding must cost a small
-fraction of serving, or the work of refusing becomes the overload. Probes and scrapes are never
-shed. Without the header (a role run bare, the test client) nothing is shed.
+Before Django runs, a request waits in the proxy's upstream connection, gunicorn's accept queue,
+its main loop and its thread pool's queue; no database deadline can see any of it, and under
+overload it grows without bound (docs/CHANGELOG.md). The role's proxy stamps every request with
+the time it took it, `X-Request-Start: t=<seconds.milliseconds>` (nginx's `$msec`; a client's
+own copy is replaced, never passed on: devstack/proxy.py); a request older than
+SERVER_QUEUE_DEADLINE_MS when a worker thread picks it up has spent most of its caller's budget
+(C3 3.8), so it is answered 503 OVERLOADED (retrySafe, retryAfterMillis, Retry-After) at once,
+without entering Django: shedding must cost a small fraction of serving, or the work of refusing
+becomes the overload. Probes and scrapes are never shed. Without the header (a role run bare,
+the test client) nothing is shed.
 """
 
 from __future__ import annotations

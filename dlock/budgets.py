@@ -88,7 +88,7 @@ class Chain:
 
 
 def inward_chains(settings: Any) -> list[Chain]:
-    """Every hop's budget chain from the real settings (issue 16.2, C3 §3.8).
+    """Every hop's budget chain from the real settings (C3 §3.8).
 
     The lock server's request deadline on etcd is its admission queue deadline plus one etcd call
     (a call that times out is answered 503 NOT_LEADER at once); the rail proxy's is its queue

@@ -3,7 +3,7 @@
 A check raises when its dependency cannot serve (DOWN: 503), returns None when it is UP, or
 returns another state the role can still serve in (`DEGRADED`: 200, reported by name). A role
 may replace the plain round trip to one of its databases with a check of its own when it can
-serve without that database for a while (the etcd lock-server's lockdb, issue 27 item 3)."""
+serve without that database for a while (the etcd lock-server's lockdb)."""
 
 from __future__ import annotations
 

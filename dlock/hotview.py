@@ -54,7 +54,7 @@ _PARSER = StrictJSONParser()
 _RENDERER = JSONRenderer()
 # Content types DRF's media_type_matches(_PARSER.media_type, ...) accepts, as every dlock client
 # sends them (C3's `application/json; charset=utf-8`): compared as strings, not parsed again.
-# DRF's parse goes through the email package (~30 µs a request); anything else still takes it.
+# DRF's parse goes through the email package (docs/CHANGELOG.md); anything else still takes it.
 _JSON_TYPES = frozenset((_PARSER.media_type, f"{_PARSER.media_type}; charset=utf-8"))
 
 

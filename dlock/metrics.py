@@ -201,7 +201,7 @@ def export(request: HttpRequest) -> HttpResponse:
     return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)
 
 
-# Clients (issue 27 items 1–2): outlier ejection in dlock.client.Endpoints and the executor's
+# Clients: outlier ejection in dlock.client.Endpoints and the executor's
 # outage episodes. `peer` is a service name, never an endpoint URL or an id.
 CLIENT_PEERS = ("lockserver", "payments", "railproxy")
 client_endpoint_ejected = Counter(

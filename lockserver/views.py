@@ -66,7 +66,7 @@ def _parse(serializer_class: type[Serializer], data: object) -> dict:
 
 # The hot bodies (L4 acquire, L6 release) in their common, well-formed shape are accepted below
 # without building a DRF serializer, which is about a tenth of the CPU of such a request
-# (docs/benchmarks-history.md). Each check is narrower than its serializer and yields what the
+# (docs/CHANGELOG.md). Each check is narrower than its serializer and yields what the
 # serializer would; anything else, and so every refusal and its message, still goes through the
 # serializer.
 

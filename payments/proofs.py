@@ -17,9 +17,8 @@ from dlock import proof
 from dlock.dbrouter import alias_for
 from dlock.memo import WriteOnceMap
 
-# One round trip without the ORM's query compilation (it was ~10 % of this role's CPU on P2/P3,
-# docs/benchmarks-history.md "Plain views for the hot write endpoints"), and only the first time
-# this process sees the payout (docs/benchmarks-history.md "Per-request overhead").
+# One round trip without the ORM's query compilation (docs/CHANGELOG.md), and only the first
+# time this process sees the payout.
 ACCOUNT_OF_PAYOUT_SQL = "SELECT account_id FROM payout WHERE payout_id = %s"
 _accounts = WriteOnceMap()  # payout id → account id
 

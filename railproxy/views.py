@@ -54,7 +54,7 @@ def _text_within(value: object, high: int) -> bool:
 
 def parse_submission(data: Any) -> dict:
     """SubmissionIn's validated data. A well-formed body in its common shape is accepted
-    without building the serializer (~9 % of this role's CPU, docs/benchmarks-history.md); each
+    without building the serializer (its cost: docs/CHANGELOG.md); each
     check is narrower than the serializer's and yields what it would; anything else, and so every
     refusal and its details, goes through the serializer."""
     if (

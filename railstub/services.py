@@ -55,9 +55,8 @@ def _alias() -> str:
 
 
 # The stub shares the box with every benchmark, so its per-request path is plain SQL: no ORM
-# query compilation per request (it was a third of the stub's CPU), and both statements are
-# prepared once per pooled connection (dlock.prepared): PostgreSQL no longer parses and plans
-# them per request (570 -> 240 us of its CPU per booking, docs/benchmarks-history.md).
+# query compilation per request, and both statements are prepared once per pooled connection
+# (dlock.prepared): PostgreSQL no longer parses and plans them per request (docs/CHANGELOG.md).
 # The knobs an operator may turn (railstub_config); the read also returns when they last changed.
 CONFIG_FIELDS = (
     "latency_ms",

@@ -2,7 +2,7 @@
 
 `ROLE=payments gunicorn -c settings/gunicorn.py settings.wsgi`. Every value can be overridden
 from the environment (GUNICORN_*); the defaults and why they are what they are:
-docs/operations.md, numbers in docs/benchmarks-history.md.
+docs/operations.md, the measurements in docs/CHANGELOG.md.
 """
 
 import gc
@@ -18,7 +18,7 @@ def _int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
-# One process per role by default, threads inside it (measured in docs/benchmarks-history.md):
+# One process per role by default, threads inside it (docs/CHANGELOG.md):
 # the GIL caps a process at about one core of Python, and the psycopg pool (DB_POOL_MAX, per
 # process) bounds database work. A pod on a machine with more cores runs GUNICORN_WORKERS > 1: then
 # Prometheus metrics live in prometheus_client's multiprocess files, one per worker, summed by

@@ -3,10 +3,9 @@ made once per alias instead of at every connect.
 
 django-prometheus wraps the cursor class in `get_connection_params`, which Django calls at each
 connect; with Django's connection pool (settings.base `database()`) every request connects, so
-the stock engine built a new class per request: ~19 µs of type creation plus the cyclic garbage
-of a class, about 4 % of the rail proxy's CPU per payout (docs/performance.md). The class made
-here is django-prometheus' own (`ExportingCursorWrapper`), cached: the same metrics, labels and
-behaviour.
+the stock engine built a new class per request, and its cyclic garbage (docs/CHANGELOG.md).
+The class made here is django-prometheus' own (`ExportingCursorWrapper`), cached: the same
+metrics, labels and behaviour.
 """
 
 from __future__ import annotations

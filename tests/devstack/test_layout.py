@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import re
 import subprocess
 import sys
 
@@ -119,3 +120,23 @@ def test_make_experiment_keeps_its_command_line_and_runs_on_the_running_backend(
     assert "fencing_experiment --ci --seed 31" in dry
     assert "-m devstack.demo" in _make_dry_run("demo")
     assert "-m devstack clean" in _make_dry_run("clean")
+
+
+def _make_targets() -> set[str]:
+    """Every target the Makefile declares: its .PHONY list and every `name:` rule."""
+    text = (PROJECT / "Makefile").read_text()
+    phony = set(re.search(r"^\.PHONY:(.*)$", text, re.M).group(1).split())
+    rules = set(re.findall(r"^([a-z][a-z0-9-]*):(?!=)", text, re.M))
+    return phony | rules
+
+
+def test_make_help_names_every_target():
+    targets = _make_targets()
+    assert {"help", "demo", "test", "lint", "clean"} <= targets
+    help_text = _run(["make", "--no-print-directory", "help"]).stdout
+    missing = sorted(
+        target
+        for target in targets
+        if not re.search(rf"(?<![\w-]){re.escape(target)}(?![\w-])", help_text)
+    )
+    assert missing == []

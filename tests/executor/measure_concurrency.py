@@ -1,5 +1,6 @@
 """Not a test: `pytest tests/executor/measure_concurrency.py -s` prints payouts/s of ONE
-run_executor process at concurrency 1, 8 and 32 with a 200 ms rail (docs/benchmarks-history.md)."""
+run_executor process at concurrency 1, 8 and 32 with a 200 ms rail (the measurement proper:
+`python -m bench --only e2e`)."""
 
 from __future__ import annotations
 
