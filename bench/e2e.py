@@ -37,7 +37,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -46,7 +45,14 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from bench.proc import PgSplit, role_root, tree_cpu_seconds
+from bench import e2e_pg
+from bench.proc import (
+    PgSplit,
+    proc_status_kib,
+    py_spy_recorders,
+    role_root,
+    tree_cpu_seconds,
+)
 from experiment.runner import ExperimentConfig, seed_fenced
 from experiment.stack import ROLES, private_stack
 from experiment.workers import spawn_executor
@@ -105,31 +111,6 @@ SELECT max(at) FILTER (WHERE to_state = 'CLAIMED'), max(at) FILTER (WHERE to_sta
   FROM payout_event WHERE payout_id = ANY(%s::uuid[]) GROUP BY payout_id
 """
 STATES = "SELECT state, count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) GROUP BY state"
-# BENCH_E2E_PG_STATS=1: the cluster preloads pg_stat_statements, and each point reports the
-# statements (calls, execution ms, WAL bytes) and transactions per payout by database (the bench's
-# own polls under another user), pg_stat_wal, connections opened, row writes and HOT updates per
-# table, and PostgreSQL's CPU per payout by process kind, user and system apart (bench.proc).
-PG_STATS = os.environ.get("BENCH_E2E_PG_STATS", "") not in ("", "0")
-PG_STATS_SETTINGS = ("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.max=2000")
-# BENCH_E2E_PG_SETTINGS="commit_delay=100 commit_siblings=5": more settings for the bench's
-# cluster (measuring a recommended setting); durability settings are refused.
-PG_EXTRA_SETTINGS = tuple(os.environ.get("BENCH_E2E_PG_SETTINGS", "").split())
-if any(
-    s.split("=")[0] in ("fsync", "synchronous_commit", "full_page_writes")
-    for s in PG_EXTRA_SETTINGS
-):
-    raise SystemExit(
-        "BENCH_E2E_PG_SETTINGS must not change fsync, synchronous_commit or full_page_writes"
-    )
-BENCH_USER = "dlock_bench"
-XACTS = "SELECT datname, xact_commit + xact_rollback FROM pg_stat_database WHERE datname <> ''"
-SESSIONS = "SELECT datname, sessions FROM pg_stat_database WHERE datname <> ''"
-STATEMENTS = """
-SELECT d.datname, s.calls, s.query, s.total_exec_time, s.wal_bytes
-  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
- WHERE s.userid <> (SELECT oid FROM pg_roles WHERE rolname = %s)
-"""
-WAL = "SELECT wal_records, wal_fpi, wal_bytes, wal_write, wal_sync FROM pg_stat_wal"
 
 
 def role_pids(stack) -> dict[str, int]:
@@ -155,7 +136,7 @@ class CpuSampler:
         self.times: list[float] = []
         self.samples: list[dict[str, float]] = []
         # BENCH_E2E_PG_STATS: PostgreSQL's processes by kind, user and system apart.
-        self._split = PgSplit(pids["postgres"], bench_user=BENCH_USER) if pg_split else None
+        self._split = PgSplit(pids["postgres"], bench_user=e2e_pg.BENCH_USER) if pg_split else None
         self.pg_samples: list[dict] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -212,141 +193,10 @@ class CpuSampler:
         return {role: a[role] + f * (b[role] - a[role]) for role in a}
 
 
-def _profilers(pids: dict[str, int], profile_dir: Path | None) -> list[subprocess.Popen]:
-    if profile_dir is None:
-        return []
-    profile_dir.mkdir(parents=True, exist_ok=True)
-    py_spy = Path(sys.executable).with_name("py-spy")
-    return [
-        subprocess.Popen(
-            [
-                str(py_spy),
-                "record",
-                "--pid",
-                str(pid),
-                "--subprocesses",
-                "--nonblocking",
-                "--gil",
-                "--format",
-                "raw",
-                "--rate",
-                "200",
-                "-o",
-                str(profile_dir / f"{role}.txt"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for role, pid in pids.items()
-        if role != "postgres"
-    ]
-
-
-def _proc_status_kib(pid: int, field: str) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None
-
-
 def _planned_payouts(slots: int, latency_ms: int) -> int:
     """Enough payouts to fill every slot several times and to run about POINT_S seconds."""
     expected = min(slots / (latency_ms / 1000 + EXPECTED_OWN_S), EXPECTED_CAP_PER_S)
     return max(4 * slots, 12, int(POINT_S * expected))
-
-
-def _as_bench_user(url: str) -> str:
-    """The same database as the bench's own user, so pg_stat_statements can leave it out."""
-    parts = urlsplit(url)
-    return parts._replace(netloc=f"{BENCH_USER}@{parts.hostname}:{parts.port}").geturl()
-
-
-def _pg_stats_setup(stack) -> None:
-    admin = stack.pg_cluster.url("postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (BENCH_USER,)).fetchone():
-            conn.execute(f"CREATE ROLE {BENCH_USER} LOGIN SUPERUSER")
-
-
-TABLES = """
-SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables
-"""
-
-
-def _table_stats(stack) -> dict[str, tuple[int, int, int, int]]:
-    """Rows inserted / updated / HOT-updated / deleted so far, by `db.table`."""
-    out: dict[str, tuple[int, int, int, int]] = {}
-    for db in ("lockdb", "paydb", "raildb"):
-        with psycopg.connect(stack.pg_cluster.url(db), autocommit=True) as conn:
-            for name, *counts in conn.execute(TABLES).fetchall():
-                out[f"{db}.{name}"] = tuple(counts)
-    return out
-
-
-def _pg_stats_begin(stack) -> dict[str, int]:
-    with psycopg.connect(stack.pg_cluster.url("postgres"), autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_statements_reset()")
-        conn.execute("SELECT pg_stat_reset_shared('wal')")
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        sessions = {f"sessions {db}": n for db, n in conn.execute(SESSIONS).fetchall()}
-        xacts = dict(conn.execute(XACTS).fetchall())
-    tables = {f"table {name}": counts for name, counts in _table_stats(stack).items()}
-    return {**xacts, **sessions, **tables}
-
-
-def _pg_stats_end(stack, xacts_before: dict[str, int], *, posted: int, polls: int) -> dict:
-    """Statements (by text, top ones) and transactions per posted payout, by database."""
-    time.sleep(0.6)  # the cumulative statistics are flushed at most once a second
-    with psycopg.connect(stack.pg_cluster.url("postgres"), autocommit=True) as conn:
-        xacts = dict(conn.execute(XACTS).fetchall())
-        rows = conn.execute(STATEMENTS, (BENCH_USER,)).fetchall()
-        wal = conn.execute(WAL).fetchone()
-        sessions = dict(conn.execute(SESSIONS).fetchall())
-    per = max(posted, 1)
-    out: dict[str, dict] = {}
-    for db in ("lockdb", "paydb", "raildb"):
-        # (calls, execution ms, WAL bytes, text) per payout, most called first.
-        mine = sorted(((c, ms, w, q) for d, c, q, ms, w in rows if d == db), reverse=True)
-        done = xacts.get(db, 0) - xacts_before.get(db, 0) - (polls if db == "paydb" else 0)
-        out[db] = {
-            "statements": round(sum(r[0] for r in mine) / per, 2),
-            "transactions": round(done / per, 2),
-            "exec_ms": round(sum(r[1] for r in mine) / per, 3),
-            # Connections opened (the bench's own polls included), per payout.
-            "sessions": round(
-                (sessions.get(db, 0) - xacts_before.get(f"sessions {db}", 0)) / per, 3
-            ),
-            "wal_bytes": round(sum(int(r[2]) for r in mine) / per),
-            "top": [
-                [
-                    round(c / per, 2),
-                    round(ms / per, 4),
-                    round(int(w) / per),
-                    " ".join(q.split())[:160],
-                ]
-                for c, ms, w, q in mine[:25]
-            ],
-        }
-    # Row writes per payout by table; `hot`: updates that stayed on the page with no index entry.
-    tables = {}
-    for name, after in _table_stats(stack).items():
-        before = xacts_before.get(f"table {name}", (0, 0, 0, 0))
-        diff = [round((a - b) / per, 2) for a, b in zip(after, before, strict=True)]
-        if any(diff):
-            tables[name] = dict(zip(("ins", "upd", "hot", "del"), diff, strict=True))
-    out["rows_per_payout"] = tables
-    out["wal_per_payout"] = dict(
-        zip(
-            ("records", "full_page_images", "bytes", "writes", "syncs"),
-            (round(float(v) / per, 2) for v in wal),
-            strict=True,
-        )
-    )
-    return out
 
 
 def _timeline(pay: str, ids: list[str]) -> dict:
@@ -364,6 +214,64 @@ def _timeline(pay: str, ids: list[str]) -> dict:
         "median_ms": {k: round(statistics.median(v), 1) if v else None for k, v in spans.items()},
         "claimed_seconds": round(busy_s, 3),
     }
+
+
+def _until_settled(
+    pay: str, ids: list[str], procs: list[subprocess.Popen], deadline: float
+) -> tuple[dict[str, int], dict[int, int], int]:
+    """Poll the payouts' states until none is in flight (or the deadline): the last states,
+    each executor's peak RSS (KiB) and how many polls were made."""
+    states: dict[str, int] = {}
+    peak_kib: dict[int, int] = {}
+    polls = 0
+    # One connection for the polls: a connection per poll cost PostgreSQL a backend start-up
+    # four times a second, charged to the postgres role.
+    with psycopg.connect(pay, autocommit=True) as poll:
+        while time.monotonic() < deadline:
+            states = dict(poll.execute(STATES, (ids,)).fetchall())
+            polls += 1
+            for proc in procs:
+                peak = proc_status_kib(proc.pid, "VmHWM")
+                peak_kib[proc.pid] = peak or peak_kib.get(proc.pid, 0)
+            if not any(states.get(s) for s in ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")):
+                break
+            time.sleep(0.25)
+    return states, peak_kib, polls
+
+
+def _stop_all(procs: list[subprocess.Popen], *, signal: int | None = None) -> None:
+    """Signal every process (SIGTERM unless `signal`), then wait; kill what does not exit."""
+    for proc in procs:
+        if signal is None:
+            proc.terminate()
+        else:
+            proc.send_signal(signal)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _cpu_per_payout(
+    sampler: CpuSampler, pids: dict[str, int], count: int, first, last
+) -> tuple[dict[str, float | None], dict[str, float], float | None]:
+    """CPU ms per payout by role, cores each kept busy, and the executors' ms per payout, over
+    the window from the first to the last POSTED event (empty with fewer than two)."""
+    if not count or count < 2 or last <= first:
+        return {}, {}, None
+    span = (last - first).total_seconds()
+    begin, end = sampler.at(first.timestamp()), sampler.at(last.timestamp())
+    used = {role: end[role] - begin[role] for role in begin}
+    cpu: dict[str, float | None] = {
+        role: round(used[role] * 1000 / (count - 1), 2) for role in pids
+    }
+    cpu["total"] = round(sum(v for v in cpu.values() if v is not None), 2)
+    executor_s = sum(v for role, v in used.items() if role.startswith("executor-"))
+    cores = {role: round(used[role] / span, 2) for role in pids}
+    cores["executors"] = round(executor_s / span, 2)
+    return cpu, cores, round(executor_s * 1000 / (count - 1), 2)
 
 
 def _point(
@@ -384,72 +292,35 @@ def _point(
     config = ExperimentConfig(executors=processes, accounts=accounts, payouts=payouts)
     ids = seed_fenced(stack, config)["payouts"]
     pids = role_pids(stack)
-    profilers = _profilers(pids, profile_dir)
+    profilers = py_spy_recorders(pids, profile_dir)
     time.sleep(1.0 if profilers else 0.0)
     load_1m = round(os.getloadavg()[0], 2)
-    xacts_before = _pg_stats_begin(stack) if PG_STATS else {}
-    polls = 0
+    xacts_before = e2e_pg.begin(stack) if e2e_pg.PG_STATS else {}
     spawn = spawn_executor(stack.env, logdir, concurrency=concurrency)
     tag = f"bench-e2e-p{processes}-n{concurrency}-l{latency_ms}"
     procs = [spawn(f"{tag}-{i}", None) for i in range(processes)]
     sampler = CpuSampler(
-        {**pids, **{f"executor-{i}": p.pid for i, p in enumerate(procs)}}, pg_split=PG_STATS
+        {**pids, **{f"executor-{i}": p.pid for i, p in enumerate(procs)}}, pg_split=e2e_pg.PG_STATS
     )
     sampler.__enter__()
     deadline = time.monotonic() + POINT_TIMEOUT_S
     pay = stack.env["PAY_DATABASE_URL"]
-    if PG_STATS:
-        pay = _as_bench_user(pay)
-    states: dict[str, int] = {}
-    peak_kib: dict[int, int] = {}
-    # One connection for the polls: a connection per poll cost PostgreSQL a backend start-up
-    # (~5 ms of CPU) four times a second, charged to the postgres role.
-    poll = psycopg.connect(pay, autocommit=True)
-    while time.monotonic() < deadline:
-        states = dict(poll.execute(STATES, (ids,)).fetchall())
-        polls += 1
-        for proc in procs:
-            peak_kib[proc.pid] = _proc_status_kib(proc.pid, "VmHWM") or peak_kib.get(proc.pid, 0)
-        if not any(states.get(s) for s in ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")):
-            break
-        time.sleep(0.25)
-    poll.close()
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    if e2e_pg.PG_STATS:
+        pay = e2e_pg.as_bench_user(pay)
+    states, peak_kib, polls = _until_settled(pay, ids, procs, deadline)
+    _stop_all(procs)
     sampler.__exit__(None, None, None)
-    for profiler in profilers:
-        profiler.send_signal(2)  # SIGINT: py-spy writes its file and exits
-    for profiler in profilers:
-        try:
-            profiler.wait(30)
-        except subprocess.TimeoutExpired:
-            profiler.kill()
+    _stop_all(profilers, signal=2)  # SIGINT: py-spy writes its file and exits
     sql = None
-    if PG_STATS:
+    if e2e_pg.PG_STATS:
         posted = states.get("POSTED", 0)
-        sql = _pg_stats_end(stack, xacts_before, posted=posted, polls=polls)
+        sql = e2e_pg.end(stack, xacts_before, posted=posted, polls=polls)
     with psycopg.connect(pay) as conn:
         count, first, last = conn.execute(POSTED_WINDOW, (ids,)).fetchone()
     span = (last - first).total_seconds() if count and count > 1 else 0.0
-    cpu: dict[str, float | None] = {}
-    cores: dict[str, float] = {}
-    executor_cpu_ms = None
+    cpu, cores, executor_cpu_ms = _cpu_per_payout(sampler, pids, count, first, last)
     if span:
-        begin, end = sampler.at(first.timestamp()), sampler.at(last.timestamp())
-        used = {role: end[role] - begin[role] for role in begin}
-        cpu = {role: round(used[role] * 1000 / (count - 1), 2) for role in pids}
-        cpu["total"] = round(sum(v for v in cpu.values() if v is not None), 2)
-        executor_s = sum(v for role, v in used.items() if role.startswith("executor-"))
-        executor_cpu_ms = round(executor_s * 1000 / (count - 1), 2)
-        cores = {role: round(used[role] / span, 2) for role in pids}
-        cores["executors"] = round(executor_s / span, 2)
-        if PG_STATS:
+        if e2e_pg.PG_STATS:
             sql["postgres_cpu_ms_by_process"] = sampler.pg_between(
                 first.timestamp(), last.timestamp(), payouts=count - 1
             )
@@ -491,10 +362,13 @@ def run(out_dir: Path) -> dict:
     stack, stop = private_stack(
         base / "stack",
         fast=False,
-        pg_settings=(*(PG_STATS_SETTINGS if PG_STATS else ()), *PG_EXTRA_SETTINGS),
+        pg_settings=(
+            *(e2e_pg.PG_STATS_SETTINGS if e2e_pg.PG_STATS else ()),
+            *e2e_pg.PG_EXTRA_SETTINGS,
+        ),
     )
-    if PG_STATS:
-        _pg_stats_setup(stack)
+    if e2e_pg.PG_STATS:
+        e2e_pg.setup(stack)
     profile = os.environ.get("BENCH_E2E_PROFILE")
     plan = [(1, n, ms) for ms in LATENCIES_MS for n in CONCURRENCY]
     plan += [(p, n, 0) for p, n in MULTI]
@@ -542,7 +416,7 @@ def run(out_dir: Path) -> dict:
         "name": "e2e",
         "what": "payouts/s end to end (lock → claim → rail proxy → stub → post → release)",
         "durable_cluster": True,
-        "pg_settings": list(PG_EXTRA_SETTINGS),
+        "pg_settings": list(e2e_pg.PG_EXTRA_SETTINGS),
         "cpu_window": "first to last POSTED event; utime+stime of each role's process tree",
         "previous": PREVIOUS,
         "goals": GOALS,

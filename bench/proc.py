@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -209,3 +211,43 @@ class PgSplit:
             row["user"] += (utime - u0) / tick
             row["system"] += (stime - s0) / tick
         return out
+
+
+def py_spy_recorders(pids: dict[str, int], profile_dir: Path | None) -> list[subprocess.Popen]:
+    if profile_dir is None:
+        return []
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    py_spy = Path(sys.executable).with_name("py-spy")
+    return [
+        subprocess.Popen(
+            [
+                str(py_spy),
+                "record",
+                "--pid",
+                str(pid),
+                "--subprocesses",
+                "--nonblocking",
+                "--gil",
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "-o",
+                str(profile_dir / f"{role}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for role, pid in pids.items()
+        if role != "postgres"
+    ]
+
+
+def proc_status_kib(pid: int, field: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None

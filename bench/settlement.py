@@ -33,7 +33,6 @@ goes. Writes `<out>/settlement.json`.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
@@ -48,6 +47,7 @@ from urllib.parse import urlsplit
 import psycopg
 
 from bench import credentials
+from bench.settlement_client import AccountClient
 from payments.selectors import account_books
 
 LEVELS = tuple(
@@ -88,118 +88,6 @@ SELECT count(*) FROM settlement_bucket WHERE account_id = %s AND updated_at >= t
 """
 
 
-class _Caller:
-    """One account's client: keep-alive connections to the lock server, payments, rail proxy."""
-
-    def __init__(self, stack, owner: str) -> None:
-        self.owner = owner
-        self.used: dict[str, float] = {}
-        self.conns = {}
-        for role in ("lockserver", "payments", "railproxy"):
-            url = urlsplit(stack.url(role))
-            self.conns[role] = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-        status, body = self.call(
-            "lockserver", "POST", "/v1/sessions", {"ownerId": owner, "ttlMillis": 60_000}
-        )
-        if status != 201:
-            raise RuntimeError(f"session {status} {body}")
-        self.session_id = body["sessionId"]
-        self.beat = time.monotonic()
-
-    def heartbeat(self) -> None:
-        """L2 every 10 s: preparing hundreds of payouts on one session outlasts its TTL."""
-        if time.monotonic() - self.beat < 10:
-            return
-        status, body = self.call(
-            "lockserver", "POST", f"/v1/sessions/{self.session_id}/heartbeat", {}
-        )
-        if status != 200:
-            raise RuntimeError(f"heartbeat {status} {body}")
-        self.beat = time.monotonic()
-
-    def call(self, role: str, method: str, path: str, body, headers=None) -> tuple[int, dict]:
-        sent = {"X-Owner-Id": self.owner, **credentials.headers(), **(headers or {})}
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            sent["Content-Type"] = "application/json"
-        conn = self.conns[role]
-        if time.monotonic() - self.used.get(role, 0.0) > 2.0:  # below gunicorn's keep-alive
-            conn.close()  # reopened by the next request, not written into after a server close
-        try:
-            conn.request(method, path, body=payload, headers=sent)
-            response = conn.getresponse()
-            raw = response.read()
-        except (OSError, http.client.HTTPException):
-            conn.close()
-            raise
-        finally:
-            self.used[role] = time.monotonic()
-        return response.status, (json.loads(raw) if raw else {})
-
-    def prepare(self, payout_id: str, account_id: str, key: str, amount: int, currency: str):
-        """L4 → P2 → rail submission → L6: the payout is RAIL_ACKED; what P3 needs is kept."""
-        self.heartbeat()
-        lock = f"payout:{account_id}"
-        status, grant = self.call(
-            "lockserver", "POST", f"/v1/locks/{lock}/acquire", {"sessionId": self.session_id}
-        )
-        if status != 200:
-            raise RuntimeError(f"acquire {status} {grant}")
-        fenced = {**credentials.headers(grant), "X-Idempotency-Key": key}
-        status, claimed = self.call(
-            "payments",
-            "POST",
-            f"/v1/payouts/{payout_id}/claim",
-            {"expectedState": "PENDING"},
-            fenced,
-        )
-        if status != 200:
-            raise RuntimeError(f"claim {status} {claimed}")
-        status, submitted = self.call(
-            "railproxy",
-            "POST",
-            "/v1/rail/submissions",
-            {
-                "payoutId": payout_id,
-                "accountId": account_id,
-                "amountMinor": amount,
-                "currency": currency,
-                "beneficiaryRef": claimed["beneficiaryRef"],
-            },
-            fenced,
-        )
-        if status != 200:
-            raise RuntimeError(f"submission {status} {submitted}")
-        status, _ = self.call(
-            "lockserver",
-            "DELETE",
-            f"/v1/locks/{lock}?sessionId={self.session_id}",
-            None,
-            credentials.headers(grant),
-        )
-        if status != 204:
-            raise RuntimeError(f"release {status}")
-        return payout_id, fenced, submitted
-
-    def post(self, payout_id: str, fenced: dict, submitted: dict) -> None:
-        """P3 under `fenced`: the account's latest grant (the account's fence is the last
-        claim's token, and P3 accepts a token >= the fence) with this payout's own key."""
-        status, posted = self.call(
-            "payments",
-            "POST",
-            f"/v1/payouts/{payout_id}/post",
-            {
-                "railReference": submitted["railReference"],
-                "submissionId": submitted["submissionId"],
-                "railOutcome": "ACKED",
-            },
-            fenced,
-        )
-        if status != 200:
-            raise RuntimeError(f"post {status} {posted}")
-
-
 def _percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else 0
@@ -236,16 +124,15 @@ def _seed(stack, accounts: int, per_account: int) -> list[tuple[str, str, str, i
     return [(p, a, k, int(m), c) for p, a, k, m, c in rows]
 
 
-def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
-    """One measured window at `accounts` accounts; payments runs with `buckets` (the caller
-    restarted it with PAY_SETTLEMENT_BUCKETS=buckets)."""
-    per_account = POSTS_PER_ACCOUNT or max(4, TARGET_POSTS // accounts)
-    rows = _seed(stack, accounts, per_account)
+def _prepare(stack, rows: list) -> tuple[dict[str, AccountClient], dict[str, list]]:
+    """Every payout taken to RAIL_ACKED under its account's grant (not measured), 8 threads.
+    Every claim advances the account's fence; the posts then present the account's last grant
+    (P3 accepts token >= fence), each payout with its own idempotency key."""
     by_account: dict[str, list] = {}
     for row in rows:
         by_account.setdefault(row[1], []).append(row)
     names = sorted(by_account)
-    callers = {a: _Caller(stack, f"settle-{uuid.uuid4().hex[:8]}") for a in names}
+    callers = {a: AccountClient(stack, f"settle-{uuid.uuid4().hex[:8]}") for a in names}
     prepared: dict[str, list] = {a: [] for a in names}
     failures: list[str] = []
 
@@ -259,22 +146,29 @@ def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
                 except Exception as exc:
                     failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
 
-    chunks = [names[i::8] for i in range(min(8, len(names)))]
-    # Every claim advances the account's fence; the posts then present the account's last
-    # grant (P3 accepts token >= fence), each payout with its own idempotency key.
-    threads = [threading.Thread(target=prepare, args=(c,)) for c in chunks]
+    threads = [
+        threading.Thread(target=prepare, args=(names[i::8],)) for i in range(min(8, len(names)))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(600)
     if failures:
         raise RuntimeError(f"prepare failed ({len(failures)}): {failures[:3]}")
+    return callers, prepared
 
-    paydb = urlsplit(stack.env["PAY_DATABASE_URL"]).path.lstrip("/")
+
+def _post_window(
+    callers: dict[str, AccountClient], prepared: dict[str, list], admin_url: str, paydb: str
+) -> dict:
+    """The measured window: one thread per account posts its payouts back to back while a
+    sampler polls pg_stat_activity. Latencies, errors, the samples' sums and the window."""
+    names = sorted(callers)
     latencies: list[float] = []
     errors: list[str] = []
     samples = {"n": 0, "active": 0, "lock": 0, "wal": 0}
     stop = threading.Event()
+    ready = threading.Barrier(len(names) + 1)
 
     def sampler() -> None:
         with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -303,10 +197,6 @@ def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
                 continue
             latencies.append(time.monotonic() - began)
 
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_statements_reset()")
-        wal_before = conn.execute(WAL_SYNC).fetchone()
-    ready = threading.Barrier(len(names) + 1)
     posters = [threading.Thread(target=poster, args=(a,), daemon=True) for a in names]
     for thread in posters:
         thread.start()
@@ -320,17 +210,20 @@ def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
     window = time.monotonic() - started
     stop.set()
     watch.join(10)
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        stats = {
-            kind: (int(calls or 0), float(mean or 0))
-            for kind, calls, mean in conn.execute(STATEMENTS, (paydb,)).fetchall()
-        }
-        wal_after = conn.execute(WAL_SYNC).fetchone()
-    syncs = int(wal_after[0] - wal_before[0])
-    sync_ms = float(wal_after[1] - wal_before[1]) / syncs if syncs else 0.0
-    stats["commit"] = (syncs, sync_ms)
+    return {
+        "latencies": latencies,
+        "errors": errors,
+        "samples": samples,
+        "window": window,
+        "began_at": began_at,
+        "load": load,
+    }
+
+
+def _books(stack, ids: list[str], began_at: float) -> tuple[int, tuple, int, tuple]:
+    """After the window: POSTED rows, (ledger legs, their sum), settlement buckets touched, and
+    the settlement account's books."""
     with psycopg.connect(stack.env["PAY_DATABASE_URL"]) as conn:
-        ids = [r[0] for r in rows]
         posted = conn.execute(
             "SELECT count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) AND state = 'POSTED'",
             (ids,),
@@ -343,6 +236,31 @@ def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
         settlement = f"settlement:{CURRENCY}"
         touched = conn.execute(BUCKETS_TOUCHED, (settlement, began_at - 1)).fetchone()[0]
         (books,) = account_books(conn.cursor(), account_ids=[settlement])
+    return posted, legs, touched, books
+
+
+def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
+    """One measured window at `accounts` accounts; payments runs with `buckets` (the caller
+    restarted it with PAY_SETTLEMENT_BUCKETS=buckets)."""
+    per_account = POSTS_PER_ACCOUNT or max(4, TARGET_POSTS // accounts)
+    rows = _seed(stack, accounts, per_account)
+    callers, prepared = _prepare(stack, rows)
+    paydb = urlsplit(stack.env["PAY_DATABASE_URL"]).path.lstrip("/")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+        wal_before = conn.execute(WAL_SYNC).fetchone()
+    run = _post_window(callers, prepared, admin_url, paydb)
+    latencies, samples, window = run["latencies"], run["samples"], run["window"]
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        stats = {
+            kind: (int(calls or 0), float(mean or 0))
+            for kind, calls, mean in conn.execute(STATEMENTS, (paydb,)).fetchall()
+        }
+        wal_after = conn.execute(WAL_SYNC).fetchone()
+    syncs = int(wal_after[0] - wal_before[0])
+    sync_ms = float(wal_after[1] - wal_before[1]) / syncs if syncs else 0.0
+    stats["commit"] = (syncs, sync_ms)
+    posted, legs, touched, books = _books(stack, [r[0] for r in rows], run["began_at"])
     for caller in callers.values():
         for conn in caller.conns.values():
             conn.close()
@@ -350,8 +268,6 @@ def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
     waiting = samples["lock"] / samples["n"] if samples["n"] else 0.0
     in_db = samples["active"] / samples["n"] if samples["n"] else 0.0
     wal = samples["wal"] / samples["n"] if samples["n"] else 0.0
-    post_ms = stats.get("post", (0, 0.0))[1]
-    commit_ms = stats.get("commit", (0, 0.0))[1]
     return {
         "accounts": accounts,
         "buckets": buckets,  # PAY_SETTLEMENT_BUCKETS of payments in this window
@@ -362,9 +278,9 @@ def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
         "posted_rows": posted,
         "ledger_legs": int(legs[0]),
         "ledger_sum_minor": int(legs[1]),
-        "errors": len(errors),
-        "errors_sample": errors[:3],
-        "loadavg_1m_at_start": load,
+        "errors": len(run["errors"]),
+        "errors_sample": run["errors"][:3],
+        "loadavg_1m_at_start": run["load"],
         "window_s": round(window, 3),
         "posts_per_s": round(len(latencies) / window, 1) if window else None,
         "post_p50_ms": round(_percentile(latencies, 0.5) * 1000, 2),
@@ -378,8 +294,8 @@ def _level(stack, accounts: int, admin_url: str, buckets: int = 1) -> dict:
         "lock_wait_share_in_db": round(waiting / in_db, 3) if in_db else 0.0,
         "wal_flush_share": round(wal / in_flight, 3) if in_flight else 0.0,
         "samples": samples["n"],
-        "post_statement_ms": round(post_ms, 3),
-        "commit_ms": round(commit_ms, 3),  # mean WAL fsync (pg_stat_wal) in the window
+        "post_statement_ms": round(stats.get("post", (0, 0.0))[1], 3),
+        "commit_ms": round(sync_ms, 3),  # mean WAL fsync (pg_stat_wal) in the window
         "statement_calls": {k: v[0] for k, v in stats.items()},  # commit: WAL fsyncs
     }
 
@@ -451,7 +367,7 @@ def plan(levels: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 def run(out_dir: str | Path, levels: tuple[int, ...] = LEVELS) -> dict:
-    from bench.e2e import _pg_stats_setup
+    from bench.e2e_pg import setup as _pg_stats_setup
     from experiment.stack import private_stack
 
     out = Path(out_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from experiment.ha import recovery_lines
+from experiment.recovery import recovery_lines
 
 STATES = ("POSTED", "FAILED", "RAIL_AMBIGUOUS", "ABANDONED")
 IN_FLIGHT = ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")

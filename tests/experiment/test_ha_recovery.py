@@ -10,7 +10,7 @@ import time
 import pytest
 
 from devstack import ROLES, clean, up
-from experiment import ha
+from experiment import ha, recovery
 from experiment.probes import Attempt, build_probers
 from experiment.schedule import (
     ETCD_FOLLOWER_KILL,
@@ -43,7 +43,7 @@ def test_the_outage_runs_from_the_fault_to_the_end_of_the_first_success_started_
         (11.8, 12.4, True, ""),
         (12.5, 12.6, True, ""),
     )
-    r = ha.probe_recovery(seen, at=10.0, healed=11.0, healthy=11.5)
+    r = recovery.probe_recovery(seen, at=10.0, healed=11.0, healthy=11.5)
     assert r["last_ok_before"] == 9.1
     assert r["first_ok_after"] == 12.4
     assert r["outage_s"] == pytest.approx(2.4)
@@ -54,7 +54,7 @@ def test_the_outage_runs_from_the_fault_to_the_end_of_the_first_success_started_
 
 
 def test_a_prober_that_never_succeeds_again_has_no_recovery_and_counts_every_failure():
-    r = ha.probe_recovery(
+    r = recovery.probe_recovery(
         attempts((1.0, 1.1, True, ""), (2.0, 2.1, False, "NOT_FOUND"), (3.0, 3.1, False, "X")),
         at=1.5,
         healed=None,
@@ -83,7 +83,7 @@ def test_fault_recovery_uses_the_kill_time_and_rates_payouts_in_the_three_window
     }
     posted = [t / 10 for t in range(100, 300)]  # 10/s from 10 s to 30 s
     posted = [t for t in posted if not 21.0 <= t < 24.0]  # none while the replica was down
-    out = ha.fault_recovery(windows, probes, posted, settle_s=4.0)
+    out = recovery.fault_recovery(windows, probes, posted, settle_s=4.0)
     assert [f["kind"] for f in out] == [ETCD_LEADER_KILL, REPLICA_KILL]
     kill = out[1]
     assert kill["at"] == 20.5 and kill["killed"] == "lockserver/r2"
@@ -93,7 +93,7 @@ def test_fault_recovery_uses_the_kill_time_and_rates_payouts_in_the_three_window
     # 20.5..21.0 and 24.0..24.5 of the 4 s: 10 payouts
     assert kill["payouts_per_s"]["during"] == pytest.approx(10 / 4.0)
     assert kill["payouts_per_s"]["after"] == pytest.approx(10.0)
-    lines = ha.recovery_lines(out)
+    lines = recovery.recovery_lines(out)
     assert any("lockserver/r2" in line and "the killed replica" in line for line in lines)
     assert any("lockserver/r1" in line and "> goal" not in line for line in lines)
 
@@ -189,7 +189,7 @@ def test_probers_see_the_killed_replica_down_and_the_failover_client_carry_on(re
     codes = {a.code for a in down}
     assert down and "ServiceUnreachable" in codes, down[:3]
     assert codes <= {"ServiceUnreachable", "OVERLOADED", "NOT_LEADER"}, down
-    assert ha.probe_recovery(killed, at=at, healed=marks["restarted"])["first_ok_after"]
+    assert recovery.probe_recovery(killed, at=at, healed=marks["restarted"])["first_ok_after"]
     # the survivor never failed; the client with both URLs moved to it on connect refused
     # (at most the one acquire in flight when the process died is lost, not the outage)
     assert all(a.ok for a in survivor), [a for a in survivor if not a.ok][:3]
@@ -218,11 +218,11 @@ def test_a_quorum_loss_is_split_into_etcds_time_and_dlocks_share_per_prober():
         ),
         "lockserver/r2": attempts((9.0, 9.1, True, ""), (16.2, 18.0, True, "")),
     }
-    (fault,) = ha.fault_recovery(windows, probes, [], settle_s=5.0)
+    (fault,) = recovery.fault_recovery(windows, probes, [], settle_s=5.0)
     split = fault["split"]
     assert split["etcd_first_ok"] == 16.4 and split["etcd_s"] == pytest.approx(1.4)
     assert split["dlock_s"] == {"lockserver/r1": pytest.approx(0.5), "lockserver/r2": 1.6}
-    text = "\n".join(ha.recovery_lines([fault]))
+    text = "\n".join(recovery.recovery_lines([fault]))
     assert "split: etcd's first ok 1.40s after the restart" in text
     assert "r2 1.60s > goal" in text and "r1 0.50s," in text
 
@@ -244,8 +244,8 @@ def test_what_the_executors_logged_while_a_replica_was_down_is_counted_per_secon
             + [line(13.0, "INFO", "executor_posted"), "not json"]
         )
     )
-    lines = ha.executor_log_lines(tmp_path, wall0=wall0)
-    counts = ha.log_counts(lines, 10.0, 14.0)
+    lines = recovery.executor_log_lines(tmp_path, wall0=wall0)
+    counts = recovery.log_counts(lines, 10.0, 14.0)
     assert counts["warnings"] == 20 and counts["warnings_per_s"] == 5.0
     assert counts["lock_failed_per_s"] == 5.0
     assert counts["events"] == {"executor_lock_failed": 20, "executor_posted": 1}
@@ -259,10 +259,10 @@ def test_what_the_executors_logged_while_a_replica_was_down_is_counted_per_secon
             "end": 15.0,
         }
     ]
-    (fault,) = ha.fault_recovery(windows, {}, [], settle_s=5.0, executor_logs=lines)
+    (fault,) = recovery.fault_recovery(windows, {}, [], settle_s=5.0, executor_logs=lines)
     assert fault["killed"] == "lockserver/r1" and fault["executor_log"] == counts
     assert "executors logged 20 WARNING lines in 4.0s (5.0/s)" in "\n".join(
-        ha.recovery_lines([fault])
+        recovery.recovery_lines([fault])
     )
 
 
@@ -278,9 +278,11 @@ def test_a_pg_kill_reports_what_make_up_replaced():
             "outcome": {"make_up_exit": 0, "replaced": [], "make_up_tail": ""},
         }
     ]
-    (fault,) = ha.fault_recovery(windows, {}, [], settle_s=5.0)
+    (fault,) = recovery.fault_recovery(windows, {}, [], settle_s=5.0)
     assert fault["role"] == "lockserver"
-    assert "  make up after the restart: exit 0, replaced nothing" in ha.recovery_lines([fault])
+    assert "  make up after the restart: exit 0, replaced nothing" in recovery.recovery_lines(
+        [fault]
+    )
 
 
 # -- issue 27's cases, for real at a small size: a lock-server stack on etcd (one member), two
@@ -360,7 +362,7 @@ def test_a_stalled_replica_stops_answering_and_resumes_as_the_same_process(
     stalled = probers["lockserver/r1"].attempts
     # nothing r1 answered between the stop and the SIGCONT
     assert not [a for a in stalled if a.ok and at + 0.1 < a.end < resumed]
-    assert ha.probe_recovery(stalled, at=at, healed=resumed)["first_ok_after"] > resumed
+    assert recovery.probe_recovery(stalled, at=at, healed=resumed)["first_ok_after"] > resumed
     # the other replica never noticed, and the stalled one was not replaced
     assert all(a.ok for a in probers["lockserver/r2"].attempts if a.start >= at)
     assert ha.role_pids(stack)["lockserver"] == pid
@@ -384,9 +386,9 @@ def test_a_replica_kept_down_refuses_connections_until_it_is_started_again(
     at = marks["killed"]
     down = [a for a in probers["lockserver/r1"].attempts if a.start >= at and not a.ok]
     assert down and "ServiceUnreachable" in {a.code for a in down}
-    assert ha.probe_recovery(probers["lockserver/r1"].attempts, at=at, healed=marks["restarted"])[
-        "first_ok_after"
-    ]
+    assert recovery.probe_recovery(
+        probers["lockserver/r1"].attempts, at=at, healed=marks["restarted"]
+    )["first_ok_after"]
     assert all(a.ok for a in probers["lockserver/r2"].attempts if a.start >= at)
     assert ha.role_pids(stack)["lockserver"] != pid  # started again from its record
 
