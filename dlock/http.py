@@ -9,12 +9,15 @@ what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG row "clients 
   whose pooled connection dropped). Retries are the caller's decision (`dlock.client.RetryPolicy`,
   or an explicit loop that reads `dlock.budgets`).
 - **`sent`** on a TransportError is False only when no request byte can have left this process:
-  the connection could not be opened (refused, connect timeout, no route, DNS, TLS handshake) or
-  the request could not be written as valid HTTP. It is decided by whether a byte was handed to
-  the socket (`_Dlock.send`), not by the exception's type: anything after that — a reused
-  keep-alive connection the server had just closed included — is `sent=True`, outcome unknown.
+  the request could not be written as valid HTTP, or the connection could not be opened —
+  urllib3's `connect()` raised (NewConnectionError, NameResolutionError, ConnectTimeoutError, or
+  the TLS handshake's ssl error). One place decides it (`_round_trip`): the connect is its own
+  step, before the request, on a connection taken from urllib3's pool; anything raised after it
+  — a reused keep-alive connection the server had just closed included — is `sent=True`,
+  outcome unknown.
 - **One read deadline per response**: `read_s` bounds the whole answer (head and body), not each
-  read, so a peer that trickles its answer cannot stretch it (`_DeadlineIO`).
+  read, so a peer that trickles its answer cannot stretch it (`_DeadlineIO`, the reader of the
+  socket `_round_trip` wraps when it connects; urllib3's connection classes are used as they are).
 - **Pools per origin**, shared by the process's threads and sized by the caller
   (`pool_for(url, size=N)`); a thread never waits for a connection. A connection idle for longer
   than MAX_IDLE_S is closed, not reused: the servers close idle keep-alive connections after a few
@@ -26,7 +29,6 @@ what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG row "clients 
 
 from __future__ import annotations
 
-import functools
 import http.client
 import io
 import json
@@ -37,14 +39,13 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
 from urllib3 import BaseHTTPResponse, HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as Urllib3Error
-from urllib3.util import Timeout
 
 from dlock.budgets import Budget
 from dlock.tracing import traceparent
@@ -93,32 +94,47 @@ class Reply:
         return 200 <= self.status < 300
 
 
-# -- connections: the bytes-left flag and the one read deadline --------------------------------
+# -- connections: the one read deadline, the idle limit --------------------------------------
 
-# The exchange this thread is running: its read budget (`read_s`: one deadline for the whole
-# answer) and whether a request byte was handed to a socket yet (`wrote`).
-_call = threading.local()
+
+class _BoundedSocket:
+    """A connected socket as urllib3 and http.client see it, except that the reader http.client
+    makes from it (`makefile`) keeps the current request's deadline; `used_at` is when the
+    connection last finished an exchange (an idle one past MAX_IDLE_S is not reused)."""
+
+    __slots__ = ("_sock", "deadline", "used_at")
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.deadline: float | None = None  # monotonic: the whole response must be in by then
+        self.used_at = time.monotonic()
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        raw = self._sock.makefile("rb", buffering=0)  # counts as a reference, like http.client's
+        return io.BufferedReader(_DeadlineIO(raw, self))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
 
 
 class _DeadlineIO(io.RawIOBase):
-    """The socket's reader with the connection's deadline: every read waits at most for what is
+    """The socket's reader with the request's deadline: every read waits at most for what is
     left of it, and none starts after it. http.client reads the head and body through this."""
 
-    def __init__(self, raw: io.RawIOBase, sock: Any, conn: _Dlock) -> None:
+    def __init__(self, raw: io.RawIOBase, bounded: _BoundedSocket) -> None:
         self._raw = raw
-        self._sock = sock
-        self._conn = conn
+        self._bounded = bounded
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int | None:
-        deadline = self._conn.deadline
+        deadline = self._bounded.deadline
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the response did not complete within the read budget")
-            self._sock.settimeout(left)
+            self._bounded._sock.settimeout(left)
         return self._raw.readinto(buffer)
 
     def close(self) -> None:
@@ -126,76 +142,57 @@ class _DeadlineIO(io.RawIOBase):
         super().close()
 
 
-class _BoundedSocket:
-    """The connected socket as urllib3 and http.client see it, except that the reader
-    http.client makes from it (`makefile`) keeps the connection's deadline."""
-
-    __slots__ = ("_conn", "_sock")
-
-    def __init__(self, sock: Any, conn: _Dlock) -> None:
-        self._sock = sock
-        self._conn = conn
-
-    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
-        raw = self._sock.makefile("rb", buffering=0)  # counts as a reference, like http.client's
-        return io.BufferedReader(_DeadlineIO(raw, self._sock, self._conn))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-
-class _Dlock:
-    """What dlock adds to urllib3's connections (mixed into both schemes)."""
-
-    deadline: float | None = None  # monotonic: the whole response must be in by then
-    used_at: float = 0.0
-    sock: Any
-
-    def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
-        self.sock = _BoundedSocket(self.sock, self)
-        self.used_at = time.monotonic()
-
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        # Connect here, before the first byte is written: a failure up to now sent nothing.
-        if self.sock is None:
-            self.connect()
-        read_s = getattr(_call, "read_s", None)
-        self.deadline = None if read_s is None else time.monotonic() + read_s
-        super().request(*args, **kwargs)  # type: ignore[misc]
-
-    def send(self, data: Any) -> None:
-        if self.sock is None:
-            self.connect()
-        _call.wrote = True  # from here on the server may have received (part of) the request
-        super().send(data)  # type: ignore[misc]
-
-    def getresponse(self) -> Any:
-        response = super().getresponse()  # type: ignore[misc]
-        self.used_at = time.monotonic()
-        return response
-
-    @property
-    def is_connected(self) -> bool:
-        if time.monotonic() - self.used_at > MAX_IDLE_S:
-            return False  # idle too long: the server may be closing it right now
-        return bool(super().is_connected)  # type: ignore[misc]
+def _connected(conn: HTTPConnection, connect_s: float) -> _BoundedSocket:
+    """`conn`'s socket, connected now unless it is a kept-alive one used within MAX_IDLE_S (the
+    servers close idle keep-alive connections after a few seconds, and a request racing that
+    close could not tell whether it was received)."""
+    sock = conn.sock
+    if isinstance(sock, _BoundedSocket) and time.monotonic() - sock.used_at <= MAX_IDLE_S:
+        return sock
+    conn.close()
+    conn.timeout = connect_s
+    try:
+        conn.connect()
+    except BaseException:
+        conn.close()
+        raise
+    bounded = _BoundedSocket(conn.sock)
+    conn.sock = bounded
+    return bounded
 
 
-class _HTTPConnection(_Dlock, HTTPConnection):
-    pass
-
-
-class _HTTPSConnection(_Dlock, HTTPSConnection):
-    pass
-
-
-class _HTTPPool(HTTPConnectionPool):
-    ConnectionCls = _HTTPConnection
-
-
-class _HTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _HTTPSConnection
+def _round_trip(
+    conn: HTTPConnection,
+    method: str,
+    url: str,
+    *,
+    target: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    connect_s: float,
+    read_s: float,
+) -> tuple[BaseHTTPResponse, bytes]:
+    """One request and its whole answer on `conn`: the one place `sent` is decided. A failure
+    to connect sent nothing; whatever fails after it may have reached the server."""
+    try:
+        sock = _connected(conn, connect_s)
+    except _TRANSPORT_ERRORS as exc:
+        raise TransportError(method, url, sent=False, cause=exc) from exc
+    sock.deadline = time.monotonic() + read_s
+    try:
+        conn.timeout = connect_s  # the writes; the reads keep the one deadline
+        try:
+            conn.request(method, target, body=body, headers=headers, preload_content=False)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server may have answered before it closed (a 413, say): read it
+        conn.timeout = read_s
+        response = conn.getresponse()
+        raw = _read_body(response)
+    except _TRANSPORT_ERRORS as exc:
+        conn.close()
+        raise TransportError(method, url, sent=True, cause=exc) from exc
+    sock.used_at = time.monotonic()
+    return response, raw
 
 
 def ca_bundle() -> str | None:
@@ -236,7 +233,7 @@ class ConnectionPool:
         _every_pool.add(self)
 
     def _new(self, size: int) -> HTTPConnectionPool:
-        cls = _HTTPSPool if self.scheme == "https" else _HTTPPool
+        cls = HTTPSConnectionPool if self.scheme == "https" else HTTPConnectionPool
         return cls(
             self.host,
             self.port,
@@ -383,12 +380,6 @@ def _read_body(response: BaseHTTPResponse) -> bytes:
         chunks.append(chunk)
 
 
-@functools.lru_cache(maxsize=64)
-def _timeout(connect_s: float, read_s: float) -> Timeout:
-    """urllib3's timeout for a budget (urllib3 clones it per request, so sharing is safe)."""
-    return Timeout(connect=connect_s, read=read_s)
-
-
 def exchange(
     method: str,
     url: str,
@@ -420,35 +411,30 @@ def exchange(
     elif method not in ("GET", "HEAD"):
         data = b""  # Content-Length: 0
     read_s = read_timeout_s if read_timeout_s is not None else hop.read_s
-    _call.wrote, _call.read_s = False, read_s
     try:
         checked = _checked(sent_headers)
         target = _target(url, params)
         origin = (pool or pool_for(url)).urllib3
-    except ValueError as exc:  # never written: nothing was sent
+        # urllib3's pool lends an idle kept-alive connection, or a new unconnected one; what
+        # `urlopen` does with it is done here in two steps, so the connect stands apart.
+        conn = cast(HTTPConnection, origin._get_conn())
+    except (ValueError, Urllib3Error) as exc:  # never written: nothing was sent
         raise TransportError(method, url, sent=False, cause=exc) from exc
-    response: BaseHTTPResponse | None = None
     try:
-        response = origin.urlopen(
+        response, raw = _round_trip(
+            conn,
             method,
-            target,
+            url,
+            target=target,
             body=data,
             headers=checked,
-            retries=False,
-            redirect=False,
-            assert_same_host=False,
-            timeout=_timeout(hop.connect_s, read_s),
-            preload_content=False,
-            release_conn=False,
-            pool_timeout=None,
+            connect_s=hop.connect_s,
+            read_s=read_s,
         )
-        raw = _read_body(response)
-    except _TRANSPORT_ERRORS as exc:
-        if response is not None:
-            response.close()
-            response.release_conn()
-        raise TransportError(method, url, sent=bool(_call.wrote), cause=exc) from exc
-    response.release_conn()
+    except TransportError:
+        origin._put_conn(None)  # a slot back; the connection is closed
+        raise
+    origin._put_conn(conn)
     return Reply(response.status, decode_json(raw) if raw else None, response.headers)
 
 
@@ -466,27 +452,28 @@ def send_once(
     deadline for sending the request and reading the whole answer.
 
     A bare urllib3 connection, not a one-connection pool: a pool made and closed per call (its
-    queue, its retry and redirect bookkeeping) cost ~0.07 ms of CPU per forward for nothing a
-    single exchange uses (docs/performance.md)."""
-    _call.wrote, _call.read_s = False, read_s
+    queue, its retry and redirect bookkeeping) costs CPU for nothing a single exchange uses
+    (docs/CHANGELOG.md)."""
     try:
         scheme, host, port = _origin(url)
         checked = _checked({"Accept-Encoding": "identity", **headers, "Connection": "close"})
         target = _target(url, None)
-        cls = _HTTPSConnection if scheme == "https" else _HTTPConnection
-        # The socket timeout bounds the connect and each write; reads keep the one deadline.
+        cls = HTTPSConnection if scheme == "https" else HTTPConnection
         conn = cls(host, port, timeout=connect_s, **_tls_options(scheme))
     except ValueError as exc:
         raise TransportError(method, url, sent=False, cause=exc) from exc
-    response: BaseHTTPResponse | None = None
     try:
-        conn.request(method, target, body=body, headers=checked, preload_content=False)
-        response = conn.getresponse()
-        raw = _read_body(response)
+        response, raw = _round_trip(
+            conn,
+            method,
+            url,
+            target=target,
+            body=body,
+            headers=checked,
+            connect_s=connect_s,
+            read_s=read_s,
+        )
+        response.close()
         return response.status, response.headers, raw
-    except _TRANSPORT_ERRORS as exc:
-        raise TransportError(method, url, sent=bool(_call.wrote), cause=exc) from exc
     finally:
-        if response is not None:
-            response.close()
         conn.close()
