@@ -184,6 +184,30 @@ def _post(conn, environ, payout_id: uuid.UUID) -> dict:
     return answer
 
 
+def _call_rail(payout_id: uuid.UUID, body: dict) -> dict:
+    """The rail call: a fresh connection, one request, closed (never pooled), as rail_call does."""
+    rail = http.client.HTTPConnection(_RAIL.hostname, _RAIL.port, timeout=8)
+    try:
+        raw = json.dumps(
+            {
+                "clientRef": str(payout_id),
+                "amountMinor": body["amountMinor"],
+                "currency": body["currency"],
+            },
+            separators=(",", ":"),
+        )
+        rail.request(
+            "POST",
+            "/submit",
+            body=raw,
+            headers={"Content-Type": "application/json", "Connection": "close"},
+        )
+        response = rail.getresponse()
+        return json.loads(response.read())
+    finally:
+        rail.close()
+
+
 def _submit(environ) -> dict:
     token, key = int(environ["HTTP_X_FENCING_TOKEN"]), environ["HTTP_X_IDEMPOTENCY_KEY"]
     owner = environ.get("HTTP_X_OWNER_ID", "floor")
@@ -226,27 +250,7 @@ def _submit(environ) -> dict:
                 client_ref=str(payout_id),
                 outcome="PENDING",
             )
-    # The rail call: a fresh connection, one request, closed (never pooled), as rail_call does.
-    rail = http.client.HTTPConnection(_RAIL.hostname, _RAIL.port, timeout=8)
-    try:
-        raw = json.dumps(
-            {
-                "clientRef": str(payout_id),
-                "amountMinor": body["amountMinor"],
-                "currency": body["currency"],
-            },
-            separators=(",", ":"),
-        )
-        rail.request(
-            "POST",
-            "/submit",
-            body=raw,
-            headers={"Content-Type": "application/json", "Connection": "close"},
-        )
-        response = rail.getresponse()
-        ack = json.loads(response.read())
-    finally:
-        rail.close()
+    ack = _call_rail(payout_id, body)
     answer = {
         "submissionId": str(submission_id),
         "payoutId": str(payout_id),
