@@ -1,16 +1,60 @@
 #!/usr/bin/env python
-"""Django's command-line utility; ROLE selects the settings overlay."""
+"""Django's command-line utility; ROLE selects the settings overlay.
+
+Anything that is not the command's own answer ends in one line on stderr and exit 2, never a
+traceback: settings the role cannot load (a database URL that is not one, a missing one), a
+command this ROLE does not install, a database that cannot be reached.
+"""
 
 import sys
 
 from dlock.roles import configure_settings_module
 
 
+def _fail(line: str) -> None:
+    sys.stderr.write(f"dlock: {line}\n")
+    raise SystemExit(2)
+
+
+def _check_command(role: str, argv: list[str]) -> None:
+    """Stop a command this role does not install with the role that has it."""
+    from pathlib import Path
+
+    from django.conf import settings
+    from django.core.management import find_commands, get_commands
+
+    name = argv[1] if len(argv) > 1 else ""
+    if not name or name.startswith("-") or name == "help" or name in get_commands():
+        return
+    base = Path(settings.BASE_DIR)
+    apps = [p.parent.parent for p in base.glob("*/management/commands/__init__.py")]
+    if any(name in find_commands(str(app / "management")) for app in apps):
+        _fail(f"{name} is not a command of ROLE={role}; run it with ROLE=ops")
+
+
 def main() -> None:
-    configure_settings_module()
+    role = configure_settings_module()
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import DatabaseError
+
+    try:
+        import django
+
+        django.setup()
+    except ImproperlyConfigured as exc:
+        _fail(f"ROLE={role} cannot start: {exc}")
+    _check_command(role, sys.argv)
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except DatabaseError as exc:
+        cause = exc.__cause__ or exc
+        first = (str(cause).strip().splitlines() or [""])[0]
+        _fail(
+            f"{sys.argv[1] if len(sys.argv) > 1 else 'manage.py'} could not use a database "
+            f"({type(cause).__name__}: {first}); nothing was decided"
+        )
 
 
 if __name__ == "__main__":

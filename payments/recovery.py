@@ -34,7 +34,7 @@ from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
 from dlock.logs import log_event
 from dlock.timefmt import rfc3339_ms
-from payments import fenced_sql
+from payments import audit, fenced_sql
 from payments.models import (
     Account,
     AccountKind,
@@ -268,8 +268,9 @@ def close_recovery(
     reason: str | None = None,
 ) -> RecoveryStep:
     """Close an OPEN recovery as RECOVERED (with the rail's reference of the money that came
-    back) or WRITTEN_OFF (with a reason). Refused, and audited, when there is no such
-    recovery, it is closed already, or the reference / reason is missing."""
+    back) or WRITTEN_OFF (with a reason, and no reference). Refused, and audited, when there
+    is no such recovery, it is closed already, or the reference / reason is missing (or a
+    reference is given to WRITTEN_OFF)."""
     rail_reference = (rail_reference or "").strip()
     reference = (reference or "").strip() or None
     reason = (reason or "").strip()
@@ -322,6 +323,12 @@ def _close(
     if outcome == "RECOVERED" and not reference:
         raise _Refused(
             "RECOVERED needs the rail's reference of the money that came back", payout_id
+        )
+    if outcome == "WRITTEN_OFF" and reference:
+        raise _Refused(
+            f"WRITTEN_OFF takes no reference ({reference!r}): money that came back with a rail "
+            "reference closes RECOVERED; put a ticket number in the reason",
+            payout_id,
         )
     if outcome == "WRITTEN_OFF" and len(reason) < REASON_MIN:
         raise _Refused(f"WRITTEN_OFF needs a reason of at least {REASON_MIN} characters", payout_id)
@@ -451,33 +458,25 @@ def _refusal(
     note: str,
     extra: dict[str, Any],
 ) -> None:
-    """A refused step: a WARNING event and a LogEntry (on the payout when known, else on the
-    recovery model under the transfer's reference), in a transaction of its own."""
-    log_event(
-        "rail_recovery_refused",
-        level=logging.WARNING,
-        action=action,
-        railReference=rail_reference,
-        payoutId=refused.payout_id,
-        operator=user.get_username(),
-        reason=refused.reason,
-        note=note,
-        **extra,
-    )
+    """A refused step (payments.audit.refused): its LogEntry on the payout when known, else on
+    the recovery model under the transfer's reference."""
     model, object_id = (
         (Payout, refused.payout_id) if refused.payout_id else (RailRecovery, rail_reference)
     )
-    with transaction.atomic(using=alias):
-        LogEntry.objects.using(alias).create(
-            user_id=user.pk,
-            content_type=ContentType.objects.db_manager(alias).get_for_model(model),
-            object_id=(object_id or "-")[:200],
-            object_repr=(object_id or "-")[:200],
-            action_flag=CHANGE,
-            change_message=f"refused: {action} rail recovery {rail_reference}: {refused.reason}"[
-                :2000
-            ],
-        )
+    audit.refused(
+        "rail_recovery_refused",
+        operator=user.get_username(),
+        user=user,
+        action=f"{action} rail recovery {rail_reference}",
+        reason=refused.reason,
+        model=model,
+        object_type="payout" if refused.payout_id else "rail recovery",
+        object_id=object_id,
+        note=note,
+        railReference=rail_reference,
+        payoutId=refused.payout_id,
+        **extra,
+    )
 
 
 def _api_error(rail_reference: str, refused: _Refused) -> ApiError:

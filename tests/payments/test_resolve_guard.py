@@ -188,8 +188,8 @@ def test_an_override_needs_a_reason_of_twenty_characters(client, staff):
 def test_an_override_with_a_reason_resolves_and_is_logged_at_warning(
     client, staff, caplog, django_capture_on_commit_callbacks
 ):
-    acct, p = quarantined(None, [])
-    reason = "rail support ticket 4411 confirms booking RR-42 by phone"
+    acct, p = quarantined("BOOKED_MULTIPLE", ["RR-42", "RR-43"])
+    reason = "rail support ticket 4411 confirms RR-42 is this payout's own transfer"
     with caplog.at_level(logging.INFO), django_capture_on_commit_callbacks(execute=True):
         response = resolve_page(
             client, p, resolution="POSTED", rail_reference="RR-42", note=reason, override="on"
@@ -199,11 +199,27 @@ def test_an_override_with_a_reason_resolves_and_is_logged_at_warning(
     assert books_balanced(acct)[0] == 4_300
     (logged,) = events_of(caplog)
     assert logged.levelno == logging.WARNING and logged.override is True
-    assert logged.note == reason and "not classified" in logged.refusal
+    assert logged.note == reason and "exactly one booked transfer" in logged.refusal
     event = PayoutEvent.objects.filter(payout_id=p.payout_id).latest("id")
     assert event.note.startswith("OVERRIDE (") and reason in event.note
     entry = LogEntry.objects.get(object_id=str(p.payout_id))
     assert " OVERRIDE: " in entry.change_message
+
+
+def test_no_override_posts_a_reference_the_statement_lacks(client, staff):
+    """Decision 20: the admin (no raildb) checks the reconciler's reading of the statement."""
+    acct, p = quarantined(None, [])
+    response = resolve_page(
+        client,
+        p,
+        resolution="POSTED",
+        rail_reference="RR-42",
+        note="rail support ticket 4411 confirms booking RR-42 by phone",
+        override="on",
+    )
+    assert response.status_code == 200
+    assert "not on the rail&#x27;s statement" in response.content.decode()
+    unchanged(p, acct)
 
 
 def test_the_changelist_action_goes_through_the_same_guard(client, staff):

@@ -12,49 +12,32 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError
-
-from dlock.errors import ApiError
-from ops.books import answer, fresh_statement, operator_user, refuse
+from ops.books import BooksCommand, fresh_statement
 from payments.recovery import record_recovery
 
 if TYPE_CHECKING:
     import argparse
 
+    from django.contrib.auth.base_user import AbstractBaseUser
 
-class Command(BaseCommand):
+
+class Command(BooksCommand):
     help = "Record a rail transfer no POSTED payout accounts for as a rail recovery (audited)."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--transfer", required=True, help="the rail's reference (statement)")
         parser.add_argument("--reason", required=True, help="why (at least 8 characters)")
-        parser.add_argument("--operator", default=None, help="admin user name (default: OS user)")
-        parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
+        self.add_operator_arguments(parser)
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        as_json = options["json"]
-        try:
-            user = operator_user(options["operator"])
-            step = record_recovery(
-                rail_reference=options["transfer"],
-                reason=options["reason"],
-                user=user,
-                statement_read=True,
-                statement=fresh_statement(options["transfer"].strip()),
-            )
-        except ApiError as exc:
-            raise refuse(self, exc, as_json=as_json) from exc
-        except DatabaseError as exc:
-            raise CommandError(
-                f"record_rail_recovery could not reach a database ({type(exc).__name__}); "
-                "nothing changed",
-                returncode=2,
-            ) from exc
-        answer(
-            self,
-            step.as_dict(),
+    def step(self, user: AbstractBaseUser, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        step = record_recovery(
+            rail_reference=options["transfer"],
+            reason=options["reason"],
+            user=user,
+            statement_read=True,
+            statement=fresh_statement(options["transfer"].strip()),
+        )
+        return step.as_dict(), (
             f"rail recovery recorded for transfer {step.rail_reference} (payout "
-            f"{step.payout_id}, {step.amount_minor} {step.currency}) by {step.operator}: OPEN",
-            as_json=as_json,
+            f"{step.payout_id}, {step.amount_minor} {step.currency}) by {step.operator}: OPEN"
         )
