@@ -27,7 +27,7 @@ def _check_command(role: str, argv: list[str]) -> None:
     if not name or name.startswith("-") or name == "help" or name in get_commands():
         return
     base = Path(settings.BASE_DIR)
-    apps = [p.parent.parent for p in base.glob("*/management/commands/__init__.py")]
+    apps = [p.parent.parent.parent for p in base.glob("*/management/commands/__init__.py")]
     if any(name in find_commands(str(app / "management")) for app in apps):
         _fail(f"{name} is not a command of ROLE={role}; run it with ROLE=ops")
 

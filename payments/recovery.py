@@ -305,6 +305,11 @@ def _close(
 ) -> RecoveryStep:
     if outcome not in CLOSE_OUTCOMES:
         raise _Refused("a recovery closes as RECOVERED or WRITTEN_OFF")
+    if outcome == "WRITTEN_OFF" and reference:
+        raise _Refused(
+            f"WRITTEN_OFF takes no reference ({reference!r}): money that came back with a rail "
+            "reference closes RECOVERED; put a ticket number in the reason"
+        )
     recovery = (
         RailRecovery.objects.using(alias)
         .select_for_update()
@@ -323,12 +328,6 @@ def _close(
     if outcome == "RECOVERED" and not reference:
         raise _Refused(
             "RECOVERED needs the rail's reference of the money that came back", payout_id
-        )
-    if outcome == "WRITTEN_OFF" and reference:
-        raise _Refused(
-            f"WRITTEN_OFF takes no reference ({reference!r}): money that came back with a rail "
-            "reference closes RECOVERED; put a ticket number in the reason",
-            payout_id,
         )
     if outcome == "WRITTEN_OFF" and len(reason) < REASON_MIN:
         raise _Refused(f"WRITTEN_OFF needs a reason of at least {REASON_MIN} characters", payout_id)
