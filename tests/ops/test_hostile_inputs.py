@@ -39,7 +39,7 @@ def env():
 
 def count(env: dict[str, str], table: str) -> int:
     with psycopg.connect(env["PAY_DATABASE_URL"]) as conn:
-        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
 def run(env: dict[str, str], *args: str, role: str = "ops", **override: str | None):
