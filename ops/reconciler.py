@@ -114,7 +114,19 @@ class Report:
             "payouts": self.classifications,
             "recoveries": self.recoveries,
             "violations": {name: self.violations.get(name, []) for name in self.INVARIANTS},
+            "nextSteps": self.next_steps(),
         }
+
+    def next_steps(self) -> list[str]:
+        """The run's own advice: many transfers to record go as one reviewed plan."""
+        needs = sum(len(f["needsRecovery"]) for f in self.classifications.values())
+        if needs < 2:
+            return []
+        return [
+            f"{needs} transfers need a rail recovery: review the plan with "
+            "ROLE=ops manage.py record_rail_recovery --all-from-reconcile --dry-run, then apply "
+            'it with --all-from-reconcile --reason "…" --operator YOUR_ADMIN_USER'
+        ]
 
 
 CLASSIFICATIONS = ("NOT_BOOKED", "BOOKED_ONCE", "BOOKED_MULTIPLE", "NO_SUBMISSION")
@@ -174,6 +186,7 @@ class Books:
     pay: dict[str, Any]
     rail: list[tuple[str, str, int, str, dt.datetime]]
     statement: dict[str, dict[str, Any]] = field(default_factory=dict)  # by rail reference
+    order: dict[str, int] = field(default_factory=dict)  # rail reference -> position in time
     transfers: dict[str, list[str]] = field(default_factory=dict)  # by clientRef, in time order
     submissions: dict[str, list[tuple[str, str, str | None]]] = field(default_factory=dict)
     known_refs: set[str] = field(default_factory=set)  # clientRefs dlock submitted
@@ -183,10 +196,10 @@ class Books:
     def read(cls, pay: dict[str, Any], rail: list[tuple]) -> Books:
         books = cls(pay=pay, rail=rail)
         transfers: dict[str, list[str]] = defaultdict(list)
-        for client_ref, ref, amount, currency, accepted_at in sorted(
-            rail, key=lambda r: (r[4], r[1])
-        ):
+        by_time = sorted(rail, key=lambda r: (r[4], r[1]))  # acceptedAt, then reference
+        for order, (client_ref, ref, amount, currency, accepted_at) in enumerate(by_time):
             transfers[client_ref].append(ref)
+            books.order[ref] = order
             books.statement[ref] = {
                 "railReference": ref,
                 "amountMinor": int(amount),
@@ -213,7 +226,7 @@ class Books:
             for client_ref, _, _ in self.submissions.get(payout_id, [])
             for ref in self.transfers.get(client_ref, [])
         } | set(self.transfers.get(payout_id, []))
-        return sorted(found, key=lambda r: (self.statement[r]["acceptedAt"], r))
+        return sorted(found, key=lambda r: self.order[r])
 
 
 @dataclass(frozen=True)
@@ -497,6 +510,7 @@ def render_text(report: Report) -> str:
         for n, ref in enumerate(found["needsRecovery"], 1):
             lines.append(f"      needs a rail recovery #{n}: {ref}")
         lines.extend(f"      next: {step}" for step in found["nextSteps"])
+    lines.extend(f"  next: {step}" for step in report.next_steps())
     for name in Report.INVARIANTS:
         found = report.violations.get(name, [])
         lines.append(f"  {'FAIL' if found else 'ok  '} {name} ({len(found)})")

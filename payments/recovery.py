@@ -24,15 +24,13 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
+from django.contrib.admin.models import ADDITION, CHANGE
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
-from dlock.logs import log_event
 from dlock.timefmt import rfc3339_ms
 from payments import audit, fenced_sql
 from payments.models import (
@@ -157,7 +155,7 @@ def record_recovery(
                 rail_reference, reason, operator, statement if statement_read else False, alias
             )
             _log_entries(step, user=user, alias=alias, flag=ADDITION)
-            transaction.on_commit(lambda: _log(step), using=alias)
+            _log(step, alias)
         return step
     except _Refused as refused:
         _refusal("record", rail_reference, refused, user=user, alias=alias, note=reason, extra={})
@@ -280,7 +278,7 @@ def close_recovery(
         with transaction.atomic(using=alias):
             step = _close(rail_reference, outcome, reference, reason, operator, alias)
             _log_entries(step, user=user, alias=alias, flag=CHANGE)
-            transaction.on_commit(lambda: _log(step), using=alias)
+            _log(step, alias)
         return step
     except _Refused as refused:
         _refusal(
@@ -437,13 +435,14 @@ def _log_entries(step: RecoveryStep, *, user: AbstractBaseUser, alias: str, flag
     if step.payout_id:
         rows.append((Payout, step.payout_id, step.payout_id, CHANGE))
     for model, object_id, text, action in rows:
-        LogEntry.objects.using(alias).create(
-            user_id=user.pk,
-            content_type=ContentType.objects.db_manager(alias).get_for_model(model),
+        audit.log_entry(
+            user=user,
+            model=model,
             object_id=object_id,
-            object_repr=text[:200],
-            action_flag=action,
-            change_message=_describe(step),
+            object_repr=text,
+            text=_describe(step),
+            flag=action,
+            alias=alias,
         )
 
 
@@ -486,10 +485,11 @@ def _api_error(rail_reference: str, refused: _Refused) -> ApiError:
     )
 
 
-def _log(step: RecoveryStep) -> None:
-    log_event(
+def _log(step: RecoveryStep, alias: str) -> None:
+    audit.done(
         f"rail_recovery_{step.action.lower()}",
         level=logging.WARNING,
+        alias=alias,
         recoveryId=step.recovery_id,
         railReference=step.rail_reference,
         payoutId=step.payout_id,

@@ -31,13 +31,10 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found, validation_error
-from dlock.logs import log_event
 from payments import audit, fenced_sql, services
 from payments.models import Payout, PayoutEvent, PayoutReconciliation
 from payments.recovery import StatementTransfer, recovered_references
@@ -286,7 +283,19 @@ def resolve_payout(
                 refusal=refusal,
             )
             _log_entry(done, user=user, alias=alias)
-            transaction.on_commit(lambda: _log(done), using=alias)
+            audit.done(
+                "payout_resolved",
+                level=logging.WARNING if done.override else logging.INFO,
+                alias=alias,
+                payoutId=done.payout_id,
+                operator=done.operator,
+                **{"from": done.from_state, "to": done.to_state},
+                reference=done.reference,
+                note=done.note,
+                override=done.override,
+                classification=done.classification,
+                refusal=done.refusal,
+            )
     except ApiError as exc:
         _refused(exc, payout_id=payout_id, resolution=resolution, user=user, note=note)
         raise
@@ -339,14 +348,7 @@ def _log_entry(done: Resolution, *, user: AbstractBaseUser, alias: str) -> None:
         f"{done.classification or 'none'}){' OVERRIDE: ' + done.refusal if done.refusal else ''}"
         f": {done.note}"
     )
-    LogEntry.objects.using(alias).create(
-        user_id=user.pk,
-        content_type=ContentType.objects.db_manager(alias).get_for_model(Payout),
-        object_id=done.payout_id,
-        object_repr=done.payout_id[:200],
-        action_flag=CHANGE,
-        change_message=text[:2000],
-    )
+    audit.log_entry(user=user, model=Payout, object_id=done.payout_id, text=text, alias=alias)
 
 
 def _quarantined_at(payout_id: uuid.UUID, alias: str) -> dt.datetime | None:
@@ -358,18 +360,3 @@ def _quarantined_at(payout_id: uuid.UUID, alias: str) -> dt.datetime | None:
         .first()
     )
     return event.at if event else None
-
-
-def _log(done: Resolution) -> None:
-    log_event(
-        "payout_resolved",
-        level=logging.WARNING if done.override else logging.INFO,
-        payoutId=done.payout_id,
-        operator=done.operator,
-        **{"from": done.from_state, "to": done.to_state},
-        reference=done.reference,
-        note=done.note,
-        override=done.override,
-        classification=done.classification,
-        refusal=done.refusal,
-    )

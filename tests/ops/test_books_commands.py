@@ -482,3 +482,76 @@ def test_a_metrics_file_that_is_not_a_regular_file_is_written_never_replaced(tmp
     reader.join(10)
     assert stat.S_ISFIFO(fifo.stat().st_mode)
     assert "reconcile_ok" in received[0]
+
+
+def test_a_finding_names_the_own_reference_the_duplicates_in_order_and_the_next_commands():
+    payout = _quarantined(_account())
+    own, dup1, dup2 = _booked(payout), _booked(payout), _booked(payout)  # accepted in this order
+
+    found = reconcile().as_dict()["payouts"][str(payout.payout_id)]
+
+    assert found["classification"] == "BOOKED_MULTIPLE"
+    assert found["ownReference"] == own and found["needsRecovery"] == [dup1, dup2]
+    steps = found["nextSteps"]
+    assert [s.split("--transfer ")[1].split()[0] for s in steps[:2]] == [dup1, dup2]
+    assert steps[-1].startswith(f"ROLE=ops manage.py resolve_payout {payout.payout_id} --to POSTED")
+    assert f"--reference {own}" in steps[-1]
+    from io import StringIO
+
+    text = StringIO()
+    call_command("reconcile", "--metrics-file", "/dev/null", stdout=text)
+    assert f"own reference (the payout's transfer): {own}" in text.getvalue()
+    assert f"needs a rail recovery #2: {dup2}" in text.getvalue()
+    assert "--all-from-reconcile --dry-run" in text.getvalue()
+
+
+def test_a_bad_rail_day_closes_from_a_reviewed_plan_without_a_loop():
+    account = _account(100_000)
+    posted = [_posted_with_duplicate(account) for _ in range(3)]  # 3 duplicate acks
+    quarantined = _quarantined(account)
+    q_own, q_dup = _booked(quarantined), _booked(quarantined)
+
+    planned = run("record_rail_recovery", "--all-from-reconcile", "--dry-run")
+
+    assert planned["dryRun"] is True
+    assert sorted(r["railReference"] for r in planned["plan"]) == sorted(
+        [dup for _, _, dup in posted] + [q_dup]
+    )
+    assert not RailRecovery.objects.exists()
+
+    applied = run(
+        "record_rail_recovery", "--all-from-reconcile", "--reason", "rail duplicate acks 12-04"
+    )
+
+    assert applied["ok"] and all(r["recorded"] for r in applied["results"])
+    assert RailRecovery.objects.count() == 4
+    for payout, _, dup in posted:  # audited per transfer, on each payout
+        assert any(dup in m for m in log_messages(Payout, str(payout.payout_id)))
+    run("resolve_payout", str(quarantined.payout_id), "--to", "POSTED", "--note", "own one left")
+    assert Payout.objects.get(pk=quarantined.pk).rail_reference == q_own
+    assert reconcile().ok
+
+
+def test_list_rail_recoveries_shows_open_first_with_their_age():
+    from io import StringIO
+
+    account = _account()
+    (_, _, first), (_, _, second) = _posted_with_duplicate(account), _posted_with_duplicate(account)
+    reconcile()
+    run("record_rail_recovery", "--transfer", first, "--reason", "rail duplicate ack")
+    run("record_rail_recovery", "--transfer", second, "--reason", "rail duplicate ack")
+    run("close_rail_recovery", "--transfer", first, "--written-off", "--reason", "claim refused")
+
+    out = StringIO()
+    call_command("list_rail_recoveries", "--json", stdout=out)
+    listed = json.loads(out.getvalue())["recoveries"]
+
+    assert [(r["railReference"], r["status"]) for r in listed] == [
+        (second, "OPEN"),
+        (first, "WRITTEN_OFF"),
+    ]
+    assert all(r["ageSeconds"] >= 0 for r in listed)
+    text = StringIO()
+    call_command("list_rail_recoveries", stdout=text)
+    assert text.getvalue().splitlines()[0] == "2 rail recoveries, 1 OPEN"
+    assert "close_rail_recovery --transfer REF" in text.getvalue()
