@@ -424,6 +424,7 @@ class RailRecovery(models.Model):
 
     class Meta:
         db_table = "rail_recovery"
+        verbose_name_plural = "rail recoveries"
         ordering = ["recorded_at", "rail_reference"]
         constraints = [
             models.CheckConstraint(

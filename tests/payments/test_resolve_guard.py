@@ -292,3 +292,35 @@ def test_posting_the_read_only_detail_page_changes_nothing_and_logs_nothing(clie
 def test_the_admin_index_says_ledger_entries(client, staff):
     html = client.get("/admin/").content.decode()
     assert "Ledger entries" in html and "Ledger entrys" not in html
+
+
+def test_a_stale_or_repeated_resolve_form_answers_with_an_admin_page_and_a_record(client, staff):
+    from payments.models import OperatorRefusal
+
+    acct, p = quarantined("NOT_BOOKED", [])
+    first = resolve_page(client, p, resolution="FAILED", note="not on the statement")
+    assert first.status_code == 302
+
+    again = client.post(
+        f"{QUARANTINE}/{p.payout_id}/resolve/",
+        {"resolution": "FAILED", "note": "not on the statement"},
+        follow=True,
+    )
+    reopened = client.get(f"{QUARANTINE}/{p.payout_id}/resolve/", follow=True)
+
+    for page in (again, reopened):
+        body = page.content.decode()
+        assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
+        assert '"code"' not in body and "NOT_FOUND" not in body
+        assert f"payout {p.payout_id} is FAILED: resolved FAILED by ops-carol at" in body
+        assert page.redirect_chain[-1][0].endswith(f"/admin/payments/payout/{p.payout_id}/change/")
+    assert (
+        OperatorRefusal.objects.filter(object_id=str(p.payout_id), operator="ops-carol").count()
+        == 2
+    )
+    assert (
+        LogEntry.objects.filter(
+            object_id=str(p.payout_id), change_message__startswith="refused: resolve (stale form)"
+        ).count()
+        == 2
+    )
