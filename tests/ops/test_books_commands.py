@@ -555,3 +555,21 @@ def test_list_rail_recoveries_shows_open_first_with_their_age():
     call_command("list_rail_recoveries", stdout=text)
     assert text.getvalue().splitlines()[0] == "2 rail recoveries, 1 OPEN"
     assert "close_rail_recovery --transfer REF" in text.getvalue()
+
+
+def test_exit_zero_reports_broken_books_as_the_verdict_row_not_the_exit_code():
+    """The CronJob's mode: a verdict never fails the Job; reconcile_ok carries it."""
+    import os
+
+    from payments.models import ReconcileRun
+
+    _posted_with_duplicate(_account())  # an unrecorded duplicate: broken books
+
+    call_command(
+        "reconcile", "--exit-zero", "--metrics-file", os.devnull, stdout=open(os.devnull, "w")
+    )
+
+    assert ReconcileRun.objects.order_by("-run_id").first().ok is False
+    with pytest.raises(SystemExit) as caught:
+        call_command("reconcile", "--metrics-file", os.devnull, stdout=open(os.devnull, "w"))
+    assert caught.value.code == 1
