@@ -17,6 +17,11 @@ an orphan):
     every recovery's transfer on the statement with its amount; no booked transfer lacks a
     submission. RAIL_AMBIGUOUS and SUBMITTING are classified, not violations (quarantine).
 
+Shape: `Books.read` indexes what was read; `_payouts` classifies each payout once; `CHECKS` maps
+each invariant to one function over (books, payouts); every finding carries what the operator
+does next (ops/guide.py: the payout's own reference, the transfers that need a rail recovery,
+the exact commands).
+
 Writes only its findings (`payout_reconciliation`, one row per classified payout) and the run's
 verdict (`reconcile_run`, exported by payments' /metrics as `reconcile_ok` and
 `reconcile_last_run_timestamp_seconds`). Raw SQL because it reads two apps' tables across two
@@ -38,6 +43,7 @@ from django.db import OperationalError, connections, transaction
 from dlock.budgets import BUDGETS
 from dlock.dbrouter import alias_for
 from dlock.timefmt import rfc3339_ms
+from ops.guide import guide
 from payments.operator import record_reconcile_run
 from payments.selectors import account_books, payouts_for_reconcile, rail_recoveries
 
@@ -418,8 +424,6 @@ def reconcile(*, write: bool = True) -> Report:
 
 def finding(p: Payout, books: Books) -> dict[str, Any]:
     """What the reconciler found for one payout and what the operator does next (ops.guide)."""
-    from ops.guide import guide
-
     own, needs, steps = guide(p)
     return {
         "state": p.state,
