@@ -5,6 +5,7 @@ writes nothing (no verdict row before the failure)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import psycopg
@@ -188,7 +189,6 @@ def test_written_off_with_a_reference_is_refused_not_dropped(env):
 
 
 def test_repair_fence_without_lockdb(env):
-    import json
 
     seeded = run(
         env,
@@ -215,3 +215,30 @@ def test_repair_fence_without_lockdb(env):
         LOCK_DATABASE_URL=None,
     )
     assert "LOCK_DATABASE_URL" in one_line_exit_2(result)
+
+
+def test_revoke_lock_with_the_lock_server_unreachable_says_so_in_one_line(env):
+    result = run(
+        env,
+        "revoke_lock",
+        "payout:acct-1",
+        "--operator",
+        "oncall",
+        "--reason",
+        "stuck holder",
+        LOCK_SERVER_URL=f"http://127.0.0.1:{free_port()}",
+        DLOCK_OPERATOR_CREDENTIAL="x" * 32,
+    )
+    assert result.returncode == 3, result.stderr  # documented: not reached, nothing revoked
+    assert "Traceback" not in result.stderr + result.stdout
+    # the client's own JSON event (client_endpoint_demoted) precedes the one human line
+    (line,) = [x for x in result.stderr.strip().splitlines() if not x.startswith("{")]
+    assert line.startswith("CommandError: lock server not reached; nothing was revoked")
+
+
+def test_rail_statement_json_is_camel_case_and_list_rail_recoveries_runs(env):
+    statement = run(env, "rail_statement", "--json")
+    assert statement.returncode == 0, statement.stderr
+    assert set(json.loads(statement.stdout)["summary"]) >= {"transferCount", "clientRefCount"}
+    listed = run(env, "list_rail_recoveries")
+    assert listed.returncode == 0 and listed.stdout.startswith("0 rail recoveries, 0 OPEN")
