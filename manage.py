@@ -3,7 +3,8 @@
 
 Anything that is not the command's own answer ends in one line on stderr and exit 2, never a
 traceback: settings the role cannot load (a database URL that is not one, a missing one), a
-command this ROLE does not install, a database that cannot be reached.
+command this ROLE does not install, a database that one of dlock's commands cannot reach
+(Django's own, `migrate` among them, keep their traceback).
 """
 
 import sys
@@ -20,18 +21,25 @@ def _fail(line: str) -> None:
 OPS_APPS = ("lockserver", "payments", "railproxy", "railstub", "executor", "ops")
 
 
-def _check_command(role: str, argv: list[str]) -> None:
-    """Stop a command this role does not install, naming the role that has it."""
+def _ours(name: str) -> bool:
+    """A command of dlock's own apps (not Django's: `migrate` keeps its traceback)."""
     from pathlib import Path
 
     from django.conf import settings
-    from django.core.management import find_commands, get_commands
+    from django.core.management import find_commands
+
+    base = Path(settings.BASE_DIR)
+    return any(name in find_commands(str(base / app / "management")) for app in OPS_APPS)
+
+
+def _check_command(role: str, argv: list[str]) -> None:
+    """Stop a command this role does not install, naming the role that has it."""
+    from django.core.management import get_commands
 
     name = argv[1] if len(argv) > 1 else ""
     if role == "ops" or not name or name.startswith("-") or name in get_commands():
         return
-    base = Path(settings.BASE_DIR)
-    if any(name in find_commands(str(base / app / "management")) for app in OPS_APPS):
+    if _ours(name):
         _fail(f"{name} is not a command of ROLE={role}; run it with ROLE=ops")
 
 
@@ -52,6 +60,8 @@ def main() -> None:
     try:
         execute_from_command_line(sys.argv)
     except DatabaseError as exc:
+        if not _ours(sys.argv[1] if len(sys.argv) > 1 else ""):
+            raise
         cause = exc.__cause__ or exc
         first = (str(cause).strip().splitlines() or [""])[0]
         _fail(
