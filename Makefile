@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 # (its module fixtures stay in one process); 0 = one process, as `make test-shuffled` always is.
 TEST_WORKERS ?= 2
 
-.PHONY: help venv lock sysdeps image test test-shuffled up down status demo bench experiment experiment-ha experiment-ha-recovery lint format clean
+.PHONY: help venv lock sysdeps image test test-shuffled up down status demo monitor bench experiment experiment-ha experiment-ha-recovery lint format clean
 
 help:
 	@echo "make help   - this list"
@@ -29,6 +29,7 @@ help:
 	@echo "make test-shuffled [SEED=N] - the suite in a random order (pytest-randomly), seed printed"
 	@echo "make up / down / status - the local stack (LOCK_BACKEND=pg|etcd ETCD_MEMBERS=N REPLICAS=N TLS=1)"
 	@echo "make clean  - make down, then remove everything make up created (databases too)"
+	@echo "make monitor - Prometheus (Debian's) on the running stack with monitoring/ rules (MONITOR_PORT=9090)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
 	@echo "make experiment [EXPERIMENT_ARGS=...] - the fencing experiment (fenced vs naive) on the running stack"
 	@echo "make experiment-ha - the fencing experiment on 3 etcd members and 2 replicas per role"
@@ -101,6 +102,11 @@ status: venv
 
 demo: up
 	$(BIN)/python -m devstack.demo
+
+# Debian's prometheus (scripts/sysdeps.sh) against the running stack: monitoring/prometheus.yml
+# and monitoring/alerts.yml, targets from .run/stack.env, data in .run/monitor/.
+monitor: venv sysdeps
+	$(BIN)/python -m devstack.monitor
 
 # The redis-server package is needed only here (python-redis-lock's baseline).
 # e.g. make bench BENCH_ARGS="--only peers", BENCH_ARGS="--only compare --before 55d13fe"

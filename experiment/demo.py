@@ -48,34 +48,57 @@ def verdict_line(code: int) -> str | None:
 
 
 def where(env: dict[str, str], out: Path) -> str:
+    """The hints after a demo: every line stands alone (no trailing backslash continues one)."""
     pay = env.get("PAYMENTS_URL", "http://127.0.0.1:8082")
     lock = env.get("LOCK_SERVER_URL", "http://127.0.0.1:8081")
     proxy = env.get("RAIL_PROXY_URL", "http://127.0.0.1:8083")
     stub = env.get("RAIL_STUB_URL", "http://127.0.0.1:8084")
+    admin = env.get("ADMIN_URL")
+    admin_line = (
+        f"{admin}/admin/\n    create a staff user first (once):\n"
+        "      set -a; . .run/stack.env; set +a; ROLE=admin .venv/bin/python manage.py "
+        "createsuperuser"
+        if admin
+        else f"{pay}/admin/\n    create a staff user first (once):\n"
+        "      set -a; . .run/stack.env; set +a; ROLE=payments .venv/bin/python manage.py "
+        "createsuperuser"
+    )
+    ops = "ROLE=ops .venv/bin/python manage.py"
+    apply = f'{ops} record_rail_recovery --all-from-reconcile --reason "rail duplicate acks"'
+    resolve = f'{ops} resolve_payout PAYOUT_ID --to POSTED|FAILED --note "what the statement shows"'
+    recovered = f"{ops} close_rail_recovery --transfer RAIL_REF --recovered --reference RETURN_REF"
     return f"""
 Where to look next
-  Admin (payouts, ledger, the RAIL_AMBIGUOUS quarantine):  {pay}/admin/
-    create a staff user first:
-      set -a; . .run/stack.env; set +a; ROLE=payments .venv/bin/python manage.py createsuperuser
+  Admin (payouts, ledger, the RAIL_AMBIGUOUS quarantine, rail recoveries):  {admin_line}
   Browsable API (GET in a browser):  {pay}/v1/payouts?state=POSTED
                                      {pay}/v1/payouts?state=RAIL_AMBIGUOUS
                                      {lock}/v1/locks/payout:<accountId>
   API docs (Swagger UI):             {pay}/v1/docs  {lock}/v1/docs  {proxy}/v1/docs
   Prometheus metrics:                {pay}/metrics  {proxy}/metrics  {lock}/metrics
                                      (lock_fenced_out_total{{resource=...}}, rail_submission_total)
-  (the commands below need the stack's environment: set -a; . .run/stack.env; set +a)
-  The rail's statement:              ROLE=ops .venv/bin/python manage.py rail_statement
+  Prometheus with the alert rules:   make monitor   (http://127.0.0.1:9090)
+
+  The commands below need the stack's environment first:  set -a; . .run/stack.env; set +a
+  The rail's statement:              {ops} rail_statement
                                      (stub at {stub})
-  Reconciler:                        ROLE=ops .venv/bin/python manage.py reconcile
-                                     (it exits 1 while the rail's own duplicate acks are not
-                                     yet recorded: a finding for a human, not a fencing failure)
-  Close the books (docs/operations.md "Rail recoveries"): for each duplicate transfer
-                                     ROLE=ops .venv/bin/python manage.py record_rail_recovery \
-                                       --transfer RAIL-REF --reason "..." --operator YOU
-                                     resolve the quarantine the safe way:
-                                     ROLE=ops .venv/bin/python manage.py resolve_payout ID \
-                                       --to POSTED|FAILED --note "..." --operator YOU
-                                     (or the admin: reconciler findings, rail recoveries)
+  Reconciler:                        {ops} reconcile
+                                     (exit 1 while the rail's duplicate acks are not recorded:
+                                     a finding for a human, not a fencing failure; each finding
+                                     prints its own reference, the transfers that need a rail
+                                     recovery and the exact next commands)
+  Close the books (docs/operations.md "Rail recoveries"):
+    1. the duplicates, as one reviewed plan:
+         {ops} record_rail_recovery --all-from-reconcile --dry-run --operator YOU
+         {apply} --operator YOU
+    2. the quarantine, the safe way (reconcile prints each payout's command):
+         {ops} reconcile
+         {resolve} --operator YOU
+    3. the recoveries, when the money is back (or given up):
+         {ops} list_rail_recoveries
+         {recovered} --operator YOU
+         {ops} close_rail_recovery --transfer RAIL_REF --written-off --reason "why" --operator YOU
+    4. {ops} reconcile   (exit 0: the books agree with the rail's statement)
+    (YOU: your admin user; or do each step in the admin)
   JSON report / chart:               {out / "report.json"}
                                      {out / "report.png"}
   Fenced vs naive, same faults:      make experiment   (and `make bench` for the numbers)

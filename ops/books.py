@@ -2,11 +2,10 @@
 share: who the operator is, a fresh read of the rail's statement, and how an answer is printed.
 
 The operator is a Django staff user of paydb (the admin's user table), so every command step
-leaves the same LogEntry an admin action does. `--operator` names an existing staff user (an
-unknown name is refused). Without it, the OS user's own staff account if there is one, else the
-command-line account `cli:<OS user>` (created on first use, staff, with no usable password: it
-can never log in to the admin), so a script run as the issue spells it is attributed to the OS
-user who ran it.
+leaves the same LogEntry an admin action does. `--operator` names an active staff user; left
+out, the OS user's name is used. A name paydb does not know as an active staff user is refused
+(exit 1), and the refusal is recorded (`operator_refusal` row, `operator_refused` event): no
+account is ever created on the fly.
 """
 
 from __future__ import annotations
@@ -16,16 +15,17 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import CommandError
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError
+from payments import audit
 from payments.recovery import StatementTransfer
 from railstub.selectors import statement_transfer
 
 if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
-    from django.core.management.base import BaseCommand
 
 
 def os_user() -> str:
@@ -35,33 +35,30 @@ def os_user() -> str:
         return ""
 
 
-CLI_PREFIX = "cli:"
-
-
-def operator_user(name: str | None) -> AbstractBaseUser:
-    """The active staff user called `name`, or CommandError (exit 1); without a name, the OS
-    user's staff account or its command-line account (see the module's docstring)."""
+def operator_user(name: str | None, *, action: str) -> AbstractBaseUser:
+    """The active staff user called `name` (default: the OS user's name), or CommandError
+    (exit 1) after recording the refusal (payments.audit: an `operator_refusal` row)."""
     users = get_user_model()._default_manager.db_manager(alias_for("payments"))
-    wanted = (name or "").strip()
-    if not wanted:
-        who = os_user() or "unknown"
-        own = users.filter(username=who, is_active=True, is_staff=True).first()
-        if own is not None:
-            return own
-        user, created = users.get_or_create(
-            username=f"{CLI_PREFIX}{who}"[:150], defaults={"is_staff": True, "is_active": True}
-        )
-        if created:
-            user.set_unusable_password()
-            user.save(update_fields=["password"])
-        if user.is_active and user.is_staff:
-            return user
-        wanted = user.get_username()  # deactivated by an administrator: refused below
-    user = users.filter(username=wanted, is_active=True, is_staff=True).first()
+    wanted = (name or "").strip() or os_user()
+    user = users.filter(username=wanted, is_active=True, is_staff=True).first() if wanted else None
     if user is None:
+        reason = (
+            f"no active staff user {wanted!r} in paydb"
+            if wanted
+            else "no operator: pass --operator with your admin user name"
+        )
+        audit.refused(
+            "operator_refused",
+            operator=wanted or "-",
+            user=None,
+            action=action,
+            reason=reason,
+            object_type="operator",
+            object_id=wanted or "-",
+        )
         raise CommandError(
-            f"refused: no active staff user {wanted!r} (pass --operator with your admin user "
-            "name; the audit records it)",
+            f"refused: {reason} (pass --operator with your admin user name; "
+            "ROLE=ops manage.py createsuperuser makes one)",
             returncode=1,
         )
     return user
@@ -92,3 +89,30 @@ def refuse(command: BaseCommand, exc: ApiError, *, as_json: bool) -> CommandErro
 
 def answer(command: BaseCommand, body: dict[str, Any], text: str, *, as_json: bool) -> None:
     command.stdout.write(json.dumps(body, sort_keys=True) if as_json else text)
+
+
+class BooksCommand(BaseCommand):
+    """An ops books command: `step(user, options)` does the work; this maps the outcomes to
+    exit codes (0 done, 1 refused with the reason, 2 the tool could not run: one line each)."""
+
+    def add_operator_arguments(self, parser: Any) -> None:
+        parser.add_argument("--operator", default=None, help="admin user name (default: OS user)")
+        parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
+
+    def step(self, user: AbstractBaseUser, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        raise NotImplementedError
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        as_json = options["json"]
+        name = self.__class__.__module__.rsplit(".", 1)[-1]
+        try:
+            user = operator_user(options["operator"], action=name)
+            body, text = self.step(user, options)
+        except ApiError as exc:
+            raise refuse(self, exc, as_json=as_json) from exc
+        except DatabaseError as exc:
+            raise CommandError(
+                f"{name} could not reach a database ({type(exc).__name__}); nothing changed",
+                returncode=2,
+            ) from exc
+        answer(self, body, text, as_json=as_json)

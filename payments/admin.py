@@ -12,6 +12,7 @@ submission attempts) register a provider with `register_evidence`.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from dlock.errors import ApiError
+from payments import audit
 from payments.models import (
     Account,
     LedgerEntry,
@@ -102,6 +104,32 @@ def payout_evidence(payout: Payout, *, recon: PayoutReconciliation | None) -> di
     for provider in EVIDENCE_PROVIDERS:
         context.update(provider(payout))
     return context
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+def resolved_by(payout: Payout) -> str:
+    """ "payout P is POSTED: resolved by alice at …Z (reference R)" from its latest step out of
+    quarantine (its payout_event row), or its state when it never was quarantined."""
+    event = (
+        PayoutEvent.objects.filter(payout_id=payout.pk, from_state="RAIL_AMBIGUOUS")
+        .order_by("-at", "-id")
+        .first()
+    )
+    if event is None:
+        return f"payout {payout.pk} is {payout.state}, not in quarantine"
+    who = (event.owner_id or "").removeprefix("operator:") or "unknown"
+    ref = f" (reference {payout.rail_reference})" if payout.rail_reference else ""
+    return (
+        f"payout {payout.pk} is {payout.state}: resolved {event.to_state} by {who} at "
+        f"{utc(event.at)}{ref}"
+    )
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -413,7 +441,9 @@ class QuarantineAdmin(admin.ModelAdmin):
         """One payout's resolve form: GET shows it with the evidence, POST resolves (guarded)."""
         if not self.has_change_permission(request):
             raise PermissionDenied
-        payout = get_object_or_404(self.get_queryset(request), pk=object_id)
+        payout = self.get_object(request, object_id)
+        if payout is None:  # resolved elsewhere meanwhile (a stale or repeated form), or no such
+            return self._not_quarantined(request, [object_id])
         initial = {
             "resolution": allowed_resolution(self._recon(payout), recovered_references(payout.pk))
         }
@@ -421,6 +451,32 @@ class QuarantineAdmin(admin.ModelAdmin):
         if request.method == "POST" and form.is_valid() and self._resolve(request, payout, form):
             return HttpResponseRedirect(reverse("admin:payments_quarantinedpayout_changelist"))
         return self._form_page(request, [payout], form, evidence=self._evidence(payout))
+
+    def _not_quarantined(self, request: HttpRequest, payout_ids: list[str]) -> HttpResponse:
+        """An admin page, never an error body: per payout, who resolved it and when (its
+        latest operator step), and the refusal recorded (payments.audit)."""
+        target = reverse("admin:payments_quarantinedpayout_changelist")
+        for object_id in payout_ids:
+            payout = Payout.objects.filter(pk=object_id).first() if _is_uuid(object_id) else None
+            if payout is None:
+                self.message_user(request, f"no payout {object_id}", messages.ERROR)
+                continue
+            text = resolved_by(payout)
+            audit.refused(
+                "payout_resolution_refused",
+                operator=request.user.get_username(),
+                user=request.user,
+                action="resolve (stale form)",
+                reason=text,
+                model=Payout,
+                object_type="payout",
+                object_id=str(payout.pk),
+                payoutId=str(payout.pk),
+            )
+            self.message_user(request, f"not resolved: {text}", messages.ERROR)
+            if len(payout_ids) == 1:
+                target = reverse("admin:payments_payout_change", args=[payout.pk])
+        return HttpResponseRedirect(target)
 
     def _resolve(self, request: HttpRequest, payout: Payout, form: ResolveForm) -> bool:
         data = form.cleaned_data
@@ -473,6 +529,12 @@ class QuarantineAdmin(admin.ModelAdmin):
         self, request: HttpRequest, queryset: QuerySet[QuarantinedPayout]
     ) -> TemplateResponse | None:
         form = ResolveForm(request.POST if "apply" in request.POST else None)
+        selected = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+        gone = sorted(set(selected) - {str(p.pk) for p in queryset})
+        if gone:  # resolved elsewhere since the changelist was shown
+            self._not_quarantined(request, gone)
+            if not queryset.exists():
+                return None
         if "apply" in request.POST and form.is_valid():
             for payout in queryset:
                 self._resolve(request, payout, form)

@@ -24,17 +24,15 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
+from django.contrib.admin.models import ADDITION, CHANGE
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
-from dlock.logs import log_event
 from dlock.timefmt import rfc3339_ms
-from payments import fenced_sql
+from payments import audit, fenced_sql
 from payments.models import (
     Account,
     AccountKind,
@@ -157,7 +155,7 @@ def record_recovery(
                 rail_reference, reason, operator, statement if statement_read else False, alias
             )
             _log_entries(step, user=user, alias=alias, flag=ADDITION)
-            transaction.on_commit(lambda: _log(step), using=alias)
+            _log(step, alias)
         return step
     except _Refused as refused:
         _refusal("record", rail_reference, refused, user=user, alias=alias, note=reason, extra={})
@@ -268,8 +266,9 @@ def close_recovery(
     reason: str | None = None,
 ) -> RecoveryStep:
     """Close an OPEN recovery as RECOVERED (with the rail's reference of the money that came
-    back) or WRITTEN_OFF (with a reason). Refused, and audited, when there is no such
-    recovery, it is closed already, or the reference / reason is missing."""
+    back) or WRITTEN_OFF (with a reason, and no reference). Refused, and audited, when there
+    is no such recovery, it is closed already, or the reference / reason is missing (or a
+    reference is given to WRITTEN_OFF)."""
     rail_reference = (rail_reference or "").strip()
     reference = (reference or "").strip() or None
     reason = (reason or "").strip()
@@ -279,7 +278,7 @@ def close_recovery(
         with transaction.atomic(using=alias):
             step = _close(rail_reference, outcome, reference, reason, operator, alias)
             _log_entries(step, user=user, alias=alias, flag=CHANGE)
-            transaction.on_commit(lambda: _log(step), using=alias)
+            _log(step, alias)
         return step
     except _Refused as refused:
         _refusal(
@@ -304,6 +303,11 @@ def _close(
 ) -> RecoveryStep:
     if outcome not in CLOSE_OUTCOMES:
         raise _Refused("a recovery closes as RECOVERED or WRITTEN_OFF")
+    if outcome == "WRITTEN_OFF" and reference:
+        raise _Refused(
+            f"WRITTEN_OFF takes no reference ({reference!r}): money that came back with a rail "
+            "reference closes RECOVERED; put a ticket number in the reason"
+        )
     recovery = (
         RailRecovery.objects.using(alias)
         .select_for_update()
@@ -431,13 +435,14 @@ def _log_entries(step: RecoveryStep, *, user: AbstractBaseUser, alias: str, flag
     if step.payout_id:
         rows.append((Payout, step.payout_id, step.payout_id, CHANGE))
     for model, object_id, text, action in rows:
-        LogEntry.objects.using(alias).create(
-            user_id=user.pk,
-            content_type=ContentType.objects.db_manager(alias).get_for_model(model),
+        audit.log_entry(
+            user=user,
+            model=model,
             object_id=object_id,
-            object_repr=text[:200],
-            action_flag=action,
-            change_message=_describe(step),
+            object_repr=text,
+            text=_describe(step),
+            flag=action,
+            alias=alias,
         )
 
 
@@ -451,33 +456,25 @@ def _refusal(
     note: str,
     extra: dict[str, Any],
 ) -> None:
-    """A refused step: a WARNING event and a LogEntry (on the payout when known, else on the
-    recovery model under the transfer's reference), in a transaction of its own."""
-    log_event(
-        "rail_recovery_refused",
-        level=logging.WARNING,
-        action=action,
-        railReference=rail_reference,
-        payoutId=refused.payout_id,
-        operator=user.get_username(),
-        reason=refused.reason,
-        note=note,
-        **extra,
-    )
+    """A refused step (payments.audit.refused): its LogEntry on the payout when known, else on
+    the recovery model under the transfer's reference."""
     model, object_id = (
         (Payout, refused.payout_id) if refused.payout_id else (RailRecovery, rail_reference)
     )
-    with transaction.atomic(using=alias):
-        LogEntry.objects.using(alias).create(
-            user_id=user.pk,
-            content_type=ContentType.objects.db_manager(alias).get_for_model(model),
-            object_id=(object_id or "-")[:200],
-            object_repr=(object_id or "-")[:200],
-            action_flag=CHANGE,
-            change_message=f"refused: {action} rail recovery {rail_reference}: {refused.reason}"[
-                :2000
-            ],
-        )
+    audit.refused(
+        "rail_recovery_refused",
+        operator=user.get_username(),
+        user=user,
+        action=f"{action} rail recovery {rail_reference}",
+        reason=refused.reason,
+        model=model,
+        object_type="payout" if refused.payout_id else "rail recovery",
+        object_id=object_id,
+        note=note,
+        railReference=rail_reference,
+        payoutId=refused.payout_id,
+        **extra,
+    )
 
 
 def _api_error(rail_reference: str, refused: _Refused) -> ApiError:
@@ -488,10 +485,11 @@ def _api_error(rail_reference: str, refused: _Refused) -> ApiError:
     )
 
 
-def _log(step: RecoveryStep) -> None:
-    log_event(
+def _log(step: RecoveryStep, alias: str) -> None:
+    audit.done(
         f"rail_recovery_{step.action.lower()}",
         level=logging.WARNING,
+        alias=alias,
         recoveryId=step.recovery_id,
         railReference=step.rail_reference,
         payoutId=step.payout_id,

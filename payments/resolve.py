@@ -15,6 +15,11 @@ module decides whether the operator may call it, and records who did what:
   3. resolve through the service, write a Django LogEntry on the payout in the same
      transaction, and log one `payout_resolved` JSON event after the commit.
 
+The rail's statement is the truth (ARCHITECTURE decision 20): POSTED needs its reference on
+the statement, booked for this payout with its amount, and not already a rail recovery, and no
+override lifts that. The ops command reads the statement now (`statement_read`); the admin,
+which has no raildb, checks the reconciler's latest finding instead.
+
 A refusal changes nothing and is audited too: a `payout_resolution_refused` WARNING event
 (operator, reason) and a LogEntry on the payout.
 """
@@ -23,22 +28,20 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found, validation_error
-from dlock.logs import log_event
-from payments import fenced_sql, services
+from payments import audit, fenced_sql, services
 from payments.models import Payout, PayoutEvent, PayoutReconciliation
-from payments.recovery import recovered_references
+from payments.recovery import StatementTransfer, recovered_references
 
 if TYPE_CHECKING:
     import datetime as dt
+    from collections.abc import Callable
 
     from django.contrib.auth.base_user import AbstractBaseUser
 
@@ -63,7 +66,19 @@ class Resolution:
     refusal: str | None  # why the guard would have refused; set only when overridden
 
     def as_dict(self) -> dict[str, object]:
-        return {"ok": True, **asdict(self)}
+        """camelCase, as the API and the other commands' --json."""
+        return {
+            "ok": True,
+            "payoutId": self.payout_id,
+            "operator": self.operator,
+            "fromState": self.from_state,
+            "toState": self.to_state,
+            "reference": self.reference,
+            "note": self.note,
+            "override": self.override,
+            "classification": self.classification,
+            "refusal": self.refusal,
+        }
 
 
 def unaccounted_references(
@@ -131,6 +146,44 @@ def guard_refusal(
     return None
 
 
+def statement_refusal(
+    *,
+    payout: Payout,
+    rail_reference: str | None,
+    recon: PayoutReconciliation | None,
+    recovered: set[str] | frozenset[str],
+    statement: StatementTransfer | None | bool,  # False: the caller did not read it
+) -> str | None:
+    """Why POSTED with this reference would book money the rail's statement does not show
+    leaving for this payout (None: it does). No override lifts it."""
+    if rail_reference is None:
+        return "POSTED needs the rail statement's reference of the transfer (--reference)"
+    if rail_reference in recovered:
+        return f"transfer {rail_reference} is a rail recovery already; it cannot also post"
+    if statement is False:  # the admin: the reconciler's latest reading of the statement
+        if recon is None or rail_reference not in (recon.rail_references or []):
+            return (
+                f"rail reference {rail_reference!r} is not on the rail's statement for this "
+                "payout as the reconciler last read it (run manage.py reconcile)"
+            )
+        return None
+    if not isinstance(statement, StatementTransfer):
+        return f"rail reference {rail_reference!r} is not on the rail's statement"
+    payout_id = str(payout.payout_id)
+    if statement.client_ref != payout_id:
+        return (
+            f"rail reference {rail_reference!r} on the rail's statement is a transfer for "
+            f"{statement.client_ref}, not for this payout"
+        )
+    if (statement.amount_minor, statement.currency) != (payout.amount_minor, payout.currency):
+        return (
+            f"rail reference {rail_reference!r} on the rail's statement is "
+            f"{statement.amount_minor} {statement.currency}, the payout "
+            f"{payout.amount_minor} {payout.currency}"
+        )
+    return None
+
+
 def resolve_payout(
     *,
     payout_id: uuid.UUID,
@@ -139,10 +192,13 @@ def resolve_payout(
     note: str,
     rail_reference: str | None = None,
     override: bool = False,
+    read_statement: Callable[[str], StatementTransfer | None] | None = None,
 ) -> Resolution:
     """Resolve one quarantined payout as POSTED or FAILED, only the safe way (module docstring).
 
-    `rail_reference` defaults, for POSTED, to the single reference the reconciler found.
+    `rail_reference` defaults, for POSTED, to the single reference the reconciler found. A
+    caller with raildb passes `read_statement` (reference → the statement's row, or None when
+    the statement lacks it): POSTED is then checked against the statement read now.
     Raises ApiError (VALIDATION_FAILED with details.reason) when the guard refuses, and the
     service's errors (PAYOUT_NOT_CLAIMABLE, NOT_FOUND) unchanged; nothing is written then.
     """
@@ -187,6 +243,27 @@ def resolve_payout(
                     f"refused: {refusal}",
                     details={"reason": refusal, "payoutId": str(payout_id)},
                 )
+            truth = (
+                statement_refusal(
+                    payout=payout,
+                    rail_reference=rail_reference,
+                    recon=recon,
+                    recovered=recovered,
+                    statement=(
+                        read_statement(rail_reference)
+                        if read_statement is not None and rail_reference
+                        else False
+                    ),
+                )
+                if resolution == "POSTED"
+                else None
+            )
+            if truth:  # the statement is the truth: no override posts money that never left
+                raise ApiError(
+                    Code.VALIDATION_FAILED,
+                    f"refused: {truth}",
+                    details={"reason": truth, "payoutId": str(payout_id)},
+                )
             services.resolve_quarantined(
                 payout_id=payout_id,
                 resolution=resolution,
@@ -206,7 +283,19 @@ def resolve_payout(
                 refusal=refusal,
             )
             _log_entry(done, user=user, alias=alias)
-            transaction.on_commit(lambda: _log(done), using=alias)
+            audit.done(
+                "payout_resolved",
+                level=logging.WARNING if done.override else logging.INFO,
+                alias=alias,
+                payoutId=done.payout_id,
+                operator=done.operator,
+                **{"from": done.from_state, "to": done.to_state},
+                reference=done.reference,
+                note=done.note,
+                override=done.override,
+                classification=done.classification,
+                refusal=done.refusal,
+            )
     except ApiError as exc:
         _refused(exc, payout_id=payout_id, resolution=resolution, user=user, note=note)
         raise
@@ -216,31 +305,24 @@ def resolve_payout(
 def _refused(
     exc: ApiError, *, payout_id: uuid.UUID, resolution: str, user: AbstractBaseUser, note: str
 ) -> None:
-    """Audit a refusal (nothing else was written): a WARNING event and, for a payout that
-    exists, a LogEntry on it, in a transaction of its own."""
+    """Audit a refusal (nothing else was written): payments.audit.refused, with a LogEntry on
+    the payout when it exists."""
     reason = str((exc.details or {}).get("reason") or exc.message)
-    log_event(
+    exists = Payout.objects.using(alias_for("payments")).filter(payout_id=payout_id).exists()
+    audit.refused(
         "payout_resolution_refused",
-        level=logging.WARNING,
-        payoutId=str(payout_id),
         operator=user.get_username(),
+        user=user,
+        action=f"resolve as {resolution}",
+        reason=reason,
+        model=Payout if exists else None,
+        object_type="payout",
+        object_id=str(payout_id),
+        note=note,
+        payoutId=str(payout_id),
         to=resolution,
         code=exc.code.value if hasattr(exc.code, "value") else str(exc.code),
-        reason=reason,
-        note=note,
     )
-    alias = alias_for("payments")
-    if not Payout.objects.using(alias).filter(payout_id=payout_id).exists():
-        return
-    with transaction.atomic(using=alias):
-        LogEntry.objects.using(alias).create(
-            user_id=user.pk,
-            content_type=ContentType.objects.db_manager(alias).get_for_model(Payout),
-            object_id=str(payout_id),
-            object_repr=str(payout_id),
-            action_flag=CHANGE,
-            change_message=f"refused: resolve as {resolution}: {reason}"[:2000],
-        )
 
 
 def _check_request(*, resolution: str, note: str, override: bool) -> None:
@@ -266,14 +348,7 @@ def _log_entry(done: Resolution, *, user: AbstractBaseUser, alias: str) -> None:
         f"{done.classification or 'none'}){' OVERRIDE: ' + done.refusal if done.refusal else ''}"
         f": {done.note}"
     )
-    LogEntry.objects.using(alias).create(
-        user_id=user.pk,
-        content_type=ContentType.objects.db_manager(alias).get_for_model(Payout),
-        object_id=done.payout_id,
-        object_repr=done.payout_id[:200],
-        action_flag=CHANGE,
-        change_message=text[:2000],
-    )
+    audit.log_entry(user=user, model=Payout, object_id=done.payout_id, text=text, alias=alias)
 
 
 def _quarantined_at(payout_id: uuid.UUID, alias: str) -> dt.datetime | None:
@@ -285,18 +360,3 @@ def _quarantined_at(payout_id: uuid.UUID, alias: str) -> dt.datetime | None:
         .first()
     )
     return event.at if event else None
-
-
-def _log(done: Resolution) -> None:
-    log_event(
-        "payout_resolved",
-        level=logging.WARNING if done.override else logging.INFO,
-        payoutId=done.payout_id,
-        operator=done.operator,
-        **{"from": done.from_state, "to": done.to_state},
-        reference=done.reference,
-        note=done.note,
-        override=done.override,
-        classification=done.classification,
-        refusal=done.refusal,
-    )

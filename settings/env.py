@@ -50,7 +50,10 @@ def env_database(name: str) -> dict:
     url = os.environ.get(name)
     if not url:
         raise ImproperlyConfigured(f"{name} must be set to a postgres:// URL")
-    config = dj_database_url.parse(url, conn_max_age=0, conn_health_checks=True)
+    try:
+        config = dj_database_url.parse(url, conn_max_age=0, conn_health_checks=True)
+    except ValueError:  # no scheme, an unknown one: dj-database-url lists every scheme it knows
+        raise ImproperlyConfigured(f"{name} must be a postgres:// URL") from None
     if config["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(
             f"{name} must be a PostgreSQL URL, got engine {config['ENGINE']}"

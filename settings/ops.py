@@ -43,3 +43,6 @@ if os.environ.get("LOCK_DATABASE_URL"):
     DATABASES["lockdb"] = database("LOCK_DATABASE_URL")
 APP_DATABASES = {"lockserver": "lockdb", "railstub": "raildb"}
 LOGGING = logging_config(SERVICE_NAME)
+# A command that cannot reach a database says so in one line (manage.py); the pool's own
+# per-attempt connection warnings would bury it.
+LOGGING["loggers"]["psycopg.pool"] = {"level": "ERROR"}

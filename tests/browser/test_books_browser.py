@@ -271,13 +271,34 @@ def test_an_operator_closes_the_books_after_duplicate_acks_and_timeouts(
     assert scrape(stack)["rail_recoveries_open"] == 2.0
     level, text = operator.record_by_hand(extra[first], "the same duplicate again")
     assert "error" in level and "already has a recovery" in text
-    for pid in booked_once:
+    # A stale form: the page is open while a colleague resolves the payout by command.
+    ((bo_ref, _),) = transfers_of(stack, bo)
+    operator.open(f"{QUARANTINE}/{bo}/resolve/")
+    browser.find_element(By.NAME, "note").send_keys(f"statement shows {bo_ref} once")
+    by_script = command(stack, "resolve_payout", bo, "--to", "POSTED", "--note", "by script")
+    assert by_script.returncode == 0, by_script.stderr
+    browser.find_element(By.ID, "resolve-submit").click()
+    level, text = message(browser)
+    assert "error" in level and f"resolved POSTED by {OPERATOR} at" in text
+    assert f"reference {bo_ref}" in text and '"code"' not in browser.page_source
+    for pid in booked_once[1:]:
         ((ref, _),) = transfers_of(stack, pid)
         preselected, (level, text) = operator.resolve(pid, f"statement shows {ref} once")
         assert preselected == "POSTED" and "success" in level and "resolved as POSTED" in text
     for pid in not_booked:
         preselected, (level, text) = operator.resolve(pid, "not on the rail's statement")
         assert preselected == "FAILED" and "success" in level and "resolved as FAILED" in text
+    # Reopening the resolve page of a resolved payout: an admin page saying who and when.
+    operator.open(f"{QUARANTINE}/{nb}/resolve/")
+    level, text = message(browser)
+    assert "error" in level and f"is FAILED: resolved FAILED by {OPERATOR} at" in text
+    assert "NOT_FOUND" not in browser.page_source
+    assert paydb(
+        stack,
+        "SELECT count(*) FROM operator_refusal WHERE action = 'resolve (stale form)'"
+        " AND object_id = ANY(%s)",
+        ([bo, nb],),
+    ) == [(2,)]
     history = operator.history(bo)
     assert "resolved RAIL_AMBIGUOUS → POSTED" in history and OPERATOR in history
 

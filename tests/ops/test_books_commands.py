@@ -308,11 +308,11 @@ def test_a_booked_once_payout_resolved_posted_with_the_statement_reference_passe
         "statement shows it booked once",
     )
 
-    assert done["to_state"] == "POSTED" and done["reference"] == ref
+    assert done["toState"] == "POSTED" and done["reference"] == ref
     report = reconcile()
     assert report.ok, report.violations  # finding 2
     assert any(
-        "resolved RAIL_AMBIGUOUS → POSTED" in m for m in log_messages(Payout, done["payout_id"])
+        "resolved RAIL_AMBIGUOUS → POSTED" in m for m in log_messages(Payout, done["payoutId"])
     )
 
 
@@ -415,16 +415,17 @@ def test_a_command_without_a_staff_operator_is_refused():
     assert caught.value.returncode == 1 and "no active staff user" in str(caught.value)
 
 
-def test_without_operator_the_os_user_is_recorded_through_its_command_line_account():
-    """The commands as the issue spells them (no --operator) work and are attributed to the OS
-    user; that account can never log in to the admin."""
+def test_without_operator_an_os_user_with_no_staff_account_is_refused_recorded_and_not_created():
+    """docs/operations.md: the default operator is the OS user's own staff account; none is
+    ever created on the fly, and the refusal is recorded (no user to hang a LogEntry on)."""
     from io import StringIO
 
-    from django.contrib.admin.models import LogEntry
     from django.contrib.auth import get_user_model
 
-    from ops.books import CLI_PREFIX, os_user
+    from ops.books import os_user
+    from payments.models import OperatorRefusal
 
+    users = get_user_model().objects.count()
     out = StringIO()
     with pytest.raises(CommandError) as caught:
         call_command(
@@ -436,10 +437,32 @@ def test_without_operator_the_os_user_is_recorded_through_its_command_line_accou
             "--json",
             stdout=out,
         )
-    assert caught.value.returncode == 1 and json.loads(out.getvalue())["ok"] is False
-    user = get_user_model().objects.get(username=f"{CLI_PREFIX}{os_user() or 'unknown'}")
-    assert user.is_staff and not user.has_usable_password()
-    assert LogEntry.objects.filter(user=user).exists()  # the refusal is audited under it
+    assert caught.value.returncode == 1 and "no active staff user" in str(caught.value)
+    assert get_user_model().objects.count() == users
+    (refusal,) = OperatorRefusal.objects.filter(operator=os_user() or "-")
+    assert (refusal.known_user, refusal.action, refusal.object_type) == (
+        False,
+        "record_rail_recovery",
+        "operator",
+    )
+
+
+def test_an_unknown_operator_is_refused_with_a_record():
+    from payments.models import OperatorRefusal
+
+    with pytest.raises(CommandError) as caught:
+        call_command(
+            "resolve_payout",
+            str(uuid.uuid4()),
+            "--to",
+            "FAILED",
+            "--note",
+            "n",
+            "--operator",
+            "mallory",
+        )
+    assert caught.value.returncode == 1
+    assert OperatorRefusal.objects.filter(operator="mallory", known_user=False).count() == 1
 
 
 def test_a_metrics_file_that_is_not_a_regular_file_is_written_never_replaced(tmp_path):
@@ -459,3 +482,94 @@ def test_a_metrics_file_that_is_not_a_regular_file_is_written_never_replaced(tmp
     reader.join(10)
     assert stat.S_ISFIFO(fifo.stat().st_mode)
     assert "reconcile_ok" in received[0]
+
+
+def test_a_finding_names_the_own_reference_the_duplicates_in_order_and_the_next_commands():
+    payout = _quarantined(_account())
+    own, dup1, dup2 = _booked(payout), _booked(payout), _booked(payout)  # accepted in this order
+
+    found = reconcile().as_dict()["payouts"][str(payout.payout_id)]
+
+    assert found["classification"] == "BOOKED_MULTIPLE"
+    assert found["ownReference"] == own and found["needsRecovery"] == [dup1, dup2]
+    steps = found["nextSteps"]
+    assert [s.split("--transfer ")[1].split()[0] for s in steps[:2]] == [dup1, dup2]
+    assert steps[-1].startswith(f"ROLE=ops manage.py resolve_payout {payout.payout_id} --to POSTED")
+    assert f"--reference {own}" in steps[-1]
+    from io import StringIO
+
+    text = StringIO()
+    call_command("reconcile", "--metrics-file", "/dev/null", stdout=text)
+    assert f"own reference (the payout's transfer): {own}" in text.getvalue()
+    assert f"needs a rail recovery #2: {dup2}" in text.getvalue()
+    assert "--all-from-reconcile --dry-run" in text.getvalue()
+
+
+def test_a_bad_rail_day_closes_from_a_reviewed_plan_without_a_loop():
+    account = _account(100_000)
+    posted = [_posted_with_duplicate(account) for _ in range(3)]  # 3 duplicate acks
+    quarantined = _quarantined(account)
+    q_own, q_dup = _booked(quarantined), _booked(quarantined)
+
+    planned = run("record_rail_recovery", "--all-from-reconcile", "--dry-run")
+
+    assert planned["dryRun"] is True
+    assert sorted(r["railReference"] for r in planned["plan"]) == sorted(
+        [dup for _, _, dup in posted] + [q_dup]
+    )
+    assert not RailRecovery.objects.exists()
+
+    applied = run(
+        "record_rail_recovery", "--all-from-reconcile", "--reason", "rail duplicate acks 12-04"
+    )
+
+    assert applied["ok"] and all(r["recorded"] for r in applied["results"])
+    assert RailRecovery.objects.count() == 4
+    for payout, _, dup in posted:  # audited per transfer, on each payout
+        assert any(dup in m for m in log_messages(Payout, str(payout.payout_id)))
+    run("resolve_payout", str(quarantined.payout_id), "--to", "POSTED", "--note", "own one left")
+    assert Payout.objects.get(pk=quarantined.pk).rail_reference == q_own
+    assert reconcile().ok
+
+
+def test_list_rail_recoveries_shows_open_first_with_their_age():
+    from io import StringIO
+
+    account = _account()
+    (_, _, first), (_, _, second) = _posted_with_duplicate(account), _posted_with_duplicate(account)
+    reconcile()
+    run("record_rail_recovery", "--transfer", first, "--reason", "rail duplicate ack")
+    run("record_rail_recovery", "--transfer", second, "--reason", "rail duplicate ack")
+    run("close_rail_recovery", "--transfer", first, "--written-off", "--reason", "claim refused")
+
+    out = StringIO()
+    call_command("list_rail_recoveries", "--json", stdout=out)
+    listed = json.loads(out.getvalue())["recoveries"]
+
+    assert [(r["railReference"], r["status"]) for r in listed] == [
+        (second, "OPEN"),
+        (first, "WRITTEN_OFF"),
+    ]
+    assert all(r["ageSeconds"] >= 0 for r in listed)
+    text = StringIO()
+    call_command("list_rail_recoveries", stdout=text)
+    assert text.getvalue().splitlines()[0] == "2 rail recoveries, 1 OPEN"
+    assert "close_rail_recovery --transfer REF" in text.getvalue()
+
+
+def test_exit_zero_reports_broken_books_as_the_verdict_row_not_the_exit_code():
+    """The CronJob's mode: a verdict never fails the Job; reconcile_ok carries it."""
+    import os
+
+    from payments.models import ReconcileRun
+
+    _posted_with_duplicate(_account())  # an unrecorded duplicate: broken books
+
+    call_command(
+        "reconcile", "--exit-zero", "--metrics-file", os.devnull, stdout=open(os.devnull, "w")
+    )
+
+    assert ReconcileRun.objects.order_by("-run_id").first().ok is False
+    with pytest.raises(SystemExit) as caught:
+        call_command("reconcile", "--metrics-file", os.devnull, stdout=open(os.devnull, "w"))
+    assert caught.value.code == 1

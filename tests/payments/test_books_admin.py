@@ -148,3 +148,9 @@ def test_a_resolution_shows_in_the_payouts_history_and_no_message_capitalises_it
     assert history.redirect_chain[-1][0].endswith(f"{PAYOUTS}/{payout.payout_id}/history/")
     assert "resolved RAIL_AMBIGUOUS → FAILED" in text and "refused: resolve as POSTED" in text
     assert SECONDS_UTC.search(text), "the history's times to the second, in UTC"
+
+
+def test_the_admin_says_rail_recoveries():
+    from payments.models import RailRecovery
+
+    assert str(RailRecovery._meta.verbose_name_plural) == "rail recoveries"

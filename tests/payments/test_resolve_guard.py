@@ -188,8 +188,8 @@ def test_an_override_needs_a_reason_of_twenty_characters(client, staff):
 def test_an_override_with_a_reason_resolves_and_is_logged_at_warning(
     client, staff, caplog, django_capture_on_commit_callbacks
 ):
-    acct, p = quarantined(None, [])
-    reason = "rail support ticket 4411 confirms booking RR-42 by phone"
+    acct, p = quarantined("BOOKED_MULTIPLE", ["RR-42", "RR-43"])
+    reason = "rail support ticket 4411 confirms RR-42 is this payout's own transfer"
     with caplog.at_level(logging.INFO), django_capture_on_commit_callbacks(execute=True):
         response = resolve_page(
             client, p, resolution="POSTED", rail_reference="RR-42", note=reason, override="on"
@@ -199,11 +199,27 @@ def test_an_override_with_a_reason_resolves_and_is_logged_at_warning(
     assert books_balanced(acct)[0] == 4_300
     (logged,) = events_of(caplog)
     assert logged.levelno == logging.WARNING and logged.override is True
-    assert logged.note == reason and "not classified" in logged.refusal
+    assert logged.note == reason and "exactly one booked transfer" in logged.refusal
     event = PayoutEvent.objects.filter(payout_id=p.payout_id).latest("id")
     assert event.note.startswith("OVERRIDE (") and reason in event.note
     entry = LogEntry.objects.get(object_id=str(p.payout_id))
     assert " OVERRIDE: " in entry.change_message
+
+
+def test_no_override_posts_a_reference_the_statement_lacks(client, staff):
+    """Decision 20: the admin (no raildb) checks the reconciler's reading of the statement."""
+    acct, p = quarantined(None, [])
+    response = resolve_page(
+        client,
+        p,
+        resolution="POSTED",
+        rail_reference="RR-42",
+        note="rail support ticket 4411 confirms booking RR-42 by phone",
+        override="on",
+    )
+    assert response.status_code == 200
+    assert "not on the rail&#x27;s statement" in response.content.decode()
+    unchanged(p, acct)
 
 
 def test_the_changelist_action_goes_through_the_same_guard(client, staff):
@@ -276,3 +292,35 @@ def test_posting_the_read_only_detail_page_changes_nothing_and_logs_nothing(clie
 def test_the_admin_index_says_ledger_entries(client, staff):
     html = client.get("/admin/").content.decode()
     assert "Ledger entries" in html and "Ledger entrys" not in html
+
+
+def test_a_stale_or_repeated_resolve_form_answers_with_an_admin_page_and_a_record(client, staff):
+    from payments.models import OperatorRefusal
+
+    acct, p = quarantined("NOT_BOOKED", [])
+    first = resolve_page(client, p, resolution="FAILED", note="not on the statement")
+    assert first.status_code == 302
+
+    again = client.post(
+        f"{QUARANTINE}/{p.payout_id}/resolve/",
+        {"resolution": "FAILED", "note": "not on the statement"},
+        follow=True,
+    )
+    reopened = client.get(f"{QUARANTINE}/{p.payout_id}/resolve/", follow=True)
+
+    for page in (again, reopened):
+        body = page.content.decode()
+        assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
+        assert '"code"' not in body and "NOT_FOUND" not in body
+        assert f"payout {p.payout_id} is FAILED: resolved FAILED by ops-carol at" in body
+        assert page.redirect_chain[-1][0].endswith(f"/admin/payments/payout/{p.payout_id}/change/")
+    assert (
+        OperatorRefusal.objects.filter(object_id=str(p.payout_id), operator="ops-carol").count()
+        == 2
+    )
+    assert (
+        LogEntry.objects.filter(
+            object_id=str(p.payout_id), change_message__startswith="refused: resolve (stale form)"
+        ).count()
+        == 2
+    )

@@ -233,7 +233,8 @@ def test_only_the_executor_reaches_the_services_and_only_the_proxy_reaches_the_r
     # Operator Jobs (revoke_lock) are the one deliberate exception; see docs/security.md.
     assert _ingress_sources("lock-server") == {"executor", "operator"}
     assert _ingress_sources("payment-resource") == {"executor", "operator"}
-    assert _ingress_sources("etcd") == {"lock-server", "etcd"}
+    # the fence-repair Job reads the issued bound (repair_fence; k8s/operator/repair-fence/)
+    assert _ingress_sources("etcd") == {"lock-server", "etcd", "fence-repair"}
     assert _egress_targets("executor") == {"lock-server", "payment-resource", "rail-proxy"}
     callers_of_the_rail = {
         p["metadata"]["name"]
@@ -650,12 +651,14 @@ def test_every_pod_and_the_operator_job_pass_restricted_pod_security():
     (job,) = [d for d in yaml.safe_load_all(OPERATOR_JOB.read_text()) if d]
     for workload in [*WORKLOADS, job]:
         assert restricted_violations(pod_template(workload)["spec"]) == [], workload["metadata"]
-    # What ROLE=ops needs (settings/ops.py): the secret key and all three databases.
+    # What its commands need (settings/ops.py): the secret key, paydb and raildb; no lockdb
+    # (repair_fence, which reads the lock server's store, has its own Job).
     container = pod_template(job)["spec"]["containers"][0]
     env = env_of(container)
     assert env["ROLE"]["value"] == "ops"
-    for var in ("DJANGO_SECRET_KEY", "LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"):
+    for var in ("DJANGO_SECRET_KEY", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"):
         assert env[var]["valueFrom"]["secretKeyRef"]["name"] == "dlock-secrets", var
+    assert "LOCK_DATABASE_URL" not in env
     assert container["envFrom"] == [{"configMapRef": {"name": "dlock-settings"}}]
     # The operator label is the one the NetworkPolicies let reach lock-server and paydb.
     assert pod_template(job)["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
@@ -699,7 +702,7 @@ def test_restricted_pod_security_check_catches_a_root_pod():
 K8S_VERSIONS = ("1.25.0", "1.37.0")
 BUILTIN_FILES = [
     *sorted((PROJECT / "k8s").glob("*.yaml")),
-    *sorted((PROJECT / "k8s" / "operator").glob("*.yaml")),
+    *sorted((PROJECT / "k8s" / "operator").rglob("*.yaml")),
 ]
 
 
@@ -750,3 +753,65 @@ def test_only_the_roles_that_sign_or_verify_proofs_mount_the_proof_key_ring():
                 assert ref == {"name": "dlock-secrets", "key": "DLOCK_PROOF_KEYS"}, name
             else:
                 assert "DLOCK_PROOF_KEYS" not in env, name
+
+
+REPAIR_JOB = PROJECT / "k8s" / "operator" / "repair-fence" / "job.yaml"
+
+
+def _egress(policy: str) -> tuple[set[str], set[str]]:
+    """(ipBlock cidrs, pod components) a NetworkPolicy lets its pods reach."""
+    spec = named("NetworkPolicy", policy)["spec"]
+    cidrs = {p["ipBlock"]["cidr"] for r in spec["egress"] for p in r["to"] if "ipBlock" in p}
+    pods = {
+        p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        for r in spec["egress"]
+        for p in r["to"]
+        if "podSelector" in p
+    }
+    return cidrs, pods
+
+
+LOCKDB, PAYDB, RAILDB = "10.20.0.10/32", "10.20.0.11/32", "10.20.0.12/32"
+
+
+def test_repair_fence_runs_from_its_own_job_reaching_the_lock_store_and_paydb_only():
+    (job,) = [d for d in yaml.safe_load_all(REPAIR_JOB.read_text()) if d]
+    template = pod_template(job)
+    assert restricted_violations(template["spec"]) == []
+    container = template["spec"]["containers"][0]
+    assert container["args"][0] == "repair_fence" and job["spec"]["backoffLimit"] == 0
+    env = env_of(container)
+    assert env["LOCK_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "LOCK_DATABASE_URL"
+    assert "DLOCK_OPERATOR_CREDENTIAL" not in env
+    labels = template["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "fence-repair"
+    assert selects(named("NetworkPolicy", "fence-repair")["spec"]["podSelector"], labels)
+    assert _egress("fence-repair") == ({LOCKDB, PAYDB}, {"etcd"})
+    etcd_clients = {
+        p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        for r in named("NetworkPolicy", "etcd")["spec"]["ingress"]
+        for p in r["from"]
+    }
+    assert "fence-repair" in etcd_clients
+    # and the general operator Job reaches neither lock store
+    cidrs, pods = _egress("operator")
+    assert cidrs == {PAYDB, RAILDB} and pods == {"lock-server", "payment-resource"}
+
+
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl renders the kustomization")
+def test_the_operator_jobs_get_the_release_image_through_kustomize():
+    base = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    (dlock_image,) = [i for i in base["images"] if i["name"] == "dlock"]
+    expected = f"{dlock_image['newName']}:{dlock_image['newTag']}"
+    for path in (OPERATOR_JOB, REPAIR_JOB):
+        raw = next(d for d in yaml.safe_load_all(path.read_text()) if d)
+        assert pod_template(raw)["spec"]["containers"][0]["image"] == "dlock"  # not hard-coded
+        (job,) = _kustomize(path.parent)
+        assert job["metadata"]["namespace"] == "dlock"
+        assert pod_template(job)["spec"]["containers"][0]["image"] == expected
+
+
+def test_the_reconciler_cronjob_reports_broken_books_as_a_metric_not_a_failed_job():
+    cron = named("CronJob", "reconciler")
+    args = pod_template(cron)["spec"]["containers"][0]["args"]
+    assert args[0] == "reconcile" and "--exit-zero" in args

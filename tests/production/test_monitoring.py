@@ -60,7 +60,10 @@ def test_every_alert_the_issue_names_exists_with_a_severity_and_a_unit_test():
     for alert, series in EXPECTED_ALERTS.items():
         assert series in found[alert]["expr"], alert
         assert found[alert]["labels"]["severity"] in ("page", "ticket")
-    assert found["DlockFencedOut"]["labels"]["severity"] == "page"  # any fenced-out is a page
+    # A fenced-out write is the fence working: repeated ones are a ticket, never a page.
+    assert found["DlockFencedOut"]["labels"]["severity"] == "ticket"
+    assert "executor" in found["DlockExecutorsAbsent"]["expr"]
+    assert "payout_backlog_oldest_age_seconds" in found["DlockExecutorsAbsent"]["expr"]
     assert found["DlockQuarantineNotEmpty"]["for"] == "15m"
     tests = yaml.safe_load((MONITORING / "alerts_test.yml").read_text())["tests"]
     tested = {case["alertname"] for t in tests for case in t["alert_rule_test"]}
@@ -114,3 +117,100 @@ def test_the_dashboard_graphs_states_throughput_fencing_rail_locks_and_latency()
     ):
         assert series in exprs, series
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_the_dashboard_reads_series_that_exist_when_what_they_watch_is_dead():
+    panels = {
+        p["title"]: p for p in json.loads((MONITORING / "dashboard.json").read_text())["panels"]
+    }
+    # payment-resource's backlog gauge, not the executors' own (gone with them)
+    (oldest,) = panels["Oldest PENDING payout"]["targets"]
+    assert oldest["expr"] == 'max(payout_backlog_oldest_age_seconds{state="PENDING"})'
+    exprs = {t["expr"] for t in panels["Open rail recoveries"]["targets"]}
+    assert exprs == {"max(rail_recoveries_open)", "max(rail_recovery_oldest_open_age_seconds)"}
+
+
+def absent_jobs() -> set[str]:
+    import re
+
+    return {
+        m.group(1)
+        for r in rules().values()
+        for m in re.finditer(r'absent\(up\{job="([^"]+)"\}', r["expr"])
+    }
+
+
+def test_the_shipped_scrape_config_names_every_job_the_rules_expect():
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    assert (
+        absent_jobs()
+        == jobs
+        == {
+            "lock-server",
+            "payment-resource",
+            "rail-proxy",
+            "rail-stub",
+            "executor",
+        }
+    )
+    assert config["rule_files"] == ["alerts.yml"]
+
+
+def test_the_real_prometheus_loads_the_shipped_config_and_rules_with_the_jobs_named(tmp_path):
+    """What `make monitor` runs (devstack.monitor), on a port of the reserved range."""
+    import time
+
+    import requests
+
+    from devstack import free_port
+    from devstack.monitor import command, prepare
+
+    ports = {name: free_port() for name in ("lock", "pay", "proxy", "stub", "exec", "prom")}
+    env = {
+        "LOCK_SERVER_URL": f"http://127.0.0.1:{ports['lock']}",
+        "PAYMENTS_URL": f"http://127.0.0.1:{ports['pay']}",
+        "RAIL_PROXY_URL": f"http://127.0.0.1:{ports['proxy']}",
+        "RAIL_STUB_URL": f"http://127.0.0.1:{ports['stub']}",
+        "DLOCK_EXECUTOR_METRICS": f"127.0.0.1:{ports['exec']}",
+    }
+    config = prepare(env, tmp_path)
+    checked = promtool("check", "config", str(config))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    base = f"http://127.0.0.1:{ports['prom']}"
+    proc = subprocess.Popen(
+        command(config, tmp_path, ports["prom"]),
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "prometheus.log", "wb"),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            try:
+                if requests.get(f"{base}/-/ready", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
+            time.sleep(0.2)
+        while True:  # file_sd hands the targets over shortly after start
+            active = requests.get(f"{base}/api/v1/targets", timeout=5).json()["data"]
+            found = {(t["labels"]["job"], t["labels"]["instance"]) for t in active["activeTargets"]}
+            if len(found) == 5 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert found == {
+            ("lock-server", f"127.0.0.1:{ports['lock']}"),
+            ("payment-resource", f"127.0.0.1:{ports['pay']}"),
+            ("rail-proxy", f"127.0.0.1:{ports['proxy']}"),
+            ("rail-stub", f"127.0.0.1:{ports['stub']}"),
+            ("executor", f"127.0.0.1:{ports['exec']}"),
+        }
+        assert {job for job, _ in found} == absent_jobs()
+        groups = requests.get(f"{base}/api/v1/rules", timeout=5).json()["data"]["groups"]
+        loaded = {r["name"] for g in groups for r in g["rules"]}
+        assert loaded == set(rules())
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
+from django.utils.connection import ConnectionDoesNotExist
 
 from lockserver.etcd_client import EtcdError
 from ops.books import os_user
@@ -38,6 +39,12 @@ class Command(BaseCommand):
             repair = repair_fence(
                 account_id=options["account"], operator=operator, reason=options["reason"]
             )
+        except ConnectionDoesNotExist:
+            raise CommandError(
+                "repair_fence needs the lock server's store: set LOCK_DATABASE_URL "
+                "(LOCK_BACKEND=pg) or the etcd endpoints (LOCK_BACKEND=etcd); nothing changed",
+                returncode=2,
+            ) from None
         except RepairRefused as exc:
             raise CommandError(f"repair_fence refused: {exc}", returncode=1) from exc
         except (DatabaseError, EtcdError) as exc:

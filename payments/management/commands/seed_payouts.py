@@ -19,9 +19,17 @@ if TYPE_CHECKING:
     import argparse
 
 
+INT64_MAX = 2**63 - 1  # ledger amounts and balances are bigint
+
+
 def _positive(name: str, value: int, *, allow_zero: bool = False) -> int:
+    """Bad arguments are not an answer: exit 2, one line, before any row is written."""
     if value < 0 or (value == 0 and not allow_zero):
-        raise CommandError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+        raise CommandError(
+            f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}", returncode=2
+        )
+    if value > INT64_MAX:
+        raise CommandError(f"--{name} must be <= {INT64_MAX} (bigint), got {value}", returncode=2)
     return value
 
 
@@ -39,7 +47,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         currency = options["currency"]
         if not re.fullmatch(r"[A-Z]{3}", currency):
-            raise CommandError(f"--currency must be an ISO-4217 code like EUR, got {currency!r}")
+            raise CommandError(
+                f"--currency must be an ISO-4217 code like EUR, got {currency!r}", returncode=2
+            )
         result = services.seed(
             accounts=_positive("accounts", options["accounts"]),
             payouts_per_account=_positive(

@@ -1,0 +1,55 @@
+"""`manage.py reverse_payout PAYOUT_ID --reason TEXT [--operator NAME] [--json]` (ROLE=ops).
+
+Reverses a POSTED payout the rail's statement contradicts (payments/reversal.py): DEBIT
+settlement, CREDIT the payout's account (new ledger rows owned by a `payout_reversal` row; the
+posting's rows stay), and the payout moves POSTED → FAILED. Guarded by the reconciler's latest
+finding (taken after the payout was POSTED, without its reference) and by the statement read
+now. Exit 0 reversed; 1 refused (why on stderr, and as JSON with --json; only the refusal's
+audit is written); 2 bad arguments or a database could not be reached: nothing changed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from django.core.management.base import CommandError
+
+from ops.books import BooksCommand, fresh_statement
+from payments.reversal import reverse_payout
+
+if TYPE_CHECKING:
+    import argparse
+
+    from django.contrib.auth.base_user import AbstractBaseUser
+
+
+class Command(BooksCommand):
+    help = "Reverse a POSTED payout whose reference the rail's statement lacks (audited)."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("payout_id", help="the payout id (uuid)")
+        parser.add_argument("--reason", required=True, help="why (at least 8 characters)")
+        self.add_operator_arguments(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            options["payout_uuid"] = uuid.UUID(options["payout_id"])
+        except ValueError:
+            raise CommandError(
+                f"{options['payout_id']!r} is not a payout id (uuid)", returncode=2
+            ) from None
+        super().handle(*args, **options)
+
+    def step(self, user: AbstractBaseUser, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        done = reverse_payout(
+            payout_id=options["payout_uuid"],
+            reason=options["reason"],
+            user=user,
+            read_statement=fresh_statement,
+        )
+        return done.as_dict(), (
+            f"payout {done.payout_id} reversed POSTED → FAILED: {done.amount_minor} "
+            f"{done.currency} back to {done.account_id} (reversal {done.reversal_id}) by "
+            f"{done.operator}; next: ROLE=ops manage.py reconcile"
+        )

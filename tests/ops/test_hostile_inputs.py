@@ -1,0 +1,244 @@
+"""The ops commands as an operator runs them (subprocesses of manage.py over real databases):
+anything that is not a verdict or a refusal — a bad argument, a store that cannot be reached or
+is misconfigured, the wrong ROLE — ends in one line on stderr and exit 2, never a traceback, and
+writes nothing (no verdict row before the failure)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import psycopg
+import pytest
+
+from devstack import free_port, manage, migrate_all
+from tests.conftest import create_live_databases
+
+pytestmark = [pytest.mark.live]
+
+
+@pytest.fixture(scope="module")
+def env():
+    import os
+
+    env = {
+        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+        "DLOCK_PROOF_KEYS": os.environ["DLOCK_PROOF_KEYS"],
+        "DJANGO_DEBUG": "false",
+        "LOCK_BACKEND": "pg",
+        **create_live_databases("h4hostile"),
+    }
+    migrate_all(env)
+    with psycopg.connect(env["PAY_DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO auth_user (username, password, is_staff, is_active, is_superuser,"
+            " first_name, last_name, email, date_joined)"
+            " VALUES ('oncall', '!', true, true, false, '', '', '', now())"
+        )
+    return env
+
+
+def count(env: dict[str, str], table: str) -> int:
+    with psycopg.connect(env["PAY_DATABASE_URL"]) as conn:
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def run(env: dict[str, str], *args: str, role: str = "ops", **override: str | None):
+    merged = {**env, **{k: v for k, v in override.items() if v is not None}}
+    for key, value in override.items():
+        if value is None:
+            merged.pop(key, None)
+    import os
+
+    saved = {k: os.environ.pop(k) for k in override if override[k] is None and k in os.environ}
+    try:
+        return manage(args, merged, role=role, check=False, capture=True)
+    finally:
+        os.environ.update(saved)
+
+
+def one_line_exit_2(result) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    return lines[0]
+
+
+def dead_url() -> str:
+    return f"postgres://nobody@127.0.0.1:{free_port()}/nothing"
+
+
+def test_reconcile_with_a_directory_as_metrics_file_writes_no_verdict(env, tmp_path):
+    before = count(env, "reconcile_run")
+    line = one_line_exit_2(run(env, "reconcile", "--metrics-file", str(tmp_path)))
+    assert "is a directory" in line
+    assert count(env, "reconcile_run") == before
+    ok = run(env, "reconcile", "--metrics-file", str(tmp_path / "r.prom"))
+    assert ok.returncode == 0, ok.stderr
+    assert count(env, "reconcile_run") == before + 1
+
+
+def test_reconcile_with_a_database_url_that_is_no_url(env):
+    line = one_line_exit_2(run(env, "reconcile", PAY_DATABASE_URL="notaurl"))
+    assert "PAY_DATABASE_URL" in line
+
+
+def test_reconcile_with_paydb_down(env, tmp_path):
+    result = run(
+        env, "reconcile", "--metrics-file", str(tmp_path / "r.prom"), PAY_DATABASE_URL=dead_url()
+    )
+    assert "could not" in one_line_exit_2(result)
+    assert not (tmp_path / "r.prom").exists()
+
+
+def test_rail_statement_with_raildb_down_or_unset(env):
+    assert "could not" in one_line_exit_2(run(env, "rail_statement", RAIL_DATABASE_URL=dead_url()))
+    assert "RAIL_DATABASE_URL" in one_line_exit_2(
+        run(env, "rail_statement", RAIL_DATABASE_URL=None)
+    )
+
+
+def test_seed_payouts_with_a_balance_past_bigint_writes_nothing(env):
+    before = count(env, "account")
+    result = run(
+        env,
+        "seed_payouts",
+        "--accounts",
+        "1",
+        "--payouts-per-account",
+        "1",
+        "--balance-minor",
+        "99999999999999999999999",
+        "--amount-minor",
+        "1",
+        role="payments",
+    )
+    assert "--balance-minor" in one_line_exit_2(result)
+    assert count(env, "account") == before
+
+
+def test_an_ops_command_under_another_role(env):
+    assert "ROLE=ops" in one_line_exit_2(run(env, "reconcile", role="payments"))
+
+
+def test_resolve_payout_with_no_uuid_is_a_bad_argument(env):
+    before = count(env, "operator_refusal")
+    result = run(
+        env, "resolve_payout", "nope", "--to", "FAILED", "--note", "n", "--operator", "oncall"
+    )
+    assert "not a payout id" in one_line_exit_2(result)
+    assert count(env, "operator_refusal") == before
+
+
+def test_a_books_command_with_paydb_down(env):
+    result = run(
+        env,
+        "record_rail_recovery",
+        "--transfer",
+        "RR-1",
+        "--reason",
+        "duplicate ack",
+        "--operator",
+        "oncall",
+        PAY_DATABASE_URL=dead_url(),
+    )
+    assert "could not" in one_line_exit_2(result)
+
+
+def test_an_unknown_operator_is_refused_with_a_record(env):
+    before = count(env, "operator_refusal")
+    result = run(
+        env,
+        "resolve_payout",
+        str(uuid.uuid4()),
+        "--to",
+        "FAILED",
+        "--note",
+        "n",
+        "--operator",
+        "mallory",
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("CommandError: refused: no active")
+    with psycopg.connect(env["PAY_DATABASE_URL"]) as conn:
+        rows = conn.execute(
+            "SELECT operator, known_user FROM operator_refusal ORDER BY id DESC LIMIT 1"
+        ).fetchall()
+    assert count(env, "operator_refusal") == before + 1 and rows == [("mallory", False)]
+
+
+def test_written_off_with_a_reference_is_refused_not_dropped(env):
+    before = count(env, "operator_refusal")
+    result = run(
+        env,
+        "close_rail_recovery",
+        "--transfer",
+        "RR-9",
+        "--written-off",
+        "--reason",
+        "claim refused by rail",
+        "--reference",
+        "RET-9",
+        "--operator",
+        "oncall",
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "WRITTEN_OFF takes no reference" in result.stderr.strip().splitlines()[-1]
+    assert count(env, "operator_refusal") == before + 1
+
+
+def test_repair_fence_without_lockdb(env):
+
+    seeded = run(
+        env,
+        "seed_payouts",
+        "--accounts",
+        "1",
+        "--payouts-per-account",
+        "0",
+        "--balance-minor",
+        "100",
+        "--amount-minor",
+        "1",
+        "--json",
+        role="payments",
+    )
+    account = json.loads(seeded.stdout)["accounts"][0]
+    result = run(
+        env,
+        "repair_fence",
+        "--account",
+        account if isinstance(account, str) else account["accountId"],
+        "--reason",
+        "fence too high",
+        LOCK_DATABASE_URL=None,
+    )
+    assert "LOCK_DATABASE_URL" in one_line_exit_2(result)
+
+
+def test_revoke_lock_with_the_lock_server_unreachable_says_so_in_one_line(env):
+    result = run(
+        env,
+        "revoke_lock",
+        "payout:acct-1",
+        "--operator",
+        "oncall",
+        "--reason",
+        "stuck holder",
+        LOCK_SERVER_URL=f"http://127.0.0.1:{free_port()}",
+        DLOCK_OPERATOR_CREDENTIAL="x" * 32,
+    )
+    assert result.returncode == 3, result.stderr  # documented: not reached, nothing revoked
+    assert "Traceback" not in result.stderr + result.stdout
+    # the client's own JSON event (client_endpoint_demoted) precedes the one human line
+    (line,) = [x for x in result.stderr.strip().splitlines() if not x.startswith("{")]
+    assert line.startswith("CommandError: lock server not reached; nothing was revoked")
+
+
+def test_rail_statement_json_is_camel_case_and_list_rail_recoveries_runs(env):
+    statement = run(env, "rail_statement", "--json")
+    assert statement.returncode == 0, statement.stderr
+    assert set(json.loads(statement.stdout)["summary"]) >= {"transferCount", "clientRefCount"}
+    listed = run(env, "list_rail_recoveries")
+    assert listed.returncode == 0 and listed.stdout.startswith("0 rail recoveries, 0 OPEN")
