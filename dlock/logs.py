@@ -85,7 +85,7 @@ class Aggregate:
     (a shed, a refused Host): `count` says how many it stands for. A line per occurrence
     would add load exactly when there is too much (dlock.admission does the same for sheds)."""
 
-    def __init__(self, event: str, *, period_s: float = 1.0, level: int = logging.WARNING):
+    def __init__(self, event: str, *, period_s: float = 1.0, level: int = logging.WARNING) -> None:
         self.event = event
         self.period_s = period_s
         self.level = level
