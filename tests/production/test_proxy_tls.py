@@ -125,3 +125,27 @@ def test_tls_1_2_with_an_aead_suite_is_served(tls_role):
         with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
             assert tls.version() == "TLSv1.2"
             assert tls.cipher()[0] == "ECDHE-ECDSA-AES128-GCM-SHA256"
+
+
+def test_an_executor_that_cannot_verify_its_server_exits_non_zero_and_says_why(tls_role):
+    """A certificate the executor cannot verify is a misconfiguration, not an idle queue: exit 1
+    at once with one line naming the URL (it used to wait the outage out and exit 0)."""
+    from devstack import manage
+
+    role, files = tls_role
+    env = {
+        "LOCK_SERVER_URL": role.url,
+        "PAYMENTS_URL": role.url,
+        "RAIL_PROXY_URL": role.url,
+        "DLOCK_CA_BUNDLE": "",  # the system store, which does not hold the stack's CA
+    }
+    args = ["run_executor", "--owner-id", "tls-test", "--until-idle", "--idle-timeout-s", "1"]
+    done = manage(args, env, role="executor", check=False, capture=True)
+    assert done.returncode != 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "cannot verify" in line]
+    assert len(said) == 1 and role.url in said[0], done.stderr
+
+    trusted = manage(
+        args, {**env, "DLOCK_CA_BUNDLE": str(files.ca)}, role="executor", check=False, capture=True
+    )
+    assert "cannot verify" not in trusted.stderr
