@@ -180,7 +180,9 @@ def _databases(env: dict[str, str], previous: dict[str, str], run: Path) -> None
         env.update({DB_URL_ENV[name]: str(url) for name, url in given.items()})
         return
     port = int(previous.get("DLOCK_PG_PORT") or 0) or free_port()
-    cluster = PgCluster(private_datadir(run), port)
+    # TLS=1: the cluster speaks TLS only, URLs verify it (sslmode=verify-full, the stack's CA)
+    tls = ensure_tls(run / "tls") if env.get("DLOCK_TLS") == "1" else None
+    cluster = PgCluster(private_datadir(run), port, tls=tls)
     say(f"PostgreSQL cluster at {cluster.datadir} on 127.0.0.1:{port}")
     cluster.start()
     for name in DATABASES:
