@@ -123,13 +123,16 @@ class EtcdServer:
         netcut.release(self.cut_tag)
 
 
-def etcd_cluster(datadir_root: Path, ports: list[tuple[int, int]]) -> list[EtcdServer]:
-    """Members `dlock1..N` with (client, peer) ports; a single pair is the one-member `dlock`."""
+def etcd_cluster(
+    datadir_root: Path, ports: list[tuple[int, int]], *, tls: TlsFiles | None = None
+) -> list[EtcdServer]:
+    """Members `dlock1..N` with (client, peer) ports; a single pair is the one-member `dlock`.
+    `tls`: clients reach the members on https:// and present a certificate of the same CA."""
     if len(ports) == 1:
         client, peer = ports[0]
-        return [EtcdServer(datadir_root / "etcd", client, peer)]
+        return [EtcdServer(datadir_root / "etcd", client, peer, tls=tls)]
     members = [
-        EtcdServer(datadir_root / f"etcd{n}", client, peer, name=f"dlock{n}")
+        EtcdServer(datadir_root / f"etcd{n}", client, peer, name=f"dlock{n}", tls=tls)
         for n, (client, peer) in enumerate(ports, start=1)
     ]
     initial = ",".join(f"{m.name}={m.peer_url}" for m in members)

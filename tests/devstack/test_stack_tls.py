@@ -39,3 +39,24 @@ def test_make_up_tls_serves_https_and_postgresql_over_verified_tls_only(run_dir,
         ).fetchall()
     assert {name for name, _ in rows} >= {"payments", "railstub"}, rows
     assert all(ssl for _, ssl in rows), rows
+
+
+def test_make_up_tls_with_etcd_verifies_both_ways(run_dir, stack_ports):
+    """LOCK_BACKEND=etcd under TLS=1: etcd on https://, verifying the lock server's client
+    certificate; a lock is granted through it."""
+    env = up("etcd", run=run_dir, ports=stack_ports, tls=True)
+    assert env["ETCD_URL"].startswith("https://127.0.0.1:")
+    ca = env["DLOCK_CA_BUNDLE"]
+    member = env["ETCD_URL"].split(",")[0]
+    try:  # no client certificate: the handshake or the request is refused
+        refused = (
+            requests.post(
+                f"{member}/v3/kv/range", json={"key": "eA=="}, verify=ca, timeout=10
+            ).status_code
+            != 200
+        )
+    except requests.exceptions.RequestException:
+        refused = True
+    assert refused
+    lock = requests.get(f"{env['LOCK_SERVER_URL']}/health/ready", verify=ca, timeout=30)
+    assert lock.status_code == 200, lock.text
