@@ -556,6 +556,7 @@ K8S_ROLES = {  # Deployment / component name -> ROLE
 K8S_PREFIX = Path("/tmp/nginx")  # noqa: S108 - the sidecar's own emptyDir
 K8S_UPSTREAM = "127.0.0.1:8081"  # gunicorn inside the pod (GUNICORN_BIND)
 K8S_CONN_PER_CLIENT = "128"  # one address per executor pod (64 in flight each)
+K8S_TLS = Path("/etc/dlock-tls")  # the dlock-tls Secret in the proxy sidecar
 
 
 def _manifest_env(component: str) -> dict[str, str]:
@@ -583,6 +584,8 @@ def kubernetes_config(component: str) -> ProxyConfig:
         error_log="stderr",
         env=env,
         metrics_listen="9100",
+        tls_certificate=str(K8S_TLS / "tls.crt"),
+        tls_key=str(K8S_TLS / "tls.key"),
     )
 
 
