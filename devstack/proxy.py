@@ -439,12 +439,78 @@ def _refuse_host_envelope() -> str:
     )
 
 
+# What a machine route (C3's /v1 calls, the rail's /submit) is forwarded with: the headers dlock
+# reads and nothing else (a header no route reads never reaches gunicorn, whatever it holds),
+# beside the proxy's own (the template's proxy_set_header lines, repeated: a location that sets
+# any replaces them all). Their values are checked for control bytes first (_header_map).
+MACHINE_HEADERS = {
+    "Authorization": "$http_authorization",
+    "Accept": "$http_accept",
+    "Content-Type": "$content_type",
+    "X-Fencing-Token": "$http_x_fencing_token",
+    "X-Fencing-Proof": "$http_x_fencing_proof",
+    "X-Owner-Id": "$http_x_owner_id",
+    "X-Idempotency-Key": "$http_x_idempotency_key",
+    "traceparent": "$http_traceparent",
+    "User-Agent": "$http_user_agent",
+}
+PROXY_HEADERS = {
+    "Connection": '""',
+    "Host": "$dlock_host",
+    "X-Request-Start": '"t=$msec"',
+    "X-Forwarded-For": "$remote_addr",
+    "X-Forwarded-Proto": "$scheme",
+}
+
+
+def _header_map() -> str:
+    """$dlock_header_ctl is 1 when a header dlock reads holds a control byte (what gunicorn would
+    refuse with its own HTML page): nginx answers the envelope instead."""
+    joined = "|".join(MACHINE_HEADERS.values())
+    return "\n".join(
+        [
+            f'    map "{joined}" $dlock_header_ctl {{',
+            "        default 0;",
+            '        "~[\\x00-\\x08\\x0a-\\x1f\\x7f]" 1;',
+            "    }",
+        ]
+    )
+
+
+def _header_guard() -> list[str]:
+    refuse = envelope(
+        Code.VALIDATION_FAILED,
+        "a request header holds a control character",
+        field_name="headers",
+    )
+    return [
+        "            if ($dlock_header_ctl) {",
+        *("    " + line for line in _envelope_headers(None)),
+        f"                return 400 '{refuse}';",
+        "            }",
+    ]
+
+
 def _forwarding_location(config: ProxyConfig, match: str, max_body: int | None) -> list[str]:
+    machine = max_body is not None  # a machine route: only the headers dlock reads
+    headers = (
+        [
+            "            proxy_pass_request_headers off;",
+            *(
+                f"            proxy_set_header {name} {value};"
+                for name, value in {**PROXY_HEADERS, **MACHINE_HEADERS}.items()
+            ),
+        ]
+        if machine
+        else []
+    )
     return [
         f"        location {match} {{",
         *([f"            client_max_body_size {max_body};"] if max_body else []),
         *_host_guard(config),
+        *_header_guard(),
         *_methods_guard(),
+        *headers,
         "            proxy_pass http://dlock_role;",
         "        }",
     ]
@@ -465,7 +531,7 @@ def servers(config: ProxyConfig) -> str:
     errors = error_locations(config)
     names = config.names
     any_host = "*" in names
-    blocks = [_host_map(names)]
+    blocks = [_host_map(names), _header_map()]
     if not any_host:
         blocks.append(_refusing_server(config, errors))
     # "" also takes requests without a Host header (HTTP/1.0; HTTP/1.1 without one is a 400).

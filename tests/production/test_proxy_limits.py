@@ -232,3 +232,29 @@ def test_the_allowed_names_with_and_without_a_port_are_served(payments):
 def test_the_proxy_s_own_paths_asked_for_by_a_client_are_a_404_envelope(payments, path):
     request = b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" % path
     assert_envelope(exchange(payments.port, request), 404, "NOT_FOUND")
+
+
+@pytest.mark.parametrize("header", [b"traceparent", b"Authorization", b"X-Debug-Note"])
+@pytest.mark.parametrize("byte", [b"\x01", b"\x1b", b"\x7f"], ids=["SOH", "ESC", "DEL"])
+def test_a_control_byte_in_a_header_value_is_answered_with_an_envelope_never_gunicorn_s_page(
+    payments, header, byte
+):
+    """gunicorn refuses a control byte in any header value with its own HTML page. A header a
+    /v1 route reads is refused by nginx first (400 envelope); one no route reads is not
+    forwarded at all, so the call is answered as without it (here 401: no credential)."""
+    books, log = payments.books(), payments.log_size()
+    request = (
+        claim_head(payments, length=2).replace(
+            b"\r\n\r\n", b"\r\n" + header + b": a" + byte + b"b\r\nConnection: close\r\n\r\n"
+        )
+        + b"{}"
+    )
+    answer = exchange(payments.port, request)
+    assert b"<html" not in answer.lower(), answer
+    if header == b"X-Debug-Note":
+        body = assert_envelope(answer, 401, "UNAUTHENTICATED")
+    else:
+        body = assert_envelope(answer, 400, "VALIDATION_FAILED")
+        assert body["details"]["fields"][0]["field"] == "headers"
+    assert payments.books() == books
+    assert payments.errors_since(log) == []
