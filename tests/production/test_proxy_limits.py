@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from devstack import RoleProcess, free_port, manage
+from dlock import proof
 from tests.conftest import _create_db
 from tests.production.test_hostile_connections import (
     Target,
@@ -48,7 +49,7 @@ def payments(tmp_path_factory):
         [
             "seed_payouts",
             "--accounts=1",
-            "--payouts-per-account=1",
+            "--payouts-per-account=2",
             "--balance-minor=10000",
             "--amount-minor=100",
             "--json",
@@ -60,8 +61,38 @@ def payments(tmp_path_factory):
     ids = json.loads(seeded.stdout.strip().splitlines()[-1])
     logdir = tmp_path_factory.mktemp("limits")
     proc = RoleProcess("payments", free_port(), env, logdir / "payments.log").start()
-    yield Target(proc, db_url, ids["accounts"][0], ids["payouts"][0])
+    target = Target(proc, db_url, ids["accounts"][0], ids["payouts"][0])
+    target.honest_payout_id = ids["payouts"][1]  # claimed by the honest executor below
+    yield target
     proc.stop()
+
+
+def _fenced_headers(payout_id: str, token: int, account_id: str) -> dict[str, str]:
+    return {
+        "X-Fencing-Token": str(token),
+        "X-Fencing-Proof": proof.sign(key=proof.payout_key(account_id), token=token),
+        "X-Owner-Id": "honest-executor",
+        "X-Idempotency-Key": f"payout-{payout_id}",
+    }
+
+
+def claim(url: str, payout_id: str, token: int, account_id: str) -> requests.Response:
+    return requests.post(
+        f"{url}/v1/payouts/{payout_id}/claim",
+        json={"expectedState": "PENDING"},
+        headers=_fenced_headers(payout_id, token, account_id),
+        timeout=30,
+    )
+
+
+def post(url: str, payout_id: str, token: int, account_id: str) -> requests.Response:
+    body = {"railReference": "r-1", "submissionId": str(uuid.uuid4()), "railOutcome": "ACKED"}
+    return requests.post(
+        f"{url}/v1/payouts/{payout_id}/post",
+        json=body,
+        headers=_fenced_headers(payout_id, token, account_id),
+        timeout=30,
+    )
 
 
 def attacker_socket(port: int) -> socket.socket:
@@ -160,6 +191,13 @@ def test_1024_slow_bodies_from_one_address_leave_another_served_and_a_trickle_is
             sock.sendall(claim_head(payments, length=600) + b"{")
             held.append(sock)
         dripper.start()
+        # the honest executor's claim and post (P2, P3) are answered by the role, never 503
+        honest = payments.honest_payout_id
+        claimed = claim(payments.proc.url, honest, 11, payments.account_id)
+        assert claimed.status_code == 200 and claimed.json()["state"] == "CLAIMED", claimed.text
+        posted = post(payments.proc.url, honest, 11, payments.account_id)
+        assert posted.status_code == 409, posted.text  # answered: the rail never acked it
+        assert posted.json()["code"] == "PAYOUT_NOT_CLAIMABLE"
         for _ in range(3):
             payments.served()
             answer = requests.get(
@@ -184,7 +222,9 @@ def test_1024_slow_bodies_from_one_address_leave_another_served_and_a_trickle_is
         for sock in held:
             sock.close()
     assert 0 < refused < SLOW_BODIES  # the cap refused some, and held the others
-    assert payments.books() == books
+    # the attacker's payout untouched; the account's fence is the honest claim's, not 999
+    assert payments.books()[:2] == books[:2]
+    assert payments.books()[2] == [(books[2][0][0], 11)]
     assert payments.errors_since(log) == []
 
 
