@@ -371,10 +371,7 @@ def _refusing_server(config: ProxyConfig, errors: str) -> str:
             # Kubelet probes and Prometheus address a pod by its IP (Host = pod IP): liveness,
             # readiness and metrics are answered whatever the Host (the role exempts these
             # paths from its own Host check too; no cookies, no data).
-            "        location ~ ^/(health/live|health/ready|metrics)$ {",
-            *_methods_guard(),
-            "            proxy_pass http://dlock_role;",
-            "        }",
+            *_forwarding_location(config, MONITORING, MONITORING_BODY, host_guard=False),
             "        location / {",
             *_envelope_headers(None),
             f"            return 400 '{refuse}';",
@@ -491,7 +488,14 @@ def _header_guard() -> list[str]:
     ]
 
 
-def _forwarding_location(config: ProxyConfig, match: str, max_body: int | None) -> list[str]:
+# Probes and scrapes: machine paths too (no body, only the headers dlock reads).
+MONITORING = "~ ^/(health/live|health/ready|metrics)$"
+MONITORING_BODY = 1024
+
+
+def _forwarding_location(
+    config: ProxyConfig, match: str, max_body: int | None, *, host_guard: bool = True
+) -> list[str]:
     machine = max_body is not None  # a machine route: only the headers dlock reads
     headers = (
         [
@@ -507,7 +511,7 @@ def _forwarding_location(config: ProxyConfig, match: str, max_body: int | None) 
     return [
         f"        location {match} {{",
         *([f"            client_max_body_size {max_body};"] if max_body else []),
-        *_host_guard(config),
+        *(_host_guard(config) if host_guard else []),
         *_header_guard(),
         *_methods_guard(),
         *headers,
@@ -547,7 +551,10 @@ def servers(config: ProxyConfig) -> str:
                 f"        limit_conn per_client {_ms(config.env, 'PROXY_CONN_PER_CLIENT', DEFAULT_CONN_PER_CLIENT)};",  # noqa: E501
                 *(
                     line
-                    for match, size in BODY_LIMITS.get(config.role, [])
+                    for match, size in [
+                        *BODY_LIMITS.get(config.role, []),
+                        (MONITORING, MONITORING_BODY),
+                    ]
                     for line in _forwarding_location(config, match, size)
                 ),
                 *_forwarding_location(config, "/", None),
@@ -567,10 +574,7 @@ def servers(config: ProxyConfig) -> str:
                     _listen(config.metrics_listen, config, default=any_host),
                     f"        server_name {server_name};",
                     *_tls_lines(config),
-                    "        location ~ ^/(metrics|health/live|health/ready)$ {",
-                    *_methods_guard(),
-                    "            proxy_pass http://dlock_role;",
-                    "        }",
+                    *_forwarding_location(config, MONITORING, MONITORING_BODY),
                     "        location / {",
                     *_envelope_headers(None),
                     f"            return 404 '{not_found}';",

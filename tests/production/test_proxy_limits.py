@@ -298,3 +298,14 @@ def test_a_control_byte_in_a_header_value_is_answered_with_an_envelope_never_gun
         assert body["details"]["fields"][0]["field"] == "headers"
     assert payments.books() == books
     assert payments.errors_since(log) == []
+
+
+@pytest.mark.parametrize("path", [b"/health/live", b"/metrics"])
+def test_a_control_byte_in_an_unread_header_of_a_probe_never_reaches_gunicorn(payments, path):
+    request = (
+        b"GET %s HTTP/1.1\r\nHost: 10.1.2.3:8080\r\nX-Debug-Note: a\x01b\r\n"
+        b"Connection: close\r\n\r\n" % path
+    )
+    answer = exchange(payments.port, request)
+    assert statuses(answer) == [200], answer[:300]
+    assert b"<html" not in answer.lower()
