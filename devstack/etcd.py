@@ -48,11 +48,15 @@ class EtcdServer:
         return self.datadir.parent / f"{self.datadir.name}.log"
 
     def command(self, binary: str) -> list[str]:
+        # With TLS a client must present a certificate of the same CA (as in k8s/etcd.yaml).
         tls = (
-            ["--cert-file", str(self.tls.certificate), "--key-file", str(self.tls.key)]
+            [
+                "--cert-file", str(self.tls.certificate), "--key-file", str(self.tls.key),
+                "--client-cert-auth", "--trusted-ca-file", str(self.tls.ca),
+            ]
             if self.tls
             else []
-        )
+        )  # fmt: skip
         return [
             binary,
             "--name",
@@ -101,8 +105,11 @@ class EtcdServer:
 
     def wait_healthy(self, timeout: float = 30) -> None:
         ca = str(self.tls.ca) if self.tls else None
+        cert = (str(self.tls.client_certificate), str(self.tls.client_key)) if self.tls else None
         wait_until(
-            lambda: etcd_healthy(self.url, ca=ca), timeout=timeout, what=f"etcd on {self.url}"
+            lambda: etcd_healthy(self.url, ca=ca, cert=cert),
+            timeout=timeout,
+            what=f"etcd on {self.url}",
         )
 
     def stop(self) -> None:
@@ -116,13 +123,16 @@ class EtcdServer:
         netcut.release(self.cut_tag)
 
 
-def etcd_cluster(datadir_root: Path, ports: list[tuple[int, int]]) -> list[EtcdServer]:
-    """Members `dlock1..N` with (client, peer) ports; a single pair is the one-member `dlock`."""
+def etcd_cluster(
+    datadir_root: Path, ports: list[tuple[int, int]], *, tls: TlsFiles | None = None
+) -> list[EtcdServer]:
+    """Members `dlock1..N` with (client, peer) ports; a single pair is the one-member `dlock`.
+    `tls`: clients reach the members on https:// and present a certificate of the same CA."""
     if len(ports) == 1:
         client, peer = ports[0]
-        return [EtcdServer(datadir_root / "etcd", client, peer)]
+        return [EtcdServer(datadir_root / "etcd", client, peer, tls=tls)]
     members = [
-        EtcdServer(datadir_root / f"etcd{n}", client, peer, name=f"dlock{n}")
+        EtcdServer(datadir_root / f"etcd{n}", client, peer, name=f"dlock{n}", tls=tls)
         for n, (client, peer) in enumerate(ports, start=1)
     ]
     initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
@@ -131,8 +141,9 @@ def etcd_cluster(datadir_root: Path, ports: list[tuple[int, int]]) -> list[EtcdS
     return members
 
 
-def etcd_healthy(url: str, *, ca: str | None = None) -> bool:
+def etcd_healthy(url: str, *, ca: str | None = None, cert: tuple[str, str] | None = None) -> bool:
     try:
-        return requests.get(f"{url}/health", timeout=1, verify=ca or True).status_code == 200
+        answer = requests.get(f"{url}/health", timeout=1, verify=ca or True, cert=cert)
+        return answer.status_code == 200
     except requests.RequestException:
         return False

@@ -1,4 +1,8 @@
-"""A private PostgreSQL cluster for the stack and the tests (initdb/pg_ctl, trust auth)."""
+"""A private PostgreSQL cluster for the stack and the tests (initdb/pg_ctl, trust auth).
+
+Given TLS files (`make up TLS=1`), the cluster serves TLS only on TCP (pg_hba `hostssl`; a
+clear-text connection is refused) with the stack's server certificate, and its URLs carry
+`sslmode=verify-full` and `sslrootcert` = the stack's CA, as the Kubernetes manifests do."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devstack.common import StackError
+from devstack.tls import TlsFiles
 
 
 def pg_bindir() -> Path:
@@ -57,6 +62,9 @@ def _chown_tree(path: Path, user: str) -> None:
             os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid)
 
 
+_TLS_HBA_MARK = "# make up TLS=1 (devstack/postgres.py): TLS only over TCP"
+
+
 @dataclass
 class PgCluster:
     """A throwaway PostgreSQL cluster on 127.0.0.1:port, trust auth, superuser `postgres`."""
@@ -67,13 +75,17 @@ class PgCluster:
     user: str | None = field(default_factory=unprivileged_user)
     # More `-c name=value` settings (bench: pg_stat_statements); never fsync/synchronous_commit.
     settings: tuple[str, ...] = ()
+    tls: TlsFiles | None = None
 
     @property
     def logfile(self) -> Path:
         return self.datadir / "server.log"
 
     def url(self, dbname: str) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
+        url = f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
+        if self.tls:
+            url += f"?sslmode=verify-full&sslrootcert={self.tls.ca}"
+        return url
 
     def initialised(self) -> bool:
         return (self.datadir / "PG_VERSION").exists()
@@ -118,9 +130,38 @@ class PgCluster:
         if self.fast:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
         options += [f"-c {setting}" for setting in self.settings]
+        options += self._tls_options()
         self._pg_ctl(
             "-l", str(self.logfile), "-w", "-t", "60", "-o", " ".join(options), "start", check=True
         )
+
+    def _tls_options(self) -> list[str]:
+        """ssl=on with copies of the stack's certificate the server's user owns (PostgreSQL
+        refuses a key others can read), and TCP connections without TLS refused."""
+        hba = self.datadir / "pg_hba.conf"
+        if not self.tls:
+            if hba.exists() and hba.read_text().startswith(_TLS_HBA_MARK):  # TLS=1 before
+                hba.write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+            return []
+        for source, name in ((self.tls.certificate, "tls.crt"), (self.tls.key, "tls.key")):
+            target = self.datadir / name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
+            if self.user:
+                entry = pwd.getpwnam(self.user)
+                os.chown(target, entry.pw_uid, entry.pw_gid)
+        hba.write_text(
+            f"{_TLS_HBA_MARK}\n"
+            "local all all trust\n"
+            "hostssl all all 127.0.0.1/32 trust\n"
+            "hostnossl all all 0.0.0.0/0 reject\n"
+        )
+        return [
+            "-c ssl=on",
+            f"-c ssl_cert_file={self.datadir / 'tls.crt'}",
+            f"-c ssl_key_file={self.datadir / 'tls.key'}",
+            "-c ssl_min_protocol_version=TLSv1.2",
+        ]
 
     def stop(self, mode: str = "fast") -> None:
         if not self.initialised() or not self.running():

@@ -29,10 +29,32 @@ READ_TIMEOUT_MARGIN_MS = 250
 # A third party's proxy knows nothing of our budgets: the rail-proxy's own RAIL_READ_TIMEOUT_MS
 # decides when the rail took too long, exactly as when the stub had no proxy.
 RAILSTUB_READ_TIMEOUT_MS = 60_000
-# Requests in progress per client address. Locally every executor, test and bench driver is
-# 127.0.0.1, so the default is far above one executor's 64 in flight; Kubernetes (one address
-# per executor pod) sets it lower (k8s/nginx-config.yaml).
-DEFAULT_CONN_PER_CLIENT = 1024
+# Requests in progress per client address (limit_conn), far below what one proxy holds
+# (worker_connections 8192): one address cannot take the role's connections. Locally every
+# executor, test and bench driver is 127.0.0.1, so the default is four times one executor's 64
+# in flight; Kubernetes (one address per executor pod) sets it lower (k8s/nginx-config.yaml).
+# Behind SNAT or a mesh sidecar every caller shares one address and so this cap:
+# docs/operations.md "Serving topology".
+DEFAULT_CONN_PER_CLIENT = 256
+# Between two reads of a request body (client_body_timeout). nginx has no timer on a whole body,
+# only this one per read, so it is short: an honest client writes its body (< 4 KiB, one
+# segment) right behind the head; a trickle slower than one byte a second is closed at its
+# first gap. The whole body's bound is this times the route's size limit (BODY_LIMITS).
+DEFAULT_BODY_TIMEOUT_MS = 1_000
+# The largest body each route family takes (client_max_body_size), from C3's bodies with margin
+# for JSON escapes (a field of n characters is at most 12n bytes as \u surrogate pairs):
+# (nginx location, bytes). Anything else (health, metrics, docs, pages) keeps
+# DLOCK_MAX_BODY_BYTES. docs/operations.md "Serving topology" has the table.
+BODY_LIMITS: dict[str, list[tuple[str, int]]] = {
+    # L8 revoke: reason <= 2 000 characters; L1-L6: ownerId <= 64, ids, ttlMillis, waitMillis
+    "lockserver": [("~ ^/v1/locks/[^/]+/revoke$", 32 * 1024), ("/v1/", 2 * 1024)],
+    # P2 claim: expectedState only; P3 post: railReference <= 128, submissionId (uuid)
+    "payments": [("~ ^/v1/payouts/[^/]+/claim$", 1024), ("/v1/", 4 * 1024)],
+    # submissions: payoutId, accountId <= 64, amountMinor, currency, beneficiaryRef <= 128
+    "railproxy": [("/v1/", 4 * 1024)],
+    # the rail's own /submit: clientRef <= 128, amountMinor, currency and the proxy's fields
+    "railstub": [("= /submit", 4 * 1024), ("/v1/", 4 * 1024)],
+}
 # What an envelope's traceId is on the proxy's own answers (an nginx variable, see template).
 TRACE = "$dlock_trace_id"
 UPSTREAM_KEEPALIVE_S = 4  # below gunicorn's keepalive (5 s, settings/gunicorn.py)
@@ -165,7 +187,6 @@ def _retry_after_s() -> int:
 
 def _static_errors(config: ProxyConfig) -> list[tuple[str, int, str]]:
     """(location name, status, envelope) of each fixed answer."""
-    max_body = _ms(config.env, "DLOCK_MAX_BODY_BYTES", 64 * 1024)
     vf = Code.VALIDATION_FAILED
     return [
         ("400", 400, envelope(vf, "the request could not be parsed", field_name="request")),
@@ -195,7 +216,10 @@ def _static_errors(config: ProxyConfig) -> list[tuple[str, int, str]]:
             "413",
             413,
             envelope(
-                vf, f"request body exceeds {max_body} bytes", status=413, field_name="request"
+                vf,
+                "request body exceeds the limit of this route",
+                status=413,
+                field_name="request",
             ),
         ),
         (
@@ -284,6 +308,18 @@ def _listen(address: str, config: ProxyConfig, *, default: bool = False) -> str:
     return f"        listen {address}{flags};"
 
 
+TLS12_CIPHERS = ":".join(
+    [
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+    ]
+)
+
+
 def _tls_lines(config: ProxyConfig) -> list[str]:
     if not config.tls:
         return []
@@ -291,6 +327,9 @@ def _tls_lines(config: ProxyConfig) -> list[str]:
         f"        ssl_certificate {config.tls_certificate};",
         f"        ssl_certificate_key {config.tls_key};",
         "        ssl_protocols TLSv1.2 TLSv1.3;",
+        # Mozilla "intermediate": TLS 1.2 with forward-secret AEAD suites only (no CBC, no
+        # SHA-1 MAC, no static RSA); TLS 1.3 suites are all AEAD.
+        f"        ssl_ciphers {TLS12_CIPHERS};",
         "        ssl_prefer_server_ciphers off;",
         "        ssl_session_cache shared:dlock_tls:1m;",
         "        ssl_session_timeout 10m;",
@@ -316,11 +355,7 @@ def _methods_guard() -> list[str]:
 def _refusing_server(config: ProxyConfig, errors: str) -> str:
     """The default server: a Host outside DJANGO_ALLOWED_HOSTS (or none) is refused, except for
     the probes and scrapes that address a pod by its IP."""
-    refuse = envelope(
-        Code.VALIDATION_FAILED,
-        "this server does not answer for that Host",
-        field_name="Host",
-    )
+    refuse = _refuse_host_envelope()
     return "\n".join(
         [
             "    # A Host outside DJANGO_ALLOWED_HOSTS (or none): refused here.",
@@ -336,10 +371,7 @@ def _refusing_server(config: ProxyConfig, errors: str) -> str:
             # Kubelet probes and Prometheus address a pod by its IP (Host = pod IP): liveness,
             # readiness and metrics are answered whatever the Host (the role exempts these
             # paths from its own Host check too; no cookies, no data).
-            "        location ~ ^/(health/live|health/ready|metrics)$ {",
-            *_methods_guard(),
-            "            proxy_pass http://dlock_role;",
-            "        }",
+            *_forwarding_location(config, MONITORING, MONITORING_BODY, host_guard=False),
             "        location / {",
             *_envelope_headers(None),
             f"            return 400 '{refuse}';",
@@ -350,11 +382,162 @@ def _refusing_server(config: ProxyConfig, errors: str) -> str:
     )
 
 
+def host_pattern(names: list[str]) -> str | None:
+    """A PCRE for the Host header values DJANGO_ALLOWED_HOSTS admits, with an optional port, in
+    nginx's map syntax (case-insensitive); None when any host is allowed (`*`).
+
+    nginx picks a server by the request line's host when the request line is absolute
+    (`GET http://127.0.0.1:8082/v1/...`) and by the part of Host before its first `:` otherwise,
+    so `Host: evil.example` beside an absolute URI, or `Host: 127.0.0.1:8081@evil.example`,
+    reach the role's server: the whole header is checked against this in every location."""
+    if "*" in names:
+        return None
+    alternatives = []
+    for name in names:
+        if name.startswith("."):  # Django's subdomain form: the domain and any subdomain
+            alternatives.append(r"([a-z0-9-]+\.)*" + _pcre_escape(name[1:]))
+        else:
+            alternatives.append(_pcre_escape(name))
+    return "~*^(" + "|".join(alternatives) + ")(:[0-9]{1,5})?$"
+
+
+def _pcre_escape(text: str) -> str:
+    return "".join("\\" + c if not (c.isalnum() or c in "-_") else c for c in text)
+
+
+def _host_map(names: list[str]) -> str:
+    pattern = host_pattern(names)
+    lines = [
+        "    # 1 when the client's Host is one of DJANGO_ALLOWED_HOSTS (or absent): the only",
+        "    # Host a forwarded request carries (Django never meets a foreign one).",
+        "    map $http_host $dlock_host_ok {",
+        "        default 0;" if pattern else "        default 1;",
+        '        "" 1;',
+    ]
+    if pattern:
+        lines.append(f'        "{pattern}" 1;')
+    lines.append("    }")
+    return "\n".join(lines)
+
+
+def _host_guard(config: ProxyConfig) -> list[str]:
+    refuse = _refuse_host_envelope()
+    return [
+        "            if ($dlock_host_ok = 0) {",
+        *("    " + line for line in _envelope_headers(None)),
+        f"                return 400 '{refuse}';",
+        "            }",
+    ]
+
+
+def _refuse_host_envelope() -> str:
+    return envelope(
+        Code.VALIDATION_FAILED, "this server does not answer for that Host", field_name="Host"
+    )
+
+
+# What a machine route (C3's /v1 calls, the rail's /submit) is forwarded with: the headers dlock
+# reads and nothing else (a header no route reads never reaches gunicorn, whatever it holds),
+# beside the proxy's own (the template's proxy_set_header lines, repeated: a location that sets
+# any replaces them all). Their values are checked for control bytes first (_header_map).
+MACHINE_HEADERS = {
+    "Authorization": "$http_authorization",
+    "Accept": "$http_accept",
+    "Content-Type": "$content_type",
+    "X-Fencing-Token": "$http_x_fencing_token",
+    "X-Fencing-Proof": "$http_x_fencing_proof",
+    "X-Owner-Id": "$http_x_owner_id",
+    "X-Idempotency-Key": "$http_x_idempotency_key",
+    "traceparent": "$http_traceparent",
+    "User-Agent": "$http_user_agent",
+}
+PROXY_HEADERS = {
+    "Connection": '""',
+    "Host": "$dlock_host",
+    "X-Request-Start": '"t=$msec"',
+    "X-Forwarded-For": "$remote_addr",
+    "X-Forwarded-Proto": "$scheme",
+}
+
+
+def _header_map() -> str:
+    """$dlock_header_ctl is 1 when a header dlock reads holds a control byte (what gunicorn would
+    refuse with its own HTML page): nginx answers the envelope instead."""
+    joined = "|".join(MACHINE_HEADERS.values())
+    return "\n".join(
+        [
+            f'    map "{joined}" $dlock_header_ctl {{',
+            "        default 0;",
+            '        "~[\\x00-\\x08\\x0a-\\x1f\\x7f]" 1;',
+            "    }",
+        ]
+    )
+
+
+def _header_guard() -> list[str]:
+    refuse = envelope(
+        Code.VALIDATION_FAILED,
+        "a request header holds a control character",
+        field_name="headers",
+    )
+    return [
+        "            if ($dlock_header_ctl) {",
+        *("    " + line for line in _envelope_headers(None)),
+        f"                return 400 '{refuse}';",
+        "            }",
+    ]
+
+
+# Probes and scrapes: machine paths too (no body, only the headers dlock reads).
+MONITORING = "~ ^/(health/live|health/ready|metrics)$"
+MONITORING_BODY = 1024
+
+
+def _forwarding_location(
+    config: ProxyConfig, match: str, max_body: int | None, *, host_guard: bool = True
+) -> list[str]:
+    machine = max_body is not None  # a machine route: only the headers dlock reads
+    headers = (
+        [
+            "            proxy_pass_request_headers off;",
+            *(
+                f"            proxy_set_header {name} {value};"
+                for name, value in {**PROXY_HEADERS, **MACHINE_HEADERS}.items()
+            ),
+        ]
+        if machine
+        else []
+    )
+    return [
+        f"        location {match} {{",
+        *([f"            client_max_body_size {max_body};"] if max_body else []),
+        *(_host_guard(config) if host_guard else []),
+        *_header_guard(),
+        *_methods_guard(),
+        *headers,
+        "            proxy_pass http://dlock_role;",
+        "        }",
+    ]
+
+
+def _reserved_location() -> list[str]:
+    """/_dlock/ is the proxy's own: a client asking for it gets the 404 envelope."""
+    not_found = envelope(Code.NOT_FOUND, "no such resource or route")
+    return [
+        "        location ^~ /_dlock/ {",
+        *_envelope_headers(None),
+        f"            return 404 '{not_found}';",
+        "        }",
+    ]
+
+
 def servers(config: ProxyConfig) -> str:
     errors = error_locations(config)
     names = config.names
     any_host = "*" in names
-    blocks = [] if any_host else [_refusing_server(config, errors)]
+    blocks = [_host_map(names), _header_map()]
+    if not any_host:
+        blocks.append(_refusing_server(config, errors))
     # "" also takes requests without a Host header (HTTP/1.0; HTTP/1.1 without one is a 400).
     server_name = "_" if any_host else " ".join([*names, '""'])
     blocks.append(
@@ -366,10 +549,16 @@ def servers(config: ProxyConfig) -> str:
                 f"        server_name {server_name};",
                 *_tls_lines(config),
                 f"        limit_conn per_client {_ms(config.env, 'PROXY_CONN_PER_CLIENT', DEFAULT_CONN_PER_CLIENT)};",  # noqa: E501
-                "        location / {",
-                *_methods_guard(),
-                "            proxy_pass http://dlock_role;",
-                "        }",
+                *(
+                    line
+                    for match, size in [
+                        *BODY_LIMITS.get(config.role, []),
+                        (MONITORING, MONITORING_BODY),
+                    ]
+                    for line in _forwarding_location(config, match, size)
+                ),
+                *_forwarding_location(config, "/", None),
+                *_reserved_location(),
                 errors,
                 "    }",
             ]
@@ -385,10 +574,7 @@ def servers(config: ProxyConfig) -> str:
                     _listen(config.metrics_listen, config, default=any_host),
                     f"        server_name {server_name};",
                     *_tls_lines(config),
-                    "        location ~ ^/(metrics|health/live|health/ready)$ {",
-                    *_methods_guard(),
-                    "            proxy_pass http://dlock_role;",
-                    "        }",
+                    *_forwarding_location(config, MONITORING, MONITORING_BODY),
                     "        location / {",
                     *_envelope_headers(None),
                     f"            return 404 '{not_found}';",
@@ -408,6 +594,7 @@ def render(config: ProxyConfig) -> str:
         "ERROR_LOG": config.error_log,
         "SHUTDOWN_TIMEOUT_S": str(shutdown_timeout_s(config.role, config.env)),
         "HEADER_TIMEOUT_MS": str(_ms(config.env, "SERVER_HEADER_TIMEOUT_MS", 3_000)),
+        "BODY_TIMEOUT_MS": str(_ms(config.env, "PROXY_BODY_TIMEOUT_MS", DEFAULT_BODY_TIMEOUT_MS)),
         "MAX_BODY_BYTES": str(_ms(config.env, "DLOCK_MAX_BODY_BYTES", 64 * 1024)),
         "UPSTREAM": config.upstream,
         "UPSTREAM_KEEPALIVE_S": str(UPSTREAM_KEEPALIVE_S),
@@ -438,7 +625,8 @@ K8S_ROLES = {  # Deployment / component name -> ROLE
 }
 K8S_PREFIX = Path("/tmp/nginx")  # noqa: S108 - the sidecar's own emptyDir
 K8S_UPSTREAM = "127.0.0.1:8081"  # gunicorn inside the pod (GUNICORN_BIND)
-K8S_CONN_PER_CLIENT = "256"  # one address per executor pod (64 in flight each)
+K8S_CONN_PER_CLIENT = "128"  # one address per executor pod (64 in flight each)
+K8S_TLS = Path("/etc/dlock-tls")  # the dlock-tls Secret in the proxy sidecar
 
 
 def _manifest_env(component: str) -> dict[str, str]:
@@ -466,6 +654,8 @@ def kubernetes_config(component: str) -> ProxyConfig:
         error_log="stderr",
         env=env,
         metrics_listen="9100",
+        tls_certificate=str(K8S_TLS / "tls.crt"),
+        tls_key=str(K8S_TLS / "tls.key"),
     )
 
 

@@ -18,6 +18,15 @@ SECRET_USERS: dict[str, frozenset[str]] = {
     "DLOCK_CREDENTIALS": frozenset({"lockserver", "payments", "railproxy"}),
     "DLOCK_EXECUTOR_CREDENTIAL": frozenset({"executor", "ops"}),
     "DLOCK_OPERATOR_CREDENTIAL": frozenset({"ops"}),
+    # A database URL carries its credentials: each server gets only its own database's (the
+    # rail stub raildb, the payment resource and the rail proxy paydb, the lock server lockdb);
+    # the admin pages read paydb; ops commands (migrate, reconcile, ...) all three.
+    "LOCK_DATABASE_URL": frozenset({"lockserver", "ops"}),
+    "PAY_DATABASE_URL": frozenset({"payments", "railproxy", "admin", "ops"}),
+    "RAIL_DATABASE_URL": frozenset({"railstub", "ops"}),
+    # etcd's client identity (make up TLS=1 LOCK_BACKEND=etcd): the lock server's alone
+    "DLOCK_CLIENT_CERT": frozenset({"lockserver", "ops"}),
+    "DLOCK_CLIENT_KEY": frozenset({"lockserver", "ops"}),
 }
 # `.run/stack.env` is what executors, ops commands and scripts source: the callers' credentials,
 # URLs and database URLs, never the ring (any holder could mint a proof for any token) nor the

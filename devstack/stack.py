@@ -180,7 +180,9 @@ def _databases(env: dict[str, str], previous: dict[str, str], run: Path) -> None
         env.update({DB_URL_ENV[name]: str(url) for name, url in given.items()})
         return
     port = int(previous.get("DLOCK_PG_PORT") or 0) or free_port()
-    cluster = PgCluster(private_datadir(run), port)
+    # TLS=1: the cluster speaks TLS only, URLs verify it (sslmode=verify-full, the stack's CA)
+    tls = ensure_tls(run / "tls") if env.get("DLOCK_TLS") == "1" else None
+    cluster = PgCluster(private_datadir(run), port, tls=tls)
     say(f"PostgreSQL cluster at {cluster.datadir} on 127.0.0.1:{port}")
     cluster.start()
     for name in DATABASES:
@@ -200,6 +202,12 @@ def database_source() -> str:
     return "external" if all(given) else "private"
 
 
+def _client_cert(env: dict[str, str]) -> tuple[str, str] | None:
+    if env.get("DLOCK_CLIENT_CERT") and env.get("DLOCK_CLIENT_KEY"):
+        return (env["DLOCK_CLIENT_CERT"], env["DLOCK_CLIENT_KEY"])
+    return None
+
+
 def _etcd_ports(previous: dict[str, str], members: int) -> list[tuple[int, int]]:
     pairs = [
         (int(c), int(p))
@@ -216,10 +224,15 @@ def _etcd_ports(previous: dict[str, str], members: int) -> list[tuple[int, int]]
 
 def _etcd(env: dict[str, str], previous: dict[str, str], run: Path, members: int) -> None:
     ports = _etcd_ports(previous, members)
-    cluster = etcd_cluster(state_root(run), ports)
+    # TLS=1: https to etcd, which verifies its clients (the lock server's DLOCK_CLIENT_CERT)
+    tls = ensure_tls(run / "tls") if env.get("DLOCK_TLS") == "1" else None
+    cluster = etcd_cluster(state_root(run), ports, tls=tls)
+    if tls:
+        env["DLOCK_CLIENT_CERT"] = str(tls.client_certificate)
+        env["DLOCK_CLIENT_KEY"] = str(tls.client_key)
     started = []
     for member in cluster:
-        if not etcd_healthy(member.url):
+        if not etcd_healthy(member.url, ca=env.get("DLOCK_CA_BUNDLE"), cert=_client_cert(env)):
             member.start(wait=False)
             (run / "pids" / f"{member.datadir.name}.pid").write_text(str(member.process.pid))
             started.append(member)
@@ -283,7 +296,14 @@ def _tls(env: dict[str, str], run: Path, tls: bool | None) -> str:
     if tls is None:
         tls = env.get("DLOCK_TLS") == "1"
     if not tls:
-        for var in ("DLOCK_TLS", "DLOCK_CA_BUNDLE", "DLOCK_TLS_CERT", "DLOCK_TLS_KEY"):
+        for var in (
+            "DLOCK_TLS",
+            "DLOCK_CA_BUNDLE",
+            "DLOCK_TLS_CERT",
+            "DLOCK_TLS_KEY",
+            "DLOCK_CLIENT_CERT",
+            "DLOCK_CLIENT_KEY",
+        ):
             env.pop(var, None)
         return "http"
     files = ensure_tls(run / "tls")
@@ -467,5 +487,6 @@ def status(*, run: Path | str | None = None) -> int:
         say(f"{name:<13} {url:<24} {state}")
     if env.get("ETCD_URL"):
         for url in env["ETCD_URL"].split(","):
-            say(f"{'etcd':<13} {url:<24} {'healthy' if etcd_healthy(url) else 'DOWN'}")
+            healthy = etcd_healthy(url, ca=env.get("DLOCK_CA_BUNDLE"), cert=_client_cert(env))
+            say(f"{'etcd':<13} {url:<24} {'healthy' if healthy else 'DOWN'}")
     return 0 if healthy else 1

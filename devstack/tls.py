@@ -25,6 +25,15 @@ class TlsFiles:
     certificate: Path
     key: Path
 
+    @property
+    def client_certificate(self) -> Path:
+        """What a client presents to a server that verifies its clients (etcd)."""
+        return self.ca.parent / "client.crt"
+
+    @property
+    def client_key(self) -> Path:
+        return self.ca.parent / "client.key"
+
 
 def _openssl(*args: str, cwd: Path) -> None:
     openssl = shutil.which("openssl")
@@ -39,6 +48,8 @@ def ensure_tls(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhos
     """The CA and server certificate under `directory`, made once."""
     files = TlsFiles(directory / "ca.crt", directory / "server.crt", directory / "server.key")
     if files.ca.exists() and files.certificate.exists() and files.key.exists():
+        if not files.client_certificate.exists() and (directory / "ca.key").exists():
+            _client_certificate(directory)
         return files
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)
@@ -53,7 +64,9 @@ def ensure_tls(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhos
     san = ",".join(f"IP:{n}" if n.replace(".", "").isdigit() else f"DNS:{n}" for n in names)
     (directory / "server.ext").write_text(
         f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n"
-        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        # clientAuth too: etcd's HTTP gateway dials its own gRPC listener with the server's
+        # certificate, which a member with --client-cert-auth verifies as a client's
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n"
     )
     _openssl(
         "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
@@ -65,9 +78,30 @@ def ensure_tls(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhos
         "-CAcreateserial", "-out", "server.crt", "-days", str(DAYS), "-extfile", "server.ext",
         cwd=directory,
     )  # fmt: skip
+    _client_certificate(directory)
     for path in directory.iterdir():
         path.chmod(0o600)
     # nginx reads the key as root before it drops to its worker user; the CA is public.
     files.ca.chmod(0o644)
     files.certificate.chmod(0o644)
     return files
+
+
+def _client_certificate(directory: Path) -> None:
+    """client.crt/client.key: the stack's client identity, signed by the same CA."""
+    (directory / "client.ext").write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=clientAuth\n"
+    )
+    _openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=dlock development client",
+        cwd=directory,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "client.crt", "-days", str(DAYS), "-extfile", "client.ext",
+        cwd=directory,
+    )  # fmt: skip
+    for name in ("client.key", "client.crt", "client.csr", "client.ext"):
+        (directory / name).chmod(0o600)

@@ -16,7 +16,7 @@ from rest_framework import exceptions as drf
 from rest_framework.views import set_rollback
 
 from dlock.errors import ApiError, Code, validation_error
-from dlock.logs import log_event
+from dlock.logs import Aggregate
 from dlock.tracing import current_trace_id
 from dlock.wire import JSON_CONTENT_TYPE
 
@@ -145,6 +145,12 @@ def to_api_error(exc: BaseException) -> ApiError:
     return ApiError(Code.INTERNAL, "internal error; see the service log for this traceId")
 
 
+_DEPENDENCY_FAILURES = {
+    code: Aggregate("dependency_failure")
+    for code in (Code.NOT_LEADER, Code.OVERLOADED, Code.DEADLINE_EXCEEDED)
+}
+
+
 def render_exception(exc: BaseException) -> HttpResponse:
     error = to_api_error(exc)
     if error.code is Code.INTERNAL:
@@ -153,13 +159,9 @@ def render_exception(exc: BaseException) -> HttpResponse:
             exc_info=(type(exc), exc, exc.__traceback__),
             extra={"event": "unhandled_exception"},
         )
-    elif error.code in (Code.NOT_LEADER, Code.OVERLOADED, Code.DEADLINE_EXCEEDED):
-        log_event(
-            "dependency_failure",
-            level=logging.WARNING,
-            code=error.code.value,
-            error=type(exc).__name__,
-        )
+    elif error.code in _DEPENDENCY_FAILURES:
+        # one line a second per code at most: under load a line per shed request adds load
+        _DEPENDENCY_FAILURES[error.code].add(code=error.code.value, error=type(exc).__name__)
     return error_response(error)
 
 

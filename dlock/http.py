@@ -24,7 +24,9 @@ what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG row "clients 
   seconds, and a request racing that close could not tell whether it was received.
 - **Limits**: an answer larger than MAX_BODY_BYTES is a transport failure, not a memory blow-up.
 - **TLS**: `https://` peers are verified against the PEM bundle named by `DLOCK_CA_BUNDLE`
-  when it is set, else against the system store; verification is never turned off.
+  when it is set, else against the system store; verification is never turned off. A process
+  given `DLOCK_CLIENT_CERT` and `DLOCK_CLIENT_KEY` presents that certificate (etcd's
+  --client-cert-auth).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ MAX_IDLE_S = 2.0
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # The env variable naming the PEM bundle every dlock client verifies https:// peers against.
 CA_BUNDLE_ENV = "DLOCK_CA_BUNDLE"
+CLIENT_CERT_ENV = "DLOCK_CLIENT_CERT"
+CLIENT_KEY_ENV = "DLOCK_CLIENT_KEY"
 # Characters a request target may carry as they are (RFC 3986 unreserved, sub-delims, ":@/%?");
 # anything else is percent-encoded, as requests does.
 _TARGET_SAFE = "/%:@!$&'()*+,;=-._~?"
@@ -201,11 +205,23 @@ def ca_bundle() -> str | None:
     return os.environ.get(CA_BUNDLE_ENV) or None
 
 
+def client_certificate() -> tuple[str, str] | None:
+    """(certificate, key) this process presents to an https peer that asks for one (etcd run
+    with --client-cert-auth): DLOCK_CLIENT_CERT and DLOCK_CLIENT_KEY, or None."""
+    cert, key = os.environ.get(CLIENT_CERT_ENV), os.environ.get(CLIENT_KEY_ENV)
+    return (cert, key) if cert and key else None
+
+
 def _tls_options(scheme: str) -> dict[str, Any]:
-    """Verification settings for an https origin: DLOCK_CA_BUNDLE, else the system store."""
+    """Verification settings for an https origin: DLOCK_CA_BUNDLE, else the system store; and
+    the client certificate, when this process has one."""
     if scheme != "https":
         return {}
-    return {"cert_reqs": "CERT_REQUIRED", "ca_certs": ca_bundle()}
+    options: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED", "ca_certs": ca_bundle()}
+    client = client_certificate()
+    if client:
+        options |= {"cert_file": client[0], "key_file": client[1]}
+    return options
 
 
 def _origin(url: str) -> tuple[str, str, int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -77,3 +78,42 @@ def log_event(event: str, *, level: int = logging.INFO, **fields: Any) -> None:
     named like a LogRecord attribute (`message`, `exc_info`, ...) is a KeyError, as in
     Logger.log."""
     _logger.log(level, event, extra={"event": event, **fields}, stacklevel=2)
+
+
+class Aggregate:
+    """One event a second at most for something that happens per request under load or attack
+    (a shed, a refused Host): `count` says how many it stands for. A line per occurrence
+    would add load exactly when there is too much (dlock.admission does the same for sheds)."""
+
+    def __init__(self, event: str, *, period_s: float = 1.0, level: int = logging.WARNING) -> None:
+        self.event = event
+        self.period_s = period_s
+        self.level = level
+        self._count = 0
+        self._last = 0.0
+
+    def add(self, **fields: Any) -> None:
+        self._count += 1  # unlocked: an approximate count is fine for a log line
+        now = time.monotonic()
+        if now - self._last >= self.period_s:
+            self._last = now
+            count, self._count = self._count, 0
+            _logger.log(
+                self.level, self.event, extra={"event": self.event, "count": count, **fields}
+            )
+
+
+_hosts_refused = Aggregate("host_refused")
+
+
+class QuietRefusals(logging.Filter):
+    """On `django.request` and `django.security.DisallowedHost` (settings.base.logging_config):
+    a Host outside ALLOWED_HOSTS is a client's mistake, not an ERROR with a traceback, so it
+    becomes the aggregated `host_refused` event; a 503/504 answer was already counted by the
+    aggregated `dependency_failure` event (dlock.handlers), so Django's own line for it goes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "django.security.DisallowedHost":
+            _hosts_refused.add()
+            return False
+        return getattr(record, "status_code", None) not in (503, 504)

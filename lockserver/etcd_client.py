@@ -32,7 +32,7 @@ from typing import Any
 import requests
 
 from dlock.budgets import Budget
-from dlock.http import TransportError, ca_bundle, exchange, pool_for
+from dlock.http import TransportError, ca_bundle, client_certificate, exchange, pool_for
 
 # gRPC status codes that mean "this member cannot serve now": DEADLINE_EXCEEDED, UNAVAILABLE.
 _UNAVAILABLE_GRPC = {4, 14}
@@ -221,6 +221,7 @@ class EtcdClient:
         self.timeout = (connect_timeout, read_timeout)
         self.pools = {member: pool_for(member, size=pool_size) for member in self.urls}
         self.verify: str | bool = ca_bundle() or True
+        self.cert = client_certificate()  # etcd with --client-cert-auth asks for it
 
     def close(self) -> None:
         """Close the idle connections to every member."""
@@ -389,6 +390,7 @@ class EtcdClient:
                 stream=True,
                 timeout=(self.timeout[0], read_timeout_s),
                 verify=self.verify,
+                cert=self.cert,
             )
         except requests.RequestException as exc:
             self._next_member(member)

@@ -250,9 +250,13 @@ def logging_config(service: str) -> dict:
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": "dlock.logs.JsonFormatter", "service": service}},
         "handlers": {"stdout": {"class": "logging.StreamHandler", "formatter": "json"}},
+        "filters": {"quiet_refusals": {"()": "dlock.logs.QuietRefusals"}},
         "root": {"handlers": ["stdout"], "level": LOG_LEVEL},
         "loggers": {
-            "django.request": {"level": "ERROR"},
+            # Refused Hosts and shed requests: aggregated events, never a line (or a
+            # traceback) per request (dlock.logs.QuietRefusals).
+            "django.request": {"level": "ERROR", "filters": ["quiet_refusals"]},
+            "django.security.DisallowedHost": {"filters": ["quiet_refusals"]},
             "django.server": {"level": "WARNING"},
             "httpx": {"level": "WARNING"},
             "urllib3": {"level": "WARNING"},

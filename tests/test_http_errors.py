@@ -140,3 +140,21 @@ def test_metrics_list_every_labelled_series(client):
     assert re.search(r'^payout_execute_total{outcome="ambiguous"} \d', text, re.M)
     assert 'lock_acquire_total{backend="pg",outcome="granted"}' in text
     assert "payout_id" not in text and "account_id" not in text
+
+
+def test_a_foreign_host_is_one_aggregated_warning_not_an_error_with_a_traceback(
+    client, settings, capsys
+):
+    """DisallowedHost reaches Django only when the proxy is bypassed; even then it is a client's
+    mistake: 400, and the aggregated `host_refused` event (with a count), never one ERROR line
+    with a traceback per request."""
+    import logging.config
+
+    logging.config.dictConfig(settings.LOGGING)
+    for _ in range(30):
+        response = client.get("/v1/schema", HTTP_HOST="evil.example")
+        assert response.status_code == 400
+    lines = capsys.readouterr().err.splitlines()
+    assert not [line for line in lines if '"ERROR"' in line or "Traceback" in line], lines[:3]
+    refused = [line for line in lines if '"host_refused"' in line]
+    assert 1 <= len(refused) <= 2

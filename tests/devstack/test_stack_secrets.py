@@ -20,6 +20,12 @@ from dlock.auth import credentials_entry
 SERVERS_THAT_VERIFY = {"lockserver", "payments", "railproxy"}
 RING, HASHES = "DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS"
 PLAINTEXTS = ("DLOCK_EXECUTOR_CREDENTIAL", "DLOCK_OPERATOR_CREDENTIAL")
+OWN_DATABASE = {
+    "lockserver": "LOCK_DATABASE_URL",
+    "payments": "PAY_DATABASE_URL",
+    "railproxy": "PAY_DATABASE_URL",
+    "railstub": "RAIL_DATABASE_URL",
+}
 
 
 def _process_env(pid: int) -> dict[str, str]:
@@ -35,6 +41,8 @@ def test_role_environment_gives_each_role_only_the_secrets_it_uses():
         "DLOCK_OPERATOR_CREDENTIAL": "dlk_op",
         "DJANGO_SECRET_KEY": "x" * 48,
         "PAY_DATABASE_URL": "postgres://p",
+        "LOCK_DATABASE_URL": "postgres://l",
+        "RAIL_DATABASE_URL": "postgres://r",
     }
     # a shell that sourced an old stack.env, or exported a ring by hand
     shell = {"PATH": "/usr/bin", RING: "old:" + "o" * 40, "DLOCK_OPERATOR_CREDENTIAL": "dlk_old"}
@@ -44,8 +52,19 @@ def test_role_environment_gives_each_role_only_the_secrets_it_uses():
         assert not set(PLAINTEXTS) & set(got), role
         assert got["DJANGO_SECRET_KEY"] == env["DJANGO_SECRET_KEY"] and got["PATH"] == "/usr/bin"
     stub = role_environment("railstub", env, base=shell)
-    assert not set(SECRET_USERS) & set(stub)
-    assert stub["PAY_DATABASE_URL"] == "postgres://p"
+    assert not (set(SECRET_USERS) - {"RAIL_DATABASE_URL"}) & set(stub)
+    # each server role gets its own database's URL only (issue 38 item 5)
+    assert stub["RAIL_DATABASE_URL"] == "postgres://r"
+    assert "PAY_DATABASE_URL" not in stub and "LOCK_DATABASE_URL" not in stub
+    databases = {"LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"}
+    for role, own in (
+        ("lockserver", {"LOCK_DATABASE_URL"}),
+        ("payments", {"PAY_DATABASE_URL"}),
+        ("railproxy", {"PAY_DATABASE_URL"}),
+        ("executor", set()),
+    ):
+        assert databases & set(role_environment(role, env, base=shell)) == own, role
+    assert databases <= set(role_environment("ops", env, base=shell))
     assert role_environment("executor", env, base=shell)["DLOCK_EXECUTOR_CREDENTIAL"] == "dlk_exec"
     assert RING not in role_environment("executor", env, base=shell)
     assert RING not in stack_file_env(env) and HASHES not in stack_file_env(env)
@@ -90,6 +109,8 @@ def test_make_up_starts_each_role_with_only_its_secrets_and_stack_env_holds_no_r
         else:
             assert RING not in live and HASHES not in live, role
         assert exported_ring not in json.dumps(record), role
+        databases = {k for k in live if k.endswith("_DATABASE_URL")}
+        assert databases == {OWN_DATABASE[role]}, role  # only its own database's URL
         # the record's copy of the stack env is stack.env's, without the ring or the hashes
         assert RING not in record["stack_env"] and HASHES not in record["stack_env"], role
         assert oct(os.stat(run_dir / "roles" / f"{role}.json").st_mode & 0o777) == "0o600"

@@ -34,6 +34,11 @@ def _as_a_new_process() -> None:
     close_pools()
 
 
+def _present_the_client_certificate(files, monkeypatch) -> None:
+    monkeypatch.setenv("DLOCK_CLIENT_CERT", str(files.client_certificate))
+    monkeypatch.setenv("DLOCK_CLIENT_KEY", str(files.client_key))
+
+
 def _round_trip(client: EtcdClient, key: str) -> bytes | None:
     client.txn([], [put(key, b"over-tls")])
     found = client.range(key).first()
@@ -44,6 +49,7 @@ def test_a_member_on_https_is_verified_against_the_ca_bundle(tls_etcd, monkeypat
     server, files = tls_etcd
     assert server.url.startswith("https://")
     monkeypatch.setenv("DLOCK_CA_BUNDLE", str(files.ca))
+    _present_the_client_certificate(files, monkeypatch)
     # requests' own variable names the system store: DLOCK_CA_BUNDLE still decides.
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
     _as_a_new_process()
@@ -65,9 +71,34 @@ def test_without_the_bundle_the_member_is_refused_and_nothing_written(tls_etcd, 
     finally:
         client.close()
     monkeypatch.setenv("DLOCK_CA_BUNDLE", str(files.ca))
+    _present_the_client_certificate(files, monkeypatch)
     _as_a_new_process()
     trusted = EtcdClient(server.url)
     try:
         assert trusted.range("tls/unverified").first() is None
+    finally:
+        trusted.close()
+
+
+def test_a_client_without_a_certificate_of_the_ca_is_refused_by_etcd(tls_etcd, monkeypatch):
+    """etcd verifies its clients (--client-cert-auth, as in k8s/etcd.yaml): a lock server that
+    verifies etcd but presents no client certificate writes nothing."""
+    server, files = tls_etcd
+    monkeypatch.setenv("DLOCK_CA_BUNDLE", str(files.ca))
+    monkeypatch.delenv("DLOCK_CLIENT_CERT", raising=False)
+    monkeypatch.delenv("DLOCK_CLIENT_KEY", raising=False)
+    _as_a_new_process()
+    client = EtcdClient(server.url)
+    try:
+        with pytest.raises(EtcdUnavailable):
+            _round_trip(client, "tls/anonymous")
+    finally:
+        client.close()
+    _present_the_client_certificate(files, monkeypatch)
+    _as_a_new_process()
+    trusted = EtcdClient(server.url)
+    try:
+        assert trusted.range("tls/anonymous").first() is None
+        assert _round_trip(trusted, "tls/with-certificate") == b"over-tls"
     finally:
         trusted.close()

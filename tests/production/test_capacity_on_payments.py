@@ -115,3 +115,44 @@ def test_a_claim_blocked_on_the_account_row_is_504_rolled_back_and_a_read_is_503
     retried = claim(proc.url, payout_id, 5, account_id)
     assert retried.status_code == 200, retried.text
     assert retried.json()["state"] == "CLAIMED" and retried.json()["claimToken"] == 5
+
+
+def test_forty_reads_shed_for_want_of_a_database_slot_write_no_error_line(payments):
+    """Pool sheds are answered 503 OVERLOADED each, and logged as aggregated
+    `dependency_failure` events (one a second at most, with a count), never one ERROR line per
+    request."""
+    proc, db_url, account_id, payout_id = payments
+    offset = proc.logfile.stat().st_size
+    holder = psycopg.connect(db_url)
+    holder.execute("SELECT fence FROM account WHERE account_id = %s FOR UPDATE", (account_id,))
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            blocked = pool.submit(claim, proc.url, payout_id, 7, account_id)
+            wait_until(
+                lambda: (
+                    sql(
+                        db_url,
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock'",
+                    )
+                    == [(1,)]
+                ),
+                timeout=20,
+                what="claim blocked on the account row",
+            )
+            reads = [
+                requests.get(f"{proc.url}/v1/accounts/{account_id}", timeout=30) for _ in range(40)
+            ]
+            blocked.result()
+    finally:
+        holder.rollback()
+        holder.close()
+    shed = [read for read in reads if read.status_code == 503]
+    assert len(shed) >= 2 and all(read.json()["code"] == "OVERLOADED" for read in shed)
+    with open(proc.logfile, "rb") as log:
+        log.seek(offset)
+        lines = [json.loads(line) for line in log.read().splitlines() if line.startswith(b"{")]
+    assert [line for line in lines if line.get("level") == "ERROR"] == []
+    events = [line for line in lines if line.get("event") == "dependency_failure"]
+    assert 1 <= len(events) < len(shed)
+    assert sum(event["count"] for event in events) <= len(shed) + 1

@@ -136,6 +136,7 @@ def test_the_proxy_configmaps_are_rendered_from_the_template_and_nginx_accepts_t
     import shutil
 
     from devstack import proxy
+    from devstack.tls import ensure_tls
 
     assert (PROJECT / "k8s" / "nginx-config.yaml").read_text() == proxy.kubernetes_configmaps(), (
         "k8s/nginx-config.yaml is stale: run `python -m devstack.proxy k8s`"
@@ -153,6 +154,10 @@ def test_the_proxy_configmaps_are_rendered_from_the_template_and_nginx_accepts_t
                 "listen 8080", "listen 127.0.0.1:1"
             )
             local = local.replace("listen 9100", "listen 127.0.0.1:2")
+            # the dlock-tls Secret's files: a throwaway certificate of the same shape
+            files = ensure_tls(tmp_path / "tls")
+            local = local.replace("/etc/dlock-tls/tls.crt", str(files.certificate))
+            local = local.replace("/etc/dlock-tls/tls.key", str(files.key))
             (prefix / "nginx.conf").write_text(local)
             checked = subprocess.run(
                 [
@@ -815,3 +820,83 @@ def test_the_reconciler_cronjob_reports_broken_books_as_a_metric_not_a_failed_jo
     cron = named("CronJob", "reconciler")
     args = pod_template(cron)["spec"]["containers"][0]["args"]
     assert args[0] == "reconcile" and "--exit-zero" in args
+
+
+# ------------------------------------------------------------------ TLS on every hop (issue 38)
+
+
+def _settings() -> dict[str, str]:
+    return named("ConfigMap", "dlock-settings")["data"]
+
+
+def test_every_service_url_is_https_verified_against_the_mounted_ca():
+    settings = _settings()
+    for var in ("LOCK_SERVER_URL", "PAYMENTS_URL", "RAIL_PROXY_URL", "RAIL_STUB_URL", "ETCD_URL"):
+        assert all(url.startswith("https://") for url in settings[var].split(",")), var
+    assert settings["DLOCK_CA_BUNDLE"] == "/etc/dlock-ca/ca.crt"
+    for workload in WORKLOADS:
+        spec = pod_template(workload)["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec["containers"]:
+            if container["name"] == "proxy" or container["image"].startswith("gcr.io/etcd"):
+                continue
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            assert mounts.get("/etc/dlock-ca") == "ca", (workload["metadata"]["name"], mounts)
+            secret = volumes["ca"]["secret"]
+            assert secret["secretName"] == "dlock-tls"
+            assert secret["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # never the key
+
+
+def test_every_database_url_verifies_the_server_certificate():
+    secret = named("Secret", "dlock-secrets")["stringData"]
+    for var in ("LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"):
+        assert "sslmode=verify-full" in secret[var], var
+        assert "sslrootcert=/etc/dlock-db-ca/ca.crt" in secret[var], var
+    for workload in WORKLOADS:
+        for container in pod_template(workload)["spec"]["containers"]:
+            if any(name.endswith("_DATABASE_URL") for name in env_of(container)):
+                mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+                assert "/etc/dlock-db-ca" in mounts, workload["metadata"]["name"]
+
+
+def test_each_role_serves_https_behind_its_proxy_and_probes_speak_it():
+    for name in SERVER_ROLES:
+        config = named("ConfigMap", f"{name}-nginx")["data"]["nginx.conf"]
+        assert "listen 8080 ssl" in config and "listen 9100 ssl" in config
+        assert "ssl_certificate /etc/dlock-tls/tls.crt;" in config
+        assert "CBC" not in config and ":AES128-SHA" not in config
+        assert "ssl_ciphers ECDHE-ECDSA-AES128-GCM-SHA256:" in config
+        pod = pod_template(named("Deployment", name))
+        (proxy,) = [c for c in pod["spec"]["containers"] if c["name"] == "proxy"]
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert proxy[probe]["httpGet"]["scheme"] == "HTTPS", (name, probe)
+        assert pod["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
+        tls = {v["name"]: v for v in pod["spec"]["volumes"]}["tls"]["secret"]
+        assert tls["secretName"] == "dlock-tls" and not tls.get("optional")
+
+
+def test_etcd_serves_https_and_verifies_its_clients_and_peers():
+    (etcd,) = pod_template(named("StatefulSet", "etcd"))["spec"]["containers"]
+    args = etcd["args"]
+    for flag in ("--client-cert-auth", "--peer-client-cert-auth"):
+        assert flag in args
+    assert "--listen-client-urls=https://0.0.0.0:2379" in args
+    assert "--listen-peer-urls=https://0.0.0.0:2380" in args
+    assert "--trusted-ca-file=/etc/etcd-tls/ca.crt" in args
+    assert all("http://" not in a for a in args if a.startswith("--initial-cluster="))
+    (lock,) = [
+        c
+        for c in pod_template(named("Deployment", "lock-server"))["spec"]["containers"]
+        if c["name"] == "lock-server"
+    ]
+    env = {e["name"]: e.get("value") for e in lock["env"]}
+    assert env["DLOCK_CLIENT_CERT"] == "/etc/dlock-etcd-client/tls.crt"
+    assert env["DLOCK_CLIENT_KEY"] == "/etc/dlock-etcd-client/tls.key"
+
+
+def test_the_proxy_image_is_a_supported_nginx_pinned_by_tag_and_digest():
+    base = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    (nginx,) = [i for i in base["images"] if i["name"] == "nginx"]
+    major, minor, _patch = (int(part) for part in nginx["newTag"].split("."))
+    assert (major, minor) >= (1, 28) and minor % 2 == 0  # a stable branch, 1.22 is long gone
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", nginx["digest"])

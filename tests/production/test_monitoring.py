@@ -86,11 +86,27 @@ def test_the_prometheus_rule_in_k8s_carries_exactly_the_rules_file():
 
 
 def test_the_pod_monitor_scrapes_the_metrics_port_every_dlock_workload_exposes():
-    monitor = yaml.safe_load((K8S_MONITORING / "pod-monitor.yaml").read_text())
-    assert monitor["kind"] == "PodMonitor"
-    assert monitor["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "dlock"}
-    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    assert (endpoint["port"], endpoint["path"]) == ("http-metrics", "/metrics")
+    monitors = [
+        d for d in yaml.safe_load_all((K8S_MONITORING / "pod-monitor.yaml").read_text()) if d
+    ]
+    scheme_of = {}
+    for monitor in monitors:
+        assert monitor["kind"] == "PodMonitor"
+        assert monitor["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "dlock"}
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert (endpoint["port"], endpoint["path"]) == ("http-metrics", "/metrics")
+        (components,) = monitor["spec"]["selector"]["matchExpressions"]
+        for component in components["values"]:
+            scheme_of[component] = endpoint.get("scheme", "http")
+    # the server roles' metrics listener is their proxy's, on TLS (issue 38): scraped over https
+    assert scheme_of == {
+        "lock-server": "https",
+        "payment-resource": "https",
+        "rail-proxy": "https",
+        "rail-stub": "https",
+        "executor": "http",
+        "etcd": "http",
+    }
     for name in ("lock-server", "payment-resource", "rail-proxy", "rail-stub", "executor"):
         (deployment,) = [
             d

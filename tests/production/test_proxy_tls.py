@@ -98,3 +98,54 @@ def test_the_rail_forward_verifies_the_rail_against_the_ca_bundle(tls_role, monk
         send_once("POST", f"{role.url}/probe/bump/1", **one_shot)
     assert refused.value.sent is False
     assert isinstance(refused.value.cause, ssl.SSLCertVerificationError)
+
+
+@pytest.mark.parametrize(
+    "ciphers",
+    ["ECDHE-ECDSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA", "ECDHE-ECDSA-AES128-SHA256"],
+    ids=["CBC with SHA-1", "CBC with SHA-256"],
+)
+def test_tls_1_2_with_a_cbc_suite_is_refused(tls_role, ciphers):
+    """Mozilla "intermediate": TLS 1.2 offers forward-secret AEAD suites only."""
+    role, files = tls_role
+    context = ssl.create_default_context(cafile=str(files.ca))
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(ciphers + ":@SECLEVEL=0")
+    with socket.create_connection(("127.0.0.1", role.port), timeout=30) as raw:
+        with pytest.raises(ssl.SSLError):
+            context.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_tls_1_2_with_an_aead_suite_is_served(tls_role):
+    role, files = tls_role
+    context = ssl.create_default_context(cafile=str(files.ca))
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")
+    with socket.create_connection(("127.0.0.1", role.port), timeout=30) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            assert tls.version() == "TLSv1.2"
+            assert tls.cipher()[0] == "ECDHE-ECDSA-AES128-GCM-SHA256"
+
+
+def test_an_executor_that_cannot_verify_its_server_exits_non_zero_and_says_why(tls_role):
+    """A certificate the executor cannot verify is a misconfiguration, not an idle queue: exit 1
+    at once with one line naming the URL (it used to wait the outage out and exit 0)."""
+    from devstack import manage
+
+    role, files = tls_role
+    env = {
+        "LOCK_SERVER_URL": role.url,
+        "PAYMENTS_URL": role.url,
+        "RAIL_PROXY_URL": role.url,
+        "DLOCK_CA_BUNDLE": "",  # the system store, which does not hold the stack's CA
+    }
+    args = ["run_executor", "--owner-id", "tls-test", "--until-idle", "--idle-timeout-s", "1"]
+    done = manage(args, env, role="executor", check=False, capture=True)
+    assert done.returncode != 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "cannot verify" in line]
+    assert len(said) == 1 and role.url in said[0], done.stderr
+
+    trusted = manage(
+        args, {**env, "DLOCK_CA_BUNDLE": str(files.ca)}, role="executor", check=False, capture=True
+    )
+    assert "cannot verify" not in trusted.stderr

@@ -7,11 +7,16 @@ short run's final counters still reach a scrape (Prometheus scrapes every 15-30 
 The payout worker (ROLE=executor: no database, HTTP only). Steps are in `executor.section`.
 SIGTERM/SIGINT stop taking payouts; the current section finishes or is safely abandoned, the
 grant is released, the session closed, and the process exits 0.
+
+A peer whose TLS certificate cannot be verified (DLOCK_CA_BUNDLE, else the system store) is a
+misconfiguration, not an outage to wait out: the command exits 1 at start-up with one line
+naming the URL and the reason.
 """
 
 from __future__ import annotations
 
 import signal
+import ssl
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -21,6 +26,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from dlock import lifecycle
 from dlock.headers import validate_owner_id
+from dlock.http import TransportError, send_once
 from executor.pause import PausePlan
 from executor.worker import Executor
 from settings.env import env_int
@@ -79,6 +85,11 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         if options["drain_budget_s"] <= 0:
             raise CommandError("--drain-budget-s must be positive")
+        unverifiable = _unverifiable_peer(
+            settings.LOCK_SERVER_URL, settings.PAYMENTS_URL, settings.RAIL_PROXY_URL
+        )
+        if unverifiable:
+            raise CommandError(unverifiable)
         if options["metrics_port"]:
             from prometheus_client import start_http_server
 
@@ -118,3 +129,26 @@ class Command(BaseCommand):
             done.wait(options["metrics_linger_s"])  # a SIGTERM still ends it at once
         if code:
             sys.exit(code)  # --until-idle left backed-off payouts (named in the last log line)
+
+
+def _unverifiable_peer(*urls: str) -> str | None:
+    """Why one https endpoint among `urls` (each a comma-separated list) cannot be trusted, or
+    None. A peer that does not answer is an outage the run waits out; a certificate that does
+    not verify never gets better by waiting."""
+    for endpoint in (u.strip() for url in urls for u in url.split(",")):
+        if not endpoint.startswith("https://"):
+            continue
+        try:
+            send_once(
+                "GET",
+                f"{endpoint.rstrip('/')}/health/live",
+                connect_s=5.0,
+                read_s=5.0,
+                body=b"",
+                headers={},
+            )
+        except TransportError as exc:
+            if isinstance(exc.cause, ssl.SSLError):
+                reason = getattr(exc.cause, "verify_message", None) or str(exc.cause)
+                return f"cannot verify the TLS certificate of {endpoint}: {reason}"
+    return None
