@@ -12,6 +12,7 @@ from dlock.timefmt import rfc3339_ms
 from lockserver.backends.base import GrantRecord, LockInfoRecord, RevocationRecord
 from lockserver.backends.etcd.common import EXPIRY_GRACE_S, store_call, ttl_seconds
 from lockserver.backends.etcd.keys import (
+    HELD,
     _deadline_passed,
     _dump,
     _from_ms,
@@ -140,7 +141,9 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         lease, expires_ms = self._grant_lease(seconds)
         value.update(ttlMs=seconds * 1000, expiresAt=expires_ms)
         # re-attaching to a new lease is a put: ModRevision moves, create_revision (the token)
-        # does not; the compare on ModRevision rejects a concurrent release or takeover
+        # does not; the compare on ModRevision rejects a concurrent release or takeover. A
+        # grant made by a hand-off moves its queue entry along (it ends with the grant).
+        queued = [put(value["queue"], HELD, lease)] if value.get("queue") else []
         result = self.client.txn(
             [
                 compare(self._lock_key(key), "MOD", "EQUAL", kv.mod_revision),
@@ -149,6 +152,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             [
                 put(self._lock_key(key), _dump(value), lease),
                 put(self._held_key(session_id, key), key, lease),
+                *queued,
             ],
         )
         if not result.succeeded:
@@ -184,6 +188,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 delete(self._held_key(session_id, key)),
                 get(self._sess_key(session_id)),
                 self._ended(key),
+                self._queue_end(key, session_id),
             ],
             [get(lock_key)],
         )
@@ -206,7 +211,12 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 compare(lock_key, "MOD", "EQUAL", kv.mod_revision),
                 compare(self._sess_key(holder_sid), "CREATE", "GREATER", 0),
             ],
-            [delete(lock_key), delete(self._held_key(holder_sid, key)), self._ended(key)],
+            [
+                delete(lock_key),
+                delete(self._held_key(holder_sid, key)),
+                self._ended(key),
+                self._queue_end(key, holder_sid),
+            ],
         )
         if not slow.succeeded:
             raise self._lost(key)
@@ -216,10 +226,10 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         read = self.client.read(
             get(self._lock_key(key)),
             get(self._k("seen", key)),
-            get(self._wait_prefix(key), prefix=True, count_only=True),
+            get(self._wait_prefix(key), prefix=True),
         )
         kv = read.responses[0].first()
-        waiters = read.responses[2].count
+        waiters = sum(1 for entry in read.responses[2].kvs if entry.value != HELD)
         if kv is not None:
             kv = self._stored(key)
             if kv is not None:
@@ -280,6 +290,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                     delete(lock_key),
                     delete(self._held_key(value["sessionId"], key)),
                     self._ended(key),
+                    self._queue_end(key, value["sessionId"]),
                     put(self._k("revocation", str(revocation_id)), _dump(audit)),
                 ],
             )
