@@ -52,7 +52,7 @@ class AcquireMixin(GrantsMixin):
                 if time.monotonic() - leased_at > FRESH_LEASE_S:
                     # the lease's TTL runs from its grant: after a wait, start a fresh one so the
                     # reported expiresAt stays within milliseconds of etcd's own expiry
-                    self._revoke_quietly(lease)
+                    self._recycle(lease)
                     lease = 0
                     lease, expires_ms = self._grant_lease(seconds)
                     leased_at = time.monotonic()
@@ -86,7 +86,7 @@ class AcquireMixin(GrantsMixin):
             raise EtcdUnavailable("acquire did not settle after repeated races")
         finally:
             if lease:
-                self._revoke_quietly(lease)
+                self._recycle(lease)  # unused: no key on it
 
     def _create_grant(
         self,

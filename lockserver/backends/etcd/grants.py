@@ -4,6 +4,7 @@ release, L7 inspect, L8 revoke."""
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from typing import Any
 
@@ -34,6 +35,10 @@ logger = logging.getLogger("dlock.lockserver.etcd")
 
 
 class GrantsMixin(TokensMixin, SessionsMixin):
+    _grant_leases: dict[int, int]
+    _spare_leases: dict[int, list[int]]
+    _lease_guard: threading.Lock
+
     def _grant_record(self, key: str, kv: KeyValue) -> GrantRecord:
         value = kv.json()
         return GrantRecord(
@@ -63,12 +68,48 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         )
 
     def _grant_lease(self, seconds: int) -> tuple[int, int]:
-        """(a new lease of `seconds`, its expiresAt in epoch ms). The clock is read before the
-        grant is sent, so the reported deadline is never later than etcd's own expiry of the
-        lease: a successor's acquiredAt cannot fall before its predecessor's expiresAt."""
-        expires_ms = _ms(_now()) + seconds * 1000
+        """(a lease of `seconds` with no key on it, its expiresAt in epoch ms). The clock is read
+        before the lease is granted or refreshed, so the reported deadline is never later than
+        etcd's own expiry of the lease: a successor's acquiredAt cannot fall before its
+        predecessor's expiresAt.
+
+        A lease this process emptied by a release is reused (`_recycle`): a keepalive resets
+        its TTL to `seconds` and, unlike a lease grant, is no raft proposal (the leader's
+        lessor renews it), so a pair costs two durable writes, the create and the
+        compare-and-delete, as etcd's own lock recipe does."""
+        while True:
+            expires_ms = _ms(_now()) + seconds * 1000
+            with self._lease_guard:
+                spare = self._spare_leases.get(seconds)
+                lease = spare.pop() if spare else 0
+            if not lease:
+                break
+            try:
+                if self.client.lease_keepalive(lease) > 0:
+                    with self._lease_guard:
+                        self._grant_leases[lease] = seconds
+                    return lease, expires_ms
+            except EtcdUnavailable:
+                raise
+            except EtcdError:
+                pass  # expired meanwhile: try the next, or grant one
         lease, _ = self.client.lease_grant(seconds)
+        with self._lease_guard:
+            if len(self._grant_leases) > 10_000:
+                self._grant_leases.clear()
+            self._grant_leases[lease] = seconds
         return lease, expires_ms
+
+    def _recycle(self, lease: int) -> None:
+        """A grant lease of ours that no key is attached to any more: kept for the next grant of
+        the same TTL (it expires on its own if none comes); one not made here is left alone."""
+        with self._lease_guard:
+            seconds = self._grant_leases.pop(lease, None)
+            if seconds is None:
+                return
+            spare = self._spare_leases.setdefault(seconds, [])
+            if len(spare) < 256:
+                spare.append(lease)
 
     def _revoke_quietly(self, lease: int) -> None:
         try:
@@ -156,11 +197,14 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             ],
         )
         if not result.succeeded:
-            self._revoke_quietly(lease)
+            self._recycle(lease)
             if self.client.range(self._sess_key(session_id)).first() is None:
                 raise self._session_gone(session_id, self._read_meta(session_id))
             raise self._lost(key)
-        self._revoke_quietly(kv.lease)
+        if kv.lease in self._grant_leases:
+            self._recycle(kv.lease)  # the grant moved off it: empty, ours, reusable
+        else:
+            self._revoke_quietly(kv.lease)
         return GrantRecord(
             key=key,
             owner_id=value["ownerId"],
@@ -197,6 +241,8 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             # lapsed (etcd had decided, not yet swept) is gone either way; say so, as pg does
             deleted = result.responses[0].first() if result.responses[0] else None
             session = result.responses[2].first() if result.responses[2] else None
+            if deleted is not None:
+                self._recycle(deleted.lease)  # its keys went with this txn
             if _deadline_passed(deleted) or _deadline_passed(session):
                 raise lock_lost(key, None)
             return
