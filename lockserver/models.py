@@ -119,11 +119,6 @@ class LockWaiter(models.Model):
     # Arrival order (ARCHITECTURE decision 23): drawn from lock_waiter_position_seq on insert.
     position = models.BigIntegerField(null=True)
     ttl_ms = models.IntegerField(null=True)  # the grant's ttlMillis if the lock is handed over
-    # Set by the statement that hands the key to this waiter (release, revoke, lapse, close):
-    # the parked acquire answers with this grant.
-    granted_token = models.BigIntegerField(null=True)
-    granted_at = models.DateTimeField(null=True)
-    granted_expires_at = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "lock_waiter"

@@ -2,12 +2,13 @@
 
 Waiters (L4 with waitMillis) block on a `threading.Event` without holding a pooled database
 connection. A release, revoke, session close or lapse hands the key to the head of its queue
-and NOTIFYs that waiter only (the grant channel, payload: its waiter id); this thread wakes that
-one waiter (`Parked.granted`). The key channel (payload: the key) is the fallback that wakes
-every waiter parked on a key, for a waiter the freeing statement could not see yet. The thread
-owns two psycopg connections of its own (never the request pool): one only LISTENs, one runs the
-periodic housekeeping. It also tells the backend whether the database answered lately, which
-separates "database down" (503 NOT_LEADER) from "pool exhausted" (503 OVERLOADED).
+and NOTIFYs that waiter only (the grant channel, payload: its waiter id and grant); this thread
+wakes that one waiter (`Parked.payload`). The key channel (payload: the key) is the fallback
+that wakes every waiter parked on a key, for a waiter the freeing statement could not see yet.
+The thread owns two psycopg connections of its own (never the request pool): one only
+LISTENs, one runs the periodic housekeeping. It also tells the backend whether the database
+answered lately, which separates "database down" (503 NOT_LEADER) from "pool exhausted"
+(503 OVERLOADED).
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ logger = logging.getLogger("dlock.lockserver")
 
 
 class Parked:
-    """One parked acquire: woken by a hand-off to it (`granted`) or to re-check its key."""
+    """One parked acquire: woken by a NOTIFY meant for it alone (`payload`: the hand-off's
+    grant, or its withdrawal) or to re-check its key."""
 
-    __slots__ = ("event", "granted", "key", "waiter_id")
+    __slots__ = ("event", "key", "payload", "waiter_id")
 
     def __init__(self, key: str, waiter_id: str) -> None:
         self.key = key
         self.waiter_id = waiter_id
         self.event = threading.Event()
-        self.granted = False
+        self.payload: str | None = None
 
 
 class KeyListener:
@@ -116,11 +118,11 @@ class KeyListener:
         for event in events:
             event.set()
 
-    def _wake_granted(self, waiter_id: str) -> None:
+    def _wake_granted(self, payload: str) -> None:
         with self._guard:
-            parked = self._parked.get(waiter_id)
+            parked = self._parked.get(payload.split(" ", 1)[0])
         if parked is not None:
-            parked.granted = True
+            parked.payload = payload
             parked.event.set()
 
     def _wake_all(self) -> None:

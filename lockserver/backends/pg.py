@@ -284,18 +284,37 @@ class PgLockBackend:
         self._ensure_token_floor()
         self.budget.check(session_id=session_id, key=key)
         deadline = time.monotonic() + wait_ms / 1000
-        parked_once = False
+        parked = refused = False  # queued once (the wait is spent); the queue refused us
         free_retries = 0
         while True:
             with self._cursor(pooled=True) as cursor:
                 acquired = sql.try_acquire(
                     cursor, key=key, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms
                 )
-                if acquired is None:
-                    session = sql.get_session(cursor, session_id=session_id)
-                    state = sql.key_state(cursor, key=key)
             if acquired is not None:
                 return self._granted(acquired, session_id)
+            remaining = deadline - time.monotonic()
+            if wait_ms > 0 and remaining > 0 and not parked and not refused:
+                # Queue at once (one statement checks the session too): the hot key's path
+                parked_grant = self._park(
+                    key=key,
+                    session_id=session_id,
+                    owner_id=owner_id,
+                    ttl_ms=ttl_ms,
+                    deadline=deadline,
+                    remaining=remaining,
+                )
+                if isinstance(parked_grant, GrantRecord):
+                    return parked_grant
+                if parked_grant is None:
+                    # The wait ran out (or the entry went with a closed session) without a
+                    # hand-off: one last attempt answers with the right code.
+                    parked = True
+                    continue
+                refused = True  # not admitted: say why below
+            with self._cursor(pooled=True) as cursor:
+                session = sql.get_session(cursor, session_id=session_id)
+                state = sql.key_state(cursor, key=key)
             if session is None:
                 raise session_unknown(session_id)
             if owner_id is not None and session.owner_id != owner_id:
@@ -312,56 +331,47 @@ class PgLockBackend:
                 # the queue (decision 23), then queue behind it; or freed between our two
                 # statements: try again at once.
                 free_retries += 1
+                refused = False
                 self._hand_off(key)
                 continue
-            remaining = deadline - time.monotonic()
-            if wait_ms <= 0 or remaining <= 0 or parked_once:
-                self.budget.spend(session_id=session_id, key=key)
-                raise lock_contended(
-                    key,
-                    holder_owner_id=state.owner_id,
-                    expires_at=rfc3339_ms(state.expires_at),
-                    ms_until_free=state.ms_until_free,
+            if refused and state.live:
+                raise contention_exceeded(
+                    key, cap=settings.LOCK_MAX_WAITERS_PER_KEY, ms_until_free=state.ms_until_free
                 )
-            parked_once = True
-            grant = self._park(
-                key=key,
-                session_id=session_id,
-                owner_id=session.owner_id,
-                ttl_ms=ttl_ms,
-                deadline=deadline,
-                remaining=remaining,
+            self.budget.spend(session_id=session_id, key=key)
+            raise lock_contended(
+                key,
+                holder_owner_id=state.owner_id,
+                expires_at=rfc3339_ms(state.expires_at),
                 ms_until_free=state.ms_until_free,
             )
-            if grant is not None:
-                return grant
-            # The wait ran out (or the queue entry went with a closed session) without a
-            # hand-off: one last attempt answers with the right code.
 
     def _park(
         self,
         *,
         key: str,
         session_id: uuid.UUID,
-        owner_id: str,
+        owner_id: str | None,
         ttl_ms: int,
         deadline: float,
         remaining: float,
-        ms_until_free: int | None,
-    ) -> GrantRecord | None:
+    ) -> GrantRecord | bool | None:
         """Queue behind the key's earlier waiters and wait for the hand-off (decision 23).
 
         The grant is made by the statement that frees the key (release, revoke, closed session,
-        reaper) or, after the holder's lease lapsed, by the first waiter to notice (hand_off).
+        reaper) or, after the holder's lease lapsed, by the first waiter to notice (hand_off),
+        and arrives in the NOTIFY meant for this waiter alone: no statement to collect it.
         Holds no pooled connection while it waits. None: the wait ran out without a grant (or
-        the queue entry was withdrawn with a closed session); the queue entry is gone either way.
+        the entry was withdrawn with a closed session); False: not admitted (the session, the
+        cap, or the session holds the key itself). The queue entry is gone on return.
         """
         waiter_id = uuid.uuid4()
         parked = self.listener.park(key, str(waiter_id))
+        grant: sql.GrantRow | None = None
         queued = False
         try:
             with self._cursor(pooled=True) as cursor:
-                admitted, held = sql.add_waiter(
+                admitted, held, ms_until_free = sql.add_waiter(
                     cursor,
                     waiter_id=waiter_id,
                     key=key,
@@ -372,20 +382,25 @@ class PgLockBackend:
                     ttl_ms=ttl_ms,
                 )
             if not admitted:
-                raise contention_exceeded(
-                    key, cap=settings.LOCK_MAX_WAITERS_PER_KEY, ms_until_free=ms_until_free
-                )
+                return False
             queued = True
             # Freed while we queued: its statement may not have seen our entry; hand it over.
             recheck = not held
             self._release_connection()
             while True:
-                if recheck and not parked.granted:
-                    handed = self._hand_off(key)
-                    parked.granted = parked.granted or handed.waiter_id == waiter_id
-                    ms_until_free = handed.ms_until_free
-                if parked.granted:
+                if parked.payload is not None:
+                    _, handed = sql.grant_payload(parked.payload)
+                    queued = False  # the hand-off (or the session's close) removed the entry
+                    if handed is not None:
+                        token, acquired_at, expires_at = handed
+                        grant = sql.GrantRow(key, "", session_id, token, acquired_at, expires_at)
                     break
+                if recheck:
+                    handoff = self._hand_off(key)
+                    if handoff.waiter_id == waiter_id:
+                        queued, grant = False, handoff.grant
+                        break
+                    ms_until_free = handoff.ms_until_free
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -394,29 +409,35 @@ class PgLockBackend:
                 timeout = left if ms_until_free is None else min(left, ms_until_free / 1000 + 0.002)
                 woken = parked.event.wait(max(0.0, timeout))
                 parked.event.clear()
-                cause = "direct" if parked.granted else "broadcast" if woken else "timer"
+                cause = "direct" if parked.payload else "broadcast" if woken else "timer"
                 lock_waiter_wakeups.labels(backend=self.name, cause=cause).inc()
-                recheck = True
-            with self._cursor(pooled=True) as cursor:
-                grant = sql.claim(cursor, waiter_id=waiter_id, key=key, session_id=session_id)
-            queued = False
+                recheck = parked.payload is None
+            if queued:  # the wait ran out: leave the queue (or find we were just handed it)
+                with self._cursor(pooled=True) as cursor:
+                    grant = sql.withdraw(
+                        cursor, waiter_id=waiter_id, key=key, session_id=session_id
+                    )
+                queued = False
+        except BaseException:
+            if queued:  # best effort: leave the queue, and give back a grant we cannot answer
+                with contextlib.suppress(Exception), self._cursor(pooled=True) as cursor:
+                    lost = sql.withdraw(cursor, waiter_id=waiter_id, key=key, session_id=session_id)
+                    if lost is not None:
+                        sql.release(cursor, key=key, token=lost.fencing_token)
+            raise
         finally:
             self.listener.unpark(parked)
-            if queued:
-                with contextlib.suppress(Exception), self._cursor(pooled=True) as cursor:
-                    grant = sql.claim(cursor, waiter_id=waiter_id, key=key, session_id=session_id)
-                    if grant is not None:  # handed to us as we failed: give it back
-                        sql.release(cursor, key=key, token=grant.fencing_token)
         if grant is None:
             return None
+        owner = grant.owner_id or (owner_id or self._owner_of(session_id))
         return GrantRecord(
-            key,
-            grant.owner_id,
-            session_id,
-            grant.fencing_token,
-            grant.acquired_at,
-            grant.expires_at,
+            key, owner, session_id, grant.fencing_token, grant.acquired_at, grant.expires_at
         )
+
+    def _owner_of(self, session_id: uuid.UUID) -> str:
+        with self._cursor(pooled=True) as cursor:
+            session = sql.get_session(cursor, session_id=session_id)
+        return session.owner_id if session is not None else ""
 
     def _hand_off(self, key: str) -> sql.HandOff:
         """Give a key that is not live to the head of its queue; log the lapse it ended."""

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 NOTIFY_CHANNEL = "dlock_lock_free"
-# A hand-off NOTIFYs only the waiter it granted, on its own channel (payload: its waiter_id).
+# A hand-off NOTIFYs only the waiter it granted, on its own channel (payload: its waiter id and
+# its grant, grant_payload).
 GRANT_CHANNEL = "dlock_lock_granted"
 
 _LIVE = (
@@ -43,9 +44,9 @@ _NOTIFY_IF_WAITED = (
 
 # Grant order (ARCHITECTURE decision 23). Parked waiters are lock_waiter rows; `position` (a
 # sequence) is their arrival order. A waiter may be granted while its wait and its session are
-# live and it was not granted already; the others are skipped, never granted.
+# live; the others are skipped, never granted. A waiter leaves the queue when it is granted.
 _ELIGIBLE = (
-    "w.granted_token IS NULL AND w.expires_at > clock_timestamp()"
+    "w.expires_at > clock_timestamp()"
     " AND s.session_id = w.session_id AND s.expires_at > clock_timestamp()"
 )
 # The head of a key's queue (`cur` is the CTE that holds the key's row lock). SKIP LOCKED: a
@@ -70,14 +71,32 @@ _HANDED = (
     " expires_at = clock_timestamp() + nxt.ttl_ms * interval '1 millisecond',"
     " session_expires_at = nxt.session_expires_at"
 )
-# The granted waiter's row records its grant: the parked acquire answers with it.
+# The granted waiter leaves the queue in the same statement; its grant travels in the NOTIFY
+# payload (grant_payload), so the parked acquire answers without another statement.
 _RECORD_HANDOFF = """
-    UPDATE lock_waiter AS w SET granted_token = upd.fencing_token,
-           granted_at = upd.acquired_at, granted_expires_at = upd.expires_at
-    FROM upd WHERE w.waiter_id = upd.waiter_id
+    DELETE FROM lock_waiter AS w USING upd WHERE w.waiter_id = upd.waiter_id
     RETURNING w.waiter_id
 """
-_NOTIFY_GRANTED = f"pg_notify('{GRANT_CHANNEL}', waiter_id::text)"
+_EPOCH_US = "(EXTRACT(EPOCH FROM {}) * 1000000)::bigint"
+# payload: "<waiter id> <token> <acquiredAt µs> <expiresAt µs>"; a bare "<waiter id>" means the
+# entry was withdrawn (its session closed)
+_NOTIFY_GRANTED = (
+    f"pg_notify('{GRANT_CHANNEL}', concat_ws(' ', waiter_id, fencing_token,"
+    f" {_EPOCH_US.format('acquired_at')}, {_EPOCH_US.format('expires_at')}))"
+)
+
+
+def grant_payload(payload: str) -> tuple[str, tuple[int, dt.datetime, dt.datetime] | None]:
+    """(waiter id, (token, acquiredAt, expiresAt) or None) of a NOTIFY on GRANT_CHANNEL."""
+    parts = payload.split(" ")
+    if len(parts) != 4:
+        return parts[0], None
+    waiter_id, token, acquired_us, expires_us = parts
+    return waiter_id, (
+        int(token),
+        dt.datetime.fromtimestamp(int(acquired_us) / 1e6, dt.UTC),
+        dt.datetime.fromtimestamp(int(expires_us) / 1e6, dt.UTC),
+    )
 
 
 @dataclass(frozen=True)
@@ -330,8 +349,7 @@ SELECT g.lock_key IS NOT NULL,
        CEIL(EXTRACT(EPOCH FROM (LEAST(g.expires_at, g.session_expires_at)
                                 - clock_timestamp())) * 1000)::bigint,
        (SELECT count(*) FROM lock_waiter w
-        WHERE w.lock_key = %(key)s AND w.expires_at > clock_timestamp()
-          AND w.granted_token IS NULL),
+        WHERE w.lock_key = %(key)s AND w.expires_at > clock_timestamp()),
        pg_is_in_recovery()
 FROM (SELECT 1) AS one LEFT JOIN lock_grant AS g ON g.lock_key = %(key)s
 """
@@ -430,8 +448,8 @@ WITH cur AS (
 ), nxt AS ({_HEAD}), upd AS (
     UPDATE lock_grant AS g SET {_HANDED}
     FROM cur JOIN nxt ON true WHERE g.lock_key = cur.lock_key
-    RETURNING nxt.waiter_id, g.fencing_token, g.acquired_at, g.expires_at,
-              LEAST(g.expires_at, g.session_expires_at) AS until,
+    RETURNING nxt.waiter_id, nxt.session_id, g.owner_id, g.fencing_token, g.acquired_at,
+              g.expires_at, LEAST(g.expires_at, g.session_expires_at) AS until,
               cur.fencing_token AS lapsed_token, cur.owner_id AS lapsed_owner,
               cur.session_id AS lapsed_session
 ), handed AS ({_RECORD_HANDOFF})
@@ -439,8 +457,8 @@ SELECT upd.waiter_id, upd.lapsed_token, upd.lapsed_owner, upd.lapsed_session,
        CEIL(EXTRACT(EPOCH FROM (COALESCE(upd.until, (
            SELECT LEAST(g.expires_at, g.session_expires_at) FROM lock_grant AS g
            WHERE g.lock_key = %(key)s AND {_LIVE})) - clock_timestamp())) * 1000)::bigint,
-       CASE WHEN upd.waiter_id IS NOT NULL THEN pg_notify('{GRANT_CHANNEL}',
-                                                         upd.waiter_id::text) END
+       upd.session_id, upd.owner_id, upd.fencing_token, upd.acquired_at, upd.expires_at,
+       CASE WHEN upd.waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED} END
 FROM (SELECT 1) AS one LEFT JOIN upd ON true
 """
 
@@ -452,34 +470,51 @@ class HandOff:
     lapsed_owner_id: str | None
     lapsed_session_id: uuid.UUID | None
     ms_until_free: int | None  # the key's holder after the statement lapses in this many ms
+    grant: GrantRow | None  # what the waiter was granted
 
 
 def hand_off(cursor: Any, *, key: str) -> HandOff:
     """Grant a key that is not live to the head of its queue (nothing if the key is live or
     nobody eligible is queued)."""
     cursor.execute(HAND_OFF_SQL, {"key": key})
-    waiter_id, lapsed_token, lapsed_owner, lapsed_session, ms, _ = cursor.fetchone()
+    row = cursor.fetchone()
+    waiter_id, lapsed_token, lapsed_owner, lapsed_session, ms = row[:5]
+    session_id, owner, token, acquired_at, expires_at = row[5:10]
+    grant = (
+        None
+        if waiter_id is None
+        else GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+    )
     return HandOff(
         waiter_id,
         lapsed_token,
         lapsed_owner,
         lapsed_session,
         None if ms is None else max(0, int(ms)),
+        grant,
     )
 
 
-CLAIM_SQL = """
-DELETE FROM lock_waiter WHERE waiter_id = %(waiter_id)s
-RETURNING owner_id, granted_token, granted_at, granted_expires_at
+WITHDRAW_SQL = "DELETE FROM lock_waiter WHERE waiter_id = %(waiter_id)s RETURNING 1"
+
+OWN_GRANT_SQL = f"""
+SELECT g.owner_id, g.fencing_token, g.acquired_at, g.expires_at FROM lock_grant AS g
+WHERE g.lock_key = %(key)s AND g.session_id = %(session_id)s AND {_LIVE}
 """
 
 
-def claim(cursor: Any, *, waiter_id: uuid.UUID, key: str, session_id: uuid.UUID) -> GrantRow | None:
-    """Leave the queue: the grant handed to this waiter, if one was (else None). A hand-off
-    that holds the row lock commits first, so a waiter never leaves with a grant unseen."""
-    cursor.execute(CLAIM_SQL, {"waiter_id": waiter_id})
+def withdraw(
+    cursor: Any, *, waiter_id: uuid.UUID, key: str, session_id: uuid.UUID
+) -> GrantRow | None:
+    """Leave the queue (the wait ran out). None: we were still queued, nobody can grant us now.
+    Else the entry was gone: handed to us (a hand-off holding the row commits first; its NOTIFY
+    may still be on its way) — the key's live grant of our session, if any — or withdrawn."""
+    cursor.execute(WITHDRAW_SQL, {"waiter_id": waiter_id})
+    if cursor.fetchone() is not None:
+        return None
+    cursor.execute(OWN_GRANT_SQL, {"key": key, "session_id": session_id})
     row = cursor.fetchone()
-    if row is None or row[1] is None:
+    if row is None:
         return None
     owner, token, acquired_at, expires_at = row
     return GrantRow(key, owner, session_id, token, acquired_at, expires_at)
@@ -549,26 +584,39 @@ def revoke(
 # --------------------------------------------------------------------------- waiters
 
 # Soft cap: two waiters racing for the last slot may both get in (the count is a snapshot).
-# An admitted waiter also marks the key's row (waiter_until, see _NOTIFY_IF_WAITED) and reads
-# back from the newest row version whether the key is still held: if a freeing statement held
-# the row meanwhile, its NOTIFY may have been skipped, so the caller tries again instead of parking.
+# Admitted only for a live session (owned by owner_id when given) that does not hold the key
+# itself; else nothing is written and the caller reads why (get_session, key_state). An admitted
+# waiter also marks the key's row (waiter_until, see _NOTIFY_IF_WAITED) and reads back from the
+# newest row version whether the key is still held and when its holder lapses: if a freeing
+# statement held the row meanwhile, it may not have seen this entry, so the caller hands the
+# key over itself (hand_off) instead of parking.
 ADD_WAITER_SQL = f"""
-WITH ins AS (
+WITH sess AS (
+    SELECT session_id, owner_id FROM lock_session
+    WHERE session_id = %(session_id)s AND expires_at > clock_timestamp()
+      AND (%(owner_id)s::text IS NULL OR owner_id = %(owner_id)s::text)
+), ins AS (
     INSERT INTO lock_waiter (waiter_id, lock_key, session_id, owner_id, ttl_ms, since,
                              expires_at)
-    SELECT %(waiter_id)s, %(key)s::varchar, %(session_id)s, %(owner_id)s, %(ttl_ms)s,
+    SELECT %(waiter_id)s, %(key)s::varchar, sess.session_id, sess.owner_id, %(ttl_ms)s,
            clock_timestamp(), clock_timestamp() + %(wait_ms)s * interval '1 millisecond'
+    FROM sess
     WHERE (SELECT count(*) FROM lock_waiter
-           WHERE lock_key = %(key)s::varchar AND expires_at > clock_timestamp()
-             AND granted_token IS NULL) < %(cap)s
+           WHERE lock_key = %(key)s::varchar AND expires_at > clock_timestamp()) < %(cap)s
+      AND NOT EXISTS (SELECT 1 FROM lock_grant AS g
+                      WHERE g.lock_key = %(key)s::varchar AND g.session_id = sess.session_id
+                        AND {_LIVE})
     RETURNING expires_at
 ), mark AS (
     UPDATE lock_grant AS g
     SET waiter_until = GREATEST(g.waiter_until, (SELECT expires_at FROM ins))
     WHERE g.lock_key = %(key)s::varchar AND EXISTS (SELECT 1 FROM ins)
-    RETURNING {_LIVE} AS held
+    RETURNING {_LIVE} AS held,
+              CEIL(EXTRACT(EPOCH FROM (LEAST(g.expires_at, g.session_expires_at)
+                                       - clock_timestamp())) * 1000)::bigint AS ms
 )
-SELECT EXISTS (SELECT 1 FROM ins), COALESCE((SELECT held FROM mark), false)
+SELECT EXISTS (SELECT 1 FROM ins), COALESCE((SELECT held FROM mark), false),
+       (SELECT ms FROM mark)
 """
 
 
@@ -578,28 +626,29 @@ def add_waiter(
     waiter_id: uuid.UUID,
     key: str,
     session_id: uuid.UUID,
-    owner_id: str,
+    owner_id: str | None,
     wait_ms: int,
     cap: int,
     ttl_ms: int = 30_000,
-) -> tuple[bool, bool]:
-    """Park a waiter row if the key's cap allows: (admitted, the key still held). Not held
-    means the key was freed while we marked it: hand it over (hand_off) rather than wait for a
-    NOTIFY. `ttl_ms` is the grant's ttlMillis should the key be handed to this waiter."""
+) -> tuple[bool, bool, int | None]:
+    """Queue a waiter if its session may and the key's cap allows: (admitted, the key still
+    held, ms until its holder lapses). Not held means the key was freed while we marked it:
+    hand it over (hand_off) rather than wait for a NOTIFY. `ttl_ms` is the grant's ttlMillis
+    should the key be handed to this waiter."""
     cursor.execute(
         ADD_WAITER_SQL,
         {
             "waiter_id": waiter_id,
             "key": key,
             "session_id": session_id,
-            "owner_id": owner_id or "",
+            "owner_id": owner_id,
             "wait_ms": wait_ms,
             "cap": cap,
             "ttl_ms": ttl_ms,
         },
     )
-    admitted, held = cursor.fetchone()
-    return bool(admitted), bool(held)
+    admitted, held, ms = cursor.fetchone()
+    return bool(admitted), bool(held), None if ms is None else max(0, int(ms))
 
 
 def remove_waiter(cursor: Any, *, waiter_id: uuid.UUID) -> None:
@@ -658,9 +707,9 @@ WITH s AS (
 ), w AS (
     DELETE FROM lock_waiter AS w
     WHERE w.expires_at < clock_timestamp() - interval '1 minute'
-       OR (w.granted_token IS NULL AND NOT EXISTS (
+       OR NOT EXISTS (
            SELECT 1 FROM lock_session AS s
-           WHERE s.session_id = w.session_id AND s.expires_at > clock_timestamp()))
+           WHERE s.session_id = w.session_id AND s.expires_at > clock_timestamp())
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM w)

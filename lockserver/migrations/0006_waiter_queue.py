@@ -1,4 +1,4 @@
-"""lock_waiter as a queue (ARCHITECTURE decision 23): arrival order and the handed-over grant."""
+"""lock_waiter as a queue (ARCHITECTURE decision 23): arrival order and the grant's TTL."""
 
 from django.db import migrations, models
 
@@ -9,9 +9,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField("lockwaiter", "position", models.BigIntegerField(null=True)),
         migrations.AddField("lockwaiter", "ttl_ms", models.IntegerField(null=True)),
-        migrations.AddField("lockwaiter", "granted_token", models.BigIntegerField(null=True)),
-        migrations.AddField("lockwaiter", "granted_at", models.DateTimeField(null=True)),
-        migrations.AddField("lockwaiter", "granted_expires_at", models.DateTimeField(null=True)),
         migrations.AddIndex(
             "lockwaiter",
             models.Index(fields=["lock_key", "position"], name="lock_waiter_queue"),

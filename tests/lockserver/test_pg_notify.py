@@ -82,9 +82,10 @@ def test_a_parked_waiter_is_notified_and_granted_at_release(lock_server, listen,
     assert results[0].status_code == 200, results[0].text
     granted = results[0].json()
     assert granted["fencingToken"] > held["fencingToken"]
-    # one NOTIFY, to that waiter (its waiter id), none to the key: no herd
+    # one NOTIFY, to that waiter (its waiter id and its grant), none to the key: no herd
     (notified,) = notified_keys(listen, lock_server.db_url)
-    assert notified != key and uuid.UUID(notified)
+    waiter_id, token, _acquired_us, _expires_us = notified.split(" ")
+    assert uuid.UUID(waiter_id) and int(token) == granted["fencingToken"]
     with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
         (row,) = conn.execute(
             "SELECT fencing_token, session_id::text, waiter_until > clock_timestamp()"
@@ -140,6 +141,6 @@ def test_a_waiter_marking_a_key_a_release_holds_finds_it_free(lock_server):
         assert answers == []  # still waiting for the release's row lock
         releasing.commit()
     thread.join(10)
-    assert answers == [(True, False)]  # admitted, and the key is no longer held: hand it over
+    assert answers == [(True, False, None)]  # admitted, the key no longer held: hand it over
     # A waiter that marked a held key is answered "held" and its mark makes the next release
     # NOTIFY: that is the other order, covered through HTTP above.
