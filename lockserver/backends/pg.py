@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("dlock.lockserver")
 INT64_MAX = 2**63 - 1
+QUEUED_KEY_MEMORY_S = 1.0  # how long a key this process queued on is taken for a hot key
 
 
 class _PreparingCursor:
@@ -79,6 +80,7 @@ class PgLockBackend:
         self._floor_applied = False
         self._floor_refusal_logged = False
         self._floor_guard = threading.Lock()
+        self._queued_keys: dict[str, float] = {}  # key -> when this process last queued on it
         params = dict(connections[self.alias].get_connection_params())
         for name in ("cursor_factory", "context", "prepare_threshold"):
             params.pop(name, None)
@@ -286,12 +288,20 @@ class PgLockBackend:
         deadline = time.monotonic() + wait_ms / 1000
         parked = refused = False  # queued once (the wait is spent); the queue refused us
         free_retries = 0
+        # A key this process saw queued on lately is queued on at once: the queue entry's
+        # statement says whether the key is free, and a free key is then handed to the head of
+        # its queue (us, when nobody is ahead): one statement fewer per hot-key acquire.
+        queue_first = wait_ms > 0 and self._recently_queued(key)
         while True:
-            with self._cursor(pooled=True) as cursor:
-                acquired = sql.try_acquire(
-                    cursor, key=key, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms
-                )
+            acquired = None
+            if not queue_first:
+                with self._cursor(pooled=True) as cursor:
+                    acquired = sql.try_acquire(
+                        cursor, key=key, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms
+                    )
+            queue_first = False
             if acquired is not None:
+                self._queued_keys.pop(key, None)
                 return self._granted(acquired, session_id)
             remaining = deadline - time.monotonic()
             if wait_ms > 0 and remaining > 0 and not parked and not refused:
@@ -384,6 +394,8 @@ class PgLockBackend:
             if not admitted:
                 return False
             queued = True
+            if held:
+                self._mark_queued(key)
             # Freed while we queued: its statement may not have seen our entry; hand it over.
             recheck = not held
             self._release_connection()
@@ -433,6 +445,15 @@ class PgLockBackend:
         return GrantRecord(
             key, owner, session_id, grant.fencing_token, grant.acquired_at, grant.expires_at
         )
+
+    def _recently_queued(self, key: str) -> bool:
+        seen = self._queued_keys.get(key)
+        return seen is not None and time.monotonic() - seen < QUEUED_KEY_MEMORY_S
+
+    def _mark_queued(self, key: str) -> None:
+        if len(self._queued_keys) > 4_096:
+            self._queued_keys.clear()
+        self._queued_keys[key] = time.monotonic()
 
     def _owner_of(self, session_id: uuid.UUID) -> str:
         with self._cursor(pooled=True) as cursor:
