@@ -106,11 +106,9 @@ def test_the_summary_ends_with_issue_28s_goal_lines_judged_on_per_round_ratios()
             "result": {"floor": {"dlock_over_floor_median": 1.2, "cpu_ms_per_payout": {}}},
         },
     }
-    verdicts = [g["verdict"] for g in goals(results)]
-    assert verdicts[:4] == ["PASS", "FAIL", "PASS", "PASS"]
-    lines = summary_lines(results)
-    first = next(i for i, line in enumerate(lines) if line.startswith("  GOAL "))
-    tail = lines[first : first + 4]
+    verdicts = [g["verdict"] for g in goals(results) if not g["goal"].startswith("issue 39")]
+    assert verdicts == ["PASS", "FAIL", "PASS", "PASS"]
+    tail = summary_lines(results)[-4:]
     assert tail[0].startswith(
         "  GOAL lock pairs/s at 8 clients (own keys): dlock (pg) ÷ best of ZooKeeper/kazoo,"
         " etcd lock API: 1.0× | >= 1.0× | PASS"

@@ -139,7 +139,7 @@ def test_a_waiter_whose_session_closed_is_skipped(lock_server, key):
 
 def test_a_waiter_whose_wait_ran_out_is_skipped(lock_server, key):
     holder, token = hold(lock_server, key)
-    short = Waiter(lock_server, key, wait_ms=1_500).park(key, 0)
+    short = Waiter(lock_server, key, wait_ms=3_000).park(key, 0)
     second = Waiter(lock_server, key).park(key, 1)
     answer = short.result()
     assert (answer["status"], answer["code"]) == (409, "LOCK_CONTENDED")
