@@ -309,6 +309,7 @@ class AcquireMixin(GrantsMixin):
         deadline = time.monotonic() + wait_ms / 1000
         waiter: int | None = None  # the waiter lease while we are queued
         queue: tuple[str, int] | None = None  # our queue entry (key, create revision)
+        handed = False  # granted from the queue: the entry moved onto the grant's lease
         try:
             while True:
                 try:
@@ -321,6 +322,7 @@ class AcquireMixin(GrantsMixin):
                     queue, deadline = None, time.monotonic()
                     continue
                 if grant is not None:
+                    handed = queue is not None
                     return grant
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -340,8 +342,10 @@ class AcquireMixin(GrantsMixin):
                     )
                 self._await_turn(key=key, session_id=session_id, queue=queue, timeout_s=remaining)
         finally:
-            if waiter is not None:
-                self._revoke_quietly(waiter)  # a granted entry is on the grant's lease by now
+            if waiter is not None and handed:
+                self._recycle(waiter)  # empty: our entry is on the grant's lease by now
+            elif waiter is not None:
+                self._revoke_quietly(waiter)  # leave the queue: the next waiter wakes
 
     def _await_turn(
         self, *, key: str, session_id: uuid.UUID, queue: tuple[str, int], timeout_s: float
@@ -387,7 +391,8 @@ class AcquireMixin(GrantsMixin):
         The cap is decided by rank (create revision) among the current waiters, so two
         concurrent registrations cannot both slip under it.
         """
-        lease, _ = self.client.lease_grant(math.ceil(wait_ms / 1000) + 2)
+        # a lease this process emptied, refreshed (no Raft proposal), when one is kept
+        lease, _ = self._grant_lease(math.ceil(wait_ms / 1000) + 2)
         own = self._k("wait", key, str(session_id), uuid.uuid4().hex)
         try:
             written = self.client.txn([], [put(own, "1", lease)])
