@@ -405,6 +405,11 @@ GOAL_ETCD_OVER_ETCD_LOCK = 0.8  # dlock (etcd) ÷ etcd's own lock API
 GOAL_P99_OVER_BEST_PEER = 1.5  # p99 acquire at 8 clients, dlock ÷ the best durable peer (at most)
 GOAL_CPU_OVER_FLOOR = 1.25  # server CPU per payout ÷ the like-for-like floor (at most)
 GOAL_25_AFTER_OVER_BEFORE = 1.15  # issue 25: server CPU per payout after ÷ before (at most)
+# Issue 39 (the lock path): against ZooKeeper/kazoo and etcd's lock API, same run, interleaved.
+GOAL_39_PG_OVER_ZK = 1.0  # pairs/s, dlock (pg) ÷ ZooKeeper/kazoo, hot key and own keys, 8 and 32
+GOAL_39_P99_OVER_ZK = 1.5  # p99 acquire on a hot key, dlock (pg) ÷ ZooKeeper/kazoo (at most)
+GOAL_39_ETCD_OVER_ETCD_LOCK = 0.4  # own keys × 8: dlock (etcd) ÷ etcd's lock API
+GOAL_39_LOCKSERVER_CPU_MS = 1.5  # lock-server CPU (its nginx + gunicorn) per pair on pg, ms
 
 
 def _result(entry: dict | None) -> dict:
@@ -436,18 +441,28 @@ def peers_lines(entry: dict | None) -> list[str]:
     peers = entry["result"]
     lines.append(
         f"  {'point':<14} {'arm':<11} {'pairs/s':>9} {'acq p50':>8} {'acq p99':>8}"
-        f" {'pair p99':>9} {'CPU ms/pair':>12} {'errors':>7}"
+        f" {'pair p99':>9} {'CPU ms/pair':>12} {'of it LS':>9} {'writes/pair':>12}"
+        f" {'errors':>7}"
     )
     for point in peers.get("points", []):
         name = f"{point['workload']} ×{point['clients']}"
         for arm, row in point["arms"].items():
+            ls_cpu = row.get("lockserver_cpu_ms_per_pair")
+            writes = row.get("writes_per_pair")
             lines.append(
                 f"  {name:<14} {arm:<11} {row['pairs_per_s'] or 0:>9.1f}"
                 f" {row['acquire_p50_ms'] or 0:>8.2f} {row['acquire_p99_ms'] or 0:>8.2f}"
                 f" {row['p99_ms'] or 0:>9.2f} {row['server_cpu_ms_per_pair'] or 0:>12.3f}"
+                f" {'—' if ls_cpu is None else f'{ls_cpu:.3f}':>9}"
+                f" {'—' if writes is None else f'{writes:.2f}':>12}"
                 f" {row['errors']:>7}"
             )
             name = ""
+    lines.append(
+        "  CPU ms/pair: the arm's server processes (dlock: lock server + its store); of it LS:"
+        " the lock server alone; writes/pair: the store's durable writes (pg transaction ids,"
+        " etcd raft proposals, ZooKeeper zxids) over the window, background included"
+    )
     tokens = peers.get("tokens") or {}
     if tokens:
         lines.append(
@@ -532,7 +547,7 @@ def goals(results: dict[str, dict]) -> list[dict]:
     own8 = _peer_point(peers, "own", 8) if peers else None
     out: list[dict] = []
 
-    def goal(name: str, ratio, bound: float, at_most: bool, arms: str) -> None:
+    def goal(name: str, ratio, bound: float, at_most: bool, arms: str, unit: str = "×") -> None:
         if ratio is None:
             verdict = "NOT RUN"
         else:
@@ -541,7 +556,8 @@ def goals(results: dict[str, dict]) -> list[dict]:
             {
                 "goal": name,
                 "ratio": ratio,
-                "bound": f"{'<=' if at_most else '>='} {bound}×",
+                "unit": unit,
+                "bound": f"{'<=' if at_most else '>='} {bound}{unit}",
                 "arms": arms,
                 "verdict": verdict,
             }
@@ -592,14 +608,63 @@ def goals(results: dict[str, dict]) -> list[dict]:
         if floor
         else "e2e with its floor not run",
     )
-    return out
+    for workload, clients in (("hot", 8), ("hot", 32), ("own", 8), ("own", 32)):
+        point = _peer_point(peers, workload, clients) if peers else None
+        arms_p, ratios_p = (point or {}).get("arms", {}), (point or {}).get("ratios", {})
+        where = "one hot key" if workload == "hot" else "own keys"
+
+        def arm_text(arm: str, field: str, unit: str, arms_p=arms_p) -> str:
+            row = arms_p.get(arm)
+            return f"{arm} {row[field]}{unit}" if row else f"{arm} —"
+
+        goal(
+            f"issue 39, {where} × {clients}: pairs/s dlock (pg) ÷ ZooKeeper/kazoo",
+            ratios_p.get("pg_over_zookeeper"),
+            GOAL_39_PG_OVER_ZK,
+            False,
+            f"{arm_text('dlock-pg', 'pairs_per_s', '/s')};"
+            f" {arm_text('zookeeper', 'pairs_per_s', '/s')}",
+        )
+        if workload == "hot":
+            goal(
+                f"issue 39, {where} × {clients}: p99 acquire dlock (pg) ÷ ZooKeeper/kazoo",
+                ratios_p.get("pg_p99_over_zookeeper"),
+                GOAL_39_P99_OVER_ZK,
+                True,
+                f"{arm_text('dlock-pg', 'acquire_p99_ms', ' ms')};"
+                f" {arm_text('zookeeper', 'acquire_p99_ms', ' ms')}",
+            )
+    goal(
+        "issue 39, own keys × 8: pairs/s dlock (etcd) ÷ etcd lock API",
+        ratios8.get("etcd_over_etcd_lock"),
+        GOAL_39_ETCD_OVER_ETCD_LOCK,
+        False,
+        f"{rate('dlock-etcd')}; {rate('etcd-lock')}",
+    )
+    pg8 = arms8.get("dlock-pg") or {}
+    store_cpu = (pg8.get("server_cpu_ms_per_pair") or 0) - (
+        pg8.get("lockserver_cpu_ms_per_pair") or 0
+    )
+    goal(
+        "issue 39, own keys × 8: lock-server CPU per pair on pg (its nginx + gunicorn)",
+        pg8.get("lockserver_cpu_ms_per_pair"),
+        GOAL_39_LOCKSERVER_CPU_MS,
+        True,
+        f"dlock-pg; PostgreSQL's own CPU per pair {store_cpu:.3f} ms" if pg8 else "dlock-pg —",
+        unit=" ms",
+    )
+    # issue 39's lines first: the summary ends with issue 28's four, as it always has
+    return [g for g in out if g["goal"].startswith("issue 39")] + [
+        g for g in out if not g["goal"].startswith("issue 39")
+    ]
 
 
 def goal_lines(found: list[dict]) -> list[str]:
-    lines = ["", "Goals (issue 28; ratios within this run)", "-" * 40]
+    lines = ["", "Goals (issues 28 and 39; ratios within this run)", "-" * 48]
     for g in found:
         lines.append(
-            f"  GOAL {g['goal']}: {g['ratio']}× | {g['bound']} | {g['verdict']}  ({g['arms']})"
+            f"  GOAL {g['goal']}: {g['ratio']}{g.get('unit', '×')} | {g['bound']}"
+            f" | {g['verdict']}  ({g['arms']})"
         )
     return lines
 

@@ -30,6 +30,13 @@ trees: the lock server role (gunicorn, and its proxy when it has one) + PostgreS
 dlock-pg, + etcd for dlock-etcd; the JVM; etcd). An
 arm's figure is the median over its rounds; the goal ratios are medians of per-round ratios.
 
+Durable writes per pair (issue 39 item 2), counted by each store over the arm's window: dlock-pg
+the transaction ids PostgreSQL assigned (one per transaction that wrote; read-only ones take
+none), dlock-etcd and etcd-lock etcd's committed raft proposals
+(`etcd_server_proposals_committed_total`; a lease keepalive is not one), zookeeper the zxids
+(`srvr`). Each store's own background writes in the window (the lock servers' housekeeping)
+are included, so the figure is an upper bound.
+
 Every grant's token is logged per key while it is held; `check_tokens` asserts strictly
 increasing per key (a violation fails the run). Writes `<out>/peers.json`.
 """
@@ -41,6 +48,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import statistics
@@ -55,6 +63,7 @@ from bench import credentials
 from bench.proc import tree_cpu_seconds
 from bench.zookeeper import ZooKeeperServer
 from bench.zookeeper import version as zk_version
+from bench.zookeeper import write_count as zk_write_count
 from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
 
 ROUNDS = int(os.environ.get("BENCH_PEERS_ROUNDS", "3"))
@@ -352,8 +361,10 @@ def drive(
     seconds: float,
     server_pids: dict[str, int],
     tokens: TokenLog,
+    writes: Callable[[], int | None] | None = None,
 ) -> dict:
-    """Every client loops acquire → (log token) → release for `seconds` after a warm-up."""
+    """Every client loops acquire → (log token) → release for `seconds` after a warm-up;
+    `writes` reads the store's count of durable writes (before and after the window)."""
     n = len(clients)
     acquires: list[list[float]] = [[] for _ in range(n)]
     pairs: list[list[float]] = [[] for _ in range(n)]
@@ -396,17 +407,25 @@ def drive(
     ready.wait()
     time.sleep(max(0.0, window["start"] - time.monotonic()))
     cpu_before = {name: tree_cpu_seconds(pid) for name, pid in server_pids.items()}
+    writes_before = writes() if writes is not None else None
     client_before = time.process_time()
     shed_before = sum(getattr(c, "shed", 0) for c in clients)
     for thread in threads:
         thread.join(seconds + 90)
     cpu = {name: tree_cpu_seconds(pid) - cpu_before[name] for name, pid in server_pids.items()}
+    writes_after = writes() if writes is not None else None
     client_cpu = time.process_time() - client_before
     flat_pairs = [s for per in pairs for s in per]
     flat_acq = [s for per in acquires for s in per]
     count = len(flat_pairs)
+    written = (
+        None
+        if writes_before is None or writes_after is None or not count
+        else round((writes_after - writes_before) / count, 2)
+    )
     return {
         "pairs": count,
+        "writes_per_pair": written,
         "pairs_per_s": round(count / seconds, 1),
         "acquire_p50_ms": round(_percentile(flat_acq, 0.50) * 1000, 2),
         "acquire_p99_ms": round(_percentile(flat_acq, 0.99) * 1000, 2),
@@ -416,6 +435,10 @@ def drive(
         "server_cpu_ms_per_pair_by_process": {
             name: round(value * 1000 / count, 3) if count else None for name, value in cpu.items()
         },
+        # the lock server alone: its gunicorn (and its nginx when run as a pod), not the store
+        "lockserver_cpu_ms_per_pair": round(cpu["lockserver"] * 1000 / count, 3)
+        if count and "lockserver" in cpu
+        else None,
         "server_cores_busy": round(sum(cpu.values()) / seconds, 2),
         "client_cores_busy": round(client_cpu / seconds, 2),
         "shed_retried": sum(getattr(c, "shed", 0) for c in clients) - shed_before,
@@ -434,6 +457,8 @@ def _median_row(rows: list[dict]) -> dict:
         "p50_ms",
         "p99_ms",
         "server_cpu_ms_per_pair",
+        "lockserver_cpu_ms_per_pair",
+        "writes_per_pair",
         "server_cores_busy",
         "client_cores_busy",
     ):
@@ -457,9 +482,23 @@ def ratios(rounds: list[dict]) -> dict:
         "etcd_over_etcd_lock": [],
         "pg_p99_over_best_peer": [],
         "etcd_p99_over_best_peer": [],
+        "pg_over_zookeeper": [],  # issue 39's goals are against ZooKeeper/kazoo
+        "pg_p99_over_zookeeper": [],
     }
     for one in rounds:
         arms = one["arms"]
+        zk = arms.get("zookeeper")
+        pg_row = arms.get("dlock-pg")
+        per["pg_over_zookeeper"].append(
+            round(pg_row["pairs_per_s"] / zk["pairs_per_s"], 3)
+            if pg_row and zk and zk["pairs_per_s"]
+            else None
+        )
+        per["pg_p99_over_zookeeper"].append(
+            round(pg_row["acquire_p99_ms"] / zk["acquire_p99_ms"], 3)
+            if pg_row and pg_row["pairs"] and zk and zk["pairs"] and zk["acquire_p99_ms"]
+            else None
+        )
         peers = [arms[p] for p in PEERS if p in arms and arms[p]["pairs"]]
         best_rate = max((p["pairs_per_s"] for p in peers), default=0)
         best_p99 = min((p["acquire_p99_ms"] for p in peers), default=0)
@@ -544,6 +583,30 @@ class _Stack:
         else:
             pids["etcd"] = self.etcd.process.pid
         return pids
+
+    def write_counter(self, arm: str) -> Callable[[], int | None]:
+        """The arm's store's count of durable writes so far (see the module docstring)."""
+        if arm == "zookeeper":
+            return lambda: zk_write_count(self.zk.port)
+        if arm == "dlock-pg":
+            return self._pg_xids
+        return self._etcd_proposals
+
+    def _pg_xids(self) -> int | None:
+        found = re.search(r"\d+", self.pg.psql("SELECT pg_snapshot_xmax(pg_current_snapshot())"))
+        return int(found.group()) if found else None
+
+    def _etcd_proposals(self) -> int | None:
+        conn = _Http(self.etcd.url)
+        try:
+            conn.conn.request("GET", "/metrics")
+            text = conn.conn.getresponse().read().decode()
+        except (OSError, http.client.HTTPException):
+            return None
+        finally:
+            conn.close()
+        found = re.search(r"^etcd_server_proposals_committed_total (\S+)$", text, re.M)
+        return int(float(found.group(1))) if found else None
 
     def client_factory(
         self, arm: str, keepalive: EtcdKeepalive
@@ -634,7 +697,13 @@ def run(
                     one = {"round": index + 1, "order": list(order), "arms": {}}
                     for arm in order:
                         one["arms"][arm] = drive(
-                            arm, opened[arm], keys[arm], seconds, stack.server_pids(arm), tokens
+                            arm,
+                            opened[arm],
+                            keys[arm],
+                            seconds,
+                            stack.server_pids(arm),
+                            tokens,
+                            stack.write_counter(arm),
                         )
                     one["loadavg_1m"] = round(os.getloadavg()[0], 2)
                     done.append(one)

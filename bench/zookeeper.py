@@ -109,3 +109,12 @@ def version(port: int) -> str:
         if line.startswith("Zookeeper version:"):
             return line.split(":", 1)[1].split(",")[0].strip()
     return "?"
+
+
+def write_count(port: int) -> int | None:
+    """Write transactions so far in this epoch: the counter half of `srvr`'s Zxid (every create,
+    delete or set is one transaction and one zxid; reads take none)."""
+    for line in four_letter(port, b"srvr").decode(errors="replace").splitlines():
+        if line.startswith("Zxid:"):
+            return int(line.split(":", 1)[1].strip(), 16) & 0xFFFFFFFF
+    return None

@@ -80,6 +80,17 @@ lock_acquire = Counter(
     ["backend", "outcome"],
     registry=None,
 )
+# Every time a parked acquire (L4 with waitMillis) wakes: `direct` (a NOTIFY or watch meant for it
+# alone: the lock was handed to it, or its queue entry was withdrawn), `broadcast` (told to
+# re-check its key with the key's other waiters) or `timer` (its holder's lease lapsed, or its
+# wait ran out). One release wakes one waiter (ARCHITECTURE decision 23): no herd.
+lock_waiter_wakeups = Counter(
+    "lock_waiter_wakeups",
+    "Wake-ups of parked lock acquires by backend and cause.",
+    ["backend", "cause"],
+    registry=None,
+)
+WAKEUP_CAUSES = ("direct", "broadcast", "timer")
 requests_shed = Counter(
     "dlock_requests_shed",
     "Requests answered 503 OVERLOADED before Django: older than SERVER_QUEUE_DEADLINE_MS "
@@ -130,7 +141,13 @@ FENCED_BY_ROLE = {
     "ops": FENCED_RESOURCES,
 }
 ROLE_METRICS = {
-    "lockserver": (lock_acquire, lock_live_sessions, lock_live_grants, requests_shed),
+    "lockserver": (
+        lock_acquire,
+        lock_live_sessions,
+        lock_live_grants,
+        lock_waiter_wakeups,
+        requests_shed,
+    ),
     "payments": (lock_fenced_out, requests_shed),
     "railproxy": (lock_fenced_out, rail_duplicate_attempted, rail_submission, requests_shed),
     "railstub": (requests_shed,),
@@ -175,6 +192,8 @@ def register_role_metrics(
         lock_live_grants.labels(backend=name)
         for outcome in ACQUIRE_OUTCOMES:
             lock_acquire.labels(backend=name, outcome=outcome)
+        for cause in WAKEUP_CAUSES:
+            lock_waiter_wakeups.labels(backend=name, cause=cause)
 
 
 def scrape_registry() -> CollectorRegistry:

@@ -155,8 +155,13 @@ class TxnResult:
 # --------------------------------------------------------------------------- txn builders
 
 
-def compare(key: str, target: str, op: str, value: int | str | bytes) -> dict[str, Any]:
-    """target: CREATE | MOD | VERSION | LEASE | VALUE; op: EQUAL | GREATER | LESS | NOT_EQUAL."""
+def compare(
+    key: str, target: str, op: str, value: int | str | bytes, *, prefix: bool = False
+) -> dict[str, Any]:
+    """target: CREATE | MOD | VERSION | LEASE | VALUE; op: EQUAL | GREATER | LESS | NOT_EQUAL.
+
+    With `prefix` every key under `key` must satisfy it; with none there, etcd compares an
+    empty key (revisions 0), so CREATE EQUAL 0 over a prefix means "no key under it"."""
     field = {
         "CREATE": "create_revision",
         "MOD": "mod_revision",
@@ -165,7 +170,10 @@ def compare(key: str, target: str, op: str, value: int | str | bytes) -> dict[st
         "VALUE": "value",
     }[target]
     encoded = _b64(value) if target == "VALUE" else str(value)
-    return {"target": target, "key": _b64(key), "result": op, field: encoded}
+    body = {"target": target, "key": _b64(key), "result": op, field: encoded}
+    if prefix:
+        body["range_end"] = _b64(prefix_end(key))
+    return body
 
 
 def put(key: str, value: str | bytes, lease: int = 0) -> dict[str, Any]:
@@ -175,10 +183,12 @@ def put(key: str, value: str | bytes, lease: int = 0) -> dict[str, Any]:
     return {"request_put": body}
 
 
-def delete(key: str, *, prev_kv: bool = False) -> dict[str, Any]:
+def delete(key: str, *, prev_kv: bool = False, prefix: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {"key": _b64(key)}
     if prev_kv:
         body["prev_kv"] = True
+    if prefix:
+        body["range_end"] = _b64(prefix_end(key))
     return {"request_delete_range": body}
 
 
@@ -396,15 +406,28 @@ class EtcdClient:
             self._next_member(member)
             raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
 
-    def wait_for_change(self, keys: list[str], *, after_revision: int, timeout_s: float) -> bool:
-        """Block until any of `keys` changes after `after_revision`, or `timeout_s` passes.
+    def wait_for_change(
+        self,
+        keys: list[str],
+        *,
+        after_revision: int,
+        timeout_s: float,
+        deletions_only: bool = False,
+    ) -> bool:
+        """Block until any of `keys` changes (is deleted, with `deletions_only`) after
+        `after_revision`, or `timeout_s` passes.
 
         One gateway stream with one watcher per key, starting at after_revision + 1 so a change
         between the caller's read and this call is not missed. True on a change, False on
         timeout. The connection is closed on return, which cancels the watchers server-side.
         """
         deadline = time.monotonic() + timeout_s
-        creates = [{"key": _b64(key), "start_revision": str(after_revision + 1)} for key in keys]
+        creates: list[dict[str, Any]] = [
+            {"key": _b64(key), "start_revision": str(after_revision + 1)} for key in keys
+        ]
+        if deletions_only:
+            for create in creates:
+                create["filters"] = ["NOPUT"]
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False

@@ -116,10 +116,16 @@ class LockWaiter(models.Model):
     owner_id = models.CharField(max_length=64)
     since = models.DateTimeField()
     expires_at = models.DateTimeField()  # the wait deadline; a crashed waiter stops counting
+    # Arrival order (ARCHITECTURE decision 23): drawn from lock_waiter_position_seq on insert.
+    position = models.BigIntegerField(null=True)
+    ttl_ms = models.IntegerField(null=True)  # the grant's ttlMillis if the lock is handed over
 
     class Meta:
         db_table = "lock_waiter"
-        indexes = [models.Index(fields=["lock_key", "expires_at"], name="lock_waiter_key")]
+        indexes = [
+            models.Index(fields=["lock_key", "expires_at"], name="lock_waiter_key"),
+            models.Index(fields=["lock_key", "position"], name="lock_waiter_queue"),
+        ]
 
     def __str__(self) -> str:
         return f"waiter on {self.lock_key}"

@@ -1,11 +1,14 @@
 """One background thread per lock-server process: LISTEN for freed keys, run the reaper.
 
-Waiters (L4 with waitMillis) block on a per-key `threading.Event` without holding a pooled
-database connection; a release, revoke, session close or reaped expiry NOTIFYs the key's
-channel on commit and this thread sets every event subscribed to that key. The thread owns two
-psycopg connections of its own (never the request pool): one only LISTENs, one runs the
-periodic housekeeping. It also tells the backend whether the database answered lately, which
-separates "database down" (503 NOT_LEADER) from "pool exhausted" (503 OVERLOADED).
+Waiters (L4 with waitMillis) block on a `threading.Event` without holding a pooled database
+connection. A release, revoke, session close or lapse hands the key to the head of its queue
+and NOTIFYs that waiter only (the grant channel, payload: its waiter id and grant); this thread
+wakes that one waiter (`Parked.payload`). The key channel (payload: the key) is the fallback
+that wakes every waiter parked on a key, for a waiter the freeing statement could not see yet.
+The thread owns two psycopg connections of its own (never the request pool): one only
+LISTENs, one runs the periodic housekeeping. It also tells the backend whether the database
+answered lately, which separates "database down" (503 NOT_LEADER) from "pool exhausted"
+(503 OVERLOADED).
 """
 
 from __future__ import annotations
@@ -24,17 +27,33 @@ from dlock.logs import log_event
 logger = logging.getLogger("dlock.lockserver")
 
 
+class Parked:
+    """One parked acquire: woken by a NOTIFY meant for it alone (`payload`: the hand-off's
+    grant, or its withdrawal) or to re-check its key."""
+
+    __slots__ = ("event", "key", "payload", "waiter_id")
+
+    def __init__(self, key: str, waiter_id: str) -> None:
+        self.key = key
+        self.waiter_id = waiter_id
+        self.event = threading.Event()
+        self.payload: str | None = None
+
+
 class KeyListener:
     def __init__(
         self,
         conn_params: dict,
         *,
         channel: str,
+        grant_channel: str | None = None,
         housekeeping: Callable[[psycopg.Connection], None] | None = None,
         housekeeping_interval_s: float = 1.0,
     ) -> None:
         self._params = conn_params
         self._channel = channel
+        self._grant_channel = grant_channel
+        self._parked: dict[str, Parked] = {}
         self._housekeeping = housekeeping
         self._interval = housekeeping_interval_s
         self._subscribers: dict[str, set[threading.Event]] = defaultdict(set)
@@ -70,6 +89,19 @@ class KeyListener:
             self._subscribers[key].add(event)
         return event
 
+    def park(self, key: str, waiter_id: str) -> Parked:
+        """Subscribe a waiter before its queue entry exists, so no hand-off NOTIFY is missed."""
+        parked = Parked(key, waiter_id)
+        with self._guard:
+            self._parked[waiter_id] = parked
+            self._subscribers[key].add(parked.event)
+        return parked
+
+    def unpark(self, parked: Parked) -> None:
+        with self._guard:
+            self._parked.pop(parked.waiter_id, None)
+        self.unsubscribe(parked.key, parked.event)
+
     def unsubscribe(self, key: str, event: threading.Event) -> None:
         with self._guard:
             events = self._subscribers.get(key)
@@ -86,6 +118,13 @@ class KeyListener:
         for event in events:
             event.set()
 
+    def _wake_granted(self, payload: str) -> None:
+        with self._guard:
+            parked = self._parked.get(payload.split(" ", 1)[0])
+        if parked is not None:
+            parked.payload = payload
+            parked.event.set()
+
     def _wake_all(self) -> None:
         """After a reconnect notifications may have been missed: every waiter re-checks."""
         with self._guard:
@@ -98,6 +137,8 @@ class KeyListener:
         work = psycopg.connect(**self._params, autocommit=True)
         self._conns = [listen, work]
         listen.execute(f"LISTEN {self._channel}")
+        if self._grant_channel is not None:
+            listen.execute(f"LISTEN {self._grant_channel}")
         return listen, work
 
     def _run(self) -> None:
@@ -144,7 +185,10 @@ class KeyListener:
         while not self._stop.is_set():
             timeout = max(0.0, min(0.5, next_housekeeping - time.monotonic()))
             for notify in listen.notifies(timeout=timeout):
-                self._wake(notify.payload)
+                if notify.channel == self._grant_channel:
+                    self._wake_granted(notify.payload)
+                else:
+                    self._wake(notify.payload)
             if self._housekeeping is not None and time.monotonic() >= next_housekeeping:
                 next_housekeeping = time.monotonic() + self._interval
                 try:

@@ -23,7 +23,7 @@ from psycopg_pool import PoolTimeout, TooManyRequests
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found
 from dlock.logs import log_event
-from dlock.metrics import lock_live_grants, lock_live_sessions
+from dlock.metrics import lock_live_grants, lock_live_sessions, lock_waiter_wakeups
 from dlock.prepared import server_cursor_class
 from dlock.timefmt import rfc3339_ms
 from lockserver.backends import pg_sql as sql
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("dlock.lockserver")
 INT64_MAX = 2**63 - 1
+QUEUED_KEY_MEMORY_S = 1.0  # how long a key this process queued on is taken for a hot key
 
 
 class _PreparingCursor:
@@ -79,12 +80,14 @@ class PgLockBackend:
         self._floor_applied = False
         self._floor_refusal_logged = False
         self._floor_guard = threading.Lock()
+        self._queued_keys: dict[str, float] = {}  # key -> when this process last queued on it
         params = dict(connections[self.alias].get_connection_params())
         for name in ("cursor_factory", "context", "prepare_threshold"):
             params.pop(name, None)
         self.listener = KeyListener(
             params,
             channel=sql.NOTIFY_CHANNEL,
+            grant_channel=sql.GRANT_CHANNEL,
             housekeeping=self._housekeep,
             housekeeping_interval_s=settings.LOCK_HOUSEKEEPING_MS / 1000,
         )
@@ -252,13 +255,18 @@ class PgLockBackend:
 
     def close_session(self, *, session_id: uuid.UUID, owner_id: str) -> None:
         with self._atomic() as cursor:
-            # Row lock first: an acquire holding the session FOR SHARE commits before we free.
+            # Its queue entries first: a hand-off that locked one commits before we go on, one
+            # that comes later skips them (pg_sql._HEAD).
+            sql.delete_session_waiters(cursor, session_id=session_id)
+            # Row lock next: an acquire holding the session FOR SHARE commits before we free.
             session = sql.get_session(cursor, session_id=session_id, for_update=True)
             if session is None:
                 raise session_unknown(session_id)
             if session.owner_id != owner_id:
                 raise owner_mismatch()
             freed = sql.delete_session(cursor, session_id=session_id)
+            for key, _token, _owner in freed:
+                sql.hand_off(cursor, key=key)  # to the head of each freed key's queue
         for key, token, owner in freed:
             log_event(
                 "lock_released",
@@ -278,79 +286,194 @@ class PgLockBackend:
         self._ensure_token_floor()
         self.budget.check(session_id=session_id, key=key)
         deadline = time.monotonic() + wait_ms / 1000
-        # Subscribe before the first attempt so a release between attempt and wait is not lost.
-        event = self.listener.subscribe(key) if wait_ms > 0 else None
-        waiter_id: uuid.UUID | None = None
+        parked = refused = False  # queued once (the wait is spent); the queue refused us
         free_retries = 0
-        try:
-            while True:
+        # A key this process saw queued on lately is queued on at once: the queue entry's
+        # statement says whether the key is free, and a free key is then handed to the head of
+        # its queue (us, when nobody is ahead): one statement fewer per hot-key acquire.
+        queue_first = wait_ms > 0 and self._recently_queued(key)
+        while True:
+            acquired = None
+            if not queue_first:
                 with self._cursor(pooled=True) as cursor:
                     acquired = sql.try_acquire(
                         cursor, key=key, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms
                     )
-                    if acquired is None:
-                        session = sql.get_session(cursor, session_id=session_id)
-                        state = sql.key_state(cursor, key=key)
-                if acquired is not None:
-                    return self._granted(acquired, session_id)
-                if session is None:
-                    raise session_unknown(session_id)
-                if owner_id is not None and session.owner_id != owner_id:
-                    raise owner_mismatch()
-                if not session.live:
-                    raise session_expired(session_id)
-                if state.live and state.session_id == session_id:
-                    rotated = self._rotate(key, session_id, state.fencing_token, ttl_ms)
-                    if rotated is not None:
-                        return rotated
-                    continue  # released, lapsed or revoked meanwhile: an ordinary attempt
-                if not state.live and free_retries < 3:
-                    free_retries += 1
-                    continue  # freed between our two statements: try again at once
-                remaining = deadline - time.monotonic()
-                if event is None or remaining <= 0:
-                    self.budget.spend(session_id=session_id, key=key)
-                    raise lock_contended(
-                        key,
-                        holder_owner_id=state.owner_id,
-                        expires_at=rfc3339_ms(state.expires_at),
-                        ms_until_free=state.ms_until_free,
+            queue_first = False
+            if acquired is not None:
+                self._queued_keys.pop(key, None)
+                return self._granted(acquired, session_id)
+            remaining = deadline - time.monotonic()
+            if wait_ms > 0 and remaining > 0 and not parked and not refused:
+                # Queue at once (one statement checks the session too): the hot key's path
+                parked_grant = self._park(
+                    key=key,
+                    session_id=session_id,
+                    owner_id=owner_id,
+                    ttl_ms=ttl_ms,
+                    deadline=deadline,
+                    remaining=remaining,
+                )
+                if isinstance(parked_grant, GrantRecord):
+                    return parked_grant
+                if parked_grant is None:
+                    # The wait ran out (or the entry went with a closed session) without a
+                    # hand-off: one last attempt answers with the right code.
+                    parked = True
+                    continue
+                refused = True  # not admitted: say why below
+            with self._cursor(pooled=True) as cursor:
+                session = sql.get_session(cursor, session_id=session_id)
+                state = sql.key_state(cursor, key=key)
+            if session is None:
+                raise session_unknown(session_id)
+            if owner_id is not None and session.owner_id != owner_id:
+                raise owner_mismatch()
+            if not session.live:
+                raise session_expired(session_id)
+            if state.live and state.session_id == session_id:
+                rotated = self._rotate(key, session_id, state.fencing_token, ttl_ms)
+                if rotated is not None:
+                    return rotated
+                continue  # released, lapsed or revoked meanwhile: an ordinary attempt
+            if not state.live and free_retries < 3:
+                # Free (or lapsed) but refused: waiters are queued on it. Hand it to the head of
+                # the queue (decision 23), then queue behind it; or freed between our two
+                # statements: try again at once.
+                free_retries += 1
+                refused = False
+                self._hand_off(key)
+                continue
+            if refused and state.live:
+                raise contention_exceeded(
+                    key, cap=settings.LOCK_MAX_WAITERS_PER_KEY, ms_until_free=state.ms_until_free
+                )
+            self.budget.spend(session_id=session_id, key=key)
+            raise lock_contended(
+                key,
+                holder_owner_id=state.owner_id,
+                expires_at=rfc3339_ms(state.expires_at),
+                ms_until_free=state.ms_until_free,
+            )
+
+    def _park(
+        self,
+        *,
+        key: str,
+        session_id: uuid.UUID,
+        owner_id: str | None,
+        ttl_ms: int,
+        deadline: float,
+        remaining: float,
+    ) -> GrantRecord | bool | None:
+        """Queue behind the key's earlier waiters and wait for the hand-off (decision 23).
+
+        The grant is made by the statement that frees the key (release, revoke, closed session,
+        reaper) or, after the holder's lease lapsed, by the first waiter to notice (hand_off),
+        and arrives in the NOTIFY meant for this waiter alone: no statement to collect it.
+        Holds no pooled connection while it waits. None: the wait ran out without a grant (or
+        the entry was withdrawn with a closed session); False: not admitted (the session, the
+        cap, or the session holds the key itself). The queue entry is gone on return.
+        """
+        waiter_id = uuid.uuid4()
+        parked = self.listener.park(key, str(waiter_id))
+        grant: sql.GrantRow | None = None
+        queued = False
+        try:
+            with self._cursor(pooled=True) as cursor:
+                admitted, held, ms_until_free = sql.add_waiter(
+                    cursor,
+                    waiter_id=waiter_id,
+                    key=key,
+                    session_id=session_id,
+                    owner_id=owner_id,
+                    wait_ms=int(remaining * 1000) + 1,
+                    cap=settings.LOCK_MAX_WAITERS_PER_KEY,
+                    ttl_ms=ttl_ms,
+                )
+            if not admitted:
+                return False
+            queued = True
+            if held:
+                self._mark_queued(key)
+            # Freed while we queued: its statement may not have seen our entry; hand it over.
+            recheck = not held
+            self._release_connection()
+            while True:
+                if parked.payload is not None:
+                    _, handed = sql.grant_payload(parked.payload)
+                    queued = False  # the hand-off (or the session's close) removed the entry
+                    if handed is not None:
+                        token, acquired_at, expires_at = handed
+                        grant = sql.GrantRow(key, "", session_id, token, acquired_at, expires_at)
+                    break
+                if recheck:
+                    handoff = self._hand_off(key)
+                    if handoff.waiter_id == waiter_id:
+                        queued, grant = False, handoff.grant
+                        break
+                    ms_until_free = handoff.ms_until_free
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # Woken by the hand-off to us, or when the holder's lease lapses by the
+                # database's own reckoning (nobody NOTIFYs that): then hand it over ourselves.
+                timeout = left if ms_until_free is None else min(left, ms_until_free / 1000 + 0.002)
+                woken = parked.event.wait(max(0.0, timeout))
+                parked.event.clear()
+                cause = "direct" if parked.payload else "broadcast" if woken else "timer"
+                lock_waiter_wakeups.labels(backend=self.name, cause=cause).inc()
+                recheck = parked.payload is None
+            if queued:  # the wait ran out: leave the queue (or find we were just handed it)
+                with self._cursor(pooled=True) as cursor:
+                    grant = sql.withdraw(
+                        cursor, waiter_id=waiter_id, key=key, session_id=session_id
                     )
-                if waiter_id is None:
-                    waiter_id = uuid.uuid4()
-                    with self._cursor(pooled=True) as cursor:
-                        admitted, held = sql.add_waiter(
-                            cursor,
-                            waiter_id=waiter_id,
-                            key=key,
-                            session_id=session_id,
-                            owner_id=session.owner_id,
-                            wait_ms=int(remaining * 1000) + 1,
-                            cap=settings.LOCK_MAX_WAITERS_PER_KEY,
-                        )
-                    if not admitted:
-                        waiter_id = None
-                        raise contention_exceeded(
-                            key,
-                            cap=settings.LOCK_MAX_WAITERS_PER_KEY,
-                            ms_until_free=state.ms_until_free,
-                        )
-                    if not held:
-                        # Freed while we parked: its NOTIFY may have gone out before our
-                        # mark (pg_sql._NOTIFY_IF_WAITED), so try again now, not after a wait.
-                        continue
-                self._release_connection()
-                # Woken by NOTIFY on release/revoke/close/reap, or when the holder's lease
-                # lapses by the database's own reckoning (no notification for that).
-                lapse = (state.ms_until_free or 0) / 1000 + 0.002
-                event.wait(max(0.0, min(remaining, lapse)))
-                event.clear()
-        finally:
-            if event is not None:
-                self.listener.unsubscribe(key, event)
-            if waiter_id is not None:
+                queued = False
+        except BaseException:
+            if queued:  # best effort: leave the queue, and give back a grant we cannot answer
                 with contextlib.suppress(Exception), self._cursor(pooled=True) as cursor:
-                    sql.remove_waiter(cursor, waiter_id=waiter_id)
+                    lost = sql.withdraw(cursor, waiter_id=waiter_id, key=key, session_id=session_id)
+                    if lost is not None:
+                        sql.release(cursor, key=key, token=lost.fencing_token)
+            raise
+        finally:
+            self.listener.unpark(parked)
+        if grant is None:
+            return None
+        owner = grant.owner_id or (owner_id or self._owner_of(session_id))
+        return GrantRecord(
+            key, owner, session_id, grant.fencing_token, grant.acquired_at, grant.expires_at
+        )
+
+    def _recently_queued(self, key: str) -> bool:
+        seen = self._queued_keys.get(key)
+        return seen is not None and time.monotonic() - seen < QUEUED_KEY_MEMORY_S
+
+    def _mark_queued(self, key: str) -> None:
+        if len(self._queued_keys) > 4_096:
+            self._queued_keys.clear()
+        self._queued_keys[key] = time.monotonic()
+
+    def _owner_of(self, session_id: uuid.UUID) -> str:
+        with self._cursor(pooled=True) as cursor:
+            session = sql.get_session(cursor, session_id=session_id)
+        return session.owner_id if session is not None else ""
+
+    def _hand_off(self, key: str) -> sql.HandOff:
+        """Give a key that is not live to the head of its queue; log the lapse it ended."""
+        with self._cursor(pooled=True) as cursor:
+            handed = sql.hand_off(cursor, key=key)
+        if handed.lapsed_token is not None:
+            log_event(
+                "lock_expired",
+                backend=self.name,
+                key=key,
+                fencingToken=handed.lapsed_token,
+                ownerId=handed.lapsed_owner_id,
+                sessionId=str(handed.lapsed_session_id),
+            )
+        return handed
 
     def _rotate(
         self, key: str, session_id: uuid.UUID, token: int, ttl_ms: int
@@ -472,6 +595,7 @@ class PgLockBackend:
                 reason=reason,
                 revocation_id=revocation_id,
             )
+            sql.hand_off(cursor, key=key)  # its token is drawn after the floor: above it
         return RevocationRecord(key, token, floor, revocation_id, owner)
 
     # ------------------------------------------------------------------ lifecycle
@@ -488,7 +612,12 @@ class PgLockBackend:
     def _housekeep(self, conn: psycopg.Connection) -> None:
         """Reaper (listener thread, own connection): expiry events, retention, gauges."""
         with conn.cursor() as cursor:
-            for key, token, owner, session_id in sql.reap_lapsed_grants(cursor):
+            with conn.transaction():
+                lapsed = sql.reap_lapsed_grants(cursor)
+                for key, _token, _owner, _session_id, waited in lapsed:
+                    if waited:
+                        sql.hand_off(cursor, key=key)  # a lapse hands over too (decision 23)
+            for key, token, owner, session_id, _waited in lapsed:
                 log_event(
                     "lock_expired",
                     backend=self.name,

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 NOTIFY_CHANNEL = "dlock_lock_free"
+# A hand-off NOTIFYs only the waiter it granted, on its own channel (payload: its waiter id and
+# its grant, grant_payload).
+GRANT_CHANNEL = "dlock_lock_granted"
 
 _LIVE = (
     "g.fencing_token IS NOT NULL AND g.expires_at > clock_timestamp()"
@@ -38,6 +41,62 @@ _FREE_HOLDER = (
 _NOTIFY_IF_WAITED = (
     f"CASE WHEN waiter_until > clock_timestamp() THEN pg_notify('{NOTIFY_CHANNEL}', lock_key) END"
 )
+
+# Grant order (ARCHITECTURE decision 23). Parked waiters are lock_waiter rows; `position` (a
+# sequence) is their arrival order. A waiter may be granted while its wait and its session are
+# live; the others are skipped, never granted. A waiter leaves the queue when it is granted.
+_ELIGIBLE = (
+    "w.expires_at > clock_timestamp()"
+    " AND s.session_id = w.session_id AND s.expires_at > clock_timestamp()"
+)
+# The head of a key's queue (`cur` is the CTE that holds the key's row lock). SKIP LOCKED: a
+# waiter row locked now is being withdrawn (its wait ran out) or its session closed (close_session
+# deletes its waiter rows first): the next one is the head. LockRows runs below LIMIT, so a row
+# skipped or gone makes the scan go on to the next waiter.
+_HEAD = f"""
+    SELECT w.waiter_id, w.session_id, w.owner_id, w.ttl_ms,
+           s.expires_at AS session_expires_at
+    FROM lock_waiter AS w, lock_session AS s
+    WHERE w.lock_key = %(key)s::varchar AND EXISTS (SELECT 1 FROM cur) AND {_ELIGIBLE}
+    ORDER BY w.position LIMIT 1
+    FOR UPDATE OF w SKIP LOCKED
+"""
+# Set on the key's row by a hand-off to `nxt` (when there is no `nxt`: the key is freed).
+_HANDED = (
+    "session_id = nxt.session_id, owner_id = nxt.owner_id,"
+    " fencing_token = CASE WHEN nxt.waiter_id IS NULL THEN NULL"
+    " ELSE nextval('fencing_token_seq') END,"
+    " ttl_ms = nxt.ttl_ms,"
+    " acquired_at = CASE WHEN nxt.waiter_id IS NULL THEN NULL ELSE clock_timestamp() END,"
+    " expires_at = clock_timestamp() + nxt.ttl_ms * interval '1 millisecond',"
+    " session_expires_at = nxt.session_expires_at"
+)
+# The granted waiter leaves the queue in the same statement; its grant travels in the NOTIFY
+# payload (grant_payload), so the parked acquire answers without another statement.
+_RECORD_HANDOFF = """
+    DELETE FROM lock_waiter AS w USING upd WHERE w.waiter_id = upd.waiter_id
+    RETURNING w.waiter_id
+"""
+_EPOCH_US = "(EXTRACT(EPOCH FROM {}) * 1000000)::bigint"
+# payload: "<waiter id> <token> <acquiredAt µs> <expiresAt µs>"; a bare "<waiter id>" means the
+# entry was withdrawn (its session closed)
+_NOTIFY_GRANTED = (
+    f"pg_notify('{GRANT_CHANNEL}', concat_ws(' ', waiter_id, fencing_token,"
+    f" {_EPOCH_US.format('acquired_at')}, {_EPOCH_US.format('expires_at')}))"
+)
+
+
+def grant_payload(payload: str) -> tuple[str, tuple[int, dt.datetime, dt.datetime] | None]:
+    """(waiter id, (token, acquiredAt, expiresAt) or None) of a NOTIFY on GRANT_CHANNEL."""
+    parts = payload.split(" ")
+    if len(parts) != 4:
+        return parts[0], None
+    waiter_id, token, acquired_us, expires_us = parts
+    return waiter_id, (
+        int(token),
+        dt.datetime.fromtimestamp(int(acquired_us) / 1e6, dt.UTC),
+        dt.datetime.fromtimestamp(int(expires_us) / 1e6, dt.UTC),
+    )
 
 
 @dataclass(frozen=True)
@@ -152,29 +211,43 @@ WITH cur AS (
 ), upd AS (
     UPDATE lock_grant AS g SET {_FREE_HOLDER}
     FROM cur WHERE g.lock_key = cur.lock_key
-    RETURNING cur.lock_key, cur.fencing_token, cur.owner_id, g.waiter_until
+    RETURNING cur.lock_key, cur.fencing_token, cur.owner_id
 )
-SELECT lock_key, fencing_token, owner_id, {_NOTIFY_IF_WAITED} FROM upd
+SELECT lock_key, fencing_token, owner_id FROM upd
+"""
+
+DELETE_SESSION_WAITERS_SQL = f"""
+DELETE FROM lock_waiter WHERE session_id = %(session_id)s
+RETURNING pg_notify('{GRANT_CHANNEL}', waiter_id::text)
 """
 
 
+def delete_session_waiters(cursor: Any, *, session_id: uuid.UUID) -> None:
+    """Withdraw the session's queue entries (first thing in close_session: a hand-off skips a
+    row locked here, and one that locked it first commits before the session is closed). Each
+    parked acquire is woken; it finds no grant and answers as for a closed session."""
+    cursor.execute(DELETE_SESSION_WAITERS_SQL, {"session_id": session_id})
+
+
 def delete_session(cursor: Any, *, session_id: uuid.UUID) -> list[tuple[str, int, str]]:
-    """Delete the session row and free every grant attached to it (waiters are notified on
-    commit). Call inside one transaction, after locking the session row. Returns the freed
-    (key, token, owner) triples."""
+    """Delete the session row and free every grant attached to it. Call inside one
+    transaction, after locking the session row, then hand each freed key over (hand_off).
+    Returns the freed (key, token, owner) triples."""
     cursor.execute(DELETE_SESSION_SQL, {"session_id": session_id})
     cursor.execute(RELEASE_SESSION_GRANTS_SQL, {"session_id": session_id})
-    return [(key, token, owner) for key, token, owner, _ in cursor.fetchall()]
+    return [(key, token, owner) for key, token, owner in cursor.fetchall()]
 
 
 # --------------------------------------------------------------------------- grants
 
-# One autocommit statement. The INSERT arm draws its token before the row exists, which is safe
+# One autocommit statement. A free or lapsed key is taken only while nobody is queued on it
+# (decision 23: a newcomer does not overtake the queue; acquire() hands the key to the head
+# instead and queues behind it). The INSERT arm draws its token before the row exists, which is safe
 # because a key's row is never deleted: only the very first grant of a key takes that arm. Every
 # later grant takes the DO UPDATE arm, whose nextval() runs after the row lock is held and the
 # WHERE re-checked on the newest row version - so a token drawn by a caller that then lost the
 # race is never granted, and a revoke's floor (drawn under the same row lock) is below it.
-ACQUIRE_SQL = """
+ACQUIRE_SQL = f"""
 WITH sess AS (
     SELECT session_id, owner_id, expires_at FROM lock_session
     WHERE session_id = %(session_id)s AND expires_at > clock_timestamp()
@@ -197,9 +270,11 @@ ON CONFLICT (lock_key) DO UPDATE SET
     acquired_at = clock_timestamp(),
     expires_at = clock_timestamp() + EXCLUDED.ttl_ms * interval '1 millisecond',
     session_expires_at = EXCLUDED.session_expires_at
-WHERE g.fencing_token IS NULL
-   OR g.expires_at <= clock_timestamp()
-   OR g.session_expires_at <= clock_timestamp()
+WHERE (g.fencing_token IS NULL
+       OR g.expires_at <= clock_timestamp()
+       OR g.session_expires_at <= clock_timestamp())
+  AND NOT EXISTS (SELECT 1 FROM lock_waiter AS w, lock_session AS s
+                  WHERE w.lock_key = g.lock_key AND {_ELIGIBLE})
 RETURNING g.owner_id, g.fencing_token, g.acquired_at, g.expires_at,
           g.previous_token, g.previous_owner_id
 """
@@ -329,26 +404,120 @@ def renew(
     return GrantRow(key, owner, session_id, token, acquired_at, expires_at)
 
 
-# Compare-and-delete on (lock_key, fencing_token) and nothing else (C3 L6).
+# Compare-and-delete on (lock_key, fencing_token) and nothing else (C3 L6), and in the same
+# statement the hand-off to the head of the queue (decision 23): a new token drawn under the
+# key's row lock, the waiter's row told its grant, and a NOTIFY for that waiter only. With no
+# waiter to hand to, the key is freed; the key's broadcast NOTIFY then goes out only if a waiter
+# marked the row that this statement's snapshot does not show yet (_NOTIFY_IF_WAITED).
 RELEASE_SQL = f"""
 WITH cur AS (
     SELECT g.lock_key, g.owner_id, g.session_id FROM lock_grant AS g
     WHERE g.lock_key = %(key)s AND g.fencing_token = %(token)s AND {_LIVE}
     FOR UPDATE
-), upd AS (
-    UPDATE lock_grant AS g SET {_FREE_HOLDER}
-    FROM cur WHERE g.lock_key = cur.lock_key
-    RETURNING cur.lock_key, cur.owner_id, cur.session_id, g.waiter_until
-)
-SELECT owner_id, session_id, {_NOTIFY_IF_WAITED} FROM upd
+), nxt AS ({_HEAD}), upd AS (
+    UPDATE lock_grant AS g SET {_HANDED}
+    FROM cur LEFT JOIN nxt ON true WHERE g.lock_key = cur.lock_key
+    RETURNING cur.lock_key, cur.owner_id, cur.session_id, g.waiter_until, nxt.waiter_id,
+              g.fencing_token, g.acquired_at, g.expires_at
+), handed AS ({_RECORD_HANDOFF})
+SELECT owner_id, session_id, waiter_id,
+       CASE WHEN waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED}
+            WHEN waiter_until > clock_timestamp()
+            THEN pg_notify('{NOTIFY_CHANNEL}', lock_key) END
+FROM upd
 """
 
 
 def release(cursor: Any, *, key: str, token: int) -> tuple[str, uuid.UUID] | None:
-    """Free the live grant (key, token); waiters are notified on commit. (owner, session)."""
+    """Free the live grant (key, token), handing it to the head of its queue if any (that
+    waiter is notified on commit). (owner, session) of the released grant."""
     cursor.execute(RELEASE_SQL, {"key": key, "token": token})
     row = cursor.fetchone()
     return (row[0], row[1]) if row else None
+
+
+# The hand-off on its own, for a key that is not live (freed by a revoke, a closed session or
+# the reaper in the same transaction, or lapsed: then this statement ends the lapsed grant).
+# Always one row: the waiter granted (or NULL), the lapsed grant it replaced, and in how many
+# ms the key's holder (the new one, or the live one left alone) lapses.
+HAND_OFF_SQL = f"""
+WITH cur AS (
+    SELECT g.lock_key, g.fencing_token, g.owner_id, g.session_id FROM lock_grant AS g
+    WHERE g.lock_key = %(key)s AND NOT COALESCE({_LIVE}, false)
+    FOR UPDATE
+), nxt AS ({_HEAD}), upd AS (
+    UPDATE lock_grant AS g SET {_HANDED}
+    FROM cur JOIN nxt ON true WHERE g.lock_key = cur.lock_key
+    RETURNING nxt.waiter_id, nxt.session_id, g.owner_id, g.fencing_token, g.acquired_at,
+              g.expires_at, LEAST(g.expires_at, g.session_expires_at) AS until,
+              cur.fencing_token AS lapsed_token, cur.owner_id AS lapsed_owner,
+              cur.session_id AS lapsed_session
+), handed AS ({_RECORD_HANDOFF})
+SELECT upd.waiter_id, upd.lapsed_token, upd.lapsed_owner, upd.lapsed_session,
+       CEIL(EXTRACT(EPOCH FROM (COALESCE(upd.until, (
+           SELECT LEAST(g.expires_at, g.session_expires_at) FROM lock_grant AS g
+           WHERE g.lock_key = %(key)s AND {_LIVE})) - clock_timestamp())) * 1000)::bigint,
+       upd.session_id, upd.owner_id, upd.fencing_token, upd.acquired_at, upd.expires_at,
+       CASE WHEN upd.waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED} END
+FROM (SELECT 1) AS one LEFT JOIN upd ON true
+"""
+
+
+@dataclass(frozen=True)
+class HandOff:
+    waiter_id: uuid.UUID | None  # the waiter granted, if any
+    lapsed_token: int | None  # a lapsed grant this hand-off ended (lock_expired)
+    lapsed_owner_id: str | None
+    lapsed_session_id: uuid.UUID | None
+    ms_until_free: int | None  # the key's holder after the statement lapses in this many ms
+    grant: GrantRow | None  # what the waiter was granted
+
+
+def hand_off(cursor: Any, *, key: str) -> HandOff:
+    """Grant a key that is not live to the head of its queue (nothing if the key is live or
+    nobody eligible is queued)."""
+    cursor.execute(HAND_OFF_SQL, {"key": key})
+    row = cursor.fetchone()
+    waiter_id, lapsed_token, lapsed_owner, lapsed_session, ms = row[:5]
+    session_id, owner, token, acquired_at, expires_at = row[5:10]
+    grant = (
+        None
+        if waiter_id is None
+        else GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+    )
+    return HandOff(
+        waiter_id,
+        lapsed_token,
+        lapsed_owner,
+        lapsed_session,
+        None if ms is None else max(0, int(ms)),
+        grant,
+    )
+
+
+WITHDRAW_SQL = "DELETE FROM lock_waiter WHERE waiter_id = %(waiter_id)s RETURNING 1"
+
+OWN_GRANT_SQL = f"""
+SELECT g.owner_id, g.fencing_token, g.acquired_at, g.expires_at FROM lock_grant AS g
+WHERE g.lock_key = %(key)s AND g.session_id = %(session_id)s AND {_LIVE}
+"""
+
+
+def withdraw(
+    cursor: Any, *, waiter_id: uuid.UUID, key: str, session_id: uuid.UUID
+) -> GrantRow | None:
+    """Leave the queue (the wait ran out). None: we were still queued, nobody can grant us now.
+    Else the entry was gone: handed to us (a hand-off holding the row commits first; its NOTIFY
+    may still be on its way) — the key's live grant of our session, if any — or withdrawn."""
+    cursor.execute(WITHDRAW_SQL, {"waiter_id": waiter_id})
+    if cursor.fetchone() is not None:
+        return None
+    cursor.execute(OWN_GRANT_SQL, {"key": key, "session_id": session_id})
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    owner, token, acquired_at, expires_at = row
+    return GrantRow(key, owner, session_id, token, acquired_at, expires_at)
 
 
 LOCK_KEY_SQL = f"""
@@ -360,7 +529,7 @@ REVOKE_SQL = f"""
 WITH upd AS (
     UPDATE lock_grant SET {_FREE_HOLDER}
     WHERE lock_key = %(key)s AND fencing_token = %(token)s
-    RETURNING lock_key, waiter_until
+    RETURNING lock_key
 ), rev AS (
     INSERT INTO lock_revocation (revocation_id, lock_key, operator, reason, revoked_token,
                                  revoked_owner_id, revoked_session_id, new_token_floor,
@@ -370,7 +539,7 @@ WITH upd AS (
     FROM upd
     RETURNING lock_key, new_token_floor
 )
-SELECT new_token_floor, {_NOTIFY_IF_WAITED} FROM rev JOIN upd USING (lock_key)
+SELECT new_token_floor FROM rev JOIN upd USING (lock_key)
 """
 
 
@@ -415,24 +584,39 @@ def revoke(
 # --------------------------------------------------------------------------- waiters
 
 # Soft cap: two waiters racing for the last slot may both get in (the count is a snapshot).
-# An admitted waiter also marks the key's row (waiter_until, see _NOTIFY_IF_WAITED) and reads
-# back from the newest row version whether the key is still held: if a freeing statement held
-# the row meanwhile, its NOTIFY may have been skipped, so the caller tries again instead of parking.
+# Admitted only for a live session (owned by owner_id when given) that does not hold the key
+# itself; else nothing is written and the caller reads why (get_session, key_state). An admitted
+# waiter also marks the key's row (waiter_until, see _NOTIFY_IF_WAITED) and reads back from the
+# newest row version whether the key is still held and when its holder lapses: if a freeing
+# statement held the row meanwhile, it may not have seen this entry, so the caller hands the
+# key over itself (hand_off) instead of parking.
 ADD_WAITER_SQL = f"""
-WITH ins AS (
-    INSERT INTO lock_waiter (waiter_id, lock_key, session_id, owner_id, since, expires_at)
-    SELECT %(waiter_id)s, %(key)s::varchar, %(session_id)s, %(owner_id)s, clock_timestamp(),
-           clock_timestamp() + %(wait_ms)s * interval '1 millisecond'
+WITH sess AS (
+    SELECT session_id, owner_id FROM lock_session
+    WHERE session_id = %(session_id)s AND expires_at > clock_timestamp()
+      AND (%(owner_id)s::text IS NULL OR owner_id = %(owner_id)s::text)
+), ins AS (
+    INSERT INTO lock_waiter (waiter_id, lock_key, session_id, owner_id, ttl_ms, since,
+                             expires_at)
+    SELECT %(waiter_id)s, %(key)s::varchar, sess.session_id, sess.owner_id, %(ttl_ms)s,
+           clock_timestamp(), clock_timestamp() + %(wait_ms)s * interval '1 millisecond'
+    FROM sess
     WHERE (SELECT count(*) FROM lock_waiter
            WHERE lock_key = %(key)s::varchar AND expires_at > clock_timestamp()) < %(cap)s
+      AND NOT EXISTS (SELECT 1 FROM lock_grant AS g
+                      WHERE g.lock_key = %(key)s::varchar AND g.session_id = sess.session_id
+                        AND {_LIVE})
     RETURNING expires_at
 ), mark AS (
     UPDATE lock_grant AS g
     SET waiter_until = GREATEST(g.waiter_until, (SELECT expires_at FROM ins))
     WHERE g.lock_key = %(key)s::varchar AND EXISTS (SELECT 1 FROM ins)
-    RETURNING {_LIVE} AS held
+    RETURNING {_LIVE} AS held,
+              CEIL(EXTRACT(EPOCH FROM (LEAST(g.expires_at, g.session_expires_at)
+                                       - clock_timestamp())) * 1000)::bigint AS ms
 )
-SELECT EXISTS (SELECT 1 FROM ins), COALESCE((SELECT held FROM mark), false)
+SELECT EXISTS (SELECT 1 FROM ins), COALESCE((SELECT held FROM mark), false),
+       (SELECT ms FROM mark)
 """
 
 
@@ -442,25 +626,29 @@ def add_waiter(
     waiter_id: uuid.UUID,
     key: str,
     session_id: uuid.UUID,
-    owner_id: str,
+    owner_id: str | None,
     wait_ms: int,
     cap: int,
-) -> tuple[bool, bool]:
-    """Park a waiter row if the key's cap allows: (admitted, the key still held). Not held
-    means the key was freed while we marked it: try again rather than wait for a NOTIFY."""
+    ttl_ms: int = 30_000,
+) -> tuple[bool, bool, int | None]:
+    """Queue a waiter if its session may and the key's cap allows: (admitted, the key still
+    held, ms until its holder lapses). Not held means the key was freed while we marked it:
+    hand it over (hand_off) rather than wait for a NOTIFY. `ttl_ms` is the grant's ttlMillis
+    should the key be handed to this waiter."""
     cursor.execute(
         ADD_WAITER_SQL,
         {
             "waiter_id": waiter_id,
             "key": key,
             "session_id": session_id,
-            "owner_id": owner_id or "",
+            "owner_id": owner_id,
             "wait_ms": wait_ms,
             "cap": cap,
+            "ttl_ms": ttl_ms,
         },
     )
-    admitted, held = cursor.fetchone()
-    return bool(admitted), bool(held)
+    admitted, held, ms = cursor.fetchone()
+    return bool(admitted), bool(held), None if ms is None else max(0, int(ms))
 
 
 def remove_waiter(cursor: Any, *, waiter_id: uuid.UUID) -> None:
@@ -482,15 +670,16 @@ WITH dead AS (
       AND (g.expires_at <= clock_timestamp() OR g.session_expires_at <= clock_timestamp())
     RETURNING dead.lock_key, dead.fencing_token, dead.owner_id, dead.session_id, g.waiter_until
 )
-SELECT lock_key, fencing_token, owner_id, session_id, {_NOTIFY_IF_WAITED}
+SELECT lock_key, fencing_token, owner_id, session_id, waiter_until > clock_timestamp()
 FROM upd
 """
 
 
-def reap_lapsed_grants(cursor: Any) -> list[tuple[str, int, str, uuid.UUID]]:
-    """Free grants whose lease or session lapsed; (key, token, owner, session) of each."""
+def reap_lapsed_grants(cursor: Any) -> list[tuple[str, int, str, uuid.UUID, bool]]:
+    """Free grants whose lease or session lapsed; (key, token, owner, session, waited) of each
+    (waited: some waiter may be queued, so hand the key over in the same transaction)."""
     cursor.execute(REAP_GRANTS_SQL)
-    return [tuple(row[:4]) for row in cursor.fetchall()]
+    return [tuple(row) for row in cursor.fetchall()]
 
 
 REAP_SESSIONS_SQL = """
@@ -516,7 +705,11 @@ WITH s AS (
     WHERE expires_at < clock_timestamp() - %(retention_ms)s * interval '1 millisecond'
     RETURNING 1
 ), w AS (
-    DELETE FROM lock_waiter WHERE expires_at < clock_timestamp() - interval '1 minute'
+    DELETE FROM lock_waiter AS w
+    WHERE w.expires_at < clock_timestamp() - interval '1 minute'
+       OR NOT EXISTS (
+           SELECT 1 FROM lock_session AS s
+           WHERE s.session_id = w.session_id AND s.expires_at > clock_timestamp())
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM w)
@@ -524,7 +717,8 @@ SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM w)
 
 
 def purge(cursor: Any, *, retention_ms: int) -> tuple[int, int]:
-    """Forget sessions expired longer than the retention, and abandoned waiter rows."""
+    """Forget sessions expired longer than the retention, abandoned waiter rows, and the queue
+    entries of dead sessions (skipped by every hand-off; their parked acquire answers 410)."""
     cursor.execute(PURGE_SQL, {"retention_ms": retention_ms})
     return tuple(cursor.fetchone())
 

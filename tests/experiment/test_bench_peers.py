@@ -106,7 +106,7 @@ def test_the_summary_ends_with_issue_28s_goal_lines_judged_on_per_round_ratios()
             "result": {"floor": {"dlock_over_floor_median": 1.2, "cpu_ms_per_payout": {}}},
         },
     }
-    verdicts = [g["verdict"] for g in goals(results)]
+    verdicts = [g["verdict"] for g in goals(results) if not g["goal"].startswith("issue 39")]
     assert verdicts == ["PASS", "FAIL", "PASS", "PASS"]
     tail = summary_lines(results)[-4:]
     assert tail[0].startswith(
@@ -151,3 +151,56 @@ def test_a_roles_cpu_is_its_pod_when_a_proxy_holds_the_port():
                 os.kill(child, signal.SIGKILL)
             parent.kill()
             parent.wait()
+
+
+def test_the_summary_prints_issue_39s_goal_lines_against_zookeeper():
+    from bench.__main__ import goals, summary_lines
+
+    def point(workload: str, clients: int, pg: float, zk: float, pg_p99: float, zk_p99: float):
+        rounds = [
+            {
+                "arms": {
+                    "dlock-pg": _arm(pg, pg_p99),
+                    "dlock-etcd": _arm(50.0, 30.0),
+                    "zookeeper": _arm(zk, zk_p99),
+                    "etcd-lock": _arm(200.0, 10.0),
+                }
+            }
+        ]
+        arms = {
+            arm: {
+                **row,
+                "acquire_p50_ms": 1,
+                "p50_ms": 1,
+                "p99_ms": 1,
+                "errors": 0,
+                "lockserver_cpu_ms_per_pair": 1.2,
+                "server_cpu_ms_per_pair": 2.0,
+                "writes_per_pair": 2.0,
+            }
+            for arm, row in rounds[0]["arms"].items()
+        }
+        return {
+            "workload": workload,
+            "clients": clients,
+            "arms": arms,
+            "ratios": peers.ratios(rounds),
+        }
+
+    points = [
+        point("hot", 8, 300.0, 250.0, 30.0, 25.0),  # 1.2× PASS, p99 1.2× PASS
+        point("hot", 32, 200.0, 250.0, 90.0, 30.0),  # 0.8× FAIL, p99 3.0× FAIL
+        point("own", 8, 400.0, 400.0, 5.0, 5.0),  # 1.0× PASS
+        point("own", 32, 300.0, 400.0, 5.0, 5.0),  # 0.75× FAIL
+    ]
+    results = {"peers": {"status": "ok", "result": {"points": points, "tokens": {}}}}
+    found = {g["goal"]: g for g in goals(results) if g["goal"].startswith("issue 39")}
+    verdicts = [g["verdict"] for g in found.values()]
+    assert verdicts == ["PASS", "PASS", "FAIL", "FAIL", "PASS", "FAIL", "FAIL", "PASS"]
+    cpu = found["issue 39, own keys × 8: lock-server CPU per pair on pg (its nginx + gunicorn)"]
+    assert (cpu["ratio"], cpu["bound"]) == (1.2, "<= 1.5 ms")
+    text = "\n".join(summary_lines(results))
+    assert (
+        "GOAL issue 39, one hot key × 32: p99 acquire dlock (pg) ÷ ZooKeeper/kazoo: 3.0×"
+        " | <= 1.5× | FAIL  (dlock-pg 90.0 ms; zookeeper 30.0 ms)" in text
+    )

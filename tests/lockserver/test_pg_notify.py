@@ -1,8 +1,9 @@
-"""The pg backend NOTIFYs a freed key only while a waiter may be parked on it (issue 18).
+"""The pg backend NOTIFYs only a waiter it handed a key to (issue 18, decision 23).
 
-A payout's uncontended release sends no NOTIFY; a parked waiter is still woken at once; and a
-waiter that marks a key while a release holds its row learns the key is free and tries again
-(the interlock of lockserver.backends.pg_sql._NOTIFY_IF_WAITED).
+A payout's uncontended release sends no NOTIFY; a release or revoke with a parked waiter grants
+it in the same transaction and NOTIFYs that waiter only (the grant channel); and a waiter that
+marks a key while a release holds its row learns the key is free and hands it over itself (the
+interlock of lockserver.backends.pg_sql._NOTIFY_IF_WAITED).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.parametrize("lock_server", ["pg"], indirect=True)
 
 
 def notified_keys(listen: psycopg.Connection, db_url: str) -> list[str]:
-    """Every payload NOTIFYed on the lock channel so far: a sentinel sent last marks the end
+    """Every payload NOTIFYed on the lock channels so far: a sentinel sent last marks the end
     (notifications are delivered in commit order)."""
     sentinel = f"sentinel-{uuid.uuid4().hex}"
     with psycopg.connect(db_url, autocommit=True) as conn:
@@ -40,6 +41,7 @@ def notified_keys(listen: psycopg.Connection, db_url: str) -> list[str]:
 def listen(lock_server):
     with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
         conn.execute(f"LISTEN {pg_sql.NOTIFY_CHANNEL}")
+        conn.execute(f"LISTEN {pg_sql.GRANT_CHANNEL}")
         yield conn
 
 
@@ -73,14 +75,17 @@ def test_a_parked_waiter_is_notified_and_granted_at_release(lock_server, listen,
         assert lock_server.release(key, holder, held["fencingToken"]).status_code == 204
     else:
         assert lock_server.revoke(key).status_code == 200
-    # Without the NOTIFY the waiter would sleep until the holder's lease (30 s) or its own
+    # Without the hand-off the waiter would sleep until the holder's lease (30 s) or its own
     # wait (20 s) ran out.
     thread.join(10)
     assert not thread.is_alive()
     assert results[0].status_code == 200, results[0].text
     granted = results[0].json()
     assert granted["fencingToken"] > held["fencingToken"]
-    assert key in notified_keys(listen, lock_server.db_url)
+    # one NOTIFY, to that waiter (its waiter id and its grant), none to the key: no herd
+    (notified,) = notified_keys(listen, lock_server.db_url)
+    waiter_id, token, _acquired_us, _expires_us = notified.split(" ")
+    assert uuid.UUID(waiter_id) and int(token) == granted["fencingToken"]
     with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
         (row,) = conn.execute(
             "SELECT fencing_token, session_id::text, waiter_until > clock_timestamp()"
@@ -101,8 +106,13 @@ def test_a_waiter_marking_a_key_a_release_holds_finds_it_free(lock_server):
     with psycopg.connect(lock_server.db_url) as releasing:  # one open transaction
         cursor = releasing.cursor()
         cursor.execute(pg_sql.RELEASE_SQL, {"key": key, "token": token})
-        ((owner, session_id, notified),) = cursor.fetchall()
-        assert (owner, str(session_id), notified) == (holder["ownerId"], holder["sessionId"], None)
+        ((owner, session_id, handed_to, notified),) = cursor.fetchall()
+        assert (owner, str(session_id), handed_to, notified) == (
+            holder["ownerId"],
+            holder["sessionId"],
+            None,
+            None,
+        )
 
         def park() -> None:
             with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
@@ -131,6 +141,6 @@ def test_a_waiter_marking_a_key_a_release_holds_finds_it_free(lock_server):
         assert answers == []  # still waiting for the release's row lock
         releasing.commit()
     thread.join(10)
-    assert answers == [(True, False)]  # admitted, and the key is no longer held: try again
+    assert answers == [(True, False, None)]  # admitted, the key no longer held: hand it over
     # A waiter that marked a held key is answered "held" and its mark makes the next release
     # NOTIFY: that is the other order, covered through HTTP above.

@@ -1,5 +1,12 @@
 """L4 acquire on etcd: one create transaction per attempt, lapsed holders taken over, waiters
-registered under `wait/{key}/` (the per-key cap) and woken by a watch."""
+queued under `wait/{key}/` in create-revision order (the per-key cap; ARCHITECTURE decision 23).
+
+As etcd's own lock recipe does, each waiter watches only the deletion of the entry just before
+its own; the head watches the grant (and its holder's session). A release, revoke, lapse or
+closed session deletes the grant, which wakes the head alone: its create txn succeeds only while
+its own entry is still there, and moves that entry onto the grant's lease (a put: its place and
+create revision stay, nobody wakes). A newcomer's create txn requires an empty queue, so it
+never overtakes a waiter; it queues behind them."""
 
 from __future__ import annotations
 
@@ -9,13 +16,14 @@ import uuid
 
 from dlock.errors import ApiError
 from dlock.logs import log_event
+from dlock.metrics import lock_waiter_wakeups
 from lockserver.backends.base import GrantRecord
 from lockserver.backends.etcd.common import FRESH_LEASE_S, store_call, ttl_seconds
 from lockserver.backends.etcd.grants import GrantsMixin
-from lockserver.backends.etcd.keys import _deadline_passed, _dump, _from_ms, _ms, _now
+from lockserver.backends.etcd.keys import HELD, _deadline_passed, _dump, _from_ms, _ms, _now
 from lockserver.backends.etcd.tokens import TokenFloorUnavailable
 from lockserver.budget import RetryBudget
-from lockserver.errors import contention_exceeded, owner_mismatch
+from lockserver.errors import contention_exceeded, lock_contended, owner_mismatch
 from lockserver.etcd_client import EtcdUnavailable, KeyValue, TxnResult, compare, delete, get, put
 
 
@@ -24,10 +32,12 @@ class AcquireMixin(GrantsMixin):
     waiter_cap: int
 
     def _try_grant(
-        self, *, key: str, session_id: uuid.UUID, ttl_ms: int
+        self, *, key: str, session_id: uuid.UUID, ttl_ms: int, queue: tuple[str, int] | None
     ) -> tuple[GrantRecord | None, KeyValue | None, KeyValue | None, int]:
         """One attempt: (grant, None, None, rev) when granted, else (None, live holder, its
-        session's key, rev).
+        session's key, rev), or (None, None, None, rev) when the key is free but others are
+        queued for it (a newcomer queues behind them). `queue`: our entry (key, create
+        revision) when we are queued; _Withdrawn when it is gone.
 
         Raises the session codes when our session is gone. A holder whose session died is
         removed (guarded by its ModRevision) and the attempt repeats. The holder's own session
@@ -42,7 +52,7 @@ class AcquireMixin(GrantsMixin):
                 if time.monotonic() - leased_at > FRESH_LEASE_S:
                     # the lease's TTL runs from its grant: after a wait, start a fresh one so the
                     # reported expiresAt stays within milliseconds of etcd's own expiry
-                    self._revoke_quietly(lease)
+                    self._recycle(lease)
                     lease = 0
                     lease, expires_ms = self._grant_lease(seconds)
                     leased_at = time.monotonic()
@@ -53,10 +63,16 @@ class AcquireMixin(GrantsMixin):
                     seconds=seconds,
                     lease=lease,
                     expires_ms=expires_ms,
+                    queue=queue,
                 )
                 if grant is not None:
                     lease = 0  # now owned by the grant
                     return grant, None, None, result.revision
+                if result.responses[0].first() is None:  # refused with the key free
+                    if queue is None and result.responses[3].count:
+                        return None, None, None, result.revision  # queued ahead of us
+                    if queue is not None and result.responses[3].first() is None:
+                        raise _Withdrawn
                 ours = result.responses[1].first()
                 if ours is None:
                     raise self._session_gone(session_id, self._read_meta(session_id))
@@ -70,7 +86,7 @@ class AcquireMixin(GrantsMixin):
             raise EtcdUnavailable("acquire did not settle after repeated races")
         finally:
             if lease:
-                self._revoke_quietly(lease)
+                self._recycle(lease)  # unused: no key on it
 
     def _create_grant(
         self,
@@ -81,6 +97,7 @@ class AcquireMixin(GrantsMixin):
         seconds: int,
         lease: int,
         expires_ms: int,
+        queue: tuple[str, int] | None,
     ) -> tuple[GrantRecord | None, TxnResult]:
         """The create transaction: the grant when the key was free and our session alive.
 
@@ -96,6 +113,7 @@ class AcquireMixin(GrantsMixin):
                 seconds=seconds,
                 lease=lease,
                 expires_ms=expires_ms,
+                queue=queue,
             )
             if not offset_moved:
                 return grant, result
@@ -111,6 +129,7 @@ class AcquireMixin(GrantsMixin):
         seconds: int,
         lease: int,
         expires_ms: int,
+        queue: tuple[str, int] | None,
     ) -> tuple[GrantRecord | None, TxnResult, bool]:
         """One create txn: (grant or None, result, whether our offset is not the one stored).
 
@@ -126,21 +145,32 @@ class AcquireMixin(GrantsMixin):
             "expiresAt": expires_ms,
         }
         lock_key = self._lock_key(key)
+        if queue is None:  # a newcomer: nobody may be queued (decision 23)
+            in_turn = compare(self._wait_prefix(key), "CREATE", "EQUAL", 0, prefix=True)
+            turn_state = get(self._wait_prefix(key), prefix=True, count_only=True)
+            moved: list[dict] = []
+        else:  # the head of the queue: its entry still there; it moves onto the grant's lease
+            value["queue"] = queue[0]
+            in_turn = compare(queue[0], "CREATE", "EQUAL", queue[1])
+            turn_state = get(queue[0])
+            moved = [put(queue[0], HELD, lease)]
         # create_revision == 0: nobody holds the key; our session's key exists: alive; the
-        # offset we issue with is the one in force
+        # offset we issue with is the one in force; our turn
         result = self.client.txn(
             [
                 compare(lock_key, "CREATE", "EQUAL", 0),
                 compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
                 compare(self._offset_key, "VALUE", "EQUAL", str(offset)),
+                in_turn,
             ],
             [
                 put(lock_key, _dump(value), lease),
                 put(self._held_key(session_id, key), key, lease),
                 put(self._k("seen", key), "1"),
                 get(self._sess_key(session_id)),
+                *moved,
             ],
-            [get(lock_key), get(self._sess_key(session_id)), get(self._offset_key)],
+            [get(lock_key), get(self._sess_key(session_id)), get(self._offset_key), turn_state],
         )
         if not result.succeeded:
             stored = result.responses[2].first() if result.responses[2] else None
@@ -193,7 +223,12 @@ class AcquireMixin(GrantsMixin):
                 if holder_session is None
                 else compare(sess_key, "MOD", "EQUAL", holder_session.mod_revision),
             ],
-            [delete(lock_key), delete(self._held_key(holder_sid, key)), self._ended(key)],
+            [
+                delete(lock_key),
+                delete(self._held_key(holder_sid, key)),
+                self._ended(key),
+                self._queue_end(key, holder_sid),
+            ],
         )
         if not taken.succeeded:
             return
@@ -220,6 +255,7 @@ class AcquireMixin(GrantsMixin):
                 delete(lock_key),
                 delete(self._held_key(session_id, key)),
                 put(self._k("seen", key), "1"),
+                self._queue_end(key, session_id),
             ],
         )
         if not ended.succeeded:
@@ -239,7 +275,11 @@ class AcquireMixin(GrantsMixin):
         """Delete the grant this process created at `revision`, before anyone learned of it."""
         self.client.txn(
             [compare(self._lock_key(key), "MOD", "EQUAL", revision)],
-            [delete(self._lock_key(key)), delete(self._held_key(session_id, key))],
+            [
+                delete(self._lock_key(key)),
+                delete(self._held_key(session_id, key)),
+                self._queue_end(key, session_id),
+            ],
         )
 
     def _undo_if_session_lapsed(self, key: str, session_id: uuid.UUID, revision: int) -> None:
@@ -267,53 +307,111 @@ class AcquireMixin(GrantsMixin):
         if owner_id is not None and owner != owner_id:
             raise owner_mismatch()
         deadline = time.monotonic() + wait_ms / 1000
-        waiter: int | None = None  # the waiter lease while we are registered
+        waiter: int | None = None  # the waiter lease while we are queued
+        queue: tuple[str, int] | None = None  # our queue entry (key, create revision)
+        handed = False  # granted from the queue: the entry moved onto the grant's lease
         try:
             while True:
-                grant, holder, holder_session, revision = self._try_grant(
-                    key=key, session_id=session_id, ttl_ms=ttl_ms
-                )
+                try:
+                    grant, holder, holder_session, _ = self._try_grant(
+                        key=key, session_id=session_id, ttl_ms=ttl_ms, queue=queue
+                    )
+                except _Withdrawn:
+                    # our entry went (its lease lapsed, or it was ended with a grant of our
+                    # session): one last attempt as a newcomer answers with the right code
+                    queue, deadline = None, time.monotonic()
+                    continue
                 if grant is not None:
+                    handed = queue is not None
                     return grant
-                assert holder is not None and holder_session is not None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.budget.spend(session_id=session_id, key=key)
+                    if holder is None or holder_session is None:
+                        raise lock_contended(
+                            key, holder_owner_id=None, expires_at=None, ms_until_free=None
+                        )
                     raise self._contended(key, holder, holder_session)
-                if waiter is None and wait_ms > 0:
-                    waiter = self._register_waiter(
-                        key=key, wait_ms=wait_ms, holder=holder, session=holder_session
+                if queue is None:
+                    waiter, queue = self._register_waiter(
+                        key=key,
+                        session_id=session_id,
+                        wait_ms=wait_ms,
+                        holder=holder,
+                        session=holder_session,
                     )
-                # a release deletes lock/{key}; a holder's expiry deletes sess/{holder}
-                self.client.wait_for_change(
-                    [self._lock_key(key), self._sess_key(holder.json()["sessionId"])],
-                    after_revision=revision,
-                    timeout_s=remaining,
-                )
+                self._await_turn(key=key, session_id=session_id, queue=queue, timeout_s=remaining)
         finally:
-            if waiter is not None:
-                self._revoke_quietly(waiter)
+            if waiter is not None and handed:
+                self._recycle(waiter)  # empty: our entry is on the grant's lease by now
+            elif waiter is not None:
+                self._revoke_quietly(waiter)  # leave the queue: the next waiter wakes
+
+    def _await_turn(
+        self, *, key: str, session_id: uuid.UUID, queue: tuple[str, int], timeout_s: float
+    ) -> None:
+        """Wait until it may be our turn: the deletion of the entry just before ours, or, at the
+        head, of the grant or its holder's session; or of our own session. Returns at once when
+        we are the head and the key is free."""
+        lock_key = self._lock_key(key)
+        read = self.client.read(get(self._wait_prefix(key), prefix=True), get(lock_key))
+        entries = read.responses[0].kvs
+        if not any(entry.key == queue[0] for entry in entries):
+            raise _Withdrawn
+        earlier = [
+            entry for entry in entries if entry.create_revision < queue[1] and entry.value != HELD
+        ]
+        holder = read.responses[1].first()
+        if earlier:
+            watched = [max(earlier, key=lambda entry: entry.create_revision).key]
+        elif holder is None:
+            return  # the head, and the key is free: our turn
+        else:
+            watched = [lock_key, self._sess_key(holder.json()["sessionId"])]
+        woken = self.client.wait_for_change(
+            [*watched, self._sess_key(session_id)],
+            after_revision=read.revision,
+            timeout_s=timeout_s,
+            deletions_only=True,
+        )
+        lock_waiter_wakeups.labels(backend=self.name, cause="direct" if woken else "timer").inc()
 
     def _register_waiter(
-        self, *, key: str, wait_ms: int, holder: KeyValue, session: KeyValue
-    ) -> int:
-        """A waiter key on its own short lease; beyond the cap → 429 CONTENTION_EXCEEDED.
+        self,
+        *,
+        key: str,
+        session_id: uuid.UUID,
+        wait_ms: int,
+        holder: KeyValue | None,
+        session: KeyValue | None,
+    ) -> tuple[int, tuple[str, int]]:
+        """A queue entry on its own short lease: (the lease, (entry, its create revision));
+        beyond the cap → 429 CONTENTION_EXCEEDED.
 
         The cap is decided by rank (create revision) among the current waiters, so two
         concurrent registrations cannot both slip under it.
         """
-        lease, _ = self.client.lease_grant(math.ceil(wait_ms / 1000) + 2)
-        own = self._wait_prefix(key) + uuid.uuid4().hex
+        # a lease this process emptied, refreshed (no Raft proposal), when one is kept
+        lease, _ = self._grant_lease(math.ceil(wait_ms / 1000) + 2)
+        own = self._k("wait", key, str(session_id), uuid.uuid4().hex)
         try:
             written = self.client.txn([], [put(own, "1", lease)])
             waiters = self.client.range(self._wait_prefix(key), prefix=True).kvs
-            earlier = sum(1 for kv in waiters if kv.create_revision < written.revision)
+            earlier = sum(
+                1 for kv in waiters if kv.create_revision < written.revision and kv.value != HELD
+            )
         except BaseException:
             self._revoke_quietly(lease)
             raise
         if earlier >= self.waiter_cap:
             self._revoke_quietly(lease)
-            raise contention_exceeded(
-                key, cap=self.waiter_cap, ms_until_free=self._ms_until_free(holder, session)
+            ms_until_free = (
+                None if holder is None or session is None else self._ms_until_free(holder, session)
             )
-        return lease
+            raise contention_exceeded(key, cap=self.waiter_cap, ms_until_free=ms_until_free)
+        return lease, (own, written.revision)
+
+
+class _Withdrawn(Exception):
+    """Our queue entry is gone: the wait ran out (its lease lapsed) or the session's grant
+    ended it."""

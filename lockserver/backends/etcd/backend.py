@@ -60,6 +60,10 @@ class EtcdLockBackend(AcquireMixin, HousekeepingMixin):
         self._refill_deferred_logged = False
         self._retention_lease: tuple[int, float] | None = None  # (lease id, created monotonic)
         self._retention_guard = threading.Lock()
+        # grant leases made here (id -> TTL s) and the emptied ones kept for reuse, by TTL
+        self._grant_leases: dict[int, int] = {}
+        self._spare_leases: dict[int, list[int]] = {}
+        self._lease_guard = threading.Lock()
         self.adopt_pg_sequence = (
             adopt_pg_sequence
             if adopt_pg_sequence is not None

@@ -4,6 +4,7 @@ release, L7 inspect, L8 revoke."""
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ from dlock.timefmt import rfc3339_ms
 from lockserver.backends.base import GrantRecord, LockInfoRecord, RevocationRecord
 from lockserver.backends.etcd.common import EXPIRY_GRACE_S, store_call, ttl_seconds
 from lockserver.backends.etcd.keys import (
+    HELD,
     _deadline_passed,
     _dump,
     _from_ms,
@@ -33,6 +35,10 @@ logger = logging.getLogger("dlock.lockserver.etcd")
 
 
 class GrantsMixin(TokensMixin, SessionsMixin):
+    _grant_leases: dict[int, int]
+    _spare_leases: dict[int, list[int]]
+    _lease_guard: threading.Lock
+
     def _grant_record(self, key: str, kv: KeyValue) -> GrantRecord:
         value = kv.json()
         return GrantRecord(
@@ -62,12 +68,48 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         )
 
     def _grant_lease(self, seconds: int) -> tuple[int, int]:
-        """(a new lease of `seconds`, its expiresAt in epoch ms). The clock is read before the
-        grant is sent, so the reported deadline is never later than etcd's own expiry of the
-        lease: a successor's acquiredAt cannot fall before its predecessor's expiresAt."""
-        expires_ms = _ms(_now()) + seconds * 1000
+        """(a lease of `seconds` with no key on it, its expiresAt in epoch ms). The clock is read
+        before the lease is granted or refreshed, so the reported deadline is never later than
+        etcd's own expiry of the lease: a successor's acquiredAt cannot fall before its
+        predecessor's expiresAt.
+
+        A lease this process emptied by a release is reused (`_recycle`): a keepalive resets
+        its TTL to `seconds` and, unlike a lease grant, is no raft proposal (the leader's
+        lessor renews it), so a pair costs two durable writes, the create and the
+        compare-and-delete, as etcd's own lock recipe does."""
+        while True:
+            expires_ms = _ms(_now()) + seconds * 1000
+            with self._lease_guard:
+                spare = self._spare_leases.get(seconds)
+                lease = spare.pop() if spare else 0
+            if not lease:
+                break
+            try:
+                if self.client.lease_keepalive(lease) > 0:
+                    with self._lease_guard:
+                        self._grant_leases[lease] = seconds
+                    return lease, expires_ms
+            except EtcdUnavailable:
+                raise
+            except EtcdError:
+                pass  # expired meanwhile: try the next, or grant one
         lease, _ = self.client.lease_grant(seconds)
+        with self._lease_guard:
+            if len(self._grant_leases) > 10_000:
+                self._grant_leases.clear()
+            self._grant_leases[lease] = seconds
         return lease, expires_ms
+
+    def _recycle(self, lease: int) -> None:
+        """A grant lease of ours that no key is attached to any more: kept for the next grant of
+        the same TTL (it expires on its own if none comes); one not made here is left alone."""
+        with self._lease_guard:
+            seconds = self._grant_leases.pop(lease, None)
+            if seconds is None:
+                return
+            spare = self._spare_leases.setdefault(seconds, [])
+            if len(spare) < 256:
+                spare.append(lease)
 
     def _revoke_quietly(self, lease: int) -> None:
         try:
@@ -140,7 +182,9 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         lease, expires_ms = self._grant_lease(seconds)
         value.update(ttlMs=seconds * 1000, expiresAt=expires_ms)
         # re-attaching to a new lease is a put: ModRevision moves, create_revision (the token)
-        # does not; the compare on ModRevision rejects a concurrent release or takeover
+        # does not; the compare on ModRevision rejects a concurrent release or takeover. A
+        # grant made by a hand-off moves its queue entry along (it ends with the grant).
+        queued = [put(value["queue"], HELD, lease)] if value.get("queue") else []
         result = self.client.txn(
             [
                 compare(self._lock_key(key), "MOD", "EQUAL", kv.mod_revision),
@@ -149,14 +193,18 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             [
                 put(self._lock_key(key), _dump(value), lease),
                 put(self._held_key(session_id, key), key, lease),
+                *queued,
             ],
         )
         if not result.succeeded:
-            self._revoke_quietly(lease)
+            self._recycle(lease)
             if self.client.range(self._sess_key(session_id)).first() is None:
                 raise self._session_gone(session_id, self._read_meta(session_id))
             raise self._lost(key)
-        self._revoke_quietly(kv.lease)
+        if kv.lease in self._grant_leases:
+            self._recycle(kv.lease)  # the grant moved off it: empty, ours, reusable
+        else:
+            self._revoke_quietly(kv.lease)
         return GrantRecord(
             key=key,
             owner_id=value["ownerId"],
@@ -184,6 +232,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 delete(self._held_key(session_id, key)),
                 get(self._sess_key(session_id)),
                 self._ended(key),
+                self._queue_end(key, session_id),
             ],
             [get(lock_key)],
         )
@@ -192,6 +241,8 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             # lapsed (etcd had decided, not yet swept) is gone either way; say so, as pg does
             deleted = result.responses[0].first() if result.responses[0] else None
             session = result.responses[2].first() if result.responses[2] else None
+            if deleted is not None:
+                self._recycle(deleted.lease)  # its keys went with this txn
             if _deadline_passed(deleted) or _deadline_passed(session):
                 raise lock_lost(key, None)
             return
@@ -206,7 +257,12 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 compare(lock_key, "MOD", "EQUAL", kv.mod_revision),
                 compare(self._sess_key(holder_sid), "CREATE", "GREATER", 0),
             ],
-            [delete(lock_key), delete(self._held_key(holder_sid, key)), self._ended(key)],
+            [
+                delete(lock_key),
+                delete(self._held_key(holder_sid, key)),
+                self._ended(key),
+                self._queue_end(key, holder_sid),
+            ],
         )
         if not slow.succeeded:
             raise self._lost(key)
@@ -216,10 +272,10 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         read = self.client.read(
             get(self._lock_key(key)),
             get(self._k("seen", key)),
-            get(self._wait_prefix(key), prefix=True, count_only=True),
+            get(self._wait_prefix(key), prefix=True),
         )
         kv = read.responses[0].first()
-        waiters = read.responses[2].count
+        waiters = sum(1 for entry in read.responses[2].kvs if entry.value != HELD)
         if kv is not None:
             kv = self._stored(key)
             if kv is not None:
@@ -280,6 +336,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                     delete(lock_key),
                     delete(self._held_key(value["sessionId"], key)),
                     self._ended(key),
+                    self._queue_end(key, value["sessionId"]),
                     put(self._k("revocation", str(revocation_id)), _dump(audit)),
                 ],
             )

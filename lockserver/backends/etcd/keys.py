@@ -12,7 +12,11 @@ Layout under settings.ETCD_PREFIX (default `dlock/`); lock keys match [a-zA-Z0-9
   seen/{key}          the key was granted at least once (L7 answers 404 otherwise); re-put in
                       every txn that ends a grant on purpose, so a deletion of lock/{key} at a
                       revision where seen/{key} was not written is an expiry
-  wait/{key}/{id}     a blocked acquire (waiterCount, waiter cap); on a short lease of its own
+  wait/{key}/{sid}/{id}  a parked acquire of session sid: the key's queue, in create-revision
+                      order (ARCHITECTURE decision 23); on a short lease of its own while it
+                      waits. The grant txn of the head re-puts it as `held` on the grant's
+                      lease (its create revision, its place, unchanged: no watcher wakes), and
+                      every txn that ends that grant deletes wait/{key}/{sid}/ with it
   revocation/{id}     L8 audit record (operator, reason, revoked token, new floor)
   meta/token_offset   the token offset, persisted so token = offset + revision > LOCK_TOKEN_FLOOR
 
@@ -33,9 +37,10 @@ import json
 import uuid
 from typing import Any
 
-from lockserver.etcd_client import KeyValue, put
+from lockserver.etcd_client import KeyValue, delete, put
 
 INT64_MAX = 2**63 - 1
+HELD = b"held"  # a queue entry whose waiter now holds the key: its place, no longer waiting
 
 
 def _now() -> dt.datetime:
@@ -103,6 +108,10 @@ class KeySpace:
 
     def _wait_prefix(self, key: str) -> str:
         return self._k("wait", key) + "/"
+
+    def _queue_end(self, key: str, sid: uuid.UUID | str) -> dict[str, Any]:
+        """In every txn that ends a grant of session sid: its queue entry (if it was queued)."""
+        return delete(self._k("wait", key, str(sid)) + "/", prefix=True)
 
     @property
     def _offset_key(self) -> str:
