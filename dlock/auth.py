@@ -9,8 +9,10 @@ how a credential is rotated (add the new hash, move callers, drop the old one). 
 id is the first 12 hex digits of its hash: safe to log and to store with a session.
 
 Missing or unknown credential: 401 UNAUTHENTICATED; known but without the endpoint's scope: 403
-FORBIDDEN. Health, metrics, the schema and the docs pages stay open (`OPEN_ROUTES`). The
-middleware that applies this is `dlock.middleware.ApiMiddleware`.
+FORBIDDEN. The operator scope may also read payouts (GET P1, P4: `OPERATOR_READ_ROUTES`), so an
+on-call can look at them with its own credential. Health, metrics, the schema and the docs
+pages stay open (`OPEN_ROUTES`). The middleware that applies this is
+`dlock.middleware.ApiMiddleware`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ SCOPES = frozenset({"executor", "operator"})
 
 # Route names (Django URL names) and the scope each needs; every other /v1 route needs executor.
 OPERATOR_ROUTES = frozenset({"lock-revoke"})
+# Reads an on-call needs (P1, P4): the operator scope may GET them too; writes stay executor-only.
+OPERATOR_READ_ROUTES = frozenset({"payouts-list", "payout-detail"})
+READ_METHODS = frozenset({"GET", "HEAD"})
 OPEN_ROUTES = frozenset({"schema", "swagger-ui", "redoc"})
 CREDENTIAL_ENV = {"executor": "DLOCK_EXECUTOR_CREDENTIAL", "operator": "DLOCK_OPERATOR_CREDENTIAL"}
 CREDENTIAL_PREFIX = "dlk_"
@@ -109,6 +114,19 @@ def required_scope(request: HttpRequest) -> str | None:
     if name in OPEN_ROUTES:
         return None
     return "operator" if name in OPERATOR_ROUTES else "executor"
+
+
+def permits(request: HttpRequest, principal: Principal, scope: str) -> bool:
+    """Whether `principal` may call the route `required_scope` answered `scope` for."""
+    if scope in principal.scopes:
+        return True
+    match = request.resolver_match
+    return (
+        "operator" in principal.scopes
+        and request.method in READ_METHODS
+        and match is not None
+        and match.url_name in OPERATOR_READ_ROUTES
+    )
 
 
 def request_principal(request: HttpRequest) -> Principal:

@@ -315,7 +315,7 @@ class ApiMiddleware:
             response = error_response(error)
             response["WWW-Authenticate"] = auth.CHALLENGE
             return response
-        if scope not in principal.scopes:
+        if not auth.permits(request, principal, scope):
             return error_response(
                 ApiError(
                     Code.FORBIDDEN,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ops.reconciler import Payout
+    from ops.invariants import Payout
 
 OPS = "ROLE=ops manage.py"
 WHO = "--operator YOUR_ADMIN_USER"

@@ -19,28 +19,33 @@ automatic: only an operator calls it; the reconciler writes no ledger rows.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.admin.models import ADDITION, CHANGE
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.db.models.functions import Now
 
 from dlock.dbrouter import alias_for
-from dlock.errors import ApiError, Code
 from dlock.timefmt import rfc3339_ms
-from payments import audit, fenced_sql
+from payments import fenced_sql
 from payments.models import (
-    Account,
     AccountKind,
-    LedgerEntry,
     Payout,
     PayoutReconciliation,
     RailRecovery,
     RailRecoveryEvent,
+)
+from payments.recovery_trail import (
+    RecoveryStep,
+    Refused,
+    book_legs,
+    cursor_on,
+    log_done,
+    log_entries,
+    record_refusal,
+    refused_error,
 )
 from payments.services import settlement_account_id
 
@@ -69,48 +74,6 @@ class StatementTransfer:
     client_ref: str
     amount_minor: int
     currency: str
-
-
-@dataclass(frozen=True)
-class RecoveryStep:
-    """What an operator did to one rail recovery (the log event's and --json's fields)."""
-
-    action: str  # RECORDED, RECOVERED, WRITTEN_OFF
-    recovery_id: str
-    rail_reference: str
-    payout_id: str | None
-    amount_minor: int
-    currency: str
-    status: str
-    operator: str
-    reference: str | None
-    note: str
-    classification: str | None
-    entries: list[dict[str, Any]]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "action": self.action,
-            "recoveryId": self.recovery_id,
-            "railReference": self.rail_reference,
-            "payoutId": self.payout_id,
-            "amountMinor": self.amount_minor,
-            "currency": self.currency,
-            "status": self.status,
-            "operator": self.operator,
-            "reference": self.reference,
-            "note": self.note,
-            "classification": self.classification,
-            "entries": self.entries,
-        }
-
-
-class _Refused(Exception):
-    def __init__(self, reason: str, payout_id: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.payout_id = payout_id
 
 
 def evidence_for(rail_reference: str) -> tuple[PayoutReconciliation, dict[str, Any]] | None:
@@ -154,37 +117,41 @@ def record_recovery(
             step = _record(
                 rail_reference, reason, operator, statement if statement_read else False, alias
             )
-            _log_entries(step, user=user, alias=alias, flag=ADDITION)
-            _log(step, alias)
+            log_entries(step, user=user, alias=alias, flag=ADDITION)
+            log_done(step, alias)
         return step
-    except _Refused as refused:
-        _refusal("record", rail_reference, refused, user=user, alias=alias, note=reason, extra={})
-        raise _api_error(rail_reference, refused) from None
+    except Refused as refused:
+        record_refusal(
+            "record", rail_reference, refused, user=user, alias=alias, note=reason, extra={}
+        )
+        raise refused_error(rail_reference, refused) from None
 
 
-def _record(
+def _recordable(
     rail_reference: str,
     reason: str,
-    operator: str,
-    statement: StatementTransfer | None | bool,  # False: not read by the caller
+    statement: StatementTransfer | None | bool,
     alias: str,
-) -> RecoveryStep:
+) -> tuple[PayoutReconciliation, str, int, str]:
+    """The guards before any lock: reference and reason given, no recovery yet, on the
+    statement, seen by the reconciler with the statement's payout and amount. Returns the
+    finding, its payout id, amount and currency."""
     if not rail_reference:
-        raise _Refused("a rail reference (--transfer) is required")
+        raise Refused("a rail reference (--transfer) is required")
     if len(reason) < REASON_MIN:
-        raise _Refused(f"a reason of at least {REASON_MIN} characters is required")
+        raise Refused(f"a reason of at least {REASON_MIN} characters is required")
     existing = RailRecovery.objects.using(alias).filter(rail_reference=rail_reference).first()
     if existing is not None:
-        raise _Refused(
+        raise Refused(
             f"transfer {rail_reference} already has a recovery ({existing.status}, recorded "
             f"by {existing.recorded_by})",
             str(existing.payout_id) if existing.payout_id else None,
         )
     if statement is None:
-        raise _Refused(f"transfer {rail_reference} is not on the rail's statement")
+        raise Refused(f"transfer {rail_reference} is not on the rail's statement")
     found = evidence_for(rail_reference)
     if found is None:
-        raise _Refused(
+        raise Refused(
             f"the reconciler has not seen transfer {rail_reference} on the rail's statement "
             "(run manage.py reconcile)"
         )
@@ -195,25 +162,36 @@ def _record(
         statement.client_ref != payout_id
         or (statement.amount_minor, statement.currency) != (amount, currency)
     ):
-        raise _Refused(
+        raise Refused(
             f"the rail's statement ({statement.client_ref}, {statement.amount_minor} "
             f"{statement.currency}) disagrees with the reconciler's finding ({payout_id}, "
             f"{amount} {currency}); run manage.py reconcile",
             payout_id,
         )
+    return recon, payout_id, amount, currency
+
+
+def _record(
+    rail_reference: str,
+    reason: str,
+    operator: str,
+    statement: StatementTransfer | None | bool,  # False: not read by the caller
+    alias: str,
+) -> RecoveryStep:
+    recon, payout_id, amount, currency = _recordable(rail_reference, reason, statement, alias)
     payout = Payout.objects.using(alias).get(payout_id=recon.payout_id)
-    with _cursor(alias) as cur:
+    with cursor_on(alias) as cur:
         # The resolve/post lock order: the account row, then the payout row.
         fenced_sql.lock_account(cur, account_id=payout.account_id)
     payout = Payout.objects.using(alias).select_for_update().get(payout_id=recon.payout_id)
     if payout.state in IN_FLIGHT_STATES:
-        raise _Refused(
+        raise Refused(
             f"payout {payout_id} is {payout.state}, still on the automated path; record a "
             "recovery once it is POSTED, FAILED, ABANDONED or RAIL_AMBIGUOUS",
             payout_id,
         )
     if payout.state == "POSTED" and payout.rail_reference == rail_reference:
-        raise _Refused(
+        raise Refused(
             f"transfer {rail_reference} is the one payout {payout_id} (POSTED) accounts for; "
             "only a transfer beyond it is a recovery",
             payout_id,
@@ -231,8 +209,8 @@ def _record(
                 recorded_by=operator,
             )
     except IntegrityError:  # a concurrent record of the same transfer won (UNIQUE)
-        raise _Refused(f"transfer {rail_reference} already has a recovery", payout_id) from None
-    entries = _book(
+        raise Refused(f"transfer {rail_reference} already has a recovery", payout_id) from None
+    entries = book_legs(
         alias,
         recovery=recovery,
         debit=(recoverable_account_id(currency), AccountKind.RECOVERABLE),
@@ -277,11 +255,11 @@ def close_recovery(
     try:
         with transaction.atomic(using=alias):
             step = _close(rail_reference, outcome, reference, reason, operator, alias)
-            _log_entries(step, user=user, alias=alias, flag=CHANGE)
-            _log(step, alias)
+            log_entries(step, user=user, alias=alias, flag=CHANGE)
+            log_done(step, alias)
         return step
-    except _Refused as refused:
-        _refusal(
+    except Refused as refused:
+        record_refusal(
             "close",
             rail_reference,
             refused,
@@ -290,7 +268,7 @@ def close_recovery(
             note=reason,
             extra={"outcome": outcome, "reference": reference},
         )
-        raise _api_error(rail_reference, refused) from None
+        raise refused_error(rail_reference, refused) from None
 
 
 def _close(
@@ -302,9 +280,9 @@ def _close(
     alias: str,
 ) -> RecoveryStep:
     if outcome not in CLOSE_OUTCOMES:
-        raise _Refused("a recovery closes as RECOVERED or WRITTEN_OFF")
+        raise Refused("a recovery closes as RECOVERED or WRITTEN_OFF")
     if outcome == "WRITTEN_OFF" and reference:
-        raise _Refused(
+        raise Refused(
             f"WRITTEN_OFF takes no reference ({reference!r}): money that came back with a rail "
             "reference closes RECOVERED; put a ticket number in the reason"
         )
@@ -315,20 +293,18 @@ def _close(
         .first()
     )
     if recovery is None:
-        raise _Refused(f"no rail recovery for transfer {rail_reference!r}")
+        raise Refused(f"no rail recovery for transfer {rail_reference!r}")
     payout_id = str(recovery.payout_id) if recovery.payout_id else None
     if recovery.status != "OPEN":
-        raise _Refused(
+        raise Refused(
             f"the recovery of transfer {rail_reference} is already {recovery.status} "
             f"(closed by {recovery.closed_by} at {rfc3339_ms(recovery.closed_at)})",
             payout_id,
         )
     if outcome == "RECOVERED" and not reference:
-        raise _Refused(
-            "RECOVERED needs the rail's reference of the money that came back", payout_id
-        )
+        raise Refused("RECOVERED needs the rail's reference of the money that came back", payout_id)
     if outcome == "WRITTEN_OFF" and len(reason) < REASON_MIN:
-        raise _Refused(f"WRITTEN_OFF needs a reason of at least {REASON_MIN} characters", payout_id)
+        raise Refused(f"WRITTEN_OFF needs a reason of at least {REASON_MIN} characters", payout_id)
     # The row is locked; the status predicate still decides (the CHECK backs it).
     moved = (
         RailRecovery.objects.using(alias)
@@ -342,14 +318,14 @@ def _close(
         )
     )
     if moved != 1:  # pragma: no cover - the row lock above makes this unreachable
-        raise _Refused(f"the recovery of transfer {rail_reference} is no longer OPEN", payout_id)
+        raise Refused(f"the recovery of transfer {rail_reference} is no longer OPEN", payout_id)
     currency = recovery.currency
     debit = (
         (settlement_account_id(currency), AccountKind.SETTLEMENT)
         if outcome == "RECOVERED"
         else (loss_account_id(currency), AccountKind.LOSS)
     )
-    entries = _book(
+    entries = book_legs(
         alias,
         recovery=recovery,
         debit=debit,
@@ -372,134 +348,6 @@ def _close(
         note=note,
         classification=recovery.classification,
         entries=entries,
-    )
-
-
-def _cursor(alias: str) -> Any:
-    from django.db import connections
-
-    return connections[alias].cursor()
-
-
-def _book(
-    alias: str,
-    *,
-    recovery: RailRecovery,
-    debit: tuple[str, str],
-    credit: tuple[str, str],
-) -> list[dict[str, Any]]:
-    """Two balanced legs on the recovery and both balance moves (balance = Σ CREDIT − Σ DEBIT).
-    The accounts are created on demand; operator legs carry fence 0 (no token is involved).
-    A settlement leg moves the account row itself, never P3's buckets: its balance is the row
-    plus its buckets (selectors.balance_sql), and an operator step is too rare to spread."""
-    amount = int(recovery.amount_minor)
-    entries = []
-    for (account_id, kind), direction, sign in ((debit, "DEBIT", -1), (credit, "CREDIT", 1)):
-        Account.objects.using(alias).get_or_create(
-            account_id=account_id, defaults={"currency": recovery.currency, "kind": kind}
-        )
-        Account.objects.using(alias).filter(account_id=account_id).update(
-            balance_minor=F("balance_minor") + sign * amount, updated_at=Now()
-        )
-        entry = LedgerEntry.objects.using(alias).create(
-            recovery=recovery,
-            account_id=account_id,
-            direction=direction,
-            amount_minor=amount,
-            fence=0,
-        )
-        entries.append(
-            {
-                "entryId": str(entry.entry_id),
-                "accountId": account_id,
-                "direction": direction,
-                "amountMinor": amount,
-            }
-        )
-    return entries
-
-
-def _describe(step: RecoveryStep) -> str:
-    """The LogEntry text (plain, so the admin History shows it as written)."""
-    what = {
-        "RECORDED": f"rail recovery recorded for transfer {step.rail_reference}",
-        "RECOVERED": f"rail recovery of transfer {step.rail_reference} closed RECOVERED "
-        f"(rail reference {step.reference})",
-        "WRITTEN_OFF": f"rail recovery of transfer {step.rail_reference} closed WRITTEN_OFF",
-    }[step.action]
-    return f"{what}: {step.amount_minor} {step.currency}; {step.note}"[:2000]
-
-
-def _log_entries(step: RecoveryStep, *, user: AbstractBaseUser, alias: str, flag: int) -> None:
-    rows = [(RailRecovery, step.recovery_id, f"{step.rail_reference} ({step.status})", flag)]
-    if step.payout_id:
-        rows.append((Payout, step.payout_id, step.payout_id, CHANGE))
-    for model, object_id, text, action in rows:
-        audit.log_entry(
-            user=user,
-            model=model,
-            object_id=object_id,
-            object_repr=text,
-            text=_describe(step),
-            flag=action,
-            alias=alias,
-        )
-
-
-def _refusal(
-    action: str,
-    rail_reference: str,
-    refused: _Refused,
-    *,
-    user: AbstractBaseUser,
-    alias: str,
-    note: str,
-    extra: dict[str, Any],
-) -> None:
-    """A refused step (payments.audit.refused): its LogEntry on the payout when known, else on
-    the recovery model under the transfer's reference."""
-    model, object_id = (
-        (Payout, refused.payout_id) if refused.payout_id else (RailRecovery, rail_reference)
-    )
-    audit.refused(
-        "rail_recovery_refused",
-        operator=user.get_username(),
-        user=user,
-        action=f"{action} rail recovery {rail_reference}",
-        reason=refused.reason,
-        model=model,
-        object_type="payout" if refused.payout_id else "rail recovery",
-        object_id=object_id,
-        note=note,
-        railReference=rail_reference,
-        payoutId=refused.payout_id,
-        **extra,
-    )
-
-
-def _api_error(rail_reference: str, refused: _Refused) -> ApiError:
-    return ApiError(
-        Code.VALIDATION_FAILED,
-        f"refused: {refused.reason}",
-        details={"reason": refused.reason, "railReference": rail_reference},
-    )
-
-
-def _log(step: RecoveryStep, alias: str) -> None:
-    audit.done(
-        f"rail_recovery_{step.action.lower()}",
-        level=logging.WARNING,
-        alias=alias,
-        recoveryId=step.recovery_id,
-        railReference=step.rail_reference,
-        payoutId=step.payout_id,
-        amountMinor=step.amount_minor,
-        currency=step.currency,
-        status=step.status,
-        operator=step.operator,
-        reference=step.reference,
-        note=step.note,
-        classification=step.classification,
     )
 
 

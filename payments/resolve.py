@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
@@ -209,23 +209,7 @@ def resolve_payout(
     try:
         _check_request(resolution=resolution, note=note, override=override)
         with transaction.atomic(using=alias), connections[alias].cursor() as cur:
-            payout = Payout.objects.using(alias).filter(payout_id=payout_id).first()
-            if payout is None:
-                raise not_found("payout", str(payout_id))
-            fenced_sql.lock_account(cur, account_id=payout.account_id)
-            payout = Payout.objects.using(alias).select_for_update().get(payout_id=payout_id)
-            recon = (
-                PayoutReconciliation.objects.using(alias)
-                .select_for_update()
-                .filter(payout_id=payout_id)
-                .first()
-            )
-            if payout.state != "RAIL_AMBIGUOUS":
-                raise ApiError(
-                    Code.PAYOUT_NOT_CLAIMABLE,
-                    f"payout {payout_id} is {payout.state}, not RAIL_AMBIGUOUS",
-                    details={"payoutId": str(payout_id), "state": payout.state},
-                )
+            payout, recon = _lock_quarantined(cur, payout_id=payout_id, alias=alias)
             recovered = recovered_references(payout_id, alias=alias)
             if resolution == "POSTED" and rail_reference is None:
                 left = unaccounted_references(recon, recovered)
@@ -238,32 +222,20 @@ def resolve_payout(
                 recovered=recovered,
             )
             if refusal and not override:
-                raise ApiError(
-                    Code.VALIDATION_FAILED,
-                    f"refused: {refusal}",
-                    details={"reason": refusal, "payoutId": str(payout_id)},
-                )
+                raise _refused_error(refusal, payout_id)
             truth = (
                 statement_refusal(
                     payout=payout,
                     rail_reference=rail_reference,
                     recon=recon,
                     recovered=recovered,
-                    statement=(
-                        read_statement(rail_reference)
-                        if read_statement is not None and rail_reference
-                        else False
-                    ),
+                    statement=_read(read_statement, rail_reference),
                 )
                 if resolution == "POSTED"
                 else None
             )
             if truth:  # the statement is the truth: no override posts money that never left
-                raise ApiError(
-                    Code.VALIDATION_FAILED,
-                    f"refused: {truth}",
-                    details={"reason": truth, "payoutId": str(payout_id)},
-                )
+                raise _refused_error(truth, payout_id)
             services.resolve_quarantined(
                 payout_id=payout_id,
                 resolution=resolution,
@@ -282,24 +254,70 @@ def resolve_payout(
                 classification=recon.classification if recon else None,
                 refusal=refusal,
             )
-            _log_entry(done, user=user, alias=alias)
-            audit.done(
-                "payout_resolved",
-                level=logging.WARNING if done.override else logging.INFO,
-                alias=alias,
-                payoutId=done.payout_id,
-                operator=done.operator,
-                **{"from": done.from_state, "to": done.to_state},
-                reference=done.reference,
-                note=done.note,
-                override=done.override,
-                classification=done.classification,
-                refusal=done.refusal,
-            )
+            _audit_done(done, user=user, alias=alias)
     except ApiError as exc:
         _refused(exc, payout_id=payout_id, resolution=resolution, user=user, note=note)
         raise
     return done
+
+
+def _refused_error(reason: str, payout_id: uuid.UUID) -> ApiError:
+    return ApiError(
+        Code.VALIDATION_FAILED,
+        f"refused: {reason}",
+        details={"reason": reason, "payoutId": str(payout_id)},
+    )
+
+
+def _lock_quarantined(
+    cur: Any, *, payout_id: uuid.UUID, alias: str
+) -> tuple[Payout, PayoutReconciliation | None]:
+    """The payout and its finding, locked in the resolve/post order (the account row, then the
+    payout row); refused unless the payout is RAIL_AMBIGUOUS."""
+    payout = Payout.objects.using(alias).filter(payout_id=payout_id).first()
+    if payout is None:
+        raise not_found("payout", str(payout_id))
+    fenced_sql.lock_account(cur, account_id=payout.account_id)
+    payout = Payout.objects.using(alias).select_for_update().get(payout_id=payout_id)
+    recon = (
+        PayoutReconciliation.objects.using(alias)
+        .select_for_update()
+        .filter(payout_id=payout_id)
+        .first()
+    )
+    if payout.state != "RAIL_AMBIGUOUS":
+        raise ApiError(
+            Code.PAYOUT_NOT_CLAIMABLE,
+            f"payout {payout_id} is {payout.state}, not RAIL_AMBIGUOUS",
+            details={"payoutId": str(payout_id), "state": payout.state},
+        )
+    return payout, recon
+
+
+def _read(
+    read_statement: Callable[[str], StatementTransfer | None] | None, rail_reference: str | None
+) -> StatementTransfer | None | bool:
+    """The statement's row for the reference; False when the caller cannot read raildb."""
+    if read_statement is None or not rail_reference:
+        return False
+    return read_statement(rail_reference)
+
+
+def _audit_done(done: Resolution, *, user: AbstractBaseUser, alias: str) -> None:
+    _log_entry(done, user=user, alias=alias)
+    audit.done(
+        "payout_resolved",
+        level=logging.WARNING if done.override else logging.INFO,
+        alias=alias,
+        payoutId=done.payout_id,
+        operator=done.operator,
+        **{"from": done.from_state, "to": done.to_state},
+        reference=done.reference,
+        note=done.note,
+        override=done.override,
+        classification=done.classification,
+        refusal=done.refusal,
+    )
 
 
 def _refused(

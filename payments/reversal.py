@@ -183,39 +183,7 @@ def _reverse(
     if payout.state != "POSTED":
         raise _Refused(f"payout {payout_id} is {payout.state}; only a POSTED payout is reversed")
     reference = payout.rail_reference
-    posted = (
-        PayoutEvent.objects.using(alias)
-        .filter(payout_id=payout_id, to_state="POSTED")
-        .order_by("-at", "-id")
-        .first()
-    )
-    recon = PayoutReconciliation.objects.using(alias).filter(payout_id=payout_id).first()
-    if recon is None or (posted is not None and recon.checked_at < posted.at):
-        raise _Refused(
-            "the reconciler has no finding for this payout since it was POSTED "
-            "(run manage.py reconcile; a POSTED payout it finds contradicted gets one)"
-        )
-    on_statement = [str(r) for r in recon.rail_references or []]
-    if reference in on_statement:
-        raise _Refused(
-            f"the reconciler found reference {reference} on the rail's statement for this "
-            "payout: the money left; a transfer beyond it is a rail recovery "
-            "(manage.py record_rail_recovery), not a reversal"
-        )
-    row = read_statement(reference) if reference else None
-    if (
-        row is not None
-        and row.client_ref == str(payout_id)
-        and (
-            row.amount_minor,
-            row.currency,
-        )
-        == (payout.amount_minor, payout.currency)
-    ):
-        raise _Refused(
-            f"the rail's statement, read now, has reference {reference} for this payout "
-            "(the reconciler's finding is older): run manage.py reconcile"
-        )
+    recon, on_statement = _contradicted(payout, read_statement, alias)
     reversal = PayoutReversal.objects.using(alias).create(
         payout=payout,
         rail_reference=reference,
@@ -252,6 +220,50 @@ def _reverse(
         statement_references=on_statement,
         entries=entries,
     )
+
+
+def _contradicted(
+    payout: Payout, read_statement: Callable[[str], StatementTransfer | None], alias: str
+) -> tuple[PayoutReconciliation, list[str]]:
+    """The guard: the reconciler's finding, taken after the post, lacks the payout's reference,
+    and the statement read now does not book it for this payout and amount. Returns the
+    finding and the references the statement held instead."""
+    payout_id = payout.payout_id
+    reference = payout.rail_reference
+    posted = (
+        PayoutEvent.objects.using(alias)
+        .filter(payout_id=payout_id, to_state="POSTED")
+        .order_by("-at", "-id")
+        .first()
+    )
+    recon = PayoutReconciliation.objects.using(alias).filter(payout_id=payout_id).first()
+    if recon is None or (posted is not None and recon.checked_at < posted.at):
+        raise _Refused(
+            "the reconciler has no finding for this payout since it was POSTED "
+            "(run manage.py reconcile; a POSTED payout it finds contradicted gets one)"
+        )
+    on_statement = [str(r) for r in recon.rail_references or []]
+    if reference in on_statement:
+        raise _Refused(
+            f"the reconciler found reference {reference} on the rail's statement for this "
+            "payout: the money left; a transfer beyond it is a rail recovery "
+            "(manage.py record_rail_recovery), not a reversal"
+        )
+    row = read_statement(reference) if reference else None
+    if (
+        row is not None
+        and row.client_ref == str(payout_id)
+        and (
+            row.amount_minor,
+            row.currency,
+        )
+        == (payout.amount_minor, payout.currency)
+    ):
+        raise _Refused(
+            f"the rail's statement, read now, has reference {reference} for this payout "
+            "(the reconciler's finding is older): run manage.py reconcile"
+        )
+    return recon, on_statement
 
 
 def _book(alias: str, *, reversal: PayoutReversal, account_id: str) -> list[dict[str, Any]]:

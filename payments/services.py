@@ -1,28 +1,26 @@
 """Payment-resource writes. Each accepted command is one transaction on paydb.
 
 Services take keyword-only typed arguments, own `transaction.atomic`, raise `ApiError` and
-never build HTTP responses. The conditional SQL lives in `payments/fenced_sql.py`; seeding
+never build HTTP responses. The conditional SQL lives in `payments/fenced_sql/`, what the
+fenced commands share (replay or fence, the stored answer) in `payments/commands.py`, seeding
 (accounts, payouts) in `payments/seeding.py`.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
 
-from dlock import idempotency
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
-from dlock.fencing import fenced_out
 from dlock.prepared import prepared_cursor
 from dlock.tracing import current_trace_id
-from payments import fenced_sql
+from payments import commands, fenced_sql
+from payments.commands import CommandResult
 from payments.models import CLAIMABLE_STATES, RESOLUTION_STATES, AccountKind, Payout
 from payments.seeding import create_account, create_payout, funding_account_id, seed
 
@@ -59,106 +57,6 @@ def _fault_point(operation: str) -> None:
 
 def settlement_account_id(currency: str) -> str:
     return f"settlement:{currency}"
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What a fenced command answered: fresh, or replayed from its idempotency record."""
-
-    status: int
-    body: dict[str, Any]
-    replayed: bool = False
-
-
-def _request_hash(operation: str, payout_id: uuid.UUID, body: dict[str, Any]) -> str:
-    return idempotency.request_hash(
-        {"operation": operation, "payoutId": str(payout_id), "body": body}
-    )
-
-
-def _replay_or_fence(
-    cur: Any,
-    *,
-    operation: str,
-    payout_id: uuid.UUID,
-    token: int,
-    owner_id: str,
-    idempotency_key: str,
-    request_hash: str,
-) -> CommandResult | fenced_sql.FencedAccount:
-    """Serialise on the identity; then its stored answer (a replay) or the fence UPDATE of P2
-    (strict) or P3 (`<=`) in one round trip. A refused fence is 404, 400 or FENCED_OUT."""
-    idempotency.lock_identity(cur, operation=operation, key=idempotency_key, token=token)
-    step = fenced_sql.record_or_fence(
-        cur,
-        operation=operation,
-        payout_id=payout_id,
-        token=token,
-        idempotency_key=idempotency_key,
-    )
-    if step.recorded is not None:
-        stored_hash, status, body = step.recorded
-        idempotency.check_same_request(
-            stored_hash=stored_hash,
-            presented_hash=request_hash,
-            key=idempotency_key,
-            operation=operation,
-        )
-        return CommandResult(status=status, body=idempotency.stored_body(body), replayed=True)
-    if step.account is not None:
-        return step.account
-    found = fenced_sql.fence_diagnosis(cur, payout_id=payout_id)
-    if found is None:
-        raise not_found("payout", str(payout_id))
-    idempotency.check_payout_key(presented=idempotency_key, stable=found.idempotency_key)
-    raise fenced_out(
-        resource="account",
-        resource_id=found.account_id,
-        presented=token,
-        highest=found.fence,
-        owner_id=owner_id,
-    )
-
-
-def _not_in_state(
-    cur: Any, payout_id: uuid.UUID, allowed: tuple[str, ...], *, token: int | None = None
-) -> ApiError:
-    """A transition matched no row: answer with the state the payout is in now."""
-    state, claim_token = fenced_sql.payout_state(cur, payout_id=payout_id)
-    return payout_not_claimable(
-        payout_id=str(payout_id),
-        state=state,
-        expected_states=allowed,
-        claim_token=claim_token,
-        presented_token=token,
-    )
-
-
-def _body_json(body: dict[str, Any]) -> str:
-    return json.dumps(body, separators=(",", ":"))
-
-
-def _store(
-    cursor: Any,
-    *,
-    operation: str,
-    key: str,
-    token: int,
-    request_hash: str,
-    payout_id: uuid.UUID,
-    status: int,
-    body: dict[str, Any],
-) -> None:
-    fenced_sql.idempotency_store(
-        cursor,
-        operation=operation,
-        key=key,
-        token=token,
-        request_hash=request_hash,
-        payout_id=payout_id,
-        status=status,
-        body_json=_body_json(body),
-    )
 
 
 def claim_payout(
@@ -209,8 +107,8 @@ def claim_steps(
     (row lock) → payout row lock + reservation sum → transition + payout_event + the identity's
     record. Returns the answer and, for INSUFFICIENT_FUNDS, the error to raise after commit."""
     operation = "claim"
-    request_hash = _request_hash(operation, payout_id, {"expectedState": expected_state})
-    step = _replay_or_fence(
+    request_hash = commands.request_hash(operation, payout_id, {"expectedState": expected_state})
+    step = commands.replay_or_fence(
         cur,
         operation=operation,
         payout_id=payout_id,
@@ -244,7 +142,7 @@ def claim_steps(
             available=available,
         )
         status, body = failure.status, failure.envelope(current_trace_id())
-        _store(
+        commands.store_answer(
             cur,
             operation=operation,
             key=idempotency_key,
@@ -333,10 +231,10 @@ def _claim_transition(
         owner_id=owner_id,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
-        body_json=_body_json(body),
+        body_json=commands.body_json(body),
     )
     if attempts is None:  # pragma: no cover - the row is locked by claim_check
-        raise _not_in_state(cur, payout_id, (expected_state,), token=token)
+        raise commands.not_in_state(cur, payout_id, (expected_state,), token=token)
     if attempts != body["attemptCount"]:  # pragma: no cover - the row is locked by claim_check
         raise RuntimeError(f"payout {payout_id}: attempt count {attempts}, expected {body}")
     return body
@@ -383,12 +281,12 @@ def post_steps(
     payout_event, both legs, the debit, the credit to the payout's settlement bucket
     (PAY_SETTLEMENT_BUCKETS; settlement account on demand) and the identity's record."""
     operation = "post"
-    request_hash = _request_hash(
+    request_hash = commands.request_hash(
         operation,
         payout_id,
         {"railReference": rail_reference, "submissionId": str(submission_id)},
     )
-    step = _replay_or_fence(
+    step = commands.replay_or_fence(
         cur,
         operation=operation,
         payout_id=payout_id,
@@ -424,13 +322,13 @@ def post_steps(
         credit_entry=credit_entry,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
-        body_json=_body_json(body),
+        body_json=commands.body_json(body),
         settlement_bucket=fenced_sql.settlement_bucket(
             payout_id, buckets=settings.PAY_SETTLEMENT_BUCKETS
         ),
     )
     if posted is None:
-        raise _not_in_state(cur, payout_id, ("RAIL_ACKED",), token=token)
+        raise commands.not_in_state(cur, payout_id, ("RAIL_ACKED",), token=token)
     if (posted.amount_minor, posted.debit_balance) != (amount, body["balanceMinor"]):
         # pragma: no cover - the account row is locked and the amount immutable
         raise RuntimeError(f"payout {payout_id}: balance {posted.debit_balance}, body {body}")
@@ -505,7 +403,7 @@ def resolve_quarantined(
                 note=note,
             )
             if not moved:
-                raise _not_in_state(cur, payout_id, ("RAIL_AMBIGUOUS",))
+                raise commands.not_in_state(cur, payout_id, ("RAIL_AMBIGUOUS",))
             return
         posted = fenced_sql.post_transition(
             cur,
@@ -518,7 +416,7 @@ def resolve_quarantined(
             note=note,
         )
         if posted is None:
-            raise _not_in_state(cur, payout_id, ("RAIL_AMBIGUOUS",))
+            raise commands.not_in_state(cur, payout_id, ("RAIL_AMBIGUOUS",))
         assert locked is not None  # the account row was locked above, under this transaction
         account_id, amount, currency = posted
         _post_to_settlement(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 
-from payments.admin import ReadOnlyAdmin, register_evidence, utc
+from payments.admin import ReadOnlyAdmin, register_evidence, utc, utc_column
 from railproxy.models import RailSubmission
 from railproxy.selectors import submission_rows
 
@@ -38,10 +38,5 @@ class RailSubmissionAdmin(ReadOnlyAdmin):
     search_fields = ("payout_id", "rail_reference", "submission_id")
     ordering = ("-submitted_at",)
 
-    @admin.display(description="submitted at (UTC)", ordering="submitted_at")
-    def submitted_at_utc(self, obj: RailSubmission) -> str:
-        return utc(obj.submitted_at)
-
-    @admin.display(description="resolved at (UTC)", ordering="resolved_at")
-    def resolved_at_utc(self, obj: RailSubmission) -> str:
-        return utc(obj.resolved_at)
+    submitted_at_utc = utc_column("submitted_at")
+    resolved_at_utc = utc_column("resolved_at")

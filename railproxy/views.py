@@ -12,10 +12,15 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from dlock import hotview
-from dlock.errors import ApiError
-from dlock.headers import INT64_MAX, fencing_token, idempotency_key, owner_id
+from dlock.headers import fencing_token, idempotency_key, owner_id
 from dlock.rendering import json_response
-from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer, parse_uuid
+from dlock.serializers import (
+    StrictCharField,
+    StrictInt64Field,
+    StrictSerializer,
+    common_shape,
+    parse_uuid,
+)
 from railproxy import openapi, proofs, services
 
 _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
@@ -41,39 +46,16 @@ class SubmissionIn(StrictSerializer):
         return value
 
 
-_SUBMISSION_FIELDS = frozenset(SubmissionIn._declared_fields)
-
-
-def _text_within(value: object, high: int) -> bool:
-    """What StrictCharField(min_length=1, max_length=high, trim_whitespace=False) accepts,
-    narrowed to ASCII without NUL (the field's NUL/surrogate validators)."""
-    return (
-        type(value) is str and 1 <= len(value) <= high and value.isascii() and "\x00" not in value
-    )
+_common_submission = common_shape(SubmissionIn)
 
 
 def parse_submission(data: Any) -> dict:
-    """SubmissionIn's validated data. A well-formed body in its common shape is accepted
-    without building the serializer (its cost: docs/CHANGELOG.md); each
-    check is narrower than the serializer's and yields what it would; anything else, and so every
-    refusal and its details, goes through the serializer."""
-    if (
-        type(data) is dict
-        and data.keys() == _SUBMISSION_FIELDS
-        and _text_within(data["payoutId"], 64)
-        and _text_within(data["accountId"], 64)
-        and type(data["amountMinor"]) is int
-        and 1 <= data["amountMinor"] <= INT64_MAX
-        and type(data["currency"]) is str
-        and _CURRENCY.fullmatch(data["currency"])
-        and _text_within(data["beneficiaryRef"], 128)
-    ):
-        try:
-            parse_uuid(data["payoutId"], field="payoutId")
-        except ApiError:
-            pass
-        else:
-            return {**data, "payoutId": data["payoutId"].lower()}
+    """SubmissionIn's validated data: the common shape checked from its own fields
+    (dlock.serializers.common_shape); anything else, and so every refusal and its details,
+    through the serializer."""
+    common = _common_submission(data)
+    if common is not None:
+        return common
     parsed = SubmissionIn(data=data)
     parsed.is_valid(raise_exception=True)
     return parsed.validated_data

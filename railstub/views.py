@@ -21,10 +21,9 @@ from rest_framework.views import APIView
 
 from dlock import hotview
 from dlock.dbrouter import alias_for
-from dlock.headers import INT64_MAX
 from dlock.logs import log_event
 from dlock.rendering import JSON_CONTENT_TYPE, json_response
-from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer
+from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer, common_shape
 from dlock.timefmt import rfc3339_ms
 from railstub import openapi, services
 from railstub.services import Fault
@@ -65,27 +64,16 @@ def _drop_connection(request: HttpRequest) -> HttpResponse:
     return _raw({"error": "connection dropped"}, 444)
 
 
-_SUBMIT_FIELDS = frozenset(SubmitIn._declared_fields)
+_common_transfer = common_shape(SubmitIn)
 
 
 def parse_transfer(data: Any) -> dict:
-    """SubmitIn's validated data. A well-formed body is accepted without building the
-    serializer (the stub shares the box in every benchmark); each check is narrower than the
-    serializer's and yields what it would; anything else, and so every refusal and its
-    details, goes through the serializer."""
-    if type(data) is dict and data.keys() == _SUBMIT_FIELDS:
-        ref, amount, currency = data["clientRef"], data["amountMinor"], data["currency"]
-        if (
-            type(ref) is str
-            and 1 <= len(ref) <= 128
-            and ref.isascii()
-            and "\x00" not in ref
-            and type(amount) is int
-            and 1 <= amount <= INT64_MAX
-            and type(currency) is str
-            and _CURRENCY.fullmatch(currency)
-        ):
-            return data
+    """SubmitIn's validated data: the common shape checked from its own fields
+    (dlock.serializers.common_shape; the stub shares the box in every benchmark); anything
+    else, and so every refusal and its details, through the serializer."""
+    common = _common_transfer(data)
+    if common is not None:
+        return common
     parsed = SubmitIn(data=data)
     parsed.is_valid(raise_exception=True)
     return parsed.validated_data

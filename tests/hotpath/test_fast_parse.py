@@ -143,3 +143,45 @@ def transfer_serializer(data):
 @pytest.mark.parametrize("data", TRANSFERS, ids=repr)
 def test_rail_stub_fast_path_matches_the_serializer(data):
     assert outcome(parse_transfer, data) == outcome(transfer_serializer, data)
+
+
+# -- the common shape is derived from the serializer (dlock.serializers.common_shape) --------
+
+
+@pytest.mark.parametrize(
+    ("serializer_class", "bodies", "good"),
+    [(SubmissionIn, BODIES, GOOD), (SubmitIn, TRANSFERS, TRANSFER)],
+    ids=["SubmissionIn", "SubmitIn"],
+)
+def test_the_common_shape_never_accepts_what_the_serializer_refuses(serializer_class, bodies, good):
+    from dlock.serializers import common_shape
+
+    check = common_shape(serializer_class)
+    assert check(dict(good)) is not None  # the hot body takes the derived path
+    for data in bodies:
+        common = check(data)
+        if common is None:
+            continue  # the serializer decides
+        parsed = serializer_class(data=data)
+        assert parsed.is_valid(), data
+        assert common == dict(parsed.validated_data), data
+
+
+def test_the_common_shape_refuses_to_guess_for_fields_it_does_not_know():
+    from rest_framework import serializers
+
+    from dlock.serializers import StrictBooleanField, StrictSerializer, common_shape
+
+    class Flag(StrictSerializer):
+        on = StrictBooleanField()
+
+    class Pair(StrictSerializer):
+        low = serializers.IntegerField()
+
+        def validate(self, attrs):
+            return attrs
+
+    with pytest.raises(TypeError, match="on is a StrictBooleanField"):
+        common_shape(Flag)
+    with pytest.raises(TypeError, match="validates across fields"):
+        common_shape(Pair)

@@ -139,12 +139,12 @@ def test_revoke_of_a_key_nobody_holds_is_refused_with_exit_1(ops_stack):
     assert body["revoked"] is False and body["code"] == "NOT_FOUND"
 
 
-def test_revoke_that_cannot_reach_the_lock_server_says_nothing_was_revoked_with_exit_3(
+def test_revoke_that_cannot_reach_the_lock_server_says_nothing_was_revoked_with_exit_2(
     ops_stack,
 ):
     dead = f"http://127.0.0.1:{free_port()}"
     result = _revoke(ops_stack, "payout:acct-nobody", env={"LOCK_SERVER_URL": dead})
-    assert result.returncode == 3, result.stdout + result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
     body = json.loads(result.stdout)
     assert body["revoked"] is False and body["outcomeKnown"] is True
     assert "not reached" in result.stderr

@@ -516,6 +516,54 @@ def test_an_insufficient_funds_claim_failing_at_its_last_write_leaves_no_trace(
     assert f.snapshot(p) == before
 
 
+# --- scopes: the on-call reads with the operator credential ---------------------------------
+
+
+def test_the_operator_credential_reads_payouts_list_and_detail(client):
+    from tests import credentials
+
+    acct = f.account()
+    p = f.payout(acct, 1_234)
+    operator = {"HTTP_AUTHORIZATION": f"Bearer {credentials.OPERATOR}"}
+
+    listed = client.get(f"/v1/payouts?accountId={acct.account_id}", **operator)
+    detail = client.get(f"/v1/payouts/{p.payout_id}", **operator)
+
+    assert listed.status_code == 200, listed.content
+    assert [i["payoutId"] for i in listed.json()["items"]] == [str(p.payout_id)]
+    assert detail.status_code == 200, detail.content
+    assert detail.json()["amountMinor"] == 1_234
+
+
+def test_the_operator_credential_may_not_claim_or_post_and_nothing_changes(client):
+    from tests import credentials
+
+    acct = f.account()
+    p = f.payout(acct)
+    before = f.snapshot(p)
+    operator = {"HTTP_AUTHORIZATION": f"Bearer {credentials.OPERATOR}"}
+    headers = {
+        "HTTP_X_FENCING_TOKEN": str(f.next_token()),
+        "HTTP_X_OWNER_ID": "oncall",
+        "HTTP_X_IDEMPOTENCY_KEY": f"payout-{p.payout_id}",
+        **operator,
+    }
+
+    for path, body in (
+        ("claim", {"expectedState": "PENDING"}),
+        ("post", {"railReference": "RR-1", "submissionId": str(uuid.uuid4())}),
+    ):
+        refused = client.post(
+            f"/v1/payouts/{p.payout_id}/{path}", body, content_type="application/json", **headers
+        )
+        assert refused.status_code == 403, refused.content
+        assert refused.json()["code"] == "FORBIDDEN"
+        assert refused.json()["details"] == {"requiredScope": "executor"}
+    assert f.snapshot(p) == before
+    account = client.get(f"/v1/accounts/{acct.account_id}", **operator)
+    assert account.status_code == 403  # only the payout reads are opened to the on-call
+
+
 # --- P1 list ------------------------------------------------------------------------------
 
 

@@ -154,3 +154,75 @@ def test_the_admin_says_rail_recoveries():
     from payments.models import RailRecovery
 
     assert str(RailRecovery._meta.verbose_name_plural) == "rail recoveries"
+
+
+@pytest.fixture
+def viewer(client):
+    """Staff with only the two view permissions (not a superuser)."""
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create(username="ops-vic", is_staff=True, is_active=True)
+    user.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_payoutreversal", "view_operatorrefusal"])
+    )
+    client.force_login(user)
+    return user
+
+
+def test_reversals_and_refusals_are_listed_read_only_with_times_in_utc(client, viewer):
+    from payments.models import OperatorRefusal, PayoutReversal
+
+    payout = f.payout(f.account(5_000), 700, state="FAILED")
+    reversal = PayoutReversal.objects.create(
+        payout=payout,
+        rail_reference="RR-not-on-statement",
+        amount_minor=700,
+        currency="EUR",
+        classification="NOT_BOOKED",
+        statement_references=[],
+        reason="the statement lacks RR-not-on-statement",
+        reversed_by="ops-dora",
+    )
+    refusal = OperatorRefusal.objects.create(
+        operator="ops-eve",
+        known_user=False,
+        action="resolve POSTED",
+        object_type="payout",
+        object_id=str(payout.pk),
+        reason="the statement lacks the reference",
+    )
+
+    for section, row, marker in (
+        ("payoutreversal", reversal.pk, "RR-not-on-statement"),
+        ("operatorrefusal", refusal.pk, "ops-eve"),
+    ):
+        listed = client.get(f"/admin/payments/{section}/")
+        assert listed.status_code == 200
+        page = listed.content.decode()
+        assert marker in page and SECONDS_UTC.search(page)
+        assert f"/admin/payments/{section}/add/" not in page  # no "Add" button
+        shown = client.get(f"/admin/payments/{section}/{row}/change/")
+        assert shown.status_code == 200 and SECONDS_UTC.search(shown.content.decode())
+        assert 'name="_save"' not in shown.content.decode()  # view-only: no Save
+        assert client.get(f"/admin/payments/{section}/add/").status_code == 403
+        assert client.post(f"/admin/payments/{section}/{row}/change/", {}).status_code == 403
+        assert (
+            client.post(f"/admin/payments/{section}/{row}/delete/", {"post": "yes"}).status_code
+            == 403
+        )
+    assert PayoutReversal.objects.filter(pk=reversal.pk).exists()
+    assert OperatorRefusal.objects.filter(pk=refusal.pk).exists()
+
+
+def test_a_superuser_cannot_add_change_or_delete_a_reversal_either(client, staff):
+    from django.contrib import admin as django_admin
+
+    from payments.models import OperatorRefusal, PayoutReversal
+
+    request = type("Request", (), {"user": staff})()
+    for model in (PayoutReversal, OperatorRefusal):
+        model_admin = django_admin.site._registry[model]
+        assert model_admin.has_view_permission(request)
+        assert not model_admin.has_add_permission(request)
+        assert not model_admin.has_change_permission(request)
+        assert not model_admin.has_delete_permission(request)

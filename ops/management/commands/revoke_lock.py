@@ -2,9 +2,10 @@
 
 Calls L8 and prints the outcome. For `payout:{accountId}` keys, with paydb reachable, pushes the
 new token floor to the account fence and the rail high-water mark (ops.revoke) so the
-evicted holder is fenced out immediately. Exit 0 revoked, 1 refused by the lock server, 2 revoked
-but the push failed, 3 no answer from the lock server (not reached: nothing revoked; or the request
-was sent and the answer lost: outcome unknown, check L7).
+evicted holder is fenced out immediately. Exit 0 revoked, 1 refused by the lock server (a
+verdict), 2 the tool could not finish (the ops commands' convention for anything that is not a
+verdict): revoked but the push failed, or no answer from the lock server (not reached: nothing
+revoked; or the request was sent and the answer lost: outcome unknown, check L7).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Command(BaseCommand):
                 else "request sent but no answer: the revoke may have happened; check "
                 f"GET /v1/locks/{key} before retrying"
             )
-            raise CommandError(f"{what} ({exc.message})", returncode=3) from exc
+            raise CommandError(f"{what} ({exc.message})", returncode=2) from exc
         except DlockError as exc:
             self._emit(
                 options,
