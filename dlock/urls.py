@@ -51,7 +51,8 @@ def api_docs_patterns() -> list:
     ]
 
 
-def common_patterns() -> list:
+def monitoring_patterns() -> list:
+    """Health and metrics: every role, the admin's included."""
     return [
         path("health/live", health.live, name="health-live"),
         path("health/ready", health.ready, name="health-ready"),
@@ -60,8 +61,12 @@ def common_patterns() -> list:
             csrf_exempt(require_safe(metrics.export)),
             name="prometheus-django-metrics",
         ),
-        *api_docs_patterns(),
     ]
+
+
+def common_patterns() -> list:
+    """What every role with a /v1 surface serves besides it: monitoring and its API docs."""
+    return [*monitoring_patterns(), *api_docs_patterns()]
 
 
 def not_found_view(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -64,8 +64,8 @@ def books(live_stack, account_id: str) -> tuple[int, int]:
 
 
 @pytest.fixture
-def payments_url(live_stack):
-    return live_stack.url("payments")
+def payments_url(admin_url):
+    return admin_url  # the admin role (ROLE=admin), no longer payment-resource
 
 
 def test_an_operator_logs_in_and_the_admin_is_styled_under_the_production_headers(

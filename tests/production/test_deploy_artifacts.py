@@ -26,6 +26,7 @@ SERVER_ROLES = {  # Deployment name -> ROLE
     "payment-resource": "payments",
     "rail-proxy": "railproxy",
     "rail-stub": "railstub",
+    "admin": "admin",
 }
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "CronJob", "Job"}
 COMPONENT = "app.kubernetes.io/component"
@@ -35,6 +36,8 @@ CALLER_READ_S = {
     "payments": BUDGETS["payments.write"].read_s,
     "railproxy": BUDGETS["rail.submit"].read_s,
     "railstub": BUDGETS["rail.forward"].read_s,
+    # a person's browser, which waits far longer: the payments write budget bounds it anyway
+    "admin": BUDGETS["payments.write"].read_s,
 }
 
 
@@ -234,6 +237,9 @@ def test_only_the_executor_reaches_the_services_and_only_the_proxy_reaches_the_r
     assert _ingress_sources("lock-server") == {"executor", "operator"}
     assert _ingress_sources("payment-resource") == {"executor", "operator"}
     assert _ingress_sources("etcd") == {"lock-server", "etcd"}
+    # the admin: no pod calls it (staff use kubectl port-forward, which no policy governs)
+    assert named("NetworkPolicy", "admin")["spec"]["ingress"] == []
+    assert _egress_targets("admin") == set()
     assert _egress_targets("executor") == {"lock-server", "payment-resource", "rail-proxy"}
     callers_of_the_rail = {
         p["metadata"]["name"]
@@ -253,7 +259,7 @@ def test_each_role_reaches_only_its_own_database_and_gets_only_its_own_url():
                         peer["ipBlock"]["cidr"]
                     )
     assert len(db_cidr["lock-server"]) == len(db_cidr["rail-stub"]) == 1
-    assert db_cidr["payment-resource"] == db_cidr["rail-proxy"]
+    assert db_cidr["payment-resource"] == db_cidr["rail-proxy"] == db_cidr["admin"]
     assert db_cidr["lock-server"].isdisjoint(db_cidr["payment-resource"] | db_cidr["rail-stub"])
     assert "executor" not in db_cidr
     url_keys = {"LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"}
@@ -262,6 +268,7 @@ def test_each_role_reaches_only_its_own_database_and_gets_only_its_own_url():
         "payment-resource": {"PAY_DATABASE_URL"},
         "rail-proxy": {"PAY_DATABASE_URL"},
         "rail-stub": {"RAIL_DATABASE_URL"},
+        "admin": {"PAY_DATABASE_URL"},
         "executor": set(),
     }
     for name, keys in expected.items():
