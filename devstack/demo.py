@@ -35,11 +35,14 @@ def where(env: dict[str, str], out: Path) -> str:
     lock = env.get("LOCK_SERVER_URL", "http://127.0.0.1:8081")
     proxy = env.get("RAIL_PROXY_URL", "http://127.0.0.1:8083")
     stub = env.get("RAIL_STUB_URL", "http://127.0.0.1:8084")
+    admin = env.get("ADMIN_URL", "http://127.0.0.1:8085")
     return f"""
 Where to look next
-  Admin (payouts, ledger, the RAIL_AMBIGUOUS quarantine):  {pay}/admin/
+  Admin (payouts, ledger, the RAIL_AMBIGUOUS quarantine):  {admin}/admin/
     create a staff user first:
-      set -a; . .run/stack.env; set +a; ROLE=payments .venv/bin/python manage.py createsuperuser
+      set -a; . .run/stack.env; set +a; ROLE=admin .venv/bin/python manage.py createsuperuser
+    locked out after too many failed log-ins (docs/operations.md "The admin"): the same
+      with `axes_reset_username NAME` instead of `createsuperuser`
   Browsable API (GET in a browser):  {pay}/v1/payouts?state=POSTED
                                      {pay}/v1/payouts?state=RAIL_AMBIGUOUS
                                      {lock}/v1/locks/payout:<accountId>
