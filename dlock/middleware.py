@@ -112,10 +112,21 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+def _monitoring_host(request: HttpRequest) -> None:
+    """Kubelet probes and Prometheus address a pod by its IP (Host = `<pod IP>:<port>`), which no
+    ALLOWED_HOSTS lists: `/health/*` and `/metrics` answer whatever the Host (the role's proxy
+    forwards them from any Host; no cookie, no link, no user data there), so their Host is
+    replaced by the role's first listed name before anything (CommonMiddleware) checks it."""
+    names = [h.lstrip(".") for h in settings.ALLOWED_HOSTS if h and h != "*"]
+    if names:
+        request.META["HTTP_HOST"] = names[0]
+
+
 class EdgeMiddleware:
     """Outermost: what every request gets, in this order (one layer instead of five):
 
-    1. traceId from `traceparent` or fresh, in a context variable for every log line;
+    1. traceId from `traceparent` or fresh, in a context variable for every log line; a probe's
+       or scrape's Host made one of the role's names (`_monitoring_host`);
     2. 501 for a method no dlock view implements, before django-prometheus' labelled metrics
        (PrometheusAfterMiddleware, innermost) see it: no client-chosen method is a label (behind
        the role's proxy such methods are 405 there already; this covers runserver, the test
@@ -145,6 +156,8 @@ class EdgeMiddleware:
                         ApiError(Code.VALIDATION_FAILED, "method not implemented", http_status=501)
                     )
                 )
+            if request.path_info in MONITORING_PATHS:
+                _monitoring_host(request)
             security = self.security
             response = (security and security.process_request(request)) or refusal(request)
             if response is None:

@@ -403,3 +403,15 @@ def test_createsuperuser_and_the_axes_unlock_work_exactly_as_documented(paydb, a
         ("Password (again)", password + "-2"),
     )
     assert code == 0 and "successfully" in out, out
+
+
+def test_the_admin_answers_probes_by_pod_ip_and_refuses_foreign_hosts_elsewhere(admin):
+    """Kubelet and Prometheus address the admin's pod by its IP, which no ALLOWED_HOSTS lists:
+    health and metrics answer (Django's stock CommonMiddleware runs here); pages do not."""
+    for path in ("/health/live", "/health/ready", "/metrics"):
+        probe = requests.get(f"{admin.url}{path}", headers={"Host": "10.42.7.19:8080"}, timeout=5)
+        assert probe.status_code == 200, (path, probe.text[:300])
+    page = requests.get(f"{admin.url}/admin/login/", headers={"Host": "10.42.7.19:8080"}, timeout=5)
+    assert page.status_code == 400
+    errors = [line for line in admin.logfile.read_text().splitlines() if '"ERROR"' in line]
+    assert errors == []
