@@ -56,8 +56,8 @@ _V1_WRITE = {
 
 @pytest.mark.parametrize("role", ROLES)
 def test_a_machine_call_with_a_host_outside_allowed_hosts_is_400_before_any_view(live_stack, role):
-    # ALLOWED_HOSTS is CommonMiddleware's check; a /v1 call (and the stub's /submit) skips the
-    # page middlewares, not that check: the write is refused before its view (not 401/404/200).
+    # ALLOWED_HOSTS is CommonMiddleware's check, in every role's list: the write is refused
+    # before its view (not 401/404/200).
     def send(host: bytes) -> tuple[int, dict[str, str], bytes]:
         return _raw_exchange(
             live_stack.url(role),

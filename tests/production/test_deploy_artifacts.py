@@ -757,3 +757,26 @@ def test_only_the_roles_that_sign_or_verify_proofs_mount_the_proof_key_ring():
                 assert ref == {"name": "dlock-secrets", "key": "DLOCK_PROOF_KEYS"}, name
             else:
                 assert "DLOCK_PROOF_KEYS" not in env, name
+
+
+def test_only_the_admins_proxy_limits_log_ins_and_the_admin_holds_no_ring_or_hashes():
+    """issue 38: the log-in limit lives in the admin's nginx (a 429 envelope), nowhere else; the
+    admin pod gets paydb and the secret key, never the proof ring or the credential hashes."""
+    for name in SERVER_ROLES:
+        config = named("ConfigMap", f"{name}-nginx")["data"]["nginx.conf"]
+        if name == "admin":
+            assert "location = /admin/login/ {" in config
+            assert "limit_req zone=admin_login" in config and "limit_req_status 429;" in config
+            assert "error_page 429 = /_dlock/429;" in config
+            assert '"code":"OVERLOADED"' in config.split("location = /_dlock/429")[1][:900]
+        else:
+            assert "limit_req" not in config and "/admin/" not in config, name
+    container = pod_template(named("Deployment", "admin"))["spec"]["containers"][0]
+    env = env_of(container)
+    assert env["ROLE"]["value"] == "admin"
+    assert not {"DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS"} & set(env)
+    assert {"DJANGO_SECRET_KEY", "PAY_DATABASE_URL"} <= set(env)
+    migrate = pod_template(
+        named("Job", "migrate-0.1.0" if shutil.which("kubectl") else "migrate-TAG")
+    )
+    assert "ROLE=admin python manage.py migrate" in migrate["spec"]["containers"][0]["args"][0]
