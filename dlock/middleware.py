@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import DisallowedHost, PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
@@ -71,6 +71,11 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
     would have to buffer blindly, NUL characters in the path or query; before any view or
     database work. None: the request may go on."""
     host = _host_refusal(request)
+    if host is None:
+        try:
+            request.get_host()  # Django's ALLOWED_HOSTS check (CommonMiddleware's, where listed)
+        except DisallowedHost:
+            host = "this server does not answer for that Host"
     if host is not None:
         return error_response(
             ApiError(
@@ -133,9 +138,11 @@ class EdgeMiddleware:
        client and a role run bare);
     3. Django's SecurityMiddleware (its request and response steps, same settings), unless the
        role lists the stock one in MIDDLEWARE itself (the admin's stock list);
-    4. the request guards (`refusal`);
-    and on the way out the security headers of every answer (`secure_headers`), so envelopes
-    built by any later layer get them too.
+    4. the request guards (`refusal`), Django's ALLOWED_HOSTS check among them;
+    and on the way out Content-Length and the security headers of every answer
+    (`secure_headers`), so envelopes built by any later layer get them too. (Host check and
+    Content-Length are CommonMiddleware's two jobs a role with a /v1 surface needs; the admin's
+    stock list runs CommonMiddleware itself as well.)
     """
 
     def __init__(self, get_response: GetResponse) -> None:
@@ -166,6 +173,8 @@ class EdgeMiddleware:
                 response = security.process_response(request, response)
         finally:
             reset_trace_id(token)
+        if not response.streaming and not response.has_header("Content-Length"):
+            response.headers["Content-Length"] = str(len(response.content))
         return secure_headers(response)
 
 

@@ -64,16 +64,15 @@ BASE_APPS = [
 
 # django-prometheus' two middlewares first and last, as its documentation places them, so every
 # request counts; between them dlock's two layers (dlock/middleware.py: trace id, method guard,
-# SecurityMiddleware, request guards and security headers; credentials and the envelope), the
-# static files of the browsable API (whitenoise: a dictionary lookup for any other path) and
-# CommonMiddleware (Host check, Content-Length). No page middleware: sessions, CSRF, auth,
-# messages, CSP and log-in throttling belong to the admin role alone (settings/admin.py,
+# SecurityMiddleware, request guards with the ALLOWED_HOSTS check, Content-Length and security
+# headers; credentials and the envelope) and the static files of the browsable API and the docs
+# (whitenoise: a dictionary lookup for any other path). No page middleware: sessions, CSRF,
+# auth, messages, CSP and log-in throttling belong to the admin role alone (settings/admin.py,
 # ARCHITECTURE decision 22), so no human's page shares a process with a machine's call.
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "dlock.middleware.EdgeMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.middleware.common.CommonMiddleware",
     "dlock.middleware.ApiMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]

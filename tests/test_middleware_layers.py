@@ -90,7 +90,7 @@ def test_a_json_call_gets_content_length_the_trace_id_and_the_security_headers(c
     headers = dict(response.headers)
     assert response.status_code == 404
     assert response.json()["traceId"] == "0af7651916cd43dd8448eb211c80319c"
-    assert int(headers["Content-Length"]) == len(response.content)  # CommonMiddleware's
+    assert int(headers["Content-Length"]) == len(response.content)  # EdgeMiddleware sets it
     for name in ("Referrer-Policy", "Cross-Origin-Opener-Policy", "X-Frame-Options"):
         assert name in headers, name  # SecurityMiddleware's and ours
 

@@ -223,7 +223,7 @@ def test_missing_or_unknown_role_stops_start_up_with_one_clear_line(role):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert "lockserver, payments, railproxy, railstub, executor, ops" in lines[0]
+    assert "lockserver, payments, railproxy, railstub, admin, executor, ops" in lines[0]
 
 
 def test_production_start_up_refuses_a_missing_secret():
