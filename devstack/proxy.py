@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devstack import proxy_admin
 from devstack.common import PROJECT
 from dlock.budgets import BUDGETS, LONGEST_REQUEST_S, RAIL_READ_TIMEOUT_S
 from dlock.errors import ApiError, Code
@@ -36,11 +37,6 @@ DEFAULT_CONN_PER_CLIENT = 1024
 # What an envelope's traceId is on the proxy's own answers (an nginx variable, see template).
 TRACE = "$dlock_trace_id"
 UPSTREAM_KEEPALIVE_S = 4  # below gunicorn's keepalive (5 s, settings/gunicorn.py)
-# The admin role's log-in form (POST /admin/login/): attempts per minute per client address,
-# and how many may come at once before the rate applies (docs/security.md "Admin log-ins").
-ADMIN_LOGIN_PATH = "/admin/login/"
-ADMIN_LOGIN_PER_MINUTE = 10
-ADMIN_LOGIN_BURST = 20
 
 
 def _ms(env: Mapping[str, str], name: str, default: int) -> int:
@@ -136,21 +132,12 @@ class ProxyConfig:
         return bool(self.tls_certificate)
 
 
-def envelope(
-    code: Code,
-    message: str,
-    *,
-    status: int | None = None,
-    field_name: str = "",
-    retry_after_ms: int | None = None,
-) -> str:
+def envelope(code: Code, message: str, *, status: int | None = None, field_name: str = "") -> str:
     """The C3 envelope (the same six fields dlock writes) as an nginx `return` text."""
     details = None
     if field_name:
         details = {"fields": [{"field": field_name, "message": message}]}
-    error = ApiError(
-        code, message, http_status=status, details=details, retry_after_ms=retry_after_ms
-    )
+    error = ApiError(code, message, http_status=status, details=details)
     body = json.dumps(error.envelope("TRACE"), separators=(",", ":"))
     if "'" in body or "\\" in body or "$" in body:  # nginx would read them in a quoted text
         raise ValueError(f"envelope text nginx cannot quote: {body}")
@@ -243,22 +230,6 @@ def error_locations(config: ProxyConfig) -> str:
             retry_after=retry_after,
         )
     )
-    if config.role == "admin":
-        per_minute = _ms(config.env, "PROXY_ADMIN_LOGIN_PER_MINUTE", ADMIN_LOGIN_PER_MINUTE)
-        wait_s = max(1, -(-60 // per_minute))  # one attempt's worth of the rate
-        parts.append(
-            _error_location(
-                "429",
-                429,
-                envelope(
-                    Code.OVERLOADED,
-                    "too many log-in attempts from this address; nothing was forwarded",
-                    status=429,
-                    retry_after_ms=wait_s * 1000,
-                ),
-                retry_after=wait_s,
-            )
-        )
     parts.append(_upstream_location(config, retry_after))
     return "\n".join(parts)
 
@@ -380,43 +351,11 @@ def _refusing_server(config: ProxyConfig, errors: str) -> str:
     )
 
 
-def _admin_login_limit(config: ProxyConfig) -> tuple[list[str], list[str]]:
-    """The admin role's log-in limit: (lines for the http block, the location in its server).
-
-    `limit_req` per client address on POST /admin/login/ (other methods of the path are not
-    counted: the key is empty for them), over the limit a 429 envelope; django-axes then locks
-    by user name and address behind it (settings/admin.py)."""
-    if config.role != "admin":
-        return [], []
-    per_minute = _ms(config.env, "PROXY_ADMIN_LOGIN_PER_MINUTE", ADMIN_LOGIN_PER_MINUTE)
-    burst = _ms(config.env, "PROXY_ADMIN_LOGIN_BURST", ADMIN_LOGIN_BURST)
-    http = [
-        "    # The admin's log-in form: attempts per client address (POST only).",
-        "    map $request_method $dlock_admin_login_client {",
-        "        POST $binary_remote_addr;",
-        '        default "";',
-        "    }",
-        f"    limit_req_zone $dlock_admin_login_client zone=admin_login:2m rate={per_minute}r/m;",
-        "    error_page 429 = /_dlock/429;",
-    ]
-    location = [
-        f"        location = {ADMIN_LOGIN_PATH} {{",
-        *_methods_guard(),
-        f"            limit_req zone=admin_login burst={burst} nodelay;",
-        "            limit_req_status 429;",
-        "            limit_req_log_level warn;",
-        "            proxy_pass http://dlock_role;",
-        "        }",
-    ]
-    return http, location
-
-
 def servers(config: ProxyConfig) -> str:
     errors = error_locations(config)
     names = config.names
     any_host = "*" in names
-    login_http, login_location = _admin_login_limit(config)
-    blocks = ["\n".join(login_http)] if login_http else []
+    blocks = proxy_admin.http_blocks(config)  # the admin's log-in limit (none elsewhere)
     blocks += [] if any_host else [_refusing_server(config, errors)]
     # "" also takes requests without a Host header (HTTP/1.0; HTTP/1.1 without one is a 400).
     server_name = "_" if any_host else " ".join([*names, '""'])
@@ -429,7 +368,7 @@ def servers(config: ProxyConfig) -> str:
                 f"        server_name {server_name};",
                 *_tls_lines(config),
                 f"        limit_conn per_client {_ms(config.env, 'PROXY_CONN_PER_CLIENT', DEFAULT_CONN_PER_CLIENT)};",  # noqa: E501
-                *login_location,
+                *proxy_admin.locations(config),
                 "        location / {",
                 *_methods_guard(),
                 "            proxy_pass http://dlock_role;",
@@ -494,13 +433,8 @@ def worker_user() -> str | None:
 # ------------------------------------------------------------------------------ Kubernetes
 
 K8S = PROJECT / "k8s"
-K8S_ROLES = {  # Deployment / component name -> ROLE
-    "lock-server": "lockserver",
-    "payment-resource": "payments",
-    "rail-proxy": "railproxy",
-    "rail-stub": "railstub",
-    "admin": "admin",
-}
+_K8S_SERVERS = ("lockserver", "payments", "railproxy", "railstub", "admin")
+K8S_ROLES = {SERVICE_NAMES[r]: r for r in _K8S_SERVERS}  # Deployment / component name -> ROLE
 K8S_PREFIX = Path("/tmp/nginx")  # noqa: S108 - the sidecar's own emptyDir
 K8S_UPSTREAM = "127.0.0.1:8081"  # gunicorn inside the pod (GUNICORN_BIND)
 K8S_CONN_PER_CLIENT = "256"  # one address per executor pod (64 in flight each)
