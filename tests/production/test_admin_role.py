@@ -415,3 +415,21 @@ def test_the_admin_answers_probes_by_pod_ip_and_refuses_foreign_hosts_elsewhere(
     assert page.status_code == 400
     errors = [line for line in admin.logfile.read_text().splitlines() if '"ERROR"' in line]
     assert errors == []
+
+
+def test_payments_keeps_its_browsable_api_and_docs_and_serves_no_admin(payments):
+    """payment-resource without any page middleware: DRF's browsable API on its GET endpoints
+    and its docs pages still render (with their static files); the admin's paths are 404s."""
+    page = requests.get(
+        f"{payments.url}/v1/payouts?state=PENDING", headers={"Accept": "text/html"}, timeout=TIMEOUT
+    )
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert "/static/rest_framework/" in page.text and "Set-Cookie" not in page.headers
+    css = requests.get(f"{payments.url}/static/rest_framework/css/bootstrap.min.css", timeout=5)
+    assert css.status_code == 200
+    for docs in ("/v1/docs", "/v1/redoc"):
+        answer = requests.get(f"{payments.url}{docs}", timeout=TIMEOUT)
+        assert answer.status_code == 200 and "'sha256-" in answer.headers["Content-Security-Policy"]
+    for path in ("/admin/", "/admin/login/", "/static/admin/css/base.css"):
+        refused = requests.get(f"{payments.url}{path}", timeout=TIMEOUT)
+        assert refused.status_code == 404 and refused.json()["code"] == "NOT_FOUND", path
