@@ -283,8 +283,10 @@ def test_a_stranger_never_locks_the_on_call_out_and_a_sprayer_is_locked(paydb, a
     on_call, password = f"oncall-{uuid.uuid4().hex[:8]}", f"pw-{uuid.uuid4().hex}"
     make_staff(paydb, on_call, password)
 
-    # the stranger fails the on-call's password again and again from elsewhere
+    # the stranger fails the on-call's password again and again from elsewhere, claiming to
+    # be the on-call's address (the admin's nginx replaces a client's own X-Forwarded-For)
     with csrf_session(admin.url, ATTACKER) as stranger:
+        stranger.headers["X-Forwarded-For"] = "127.0.0.1"
         statuses = [
             log_in(stranger, admin.url, on_call, f"guess-{n}").status_code for n in range(8)
         ]
