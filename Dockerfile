@@ -1,5 +1,5 @@
 # dlock: one image, every role. ROLE selects the process (scripts/container-entrypoint.sh):
-#   lockserver | payments | railproxy | railstub  -> gunicorn -c settings/gunicorn.py settings.wsgi
+#   lockserver | payments | railproxy | railstub | admin -> gunicorn -c settings/gunicorn.py settings.wsgi
 #   executor                                        -> manage.py run_executor
 #   ops                                             -> manage.py <args> (migrate, reconcile, ...)
 # Build: docker build -t dlock:dev .    Run: docker run -e ROLE=railstub -e ... dlock:dev

@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         "--port-base",
         type=int,
         default=None,
-        help="roles on base+1..base+4 (default: the running stack's, else 8080 → 8081–8084)",
+        help="roles on base+1..base+5 (default: the running stack's, else 8080 → 8081–8085)",
     )
     return parser
 

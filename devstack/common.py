@@ -15,8 +15,14 @@ import requests
 
 PROJECT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-ROLES = ("lockserver", "payments", "railproxy", "railstub")
-DEFAULT_PORTS = {"lockserver": 8081, "payments": 8082, "railproxy": 8083, "railstub": 8084}
+ROLES = ("lockserver", "payments", "railproxy", "railstub", "admin")
+DEFAULT_PORTS = {
+    "lockserver": 8081,
+    "payments": 8082,
+    "railproxy": 8083,
+    "railstub": 8084,
+    "admin": 8085,
+}
 REPLICA_PORT_STEP = 100  # replica n of a role listens on its port + (n - 1) * 100
 REPLICATED_ROLES = ("lockserver", "payments", "railproxy")  # the rail stub is the outside world
 URL_ENV = {
@@ -24,6 +30,7 @@ URL_ENV = {
     "payments": "PAYMENTS_URL",
     "railproxy": "RAIL_PROXY_URL",
     "railstub": "RAIL_STUB_URL",
+    "admin": "ADMIN_URL",
 }
 DATABASES = ("lockdb", "paydb", "raildb")
 DB_URL_ENV = {
@@ -35,6 +42,7 @@ ROLE_DATABASES = {
     "lockserver": ("lockdb",),
     "payments": ("paydb",),
     "railstub": ("raildb",),
+    "admin": ("paydb",),
 }
 
 

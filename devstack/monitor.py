@@ -28,6 +28,7 @@ JOB_URL_ENV = {
     "payment-resource": "PAYMENTS_URL",
     "rail-proxy": "RAIL_PROXY_URL",
     "rail-stub": "RAIL_STUB_URL",
+    "admin": "ADMIN_URL",
 }
 EXECUTOR_ENV = "DLOCK_EXECUTOR_METRICS"  # comma-separated host:port of executors' /metrics
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devstack import proxy_admin
 from devstack.common import PROJECT
 from dlock.budgets import BUDGETS, LONGEST_REQUEST_S, RAIL_READ_TIMEOUT_S
 from dlock.errors import ApiError, Code
@@ -535,7 +536,8 @@ def servers(config: ProxyConfig) -> str:
     errors = error_locations(config)
     names = config.names
     any_host = "*" in names
-    blocks = [_host_map(names), _header_map()]
+    # the admin's log-in limit in the admin role's config only (devstack/proxy_admin.py)
+    blocks = [_host_map(names), _header_map(), *proxy_admin.http_blocks(config)]
     if not any_host:
         blocks.append(_refusing_server(config, errors))
     # "" also takes requests without a Host header (HTTP/1.0; HTTP/1.1 without one is a 400).
@@ -557,6 +559,7 @@ def servers(config: ProxyConfig) -> str:
                     ]
                     for line in _forwarding_location(config, match, size)
                 ),
+                *proxy_admin.locations(config),
                 *_forwarding_location(config, "/", None),
                 *_reserved_location(),
                 errors,
@@ -617,12 +620,8 @@ def worker_user() -> str | None:
 # ------------------------------------------------------------------------------ Kubernetes
 
 K8S = PROJECT / "k8s"
-K8S_ROLES = {  # Deployment / component name -> ROLE
-    "lock-server": "lockserver",
-    "payment-resource": "payments",
-    "rail-proxy": "railproxy",
-    "rail-stub": "railstub",
-}
+_K8S_SERVERS = ("lockserver", "payments", "railproxy", "railstub", "admin")
+K8S_ROLES = {SERVICE_NAMES[r]: r for r in _K8S_SERVERS}  # Deployment / component name -> ROLE
 K8S_PREFIX = Path("/tmp/nginx")  # noqa: S108 - the sidecar's own emptyDir
 K8S_UPSTREAM = "127.0.0.1:8081"  # gunicorn inside the pod (GUNICORN_BIND)
 K8S_CONN_PER_CLIENT = "128"  # one address per executor pod (64 in flight each)

@@ -266,6 +266,8 @@ def manage(
 
 
 def migrate_all(env: dict[str, str]) -> None:
-    """Each server role migrates its own database (the ops role routes apps the same way)."""
-    for role in ("lockserver", "payments", "railstub"):
+    """Each database is migrated by the role that holds every table in it: lockdb by the lock
+    server, paydb by the admin (payments' and the rail proxy's tables, and the admin's own:
+    users, sessions, audit log, django-axes), raildb by the rail stub."""
+    for role in ("lockserver", "admin", "railstub"):
         manage(["migrate", "--no-input", "-v", "0"], env, role=role)

@@ -7,7 +7,8 @@
   saying why and how long, never the login form again.
 * `connect_audit_log`: one JSON line per admin log-in, failed log-in and lockout (events
   `admin_login`, `admin_login_failed`, `admin_locked_out`), through dlock.logs like every event;
-  never the password (Django cleanses it before the signal).
+  never the password (Django cleanses it before the signal); and the counters
+  `admin_login_failed_total` and `admin_lockouts_total` (no label: never a name or an address).
 """
 
 from __future__ import annotations
@@ -18,12 +19,18 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.template.response import TemplateResponse
 
+from dlock import metrics
 from dlock.logs import log_event
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
 ADMIN_PREFIX = "/admin/"
+
+
+def _axes(name: str) -> Any:
+    """A django-axes setting: they exist in the admin role's settings only (settings/admin.py)."""
+    return getattr(settings, name)
 
 
 def is_admin_page(request: HttpRequest) -> bool:
@@ -59,7 +66,7 @@ def locked_out_page(
         "cooloff_minutes": int(cool_off.total_seconds() // 60) if cool_off else None,
     }
     page = TemplateResponse(
-        request, "dlock/admin_locked_out.html", context, status=settings.AXES_HTTP_RESPONSE_CODE
+        request, "dlock/admin_locked_out.html", context, status=_axes("AXES_HTTP_RESPONSE_CODE")
     )
     return page.render()
 
@@ -89,23 +96,25 @@ def _on_login_failed(
     sender: Any, credentials: dict | None = None, request: HttpRequest | None = None, **_: Any
 ) -> None:
     username = str((credentials or {}).get("username", ""))[:150]
+    metrics.admin_login_failed.inc()
     log_event("admin_login_failed", level=logging.WARNING, username=username, **_client(request))
 
 
 def _on_locked_out(
     sender: Any, request: HttpRequest | None = None, username: str | None = None, **_: Any
 ) -> None:
+    metrics.admin_lockouts.inc()
     log_event(
         "admin_locked_out",
         level=logging.WARNING,
         username=str(username or "")[:150],
-        failureLimit=settings.AXES_FAILURE_LIMIT,
+        failureLimit=_axes("AXES_FAILURE_LIMIT"),
         **_client(request),
     )
 
 
 def connect_audit_log() -> None:
-    """Called once at start-up (dlock.apps) where django-axes is installed (ROLE=payments)."""
+    """Called once at start-up (dlock.apps) where django-axes is installed (ROLE=admin)."""
     from axes.signals import user_locked_out
     from django.contrib.auth.signals import user_logged_in, user_login_failed
 

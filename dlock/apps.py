@@ -19,7 +19,7 @@ class DlockConfig(AppConfig):
 
         proof.check_configured(settings.ROLE, _command())
         metrics.register_role_metrics(settings.ROLE, backend=settings.LOCK_BACKEND)
-        if "axes" in settings.INSTALLED_APPS:  # the admin's login audit trail (ROLE=payments)
+        if "axes" in settings.INSTALLED_APPS:  # the admin's login audit trail (ROLE=admin)
             from dlock import adminpages
 
             adminpages.connect_audit_log()

@@ -87,6 +87,8 @@ PROTOCOL_STATUSES = frozenset({405, 406, 408, 411, 413, 414, 415, 431, 501})
 STATUS_OVERRIDES: dict[Code, frozenset[int]] = {
     # A rail decline: C3 §3.5 "422 REJECTED→VALIDATION_FAILED" (CHANGELOG row 8).
     Code.VALIDATION_FAILED: PROTOCOL_STATUSES | {422},
+    # The admin role's proxy limits log-in attempts per client address (CHANGELOG row 86).
+    Code.OVERLOADED: frozenset({429}),
 }
 
 

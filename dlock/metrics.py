@@ -134,6 +134,21 @@ lock_live_grants = Gauge(
 )
 
 
+# The admin role's log-ins (dlock.adminpages; docs/security.md "Admin log-ins"): never a user
+# name or an address as a label.
+admin_login_failed = Counter(
+    "admin_login_failed",
+    "Failed admin log-ins (wrong password, unknown user name, or refused while locked out).",
+    registry=None,
+)
+admin_lockouts = Counter(
+    "admin_lockouts",
+    "Admin log-ins refused by django-axes' lockout (a user name from one address, or an "
+    "address, over DLOCK_ADMIN_LOGIN_FAILURE_LIMIT failures).",
+    registry=None,
+)
+
+
 # Which role moves which series (ops runs every app in one process: the suite, management commands).
 FENCED_BY_ROLE = {
     "payments": ("account", "ledger"),
@@ -151,6 +166,7 @@ ROLE_METRICS = {
     "payments": (lock_fenced_out, requests_shed),
     "railproxy": (lock_fenced_out, rail_duplicate_attempted, rail_submission, requests_shed),
     "railstub": (requests_shed,),
+    "admin": (admin_login_failed, admin_lockouts, requests_shed),
     "executor": (
         payout_execute,
         payout_backlog_age,

@@ -1,7 +1,8 @@
 """Request plumbing shared by every role: traceId, request guards, credentials, the envelope
-safety net; in three layers (settings.base.MIDDLEWARE), each one call per request:
-EdgeMiddleware, PagesMiddleware (what only pages need, skipped for /v1 calls), ApiMiddleware.
-Request metrics are django-prometheus' middlewares around the three, never skipped."""
+safety net; in two layers (settings.base.MIDDLEWARE), each one call per request: EdgeMiddleware
+outermost, ApiMiddleware innermost. Request metrics are django-prometheus' middlewares around
+them; the page middlewares (sessions, CSRF, auth, ...) exist only in the admin role's list
+(settings/admin.py) and the ops overlay's, between the two."""
 
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import DisallowedHost, PermissionDenied
-from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
-from django.utils.module_loading import import_string
 
 from dlock import adminpages, auth
 from dlock.errors import PROTOCOL_STATUSES, ApiError, Code
@@ -72,6 +71,11 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
     would have to buffer blindly, NUL characters in the path or query; before any view or
     database work. None: the request may go on."""
     host = _host_refusal(request)
+    if host is None:
+        try:
+            request.get_host()  # Django's ALLOWED_HOSTS check (CommonMiddleware's, where listed)
+        except DisallowedHost:
+            host = "this server does not answer for that Host"
     if host is not None:
         return error_response(
             ApiError(
@@ -113,23 +117,38 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+def _monitoring_host(request: HttpRequest) -> None:
+    """Kubelet probes and Prometheus address a pod by its IP (Host = `<pod IP>:<port>`), which no
+    ALLOWED_HOSTS lists: `/health/*` and `/metrics` answer whatever the Host (the role's proxy
+    forwards them from any Host; no cookie, no link, no user data there), so their Host is
+    replaced by the role's first listed name before anything (CommonMiddleware) checks it."""
+    names = [h.lstrip(".") for h in settings.ALLOWED_HOSTS if h and h != "*"]
+    if names:
+        request.META["HTTP_HOST"] = names[0]
+
+
 class EdgeMiddleware:
     """Outermost: what every request gets, in this order (one layer instead of five):
 
-    1. traceId from `traceparent` or fresh, in a context variable for every log line;
+    1. traceId from `traceparent` or fresh, in a context variable for every log line; a probe's
+       or scrape's Host made one of the role's names (`_monitoring_host`);
     2. 501 for a method no dlock view implements, before django-prometheus' labelled metrics
        (PrometheusAfterMiddleware, innermost) see it: no client-chosen method is a label (behind
        the role's proxy such methods are 405 there already; this covers runserver, the test
        client and a role run bare);
-    3. Django's SecurityMiddleware (its request and response steps, same settings);
-    4. the request guards (`refusal`);
-    and on the way out the security headers of every answer (`secure_headers`), so envelopes
-    built by any later layer get them too.
+    3. Django's SecurityMiddleware (its request and response steps, same settings), unless the
+       role lists the stock one in MIDDLEWARE itself (the admin's stock list);
+    4. the request guards (`refusal`), Django's ALLOWED_HOSTS check among them;
+    and on the way out Content-Length and the security headers of every answer
+    (`secure_headers`), so envelopes built by any later layer get them too. (Host check and
+    Content-Length are CommonMiddleware's two jobs a role with a /v1 surface needs; the admin's
+    stock list runs CommonMiddleware itself as well.)
     """
 
     def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
-        self.security = SecurityMiddleware(get_response)
+        stock = "django.middleware.security.SecurityMiddleware" in settings.MIDDLEWARE
+        self.security = None if stock else SecurityMiddleware(get_response)
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         trace_id = trace_id_from_traceparent(request.META.get("HTTP_TRACEPARENT")) or (
@@ -144,111 +163,19 @@ class EdgeMiddleware:
                         ApiError(Code.VALIDATION_FAILED, "method not implemented", http_status=501)
                     )
                 )
-            response = self.security.process_request(request) or refusal(request)
+            if request.path_info in MONITORING_PATHS:
+                _monitoring_host(request)
+            security = self.security
+            response = (security and security.process_request(request)) or refusal(request)
             if response is None:
                 response = self.get_response(request)
-            response = self.security.process_response(request, response)
+            if security is not None:
+                response = security.process_response(request, response)
         finally:
             reset_trace_id(token)
-        return secure_headers(response)
-
-
-def _is_api_call(request: HttpRequest, machine_paths: frozenset[str] = frozenset()) -> bool:
-    """A machine's /v1 call, a probe/scrape, or a call to one of the role's own machine paths
-    outside /v1 (DLOCK_MACHINE_PATHS: the rail stub's `POST /submit`, the third party's URL
-    shape): no page middleware has anything to do."""
-    path = request.path_info
-    if path in MONITORING_PATHS:
-        return True
-    if path not in machine_paths and (
-        not path.startswith("/v1/") or path.startswith(("/v1/docs", "/v1/redoc", "/v1/schema"))
-    ):
-        return False
-    meta = request.META
-    # The browsable API (an HTML page, with forms and a CSRF token) keeps the whole stack.
-    if "html" in meta.get("HTTP_ACCEPT", "") or "format=" in meta.get("QUERY_STRING", ""):
-        return False
-    try:
-        request.get_host()  # CommonMiddleware's one request step a machine call needs
-    except DisallowedHost:  # a Host outside ALLOWED_HOSTS: its 400, left to the page stack
-        return False
-    return True
-
-
-class PagesMiddleware:
-    """The middlewares only pages need (settings.DLOCK_PAGE_MIDDLEWARE: static files, sessions,
-    CSRF, auth, messages, CommonMiddleware), run as one layer, and skipped for a machine's /v1
-    call (and the role's DLOCK_MACHINE_PATHS), where each of them is a no-op but for
-    CommonMiddleware's Content-Length, set here, and its Host check, made in _is_api_call.
-
-    Their hooks (process_view, process_exception, process_template_response) run in the same
-    order Django would give them as members of MIDDLEWARE, for page requests only.
-    """
-
-    def __init__(self, get_response: GetResponse) -> None:
-        self.get_response = get_response
-        self.view_hooks: list[Callable[..., HttpResponse | None]] = []
-        self.template_hooks: list[Callable[..., HttpResponse]] = []
-        self.exception_hooks: list[Callable[..., HttpResponse | None]] = []
-        handler: GetResponse = get_response
-        for path in reversed(settings.DLOCK_PAGE_MIDDLEWARE):
-            member = import_string(path)(handler)
-            if hasattr(member, "process_view"):
-                self.view_hooks.insert(0, member.process_view)
-            if hasattr(member, "process_template_response"):
-                self.template_hooks.append(member.process_template_response)
-            if hasattr(member, "process_exception"):
-                self.exception_hooks.append(member.process_exception)
-            handler = convert_exception_to_response(member)  # type: ignore[assignment]  # sync only
-        self.pages = handler
-        # Outside /v1 only where CommonMiddleware's request step is its Host check alone.
-        self.machine_paths: frozenset[str] = (
-            frozenset(settings.DLOCK_MACHINE_PATHS)
-            if not (settings.DISALLOWED_USER_AGENTS or settings.PREPEND_WWW)
-            else frozenset()
-        )
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        if not _is_api_call(request, self.machine_paths):
-            return self.pages(request)
-        request.dlock_api_call = True  # type: ignore[attr-defined]  # per-request attribute
-        response = self.get_response(request)
         if not response.streaming and not response.has_header("Content-Length"):
             response.headers["Content-Length"] = str(len(response.content))
-        return response
-
-    def process_view(
-        self,
-        request: HttpRequest,
-        view_func: Callable[..., HttpResponse],
-        view_args: tuple[Any, ...],
-        view_kwargs: dict[str, Any],
-    ) -> HttpResponse | None:
-        if getattr(request, "dlock_api_call", False):
-            return None
-        for hook in self.view_hooks:
-            response = hook(request, view_func, view_args, view_kwargs)
-            if response is not None:
-                return response
-        return None
-
-    def process_template_response(
-        self, request: HttpRequest, response: HttpResponse
-    ) -> HttpResponse:
-        if getattr(request, "dlock_api_call", False):
-            return response
-        for hook in self.template_hooks:
-            response = hook(request, response)
-        return response
-
-    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
-        if getattr(request, "dlock_api_call", False):
-            return None
-        for hook in self.exception_hooks:
-            response = hook(request, exc)
-            if response is not None:
-                return response
-        return None
+        return secure_headers(response)
 
 
 def _is_human_page(request: HttpRequest, response: HttpResponse) -> bool:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import sys
 
-ROLES = ("lockserver", "payments", "railproxy", "railstub", "executor", "ops")
+ROLES = ("lockserver", "payments", "railproxy", "railstub", "admin", "executor", "ops")
 
 SERVICE_NAMES = {
     "lockserver": "lock-server",
     "payments": "payment-resource",
     "railproxy": "rail-proxy",
     "railstub": "rail-stub",
+    "admin": "admin",
     "executor": "executor",
     "ops": "ops",
 }

@@ -53,15 +53,13 @@ def where(env: dict[str, str], out: Path) -> str:
     lock = env.get("LOCK_SERVER_URL", "http://127.0.0.1:8081")
     proxy = env.get("RAIL_PROXY_URL", "http://127.0.0.1:8083")
     stub = env.get("RAIL_STUB_URL", "http://127.0.0.1:8084")
-    admin = env.get("ADMIN_URL")
+    admin = env.get("ADMIN_URL", "http://127.0.0.1:8085")
     admin_line = (
         f"{admin}/admin/\n    create a staff user first (once):\n"
         "      set -a; . .run/stack.env; set +a; ROLE=admin .venv/bin/python manage.py "
-        "createsuperuser"
-        if admin
-        else f"{pay}/admin/\n    create a staff user first (once):\n"
-        "      set -a; . .run/stack.env; set +a; ROLE=payments .venv/bin/python manage.py "
-        "createsuperuser"
+        "createsuperuser\n"
+        '    locked out after too many failed log-ins (docs/operations.md "The admin"): the same\n'
+        "      with `axes_reset_username NAME` instead of `createsuperuser`"
     )
     ops = "ROLE=ops .venv/bin/python manage.py"
     apply = f'{ops} record_rail_recovery --all-from-reconcile --reason "rail duplicate acks"'

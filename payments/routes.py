@@ -1,9 +1,8 @@
 """HTTP routes of the payments app (included by its role URLconf and by the ops URLconf).
 
-Exactly the five C3 §3.4 paths, plus the staff-only Django admin.
+Exactly the five C3 §3.4 paths (the staff admin is ROLE=admin: admin/urls.py).
 """
 
-from django.contrib import admin
 from django.urls import path
 
 from dlock.hotview import hot_read_view, hot_view
@@ -31,5 +30,4 @@ urlpatterns = [
         name="payout-post",
     ),
     path("v1/accounts/<str:account_id>", views.AccountDetailView.as_view(), name="account-detail"),
-    path("admin/", admin.site.urls),
 ]

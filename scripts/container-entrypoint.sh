@@ -4,7 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 case "${ROLE:-}" in
-  lockserver|payments|railproxy|railstub)
+  lockserver|payments|railproxy|railstub|admin)
     exec gunicorn -c settings/gunicorn.py settings.wsgi "$@" ;;
   executor)
     exec python manage.py run_executor \
@@ -13,6 +13,6 @@ case "${ROLE:-}" in
   ops)
     exec python manage.py "$@" ;;
   *)
-    echo "dlock: ROLE is '${ROLE:-}'; set ROLE to one of: lockserver, payments, railproxy, railstub, executor, ops" >&2
+    echo "dlock: ROLE is '${ROLE:-}'; set ROLE to one of: lockserver, payments, railproxy, railstub, admin, executor, ops" >&2
     exit 2 ;;
 esac

@@ -4,7 +4,7 @@ import os
 import sys
 import urllib.request
 
-SERVERS = {"lockserver", "payments", "railproxy", "railstub"}
+SERVERS = {"lockserver", "payments", "railproxy", "railstub", "admin"}
 
 if os.environ.get("ROLE") not in SERVERS:
     sys.exit(0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -63,27 +62,20 @@ BASE_APPS = [
     "dlock",
 ]
 
-# django-prometheus' two middlewares around dlock's three layers (dlock/middleware.py): first
-# and last, as its documentation places them, so every request counts, a machine's /v1 call
-# included. Then: trace id, method guard, SecurityMiddleware and request guards; the
-# middlewares only pages need (DLOCK_PAGE_MIDDLEWARE), skipped for a machine's /v1 call;
-# credentials and the envelope.
+# django-prometheus' two middlewares first and last, as its documentation places them, so every
+# request counts; between them dlock's two layers (dlock/middleware.py: trace id, method guard,
+# SecurityMiddleware, request guards with the ALLOWED_HOSTS check, Content-Length and security
+# headers; credentials and the envelope) and the static files of the browsable API and the docs
+# (whitenoise: a dictionary lookup for any other path). No page middleware: sessions, CSRF,
+# auth, messages, CSP and log-in throttling belong to the admin role alone (settings/admin.py,
+# ARCHITECTURE decision 22), so no human's page shares a process with a machine's call.
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "dlock.middleware.EdgeMiddleware",
-    "dlock.middleware.PagesMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "dlock.middleware.ApiMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
-# Static files of every installed app (admin, rest_framework, drf_spectacular_sidecar),
-# straight from the app directories (no collectstatic); run by PagesMiddleware, in this order.
-DLOCK_PAGE_MIDDLEWARE = [
-    "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.middleware.common.CommonMiddleware",
-]
-# Paths outside /v1 that are machine calls all the same and skip the page middleware as a /v1
-# call does (a role overlay names them: the rail stub's POST /submit).
-DLOCK_MACHINE_PATHS: frozenset[str] = frozenset()
 
 TEMPLATES = [
     {
@@ -132,7 +124,7 @@ SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
-# Admin (payments role only): staff login, session + CSRF cookies. Behind TLS set
+# The admin role's staff login: session + CSRF cookies. Behind TLS set
 # DLOCK_SECURE_COOKIES=true (k8s does) so they never travel in clear text.
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DLOCK_SECURE_COOKIES", False)
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Strict"
@@ -318,40 +310,3 @@ LOCK_TOKEN_FLOOR_FROM_PG = env_bool("LOCK_TOKEN_FLOOR_FROM_PG", True)
 # reserved ahead, which is how many tokens (etcd revisions) the lock-server can issue while
 # lockdb is unreachable; a switch of backend or cluster skips at most one block.
 LOCK_TOKEN_RESERVE_BLOCK = env_int("LOCK_TOKEN_RESERVE_BLOCK", 10_000, minimum=10)
-
-# Admin hardening (issue 24; docs/security.md "Admin hardening"). The roles that serve the admin
-# (ROLE=payments) install django-csp and django-axes (settings/payments.py) and read these.
-# Content-Security-Policy on every page but the /v1 API docs (Swagger UI and Redoc run inline
-# scripts of their own); nothing but this origin's scripts, styles, images and forms.
-CONTENT_SECURITY_POLICY = {
-    "EXCLUDE_URL_PREFIXES": ["/v1/"],
-    "DIRECTIVES": {
-        "default-src": ["'none'"],
-        "script-src": ["'self'"],
-        "style-src": ["'self'"],
-        "img-src": ["'self'", "data:"],
-        "font-src": ["'self'"],
-        "connect-src": ["'self'"],
-        "form-action": ["'self'"],
-        "frame-ancestors": ["'none'"],
-        "base-uri": ["'none'"],
-    },
-}
-# Login throttling: after DLOCK_ADMIN_LOGIN_FAILURE_LIMIT failed log-ins a user name is locked
-# for DLOCK_ADMIN_LOCKOUT_MINUTES, whoever asks and whatever the password (the pods see every
-# client through one proxy address, so the user name is the lock's key); a log-in that succeeds
-# before the limit clears the count. Unlock sooner: `manage.py axes_reset_username <name>`.
-AXES_FAILURE_LIMIT = env_int("DLOCK_ADMIN_LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=100)
-AXES_COOLOFF_TIME = timedelta(
-    minutes=env_int("DLOCK_ADMIN_LOCKOUT_MINUTES", 30, minimum=1, maximum=7 * 24 * 60)
-)
-AXES_LOCKOUT_PARAMETERS = ["username"]
-AXES_RESET_ON_SUCCESS = True
-AXES_HTTP_RESPONSE_CODE = 429
-AXES_LOCKOUT_CALLABLE = "dlock.adminpages.locked_out_page"
-AXES_ENABLE_ACCESS_FAILURE_LOG = False
-# The client's address, as the role's proxy sets it (X-Forwarded-For = $remote_addr, a client's
-# copy replaced; behind its unix socket REMOTE_ADDR is empty); recorded with each attempt (one
-# attempt row per name, address and browser), never the lock's key.
-AXES_CLIENT_IP_CALLABLE = "dlock.adminpages.client_ip"
-AXES_VERBOSE = False  # dlock.adminpages writes the audit lines (admin_login_failed, ...)

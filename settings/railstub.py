@@ -13,4 +13,3 @@ DATABASES = {"default": database("RAIL_DATABASE_URL")}
 # commit of the answer flushes the WAL up to and past the booking anyway.
 DATABASES["default"]["OPTIONS"]["options"] += " -c synchronous_commit=off"
 LOGGING = logging_config(SERVICE_NAME)
-DLOCK_MACHINE_PATHS = frozenset({"/submit"})

@@ -20,6 +20,7 @@ from devstack import (
     manage,
     migrate_all,
 )
+from devstack.secrets_env import role_environment
 from tests import credentials, pgplugin
 
 ROLES = ("lockserver", "payments", "railproxy", "railstub")
@@ -42,6 +43,20 @@ class LiveStack:
 
     def manage(self, *args: str, check: bool = True, capture: bool = True):
         return manage(args, self.env, check=check, capture=capture)
+
+    def start_admin(self) -> RoleProcess:
+        """The admin role (ROLE=admin) behind its own nginx on this stack's paydb, started once,
+        with the environment `make up` gives it: no proof ring, no credential (hashes or
+        plaintexts), as in k8s/admin.yaml."""
+        if "admin" not in self.procs:
+            self.procs["admin"] = RoleProcess(
+                "admin",
+                free_port(),
+                role_environment("admin", self.env),
+                self.logdir / "admin.log",
+                inherit_environ=False,
+            ).start()
+        return self.procs["admin"]
 
 
 def create_live_databases(prefix: str) -> dict[str, str]:
@@ -113,6 +128,12 @@ def live_stack():
     stack = start_stack("live")
     yield stack
     stop_stack(stack)
+
+
+@pytest.fixture(scope="session")
+def admin_url(live_stack) -> str:
+    """The live stack's admin role (started on first use), its URL."""
+    return live_stack.start_admin().url
 
 
 def fresh_etcd() -> EtcdServer:

@@ -1,9 +1,10 @@
-"""The three middleware layers (dlock.middleware): a machine's /v1 call skips the page
-middlewares and still gets every header, envelope and metric the full stack gives; pages and
-static files still get the full stack."""
+"""The middleware lists (ARCHITECTURE decision 22): the roles with a /v1 surface run dlock's two
+layers and no page middleware at all; the admin (and the ops overlay the suite runs on) Django's
+stock list; every request still gets its headers, envelope and metrics."""
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
@@ -19,46 +20,99 @@ def _sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def _answer(client, accept: str):
+PAGE_MIDDLEWARE = {
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",
+}
+PAGE_APPS = {
+    "django.contrib.admin",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "csp",
+    "axes",
+}
+MACHINE_ROLES = ("lockserver", "payments", "railproxy", "railstub")
+
+
+def _overlay(role: str):
+    return importlib.import_module(f"settings.{role}")
+
+
+@pytest.mark.parametrize("role", MACHINE_ROLES)
+def test_a_machine_role_runs_no_page_middleware_and_silences_no_check(role):
+    """ARCHITECTURE decision 22: payment-resource (and every role with a /v1 surface) has no
+    page middleware, no admin app, and no system check silenced to make that look fine."""
+    overlay = _overlay(role)
+    assert not PAGE_MIDDLEWARE & set(overlay.MIDDLEWARE), role
+    assert not PAGE_APPS & set(overlay.INSTALLED_APPS), role
+    assert "dlock.middleware.PagesMiddleware" not in overlay.MIDDLEWARE
+    for gone in ("DLOCK_PAGE_MIDDLEWARE", "DLOCK_MACHINE_PATHS"):
+        assert not hasattr(overlay, gone), (role, gone)
+    assert not getattr(overlay, "SILENCED_SYSTEM_CHECKS", [])
+
+
+@pytest.mark.parametrize("role", ["admin", "ops"])
+def test_the_admin_and_ops_run_djangos_stock_list_in_its_order_and_silence_nothing(role):
+    overlay = _overlay(role)
+    stock = [
+        "django.middleware.security.SecurityMiddleware",
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.common.CommonMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+        "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    ]
+    assert [m for m in overlay.MIDDLEWARE if m in stock] == stock
+    assert not getattr(overlay, "SILENCED_SYSTEM_CHECKS", [])
+    if role == "admin":
+        middleware = overlay.MIDDLEWARE
+        assert "csp.middleware.CSPMiddleware" in middleware
+        # django-axes last of the page middlewares, as its documentation asks
+        assert middleware.index("axes.middleware.AxesMiddleware") > max(
+            middleware.index(m) for m in stock
+        )
+        assert overlay.AXES_LOCKOUT_PARAMETERS == [["username", "ip_address"], "ip_address"]
+        assert overlay.ROOT_URLCONF == "admin.urls"
+
+
+def test_a_json_call_gets_content_length_the_trace_id_and_the_security_headers(client):
     response = client.get(
-        "/v1/accounts/no-such-account", HTTP_ACCEPT=accept, HTTP_TRACEPARENT=TRACEPARENT
+        "/v1/accounts/no-such-account",
+        HTTP_ACCEPT="application/json",
+        HTTP_TRACEPARENT=TRACEPARENT,
     )
-    return response, dict(response.headers)
-
-
-def test_a_json_call_gets_the_same_answer_as_through_the_whole_page_stack(client):
-    fast, fast_headers = _answer(client, "application/json")
-    full, full_headers = _answer(client, "text/html")  # the browsable API's path: every layer
-
-    assert fast.status_code == full.status_code == 404
-    assert fast.content == full.content  # the same envelope, the same traceId
-    assert fast.json()["traceId"] == "0af7651916cd43dd8448eb211c80319c"
-    assert fast_headers == full_headers
-    assert int(fast_headers["Content-Length"]) == len(fast.content)  # as CommonMiddleware sets it
+    headers = dict(response.headers)
+    assert response.status_code == 404
+    assert response.json()["traceId"] == "0af7651916cd43dd8448eb211c80319c"
+    assert int(headers["Content-Length"]) == len(response.content)  # EdgeMiddleware sets it
     for name in ("Referrer-Policy", "Cross-Origin-Opener-Policy", "X-Frame-Options"):
-        assert name in fast_headers, name  # SecurityMiddleware's and ours
+        assert name in headers, name  # SecurityMiddleware's and ours
 
 
-def test_a_json_call_with_a_foreign_host_is_refused_as_the_whole_page_stack_refuses_it(client):
-    # CommonMiddleware enforces ALLOWED_HOSTS (request.get_host()); skipping the page stack
-    # for a /v1 call must not skip that check. Before the fix the lookup was served (404) and
-    # a write reached its view (401 for want of a credential).
+def test_a_json_call_with_a_foreign_host_is_refused(client):
     foreign = {"HTTP_HOST": "evil.example", "HTTP_TRACEPARENT": TRACEPARENT}
-    fast = client.get("/v1/accounts/no-such-account", HTTP_ACCEPT="application/json", **foreign)
-    full = client.get("/v1/accounts/no-such-account", HTTP_ACCEPT="text/html", **foreign)
+    read = client.get("/v1/accounts/no-such-account", HTTP_ACCEPT="application/json", **foreign)
     write = client.post(
         "/v1/payouts/00000000-0000-4000-8000-000000000000/claim",
         data=b"{}",
         content_type="application/json",
         **foreign,
     )
+    assert read.status_code == write.status_code == 400
+    assert read.json()["code"] == write.json()["code"] == "VALIDATION_FAILED"
 
-    assert fast.status_code == full.status_code == write.status_code == 400
-    assert fast.content == full.content
-    assert fast.json()["code"] == write.json()["code"] == "VALIDATION_FAILED"
-    assert dict(fast.headers) == dict(full.headers)
-    allowed = client.get("/v1/accounts/no-such-account", HTTP_ACCEPT="application/json")
-    assert allowed.status_code == 404
+
+def _answer(client, accept: str):
+    response = client.get(
+        "/v1/accounts/no-such-account", HTTP_ACCEPT=accept, HTTP_TRACEPARENT=TRACEPARENT
+    )
+    return response, dict(response.headers)
 
 
 def test_request_metrics_keep_their_names_labels_and_count_each_request_once(client):
@@ -120,39 +174,8 @@ def test_a_post_to_the_admin_without_a_csrf_token_is_refused():
     assert response.status_code == 403
 
 
-def test_the_browsable_api_keeps_the_whole_stack(client):
+def test_the_browsable_api_answers_html(client):
     response = client.get("/v1/payouts", HTTP_ACCEPT="text/html")
 
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/html")
-
-
-def test_the_rail_stubs_submit_is_a_machine_call_like_a_v1_call(settings, rf):
-    from django.http import HttpResponse
-
-    from dlock.middleware import PagesMiddleware, _is_api_call
-    from settings import railstub
-
-    assert railstub.DLOCK_MACHINE_PATHS == frozenset({"/submit"})
-    settings.DLOCK_MACHINE_PATHS = railstub.DLOCK_MACHINE_PATHS
-    pages_ran: list[str] = []
-    layer = PagesMiddleware(lambda request: HttpResponse(b"{}"))
-    full = layer.pages
-    layer.pages = lambda request: pages_ran.append(request.path) or full(request)
-    machine = layer.machine_paths
-    host = {"HTTP_HOST": "127.0.0.1"}
-
-    assert _is_api_call(rf.post("/submit", **host), machine)
-    response = layer(rf.post("/submit", **host))
-    assert pages_ran == [] and response["Content-Length"] == "2"
-    for request in (
-        rf.post("/submit", HTTP_HOST="evil.example"),  # CommonMiddleware's 400 is the pages'
-        rf.post("/submit", HTTP_ACCEPT="text/html", **host),  # the browsable API
-        rf.post("/submit?format=api", **host),
-        rf.post("/submit/", **host),
-        rf.post("/submitted", **host),
-    ):
-        assert not _is_api_call(request, machine), request.get_full_path()
-    assert not _is_api_call(rf.post("/submit", **host))  # a role without machine paths
-    settings.DISALLOWED_USER_AGENTS = [re.compile("curl")]  # CommonMiddleware would act
-    assert PagesMiddleware(lambda request: None).machine_paths == frozenset()

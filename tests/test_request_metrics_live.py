@@ -1,5 +1,5 @@
 """Request and database metrics from django-prometheus, on the real servers (gunicorn, live
-stack): its middlewares count the hot /v1 calls that skip the page middleware, its engine
+stack): its middlewares count the hot /v1 calls, its engine
 and dlock's server-binding cursors count the statements, and no id a request carries (payout,
 account, session, lock key, idempotency key, query string) becomes a label value."""
 

@@ -56,8 +56,8 @@ _V1_WRITE = {
 
 @pytest.mark.parametrize("role", ROLES)
 def test_a_machine_call_with_a_host_outside_allowed_hosts_is_400_before_any_view(live_stack, role):
-    # ALLOWED_HOSTS is CommonMiddleware's check; a /v1 call (and the stub's /submit) skips the
-    # page middlewares, not that check: the write is refused before its view (not 401/404/200).
+    # ALLOWED_HOSTS is CommonMiddleware's check, in every role's list: the write is refused
+    # before its view (not 401/404/200).
     def send(host: bytes) -> tuple[int, dict[str, str], bytes]:
         return _raw_exchange(
             live_stack.url(role),
@@ -223,7 +223,7 @@ def test_missing_or_unknown_role_stops_start_up_with_one_clear_line(role):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert "lockserver, payments, railproxy, railstub, executor, ops" in lines[0]
+    assert "lockserver, payments, railproxy, railstub, admin, executor, ops" in lines[0]
 
 
 def test_production_start_up_refuses_a_missing_secret():

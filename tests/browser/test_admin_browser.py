@@ -64,8 +64,8 @@ def books(live_stack, account_id: str) -> tuple[int, int]:
 
 
 @pytest.fixture
-def payments_url(live_stack):
-    return live_stack.url("payments")
+def payments_url(admin_url):
+    return admin_url  # the admin role (ROLE=admin), no longer payment-resource
 
 
 def test_an_operator_logs_in_and_the_admin_is_styled_under_the_production_headers(
@@ -182,6 +182,7 @@ def test_swagger_ui_and_redoc_render_from_loopback_only_and_name_the_role(
 ):
     base = live_stack.url(role)
     requested_urls(browser)
+    browser.get_log("browser")  # drop what earlier tests left in the console
     browser.get(f"{base}/v1/docs")
     wait_for(browser, ".swagger-ui .info .title", timeout=60)
     assert SERVICE_NAMES[role] in browser.title
@@ -189,6 +190,13 @@ def test_swagger_ui_and_redoc_render_from_loopback_only_and_name_the_role(
     browser.get(f"{base}/v1/redoc")
     wait_for(browser, ".api-content", timeout=60)
     assert SERVICE_NAMES[role] in browser.title
+    # both render under their hash-based CSP without a single violation (issue 38 item 6)
+    console = [e["message"] for e in browser.get_log("browser")]
+    assert not [m for m in console if "Content Security Policy" in m], console
+    for page in ("/v1/docs", "/v1/redoc"):
+        policy = requests.get(f"{base}{page}", timeout=10).headers["Content-Security-Policy"]
+        assert "default-src 'none'" in policy and "'sha256-" in policy, (page, policy)
+        assert "'unsafe-inline'" not in policy.split("script-src")[1].split(";")[0]
     urls = requested_urls(browser)
     assert any("/static/drf_spectacular_sidecar/redoc/" in u for u in urls)
     assert any("/static/drf_spectacular_sidecar/swagger-ui-dist/" in u for u in urls)

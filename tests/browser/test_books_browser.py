@@ -241,7 +241,7 @@ def test_an_operator_closes_the_books_after_duplicate_acks_and_timeouts(
     extra = {
         pid: next(ref for ref, _ in t if ref != posted_ref[pid]) for pid, t in duplicates.items()
     }
-    operator = Operator(browser, stack.url("payments"))
+    operator = Operator(browser, stack.start_admin().url)
     operator.log_in()
 
     # --- unsafe variants first: each refused, audited, nothing moved -------------------------

@@ -29,9 +29,10 @@ def test_every_hint_is_its_own_line_and_the_books_close_with_the_printed_command
         "close_rail_recovery --transfer RAIL_REF --written-off",
     ):
         assert any(step in c for c in commands), step
-    assert "http://127.0.0.1:8082/admin/" in text
+    assert "http://127.0.0.1:8085/admin/" in text and "/8082/admin" not in text
 
 
 def test_the_admin_line_follows_the_stack_env():
-    text = where({**ENV, "ADMIN_URL": "http://127.0.0.1:8085"}, Path("/tmp/demo"))
-    assert "http://127.0.0.1:8085/admin/" in text and "ROLE=admin" in text
+    text = where({**ENV, "ADMIN_URL": "https://127.0.0.1:9085"}, Path("/tmp/demo"))
+    assert "https://127.0.0.1:9085/admin/" in text and "ROLE=admin" in text
+    assert "ROLE=payments" not in text

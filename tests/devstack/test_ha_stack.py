@@ -44,7 +44,9 @@ def test_two_replicas_of_each_role_listen_on_port_plus_100_and_are_all_listed(
         up(replicas=1, run=run_dir)
 
     pids = [int(p.read_text()) for p in (run_dir / "pids").glob("*.pid")]
-    assert len(pids) == 7
+    assert len(pids) == 8  # 2 x 3 replicated roles, the rail stub, the admin (never replicated)
+    assert written["ADMIN_URL"] == f"http://127.0.0.1:{replica_ports['admin']}"
+    assert not port_open(replica_ports["admin"] + REPLICA_PORT_STEP)
     down(run=run_dir)
     assert not any(pid_alive(pid) for pid in pids)
     assert not any(port_open(port) for port in replica_ports.values())

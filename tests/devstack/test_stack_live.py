@@ -102,6 +102,16 @@ def test_up_on_etcd_then_up_then_a_lockserver_restart_stays_on_etcd(run_dir, sta
         assert _process_env(role_pid)["DLOCK_PROOF_KEYS"] == ring_value, role
     ring = proof.parse_key_ring(ring_value)
     assert grant.proof == proof.sign(key=key, token=grant.token, ring=ring)
+    # the admin role: its own pod on ADMIN_URL, with neither the ring nor the credential hashes
+    admin_pid = int((run_dir / "pids" / "admin.pid").read_text())
+    admin_env = _process_env(admin_pid)
+    assert admin_env["ROLE"] == "admin"
+    assert not {"DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS"} & set(admin_env)
+    admin_url = read_env(run_dir / "stack.env")["ADMIN_URL"]
+    login = requests.get(f"{admin_url}/admin/login/", timeout=10)
+    assert login.status_code == 200 and "csrfmiddlewaretoken" in login.text
+    pay = started["PAYMENTS_URL"].split(",")[0]
+    assert requests.get(f"{pay}/admin/login/", timeout=10).status_code == 404
 
 
 def _mark(url: str) -> None:

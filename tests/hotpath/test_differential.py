@@ -872,7 +872,7 @@ STUB_ROWS: dict[str, tuple[Callable[[Arm, str], requests.Response], int, int]] =
         0,
         0,
     ),
-    # POST /submit skips the page middleware (DLOCK_MACHINE_PATHS); the reference runs it
+    # a foreign Host on POST /submit: CommonMiddleware's 400 in both arms
     "stub foreign Host": (lambda a, r: rail_submit(a, r, headers={"Host": "evil.example"}), 0, 0),
     "stub foreign Host with port": (
         lambda a, r: rail_submit(a, r, headers={"Host": "evil.example:8084"}),

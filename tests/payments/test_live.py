@@ -111,14 +111,20 @@ def test_account_read_over_http_after_seeding(live_stack):
     assert body["balanceMinor"] == body["ledgerSumMinor"] == 4_200
 
 
-def test_the_admin_is_served_by_the_payments_role_behind_a_staff_login(live_stack):
-    base = live_stack.url("payments")
+def test_the_admin_is_served_by_the_admin_role_behind_a_staff_login_and_not_by_payments(
+    live_stack, admin_url
+):
     response = requests.get(
-        f"{base}/admin/payments/quarantinedpayout/", timeout=TIMEOUT, allow_redirects=False
+        f"{admin_url}/admin/payments/quarantinedpayout/", timeout=TIMEOUT, allow_redirects=False
     )
     assert response.status_code == 302 and "/admin/login/" in response.headers["Location"]
-    login = requests.get(f"{base}/admin/login/", timeout=TIMEOUT)
+    login = requests.get(f"{admin_url}/admin/login/", timeout=TIMEOUT)
     assert login.status_code == 200 and "text/html" in login.headers["Content-Type"]
+    # payment-resource serves C3 only: the admin's paths are a 404 envelope there
+    for path in ("/admin/", "/admin/login/", "/static/admin/css/base.css"):
+        refused = requests.get(f"{live_stack.url('payments')}{path}", timeout=TIMEOUT)
+        assert refused.status_code == 404, path
+        assert refused.json()["code"] == "NOT_FOUND", path
 
 
 @pytest.mark.parametrize("forged", [None, "v1.t1." + "A" * 43])

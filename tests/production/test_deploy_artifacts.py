@@ -26,6 +26,7 @@ SERVER_ROLES = {  # Deployment name -> ROLE
     "payment-resource": "payments",
     "rail-proxy": "railproxy",
     "rail-stub": "railstub",
+    "admin": "admin",
 }
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "CronJob", "Job"}
 COMPONENT = "app.kubernetes.io/component"
@@ -35,6 +36,8 @@ CALLER_READ_S = {
     "payments": BUDGETS["payments.write"].read_s,
     "railproxy": BUDGETS["rail.submit"].read_s,
     "railstub": BUDGETS["rail.forward"].read_s,
+    # a person's browser, which waits far longer: the payments write budget bounds it anyway
+    "admin": BUDGETS["payments.write"].read_s,
 }
 
 
@@ -240,6 +243,9 @@ def test_only_the_executor_reaches_the_services_and_only_the_proxy_reaches_the_r
     assert _ingress_sources("payment-resource") == {"executor", "operator"}
     # the fence-repair Job reads the issued bound (repair_fence; k8s/operator/repair-fence/)
     assert _ingress_sources("etcd") == {"lock-server", "etcd", "fence-repair"}
+    # the admin: no pod calls it (staff use kubectl port-forward, which no policy governs)
+    assert named("NetworkPolicy", "admin")["spec"]["ingress"] == []
+    assert _egress_targets("admin") == set()
     assert _egress_targets("executor") == {"lock-server", "payment-resource", "rail-proxy"}
     callers_of_the_rail = {
         p["metadata"]["name"]
@@ -259,7 +265,7 @@ def test_each_role_reaches_only_its_own_database_and_gets_only_its_own_url():
                         peer["ipBlock"]["cidr"]
                     )
     assert len(db_cidr["lock-server"]) == len(db_cidr["rail-stub"]) == 1
-    assert db_cidr["payment-resource"] == db_cidr["rail-proxy"]
+    assert db_cidr["payment-resource"] == db_cidr["rail-proxy"] == db_cidr["admin"]
     assert db_cidr["lock-server"].isdisjoint(db_cidr["payment-resource"] | db_cidr["rail-stub"])
     assert "executor" not in db_cidr
     url_keys = {"LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"}
@@ -268,6 +274,7 @@ def test_each_role_reaches_only_its_own_database_and_gets_only_its_own_url():
         "payment-resource": {"PAY_DATABASE_URL"},
         "rail-proxy": {"PAY_DATABASE_URL"},
         "rail-stub": {"RAIL_DATABASE_URL"},
+        "admin": {"PAY_DATABASE_URL"},
         "executor": set(),
     }
     for name, keys in expected.items():
@@ -900,3 +907,26 @@ def test_the_proxy_image_is_a_supported_nginx_pinned_by_tag_and_digest():
     major, minor, _patch = (int(part) for part in nginx["newTag"].split("."))
     assert (major, minor) >= (1, 28) and minor % 2 == 0  # a stable branch, 1.22 is long gone
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", nginx["digest"])
+
+
+def test_only_the_admins_proxy_limits_log_ins_and_the_admin_holds_no_ring_or_hashes():
+    """issue 38: the log-in limit lives in the admin's nginx (a 429 envelope), nowhere else; the
+    admin pod gets paydb and the secret key, never the proof ring or the credential hashes."""
+    for name in SERVER_ROLES:
+        config = named("ConfigMap", f"{name}-nginx")["data"]["nginx.conf"]
+        if name == "admin":
+            assert "location = /admin/login/ {" in config
+            assert "limit_req zone=admin_login" in config and "limit_req_status 429;" in config
+            assert "error_page 429 = /_dlock/429;" in config
+            assert '"code":"OVERLOADED"' in config.split("location = /_dlock/429")[1][:900]
+        else:
+            assert "limit_req" not in config and "/admin/" not in config, name
+    container = pod_template(named("Deployment", "admin"))["spec"]["containers"][0]
+    env = env_of(container)
+    assert env["ROLE"]["value"] == "admin"
+    assert not {"DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS"} & set(env)
+    assert {"DJANGO_SECRET_KEY", "PAY_DATABASE_URL"} <= set(env)
+    migrate = pod_template(
+        named("Job", "migrate-0.1.0" if shutil.which("kubectl") else "migrate-TAG")
+    )
+    assert "ROLE=admin python manage.py migrate" in migrate["spec"]["containers"][0]["args"][0]

@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.live, pytest.mark.slow]
 DOCKERFILE = PROJECT / "Dockerfile"
 LOCK = PROJECT / "requirements.lock"
 CACHE = PROJECT / ".run" / "image-venv"
-SERVER_ROLES = ("lockserver", "payments", "railproxy", "railstub")
+SERVER_ROLES = ("lockserver", "payments", "railproxy", "railstub", "admin")
 
 
 # --------------------------------------------------------------------------- the Dockerfile
@@ -209,7 +209,7 @@ def image(tmp_path_factory) -> Image:
 @pytest.fixture(scope="module")
 def image_roles(image):
     # the migrate Job's commands (k8s/reconciler.yaml), from the image
-    for role in ("lockserver", "payments", "railstub"):
+    for role in ("lockserver", "admin", "railstub"):
         result = image.python(role, "manage.py", "migrate", "--no-input", "-v", "0")
         assert result.returncode == 0, result.stderr[-3000:]
     ports = {role: free_port() for role in SERVER_ROLES}
@@ -272,10 +272,14 @@ def test_every_server_role_starts_from_the_image_environment_to_ready(image, ima
         ]
         assert any(exe[0].decode().startswith(str(image.venv)) for exe in exes), exes
         assert proc.argv[-1].endswith("container-entrypoint.sh")
-    admin = requests.get(f"{image_roles['payments'].url}/admin/login/", timeout=5)
+    admin = requests.get(f"{image_roles['admin'].url}/admin/login/", timeout=5)
     assert admin.status_code == 200 and "csrfmiddlewaretoken" in admin.text
-    css = requests.get(f"{image_roles['payments'].url}/static/admin/css/base.css", timeout=5)
+    css = requests.get(f"{image_roles['admin'].url}/static/admin/css/base.css", timeout=5)
     assert css.status_code == 200  # whitenoise serves the styled admin from the image
+    # the admin starts with neither the proof ring nor the credential hashes (as k8s gives it)
+    assert not {"DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS"} & set(image_roles["admin"].started_env)
+    # and payment-resource serves no admin page at all
+    assert requests.get(f"{image_roles['payments'].url}/admin/", timeout=5).status_code == 404
 
 
 def test_the_executor_and_the_ops_commands_run_from_the_image_environment(image, image_roles):

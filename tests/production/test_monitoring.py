@@ -31,6 +31,7 @@ EXPECTED_ALERTS = {
     "DlockReconcileStale": "reconcile_last_run_timestamp_seconds",
     "DlockLockNotLeader": 'outcome="not_leader"',
     "DlockRequestsShed": "dlock_requests_shed_total",
+    "DlockAdminLockouts": "admin_lockouts_total",
 }
 
 
