@@ -30,7 +30,7 @@ from pathlib import Path
 from devstack import PROJECT
 
 PARTS = ("fsync", "peers", "lockserver", "redis_lock", "payments", "settlement", "e2e")
-OPTIONAL = ("compare", "configs", "scale")  # compare needs --before
+OPTIONAL = ("compare", "configs", "scale", "lockpath")  # compare needs --before
 MODULES = {name: f"bench.{name}" for name in (*PARTS, *OPTIONAL)}
 
 
