@@ -5,7 +5,8 @@ then profiled by CPU time (cProfile on `process_time`, not wall clock or GIL sam
 function's own time summed by the package it lives in.
 
 `python -m bench --only lockpath` (BENCH_LOCKPATH_PAIRS, default 2 000). Writes
-`<out>/lockpath.json`: CPU per pair without the profiler, and the share of each layer.
+`<out>/lockpath.json`: CPU per pair without the profiler, at the bench's WARNING and at the
+default INFO log level (blocks alternated), and the share of each layer.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import cProfile
 import io
 import json
+import logging
 import os
 import pstats
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,6 +114,18 @@ def _measure(out: Path, pairs: int) -> dict:
     for _ in range(pairs):
         app.pair()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    # The bench's servers run at WARNING; the default (INFO) writes one JSON event line per acquire
+    # and per release (lock_acquired, lock_released): its cost, INFO and WARNING blocks alternated.
+    logs: dict[str, list[float]] = {"INFO": [], "WARNING": []}
+    root = logging.getLogger()
+    for _ in range(4):
+        for level in logs:
+            root.setLevel(level)
+            began = time.process_time()
+            for _ in range(pairs // 8):
+                app.pair()
+            logs[level].append((time.process_time() - began) * 1000 / (pairs // 8))
+    root.setLevel(logging.WARNING)
     profile = cProfile.Profile(time.process_time)
     profile.enable()
     for _ in range(pairs):
@@ -130,6 +145,9 @@ def _measure(out: Path, pairs: int) -> dict:
         "pairs": pairs,
         "cpu_ms_per_pair": round(cpu * 1000 / pairs, 3),
         "wall_ms_per_pair": round(wall * 1000 / pairs, 3),
+        "cpu_ms_per_pair_by_log_level": {
+            level: round(statistics.median(values), 3) for level, values in logs.items()
+        },
         "layers_percent": {k: round(100 * v / total, 1) for k, v in by_layer.most_common()},
         "dlock_functions_percent": {
             k: round(100 * v / total, 2) for k, v in by_function.most_common(15)
@@ -159,18 +177,19 @@ def run(out_dir: str | Path = ".run/bench", pairs: int = PAIRS) -> dict:
         }
         manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
         child = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-        subprocess.run(
+        subprocess.run(  # the event lines of the INFO blocks go nowhere, as cheaply as possible
             [sys.executable, "-m", "bench.lockpath", str(out), str(pairs)],
             env={**child, **env},
             cwd=PROJECT,
             check=True,
+            stdout=subprocess.DEVNULL,
         )
     finally:
         pg.stop("immediate")
     data = json.loads((out / "lockpath.json").read_text())
     print(
         f"[bench] lockpath: {data['cpu_ms_per_pair']} ms of CPU per pair in process"
-        " (no gunicorn, no nginx); by layer: "
+        f" (no gunicorn, no nginx; by log level {data['cpu_ms_per_pair_by_log_level']}); by layer: "
         + ", ".join(f"{k} {v} %" for k, v in list(data["layers_percent"].items())[:8]),
         flush=True,
     )
