@@ -30,7 +30,7 @@ from pathlib import Path
 from devstack import PROJECT
 
 PARTS = ("fsync", "peers", "lockserver", "redis_lock", "payments", "settlement", "e2e")
-OPTIONAL = ("compare",)  # needs --before
+OPTIONAL = ("compare", "configs", "scale", "lockpath")  # compare needs --before
 MODULES = {name: f"bench.{name}" for name in (*PARTS, *OPTIONAL)}
 
 
@@ -138,6 +138,14 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     floor = fsync.get("fdatasync_ops_per_s")
 
     lines += peers_lines(results.get("peers"))
+    for name, title in (
+        ("configs", "Lock-server configurations (bench.configs; ratios to ZooKeeper per round)"),
+        ("scale", "Scale curve (bench.configs; processes, replicas, etcd members)"),
+    ):
+        chosen = results.get(name, {}).get("result")
+        if chosen:
+            section(title)
+            lines += [f"  {line}" for line in chosen.get("table", [])]
 
     section("Lock: acquire+release pairs/s (p50 / p99 ms)")
     all_lock: list[dict] = []

@@ -664,13 +664,17 @@ def run(
     arms: tuple[str, ...] = ARMS,
     rounds: int = ROUNDS,
     seconds: float = ROUND_S,
+    stack_factory: Callable[[Path], _Stack] | None = None,
+    name: str = "peers",
 ) -> dict:
+    """`stack_factory` (bench.configs) builds a stack with other lock-server arms; `name` names
+    the part's JSON file and its lines."""
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="dlock-bench-peers-"))
+    work = Path(tempfile.mkdtemp(prefix=f"dlock-bench-{name}-"))
     work.chmod(0o755)
-    stack = _Stack(work)
+    stack = (stack_factory or _Stack)(work)
     tokens = TokenLog()
     keepalive: EtcdKeepalive | None = None
     results: list[dict] = []
@@ -720,7 +724,7 @@ def run(
             }
             results.append(point)
             print(
-                f"[bench] peers {workload} ×{n}: "
+                f"[bench] {name} {workload} ×{n}: "
                 + ", ".join(
                     f"{arm} {point['arms'][arm]['pairs_per_s']}/s"
                     f" (p99 acq {point['arms'][arm]['acquire_p99_ms']} ms)"
@@ -740,8 +744,10 @@ def run(
         shutil.rmtree(work, ignore_errors=True)
     token_report = check_tokens(tokens.by_key)
     data = {
-        "name": "peers",
-        "arms": {
+        "name": name,
+        "arms": stack.arm_notes()
+        if hasattr(stack, "arm_notes")
+        else {
             "dlock-pg": "dlock lock server, LOCK_BACKEND=pg, HTTP (token: fencingToken)",
             "dlock-etcd": "dlock lock server, LOCK_BACKEND=etcd, HTTP (token: fencingToken)",
             "zookeeper": "kazoo 2.11.0 Lock recipe, ZooKeeper single node forceSync=yes"
@@ -762,7 +768,7 @@ def run(
         "tokens": token_report,
         "points": results,
     }
-    (out / "peers.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     assert_tokens_increase(tokens.by_key)  # a violation fails the part, its numbers written
     return data
 

@@ -265,11 +265,12 @@ def service_name(role: str) -> str:
 LOCK_TOKEN_FLOOR = env_int("LOCK_TOKEN_FLOOR", 0, minimum=0)
 # Expired session records are kept this long so L2 can answer 410 (not 404) for them.
 LOCK_SESSION_RETENTION_MS = env_int("LOCK_SESSION_RETENTION_MS", 86_400_000, minimum=60_000)
-# Server-side acquire waits (waitMillis): at most this many waiters per key ...
-LOCK_MAX_WAITERS_PER_KEY = env_int("LOCK_MAX_WAITERS_PER_KEY", 8, minimum=1)
+# Server-side acquire waits (waitMillis): at most this many waiters per key (32: the FIFO queue
+# holds a hot key's 32 callers instead of sending 24 of them to back off; docs/performance.md) ...
+LOCK_MAX_WAITERS_PER_KEY = env_int("LOCK_MAX_WAITERS_PER_KEY", 32, minimum=1)
 # ... at most this many waiting acquires per process (each holds a worker thread; beyond it:
-# 429 CONTENTION_EXCEEDED at once), well below GUNICORN_THREADS (32 for the lock server) ...
-LOCK_MAX_WAITS_PER_PROCESS = env_int("LOCK_MAX_WAITS_PER_PROCESS", 16, minimum=1)
+# 429 CONTENTION_EXCEEDED at once), well below GUNICORN_THREADS (64 for the lock server) ...
+LOCK_MAX_WAITS_PER_PROCESS = env_int("LOCK_MAX_WAITS_PER_PROCESS", 40, minimum=1)
 # ... and at most LOCK_RETRY_BUDGET contended attempts per (session, key) per window.
 LOCK_RETRY_BUDGET = env_int("LOCK_RETRY_BUDGET", 20, minimum=1)
 LOCK_RETRY_WINDOW_MS = env_int("LOCK_RETRY_WINDOW_MS", 10_000, minimum=100)

@@ -88,11 +88,16 @@ worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingTh
 # RAIL_AMBIGUOUS, so in these two roles every thread has a place in the slot queue (the queue
 # deadline, DB_QUEUE_DEADLINE_MS, still bounds the wait). gunicorn's raw_env sets it in the
 # master (workers inherit it) without touching the environment of whoever reads this file.
-_THREADS = {"lockserver": 32, "railproxy": 64, "railstub": 64}
+# The lock server's 64: LOCK_MAX_WAITS_PER_PROCESS (40) parked waits leave 24 for the fast path,
+# and every thread has a place in the slot queue too (at 32 clients the default 16 places shed a
+# fifth of the requests with 503 and their retries made the p99 half a second); chosen by
+# `python -m bench --only configs` (docs/performance.md).
+_THREADS = {"lockserver": 64, "railproxy": 64, "railstub": 64}
 threads = _int("GUNICORN_THREADS", _THREADS.get(_role, 16))
 raw_env = (
     [f"DB_POOL_MAX_WAITING={threads}"]
-    if _role in ("railproxy", "railstub") and not os.environ.get("DB_POOL_MAX_WAITING")
+    if _role in ("lockserver", "railproxy", "railstub")
+    and not os.environ.get("DB_POOL_MAX_WAITING")
     else []
 )
 # Open connections per process (keep-alive included): the proxy's upstream keep-alive pool

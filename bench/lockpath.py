@@ -1,0 +1,200 @@
+"""The lock path's CPU by layer (issue 39 item 3): the lock server's WSGI application (Django,
+dlock, django-prometheus, psycopg — no gunicorn, no nginx) called in this process for acquire +
+release pairs on one key against a private durable PostgreSQL, timed by CPU (`process_time`),
+then profiled by CPU time (cProfile on `process_time`, not wall clock or GIL samples) and each
+function's own time summed by the package it lives in.
+
+`python -m bench --only lockpath` (BENCH_LOCKPATH_PAIRS, default 2 000). Writes
+`<out>/lockpath.json`: CPU per pair without the profiler, at the bench's WARNING and at the
+default INFO log level (blocks alternated), and the share of each layer.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import logging
+import os
+import pstats
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench import credentials
+from devstack import PgCluster, free_port, manage
+
+PAIRS = int(os.environ.get("BENCH_LOCKPATH_PAIRS", "2000"))
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def _layer(filename: str) -> str:
+    if "/site-packages/" in filename:
+        return filename.split("/site-packages/")[1].split("/")[0]
+    if filename.startswith(str(PROJECT)):
+        top = filename[len(str(PROJECT)) + 1 :].split("/")[0]
+        return "harness" if top == "bench" else f"dlock ({top}/)"
+    if filename == "~":
+        return "builtins (C functions called from Python)"
+    return "standard library"
+
+
+class _App:
+    """The role's WSGI application with a session of its own; `pair()` is one L4 + L6."""
+
+    def __init__(self) -> None:
+        from settings.wsgi import application
+
+        self.application = application
+        self.headers = {**credentials.headers(), "X-Owner-Id": "lockpath"}
+        status, body = self.call(
+            "POST", "/v1/sessions", {"ownerId": "lockpath", "ttlMillis": 60_000}
+        )
+        assert status == 201, (status, body)
+        self.session = body["sessionId"]
+        self.count = 0
+
+    def call(self, method: str, path: str, body: dict | None = None, extra: dict | None = None):
+        raw = json.dumps(body).encode() if body is not None else b""
+        path, _, query = path.partition("?")
+        environ = {
+            "REQUEST_METHOD": method,
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": "80",
+            "HTTP_HOST": "127.0.0.1",
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "REMOTE_ADDR": "127.0.0.1",
+            "CONTENT_LENGTH": str(len(raw)),
+            "wsgi.input": io.BytesIO(raw),
+            "wsgi.errors": sys.stderr,
+            "wsgi.url_scheme": "http",
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+        }
+        if raw:
+            environ["CONTENT_TYPE"] = "application/json"
+        for name, value in {**self.headers, **(extra or {})}.items():
+            environ["HTTP_" + name.upper().replace("-", "_")] = value
+        answer: dict = {}
+
+        def start(status: str, headers: list, exc_info=None) -> None:
+            answer["status"] = int(status[:3])
+
+        content = b"".join(self.application(environ, start))
+        return answer["status"], (json.loads(content) if content else {})
+
+    def pair(self) -> None:
+        self.count += 1
+        if self.count % 300 == 0:  # the session outlives a slow, profiled run
+            self.call("POST", f"/v1/sessions/{self.session}/heartbeat", {})
+        status, grant = self.call(
+            "POST", "/v1/locks/lockpath/acquire", {"sessionId": self.session, "ttlMillis": 10_000}
+        )
+        assert status == 200, (status, grant)
+        proof = {"X-Fencing-Token": str(grant["fencingToken"])}
+        proof[credentials.PROOF_HEADER] = grant["fencingProof"]
+        status, _ = self.call("DELETE", f"/v1/locks/lockpath?sessionId={self.session}", None, proof)
+        assert status == 204, status
+
+
+def _measure(out: Path, pairs: int) -> dict:
+    """In a process of its own (Django configured for the lock-server role)."""
+    app = _App()
+    for _ in range(200):  # warm: prepared statements, pool, caches
+        app.pair()
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(pairs):
+        app.pair()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    # The bench's servers run at WARNING; the default (INFO) writes one JSON event line per acquire
+    # and per release (lock_acquired, lock_released): its cost, INFO and WARNING blocks alternated.
+    logs: dict[str, list[float]] = {"INFO": [], "WARNING": []}
+    root = logging.getLogger()
+    for _ in range(4):
+        for level in logs:
+            root.setLevel(level)
+            began = time.process_time()
+            for _ in range(pairs // 8):
+                app.pair()
+            logs[level].append((time.process_time() - began) * 1000 / (pairs // 8))
+    root.setLevel(logging.WARNING)
+    profile = cProfile.Profile(time.process_time)
+    profile.enable()
+    for _ in range(pairs):
+        app.pair()
+    profile.disable()
+    stats = pstats.Stats(profile)
+    by_layer: Counter[str] = Counter()
+    by_function: Counter[str] = Counter()
+    for (filename, line, function), row in stats.stats.items():  # type: ignore[attr-defined]
+        own = row[2]
+        by_layer[_layer(filename)] += own
+        if _layer(filename).startswith("dlock"):
+            by_function[f"{filename[len(str(PROJECT)) + 1 :]}:{line} {function}"] += own
+    total = sum(by_layer.values()) or 1.0
+    data = {
+        "name": "lockpath",
+        "pairs": pairs,
+        "cpu_ms_per_pair": round(cpu * 1000 / pairs, 3),
+        "wall_ms_per_pair": round(wall * 1000 / pairs, 3),
+        "cpu_ms_per_pair_by_log_level": {
+            level: round(statistics.median(values), 3) for level, values in logs.items()
+        },
+        "layers_percent": {k: round(100 * v / total, 1) for k, v in by_layer.most_common()},
+        "dlock_functions_percent": {
+            k: round(100 * v / total, 2) for k, v in by_function.most_common(15)
+        },
+    }
+    (out / "lockpath.json").write_text(json.dumps(data, indent=2) + "\n")
+    return data
+
+
+def run(out_dir: str | Path = ".run/bench", pairs: int = PAIRS) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="dlock-bench-lockpath-"))
+    work.chmod(0o755)
+    pg = PgCluster(work / "pg", free_port())
+    pg.start()
+    try:
+        env = {
+            "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(48),
+            "DJANGO_DEBUG": "false",
+            "DLOCK_LOG_LEVEL": "WARNING",
+            "LOCK_RETRY_BUDGET": "1000000",
+            **credentials.server_env(),
+            "LOCK_BACKEND": "pg",
+            "LOCK_DATABASE_URL": pg.create_database("bench_lockpath"),
+            "ROLE": "lockserver",
+        }
+        manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
+        child = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        subprocess.run(  # the event lines of the INFO blocks go nowhere, as cheaply as possible
+            [sys.executable, "-m", "bench.lockpath", str(out), str(pairs)],
+            env={**child, **env},
+            cwd=PROJECT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    finally:
+        pg.stop("immediate")
+    data = json.loads((out / "lockpath.json").read_text())
+    print(
+        f"[bench] lockpath: {data['cpu_ms_per_pair']} ms of CPU per pair in process"
+        f" (no gunicorn, no nginx; by log level {data['cpu_ms_per_pair_by_log_level']}); by layer: "
+        + ", ".join(f"{k} {v} %" for k, v in list(data["layers_percent"].items())[:8]),
+        flush=True,
+    )
+    return data
+
+
+if __name__ == "__main__":
+    _measure(Path(sys.argv[1]), int(sys.argv[2]))
