@@ -105,10 +105,11 @@ def test_the_pod_monitor_scrapes_the_metrics_port_every_dlock_workload_exposes()
         "payment-resource": "https",
         "rail-proxy": "https",
         "rail-stub": "https",
+        "admin": "https",
         "executor": "http",
         "etcd": "http",
     }
-    for name in ("lock-server", "payment-resource", "rail-proxy", "rail-stub", "executor"):
+    for name in ("lock-server", "payment-resource", "rail-proxy", "rail-stub", "admin", "executor"):
         (deployment,) = [
             d
             for d in yaml.safe_load_all((PROJECT / "k8s" / f"{name}.yaml").read_text())
@@ -168,6 +169,7 @@ def test_the_shipped_scrape_config_names_every_job_the_rules_expect():
             "payment-resource",
             "rail-proxy",
             "rail-stub",
+            "admin",
             "executor",
         }
     )
@@ -183,12 +185,15 @@ def test_the_real_prometheus_loads_the_shipped_config_and_rules_with_the_jobs_na
     from devstack import free_port
     from devstack.monitor import command, prepare
 
-    ports = {name: free_port() for name in ("lock", "pay", "proxy", "stub", "exec", "prom")}
+    ports = {
+        name: free_port() for name in ("lock", "pay", "proxy", "stub", "admin", "exec", "prom")
+    }
     env = {
         "LOCK_SERVER_URL": f"http://127.0.0.1:{ports['lock']}",
         "PAYMENTS_URL": f"http://127.0.0.1:{ports['pay']}",
         "RAIL_PROXY_URL": f"http://127.0.0.1:{ports['proxy']}",
         "RAIL_STUB_URL": f"http://127.0.0.1:{ports['stub']}",
+        "ADMIN_URL": f"http://127.0.0.1:{ports['admin']}",
         "DLOCK_EXECUTOR_METRICS": f"127.0.0.1:{ports['exec']}",
     }
     config = prepare(env, tmp_path)
@@ -214,7 +219,7 @@ def test_the_real_prometheus_loads_the_shipped_config_and_rules_with_the_jobs_na
         while True:  # file_sd hands the targets over shortly after start
             active = requests.get(f"{base}/api/v1/targets", timeout=5).json()["data"]
             found = {(t["labels"]["job"], t["labels"]["instance"]) for t in active["activeTargets"]}
-            if len(found) == 5 or time.monotonic() > deadline:
+            if len(found) == 6 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert found == {
@@ -222,6 +227,7 @@ def test_the_real_prometheus_loads_the_shipped_config_and_rules_with_the_jobs_na
             ("payment-resource", f"127.0.0.1:{ports['pay']}"),
             ("rail-proxy", f"127.0.0.1:{ports['proxy']}"),
             ("rail-stub", f"127.0.0.1:{ports['stub']}"),
+            ("admin", f"127.0.0.1:{ports['admin']}"),
             ("executor", f"127.0.0.1:{ports['exec']}"),
         }
         assert {job for job, _ in found} == absent_jobs()
