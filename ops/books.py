@@ -58,7 +58,7 @@ def operator_user(name: str | None, *, action: str) -> AbstractBaseUser:
         )
         raise CommandError(
             f"refused: {reason} (pass --operator with your admin user name; "
-            "ROLE=ops manage.py createsuperuser makes one)",
+            "ROLE=admin manage.py createsuperuser makes one)",
             returncode=1,
         )
     return user
