@@ -236,12 +236,22 @@ def _pcre_escape(text: str) -> str:
     return "".join("\\" + c if not (c.isalnum() or c in "-_") else c for c in text)
 
 
-def _check_envelope_headers() -> None:
-    """envelope-headers.conf says what dlock.wire says (Django's answers carry the same)."""
+def check_templates() -> None:
+    """What two places must say alike: envelope-headers.conf and dlock.wire (Django's answers
+    carry the same headers); the client headers machine-headers.conf forwards and the ones
+    $dlock_header_ctl's map checks for control bytes (dlock.conf.tmpl)."""
     text = (proxy_template.DIRECTORY / "envelope-headers.conf").read_text()
     written = re.findall(r'^add_header (\S+) "(.*)" always;$', text, re.MULTILINE)
     if dict(written) != {**SECURITY_HEADERS, **JSON_SECURITY_HEADERS}:
         raise ValueError("deploy/nginx/envelope-headers.conf differs from dlock.wire's headers")
+    forwarded = re.findall(
+        r"^proxy_set_header \S+ (\$(?:http_\w+|content_type));$",
+        (proxy_template.DIRECTORY / "machine-headers.conf").read_text(),
+        re.MULTILINE,
+    )
+    checked = re.search(r'map "(.*)" \$dlock_header_ctl', TEMPLATE.read_text())
+    if not checked or checked.group(1).split("|") != forwarded:
+        raise ValueError("$dlock_header_ctl's map differs from machine-headers.conf's headers")
 
 
 def values(config: ProxyConfig) -> dict[str, str | bool]:
@@ -284,7 +294,7 @@ def values(config: ProxyConfig) -> dict[str, str | bool]:
 
 
 def render(config: ProxyConfig) -> str:
-    _check_envelope_headers()
+    check_templates()
     return proxy_template.render(TEMPLATE, values(config))
 
 
