@@ -7,7 +7,7 @@ the kernel still queues connections nobody will serve; the role's proxy would wr
 into one and see it reset ("sent, outcome unknown"). With the listener closed the proxy's
 connect is refused, which it answers 503 OVERLOADED: nothing was forwarded, clients fail over.
 It also logs `service_draining` (dlock.lifecycle). Framing, slow clients, limits: the proxy's
-(devstack/proxy.py, ARCHITECTURE decision 18).
+(deploy/nginx/, ARCHITECTURE decision 18).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Response constants every answer shares, whoever writes it: Django, the admission layer in
-front of it, or the role's proxy (devstack/proxy.py renders its envelopes with these headers).
+front of it, or the role's proxy (deploy/nginx/envelope-headers.conf, checked equal).
 Standard library only."""
 
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 
 # Probes and scrapes: never shed by the queue deadline (dlock.admission).
 MONITORING_PATHS = frozenset({"/metrics", "/health/live", "/health/ready"})
-# The methods a dlock role implements; anything else is 405 at the proxy (devstack/proxy.py) and
+# The methods a dlock role implements; anything else is 405 at the proxy (deploy/nginx/) and
 # 501 in Django if it gets that far (a method name is client-chosen text and must never become a
 # metric label value).
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})

@@ -113,7 +113,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DLOCK_MAX_BODY_BYTES", 64 * 1024, minimum
 DLOCK_MAX_JSON_DEPTH = 32
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
 
-# Security headers. TLS terminates at the role's proxy (devstack/proxy.py, the k8s sidecar), the
+# Security headers. TLS terminates at the role's proxy (deploy/nginx/, the k8s sidecar), the
 # only client gunicorn has; it overwrites X-Forwarded-Proto on every request, so Django may read
 # the scheme from it (an https admin form's Origin then matches: CSRF).
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -183,7 +183,7 @@ ETCD_URL = env_str("ETCD_URL", "http://127.0.0.1:2379")
 # until a gunicorn worker thread takes it, before it is shed with 503 OVERLOADED (dlock.admission).
 SERVER_QUEUE_DEADLINE_MS = env_int("SERVER_QUEUE_DEADLINE_MS", 500, minimum=10)
 # The role's proxy: a request's head must have arrived within this long, and a body may pause no
-# longer between two reads, or the proxy closes the connection (devstack/proxy.py; a slow or
+# longer between two reads, or the proxy closes the connection (deploy/nginx/; a slow or
 # stalled client never reaches gunicorn).
 SERVER_HEADER_TIMEOUT_MS = env_int("SERVER_HEADER_TIMEOUT_MS", 3_000, minimum=100, maximum=60_000)
 

@@ -115,7 +115,7 @@ timeout = _int("GUNICORN_TIMEOUT", 60)
 # SIGTERM/SIGINT: listener closed at once, in-flight requests get this long, then exit.
 # Kubernetes terminationGracePeriodSeconds must exceed it (k8s/ sets it per role).
 graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT", _longest_request_s)
-# The proxy reuses its upstream connections for at most 4 s idle (devstack/proxy.py): longer
+# The proxy reuses its upstream connections for at most 4 s idle (deploy/nginx/): longer
 # here, so gunicorn never closes one nginx is about to reuse.
 keepalive = _int("GUNICORN_KEEPALIVE", 5)
 

@@ -51,7 +51,23 @@ def _documents() -> list[dict]:
     docs: list[dict] = []
     for name in kustomization["resources"]:
         docs += [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
-    return docs
+    return docs + _generated_configmaps(kustomization)
+
+
+def _generated_configmaps(kustomization: dict) -> list[dict]:
+    """What kustomize's configMapGenerator makes, without kustomize: `files` entries
+    (`key=path` or `path`) as data, the generator's labels, its name when unhashed."""
+    maps = []
+    for generator in kustomization.get("configMapGenerator", []):
+        options = generator.get("options", {})
+        assert options.get("disableNameSuffixHash"), "a hashed name: read it with kubectl"
+        data = {}
+        for entry in generator.get("files", []):
+            key, _, path = entry.rpartition("=")
+            data[key or Path(path).name] = (K8S / path).read_text()
+        metadata = {"name": generator["name"], "labels": options.get("labels", {})}
+        maps.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
+    return maps
 
 
 DOCS = _documents()
@@ -134,16 +150,21 @@ def test_probe_paths_exist_in_the_roles_urlconf_and_ports_are_named(name):
 
 
 def test_the_proxy_configmaps_are_rendered_from_the_template_and_nginx_accepts_them(tmp_path):
-    """k8s/nginx-config.yaml is `python -m devstack.proxy k8s` of the current template and
-    manifests, each config passes `nginx -t`, and each pod mounts its own."""
+    """k8s/nginx/<component>.conf are `python -m devstack.proxy k8s` of the current templates and
+    manifests, the kustomization's configMapGenerator makes each its `<component>-nginx`
+    ConfigMap, each config passes `nginx -t`, and each pod mounts its own."""
     import shutil
 
     from devstack import proxy
     from devstack.tls import ensure_tls
 
-    assert (PROJECT / "k8s" / "nginx-config.yaml").read_text() == proxy.kubernetes_configmaps(), (
-        "k8s/nginx-config.yaml is stale: run `python -m devstack.proxy k8s`"
-    )
+    files = proxy.kubernetes_files()
+    assert sorted(files) == sorted((K8S / "nginx").glob("*.conf"))
+    for path, text in files.items():
+        assert path.read_text() == text, f"{path} is stale: run `python -m devstack.proxy k8s`"
+        configmap = named("ConfigMap", f"{path.stem}-nginx")
+        assert configmap["data"] == {"nginx.conf": text}
+        assert configmap["metadata"]["labels"][COMPONENT] == path.stem
     for name in SERVER_ROLES:
         config = named("ConfigMap", f"{name}-nginx")["data"]["nginx.conf"]
         volumes = {v["name"]: v for v in pod_template(named("Deployment", name))["spec"]["volumes"]}
