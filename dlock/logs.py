@@ -103,7 +103,9 @@ class Aggregate:
             )
 
 
-_hosts_refused = Aggregate("host_refused")
+# A Host outside ALLOWED_HOSTS (dlock.middleware.refusal answers it; Django's own DisallowedHost
+# log line, where a stock middleware raised it, is turned into this too): one line a second.
+hosts_refused = Aggregate("host_refused")
 
 
 class QuietRefusals(logging.Filter):
@@ -114,6 +116,6 @@ class QuietRefusals(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "django.security.DisallowedHost":
-            _hosts_refused.add()
+            hosts_refused.add()
             return False
         return getattr(record, "status_code", None) not in (503, 504)

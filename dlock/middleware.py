@@ -19,6 +19,7 @@ from django.middleware.security import SecurityMiddleware
 from dlock import adminpages, auth
 from dlock.errors import PROTOCOL_STATUSES, ApiError, Code
 from dlock.handlers import error_response, render_exception
+from dlock.logs import hosts_refused
 from dlock.parsers import too_large
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id, trace_id_from_traceparent
 from dlock.wire import JSON_SECURITY_HEADERS, KNOWN_METHODS, MONITORING_PATHS, SECURITY_HEADERS
@@ -77,6 +78,7 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
         except DisallowedHost:
             host = "this server does not answer for that Host"
     if host is not None:
+        hosts_refused.add()  # a client's mistake: counted, never a line per request
         return error_response(
             ApiError(
                 Code.VALIDATION_FAILED,
