@@ -258,6 +258,26 @@ def _interleaved(clients: int, server: RoleProcess, floor: RoleProcess) -> dict:
     }
 
 
+def _level(n: int, server: RoleProcess, floor: RoleProcess, db_url: str) -> dict:
+    """One client count: dlock over HTTP and the floor app interleaved, then the SQL sent direct."""
+    arms = _interleaved(n, server, floor)
+    direct_row = _drive(n, _direct_pair_factory(db_url), DURATION_S)
+    http_row, floor_row = arms["http"], arms["floor_no_django"]
+    return {
+        "clients": n,
+        "http": http_row,
+        "floor_no_django": floor_row,
+        "direct": direct_row,
+        "http_over_direct": _ratio(http_row, direct_row),
+        "floor_over_direct": _ratio(floor_row, direct_row),
+        # issue 18's goal: >= 0.8 at 8 clients (the framework's share of the path),
+        # the median of the interleaved rounds' ratios
+        "http_over_floor": arms["http_over_floor"],
+        "http_over_floor_rounds": arms["http_over_floor_rounds"],
+        "rounds": arms["rounds"],
+    }
+
+
 def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -290,24 +310,7 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
         levels = []
         load_before = os.getloadavg()
         for n in clients:
-            arms = _interleaved(n, server, floor)
-            direct_row = _drive(n, _direct_pair_factory(db_url), DURATION_S)
-            http_row, floor_row = arms["http"], arms["floor_no_django"]
-            levels.append(
-                {
-                    "clients": n,
-                    "http": http_row,
-                    "floor_no_django": floor_row,
-                    "direct": direct_row,
-                    "http_over_direct": _ratio(http_row, direct_row),
-                    "floor_over_direct": _ratio(floor_row, direct_row),
-                    # issue 18's goal: >= 0.8 at 8 clients (the framework's share of the path),
-                    # the median of the interleaved rounds' ratios
-                    "http_over_floor": arms["http_over_floor"],
-                    "http_over_floor_rounds": arms["http_over_floor_rounds"],
-                    "rounds": arms["rounds"],
-                }
-            )
+            levels.append(_level(n, server, floor, db_url))
         version = cluster.psql("SHOW server_version")
         result: dict = {
             "name": "lockserver",

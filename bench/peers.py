@@ -39,11 +39,13 @@ are included, so the figure is an upper bound.
 
 Every grant's token is logged per key while it is held; `check_tokens` asserts strictly
 increasing per key (a violation fails the run). Writes `<out>/peers.json`.
+
+The arms' clients are `bench.peer_clients`, a round and the token check `bench.peer_rounds`;
+this module owns the stack and the run.
 """
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import logging
@@ -51,478 +53,68 @@ import os
 import re
 import secrets
 import shutil
-import statistics
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from bench import credentials
-from bench.proc import tree_cpu_seconds
+from bench.peer_clients import (
+    HOT_WAIT_MS,
+    KEEPALIVE_S,
+    LEASE_TTL_S,
+    DlockClient,
+    EtcdKeepalive,
+    EtcdLockClient,
+    ZkLockClient,
+    _etcd_version,
+    _Http,
+)
+from bench.peer_rounds import (
+    PEERS,
+    WARMUP_S,
+    TokenLog,
+    TokenOrderError,
+    assert_tokens_increase,
+    check_tokens,
+    drive,
+    median_row,
+    ratios,
+)
 from bench.zookeeper import ZooKeeperServer
 from bench.zookeeper import version as zk_version
 from bench.zookeeper import write_count as zk_write_count
 from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
 
+__all__ = [
+    "ARMS",
+    "HOT_WAIT_MS",
+    "KEEPALIVE_S",
+    "LEASE_TTL_S",
+    "PEERS",
+    "POINTS",
+    "ROUNDS",
+    "ROUND_S",
+    "WARMUP_S",
+    "DlockClient",
+    "EtcdKeepalive",
+    "EtcdLockClient",
+    "TokenLog",
+    "TokenOrderError",
+    "ZkLockClient",
+    "assert_tokens_increase",
+    "check_tokens",
+    "drive",
+    "ratios",
+    "run",
+]
+
+
 ROUNDS = int(os.environ.get("BENCH_PEERS_ROUNDS", "3"))
 ROUND_S = float(os.environ.get("BENCH_PEERS_ROUND_S", "2"))
-WARMUP_S = 0.3
 POINTS = (("own", 1), ("own", 8), ("own", 32), ("hot", 8), ("hot", 32))
 ARMS = ("dlock-pg", "dlock-etcd", "zookeeper", "etcd-lock")
-PEERS = ("zookeeper", "etcd-lock")  # the durable lock services with a token dlock is held to
-HOT_WAIT_MS = 5_000
-LEASE_TTL_S = 60
-KEEPALIVE_S = 15.0
-
-
-class TokenOrderError(AssertionError):
-    """A key's tokens did not strictly increase in grant order."""
-
-
-class TokenLog:
-    """Every grant's token, per (arm, key), appended by the holder while it holds the lock — so
-    the order of a key's list is its grant order."""
-
-    def __init__(self) -> None:
-        self.by_key: dict[tuple[str, str], list[int]] = {}
-        self._guard = threading.Lock()
-
-    def record(self, arm: str, key: str, token: int) -> None:
-        tokens = self.by_key.get((arm, key))
-        if tokens is None:
-            with self._guard:
-                tokens = self.by_key.setdefault((arm, key), [])
-        tokens.append(token)
-
-
-def check_tokens(by_key: dict[tuple[str, str], list[int]]) -> dict[str, dict]:
-    """Per arm: keys, grants, and every place a key's token failed to exceed the one before."""
-    report: dict[str, dict] = {}
-    for (arm, key), tokens in sorted(by_key.items()):
-        row = report.setdefault(arm, {"keys": 0, "grants": 0, "violations": []})
-        row["keys"] += 1
-        row["grants"] += len(tokens)
-        for index in range(1, len(tokens)):
-            if tokens[index] <= tokens[index - 1]:
-                row["violations"].append(
-                    {
-                        "key": key,
-                        "grant": index,
-                        "previous": tokens[index - 1],
-                        "token": tokens[index],
-                    }
-                )
-    return report
-
-
-def assert_tokens_increase(by_key: dict[tuple[str, str], list[int]]) -> dict[str, dict]:
-    report = check_tokens(by_key)
-    bad = {arm: row["violations"][:3] for arm, row in report.items() if row["violations"]}
-    if bad:
-        raise TokenOrderError(f"tokens not strictly increasing per key: {bad}")
-    return report
-
-
-# ----------------------------------------------------------------------------- clients
-
-
-class _Http:
-    """One keep-alive HTTP/1.1 connection (stdlib), JSON in and out. Between rounds a client sits
-    idle while the other arms run; a connection idle longer than IDLE_REOPEN_S (below gunicorn's
-    5 s keep-alive) is replaced before the next request instead of being written into after the
-    server closed it. A failed exchange closes the connection (the next call opens a new one)."""
-
-    IDLE_REOPEN_S = 2.0
-
-    def __init__(self, base_url: str) -> None:
-        host, port = base_url.split("//", 1)[1].rsplit(":", 1)
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        self.used = time.monotonic()
-
-    def call(
-        self, method: str, path: str, body: dict | None = None, headers: dict | None = None
-    ) -> tuple[int, dict]:
-        sent = dict(headers or {})
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            sent["Content-Type"] = "application/json"
-        if time.monotonic() - self.used > self.IDLE_REOPEN_S:
-            self.conn.close()
-        try:
-            self.conn.request(method, path, body=payload, headers=sent)
-            response = self.conn.getresponse()
-            raw = response.read()
-        except (OSError, http.client.HTTPException):
-            self.conn.close()
-            raise
-        finally:
-            self.used = time.monotonic()
-        try:
-            return response.status, (json.loads(raw) if raw else {})
-        except ValueError:
-            return response.status, {"raw": raw[:200].decode(errors="replace")}
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-class DlockClient:
-    def __init__(self, base_url: str, key: str, index: int, hot: bool) -> None:
-        self.http = _Http(base_url)
-        self.key, self.hot = key, hot
-        self.owner = f"peer-{index}-{uuid.uuid4().hex[:6]}"
-        self.headers = {"X-Owner-Id": self.owner, **credentials.headers()}
-        for _ in range(40):  # 32 clients opening at once may be shed: retry as a client would
-            status, body = self.http.call(
-                "POST", "/v1/sessions", {"ownerId": self.owner, "ttlMillis": 60_000}, self.headers
-            )
-            if status not in (429, 503):
-                break
-            time.sleep(0.25)
-        if status != 201:
-            raise RuntimeError(f"session {status} {body.get('code')}")
-        self.session_id = body["sessionId"]
-        self.grant: dict | None = None
-        self.shed = 0
-
-    def refresh(self) -> None:
-        """L2 before each round: the session sits idle while the other arms run (the peers'
-        sessions are kept alive by kazoo and by the lease keepalive thread)."""
-        status, answer = self._call(
-            "POST", f"/v1/sessions/{self.session_id}/heartbeat", {}, self.headers
-        )
-        if status != 200:
-            raise RuntimeError(f"heartbeat {status} {answer.get('code')}")
-
-    def _call(self, method: str, path: str, body: dict | None, headers: dict) -> tuple[int, dict]:
-        """A 503 OVERLOADED (shed before any work) is retried after its retryAfterMillis, as
-        dlock's own client does; each one is counted in `shed` and stays in the latency."""
-        while True:
-            status, answer = self.http.call(method, path, body, headers)
-            if status == 503 and answer.get("code") == "OVERLOADED":
-                self.shed += 1
-                time.sleep(min(answer.get("retryAfterMillis") or 50, 1000) / 1000)
-                continue
-            return status, answer
-
-    def acquire(self) -> int:
-        body = {"sessionId": self.session_id, "ttlMillis": 10_000}
-        if self.hot:
-            body["waitMillis"] = HOT_WAIT_MS
-        while True:
-            status, answer = self._call("POST", f"/v1/locks/{self.key}/acquire", body, self.headers)
-            if status == 200:
-                self.grant = answer
-                return int(answer["fencingToken"])
-            if (
-                self.hot
-                and status in (409, 429)
-                and answer.get("code") in ("LOCK_CONTENDED", "CONTENTION_EXCEEDED")
-            ):
-                time.sleep(min(answer.get("retryAfterMillis") or 0, 1000) / 1000)
-                continue
-            raise RuntimeError(f"acquire {status} {answer.get('code')}")
-
-    def release(self) -> None:
-        assert self.grant is not None
-        status, answer = self._call(
-            "DELETE",
-            f"/v1/locks/{self.key}?sessionId={self.session_id}",
-            None,
-            {**self.headers, **credentials.headers(self.grant)},
-        )
-        self.grant = None
-        if status != 204:
-            raise RuntimeError(f"release {status} {answer.get('code')}")
-
-    def close(self) -> None:
-        self.http.call("DELETE", f"/v1/sessions/{self.session_id}", None, self.headers)
-        self.http.close()
-
-
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-class EtcdLockClient:
-    """etcd's lock API through the JSON gateway, bound to this client's own lease."""
-
-    def __init__(self, etcd_url: str, key: str, keepalive: EtcdKeepalive) -> None:
-        self.http = _Http(etcd_url)
-        status, body = self.http.call("POST", "/v3/lease/grant", {"TTL": LEASE_TTL_S})
-        if status != 200 or "ID" not in body:
-            raise RuntimeError(f"lease grant {status} {body}")
-        self.lease = body["ID"]
-        self.name = _b64(f"peers/{key}")
-        self.owned: str | None = None
-        self.keepalive = keepalive
-        keepalive.add(self.lease)
-
-    def acquire(self) -> int:
-        status, body = self.http.call(
-            "POST", "/v3/lock/lock", {"name": self.name, "lease": self.lease}
-        )
-        if status != 200 or "key" not in body:
-            raise RuntimeError(f"lock {status} {str(body)[:120]}")
-        self.owned = body["key"]
-        return int(body["header"]["revision"])
-
-    def release(self) -> None:
-        status, body = self.http.call("POST", "/v3/lock/unlock", {"key": self.owned})
-        self.owned = None
-        if status != 200:
-            raise RuntimeError(f"unlock {status} {str(body)[:120]}")
-
-    def close(self) -> None:
-        self.keepalive.remove(self.lease)
-        self.http.call("POST", "/v3/lease/revoke", {"ID": self.lease})
-        self.http.close()
-
-
-class EtcdKeepalive:
-    """One thread keeps every etcd-lock client's lease alive (every KEEPALIVE_S)."""
-
-    def __init__(self, etcd_url: str) -> None:
-        self.url = etcd_url
-        self.leases: set[str] = set()
-        self.sent = 0
-        self.failed = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="etcd-keepalive")
-        self._thread.start()
-
-    def add(self, lease: str) -> None:
-        self.leases.add(lease)
-
-    def remove(self, lease: str) -> None:
-        self.leases.discard(lease)
-
-    def _loop(self) -> None:
-        conn = _Http(self.url)
-        while not self._stop.wait(KEEPALIVE_S):
-            for lease in list(self.leases):
-                try:
-                    status, body = conn.call("POST", "/v3/lease/keepalive", {"ID": lease})
-                    ttl = int(((body.get("result") or {}).get("TTL")) or 0)
-                    self.sent += 1
-                    if status != 200 or ttl <= 0:
-                        self.failed += 1
-                except (OSError, http.client.HTTPException):
-                    self.failed += 1
-                    conn.close()
-                    conn = _Http(self.url)
-        conn.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-class ZkLockClient:
-    """kazoo's Lock recipe; one ZooKeeper session (KazooClient) per client."""
-
-    def __init__(self, hosts: str, key: str) -> None:
-        from kazoo.client import KazooClient
-
-        self.zk = KazooClient(hosts=hosts, timeout=30)
-        self.zk.start(timeout=30)
-        self.lock = self.zk.Lock(f"/bench/{key}")
-
-    def acquire(self) -> int:
-        if not self.lock.acquire(timeout=30):
-            raise RuntimeError("zookeeper lock not acquired in 30 s")
-        return int(self.lock.node[-10:])  # the sequential znode's counter: the fencing token
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.zk.stop()
-        self.zk.close()
-
-
-# ----------------------------------------------------------------------------- driving
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    if not samples:
-        return 0.0
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def drive(
-    arm: str,
-    clients: list,
-    keys: list[str],
-    seconds: float,
-    server_pids: dict[str, int],
-    tokens: TokenLog,
-    writes: Callable[[], int | None] | None = None,
-) -> dict:
-    """Every client loops acquire → (log token) → release for `seconds` after a warm-up;
-    `writes` reads the store's count of durable writes (before and after the window)."""
-    n = len(clients)
-    acquires: list[list[float]] = [[] for _ in range(n)]
-    pairs: list[list[float]] = [[] for _ in range(n)]
-    errors: dict[str, int] = {}
-    window = {"start": time.monotonic() + WARMUP_S, "stop": 0.0}
-    window["stop"] = window["start"] + seconds
-    ready = threading.Barrier(n + 1)
-
-    def worker(index: int) -> None:
-        client, key = clients[index], keys[index]
-        refresh = getattr(client, "refresh", None)
-        if refresh is not None:
-            try:
-                refresh()
-            except Exception as exc:  # counted; the round's acquires will say the rest
-                kind = f"{type(exc).__name__}: {str(exc)[:60]}"
-                errors[kind] = errors.get(kind, 0) + 1
-        ready.wait()
-        while True:
-            began = time.monotonic()
-            if began >= window["stop"]:
-                return
-            try:
-                token = client.acquire()
-                held = time.monotonic()
-                tokens.record(arm, key, token)
-                client.release()
-            except Exception as exc:  # counted, never hidden
-                kind = f"{type(exc).__name__}: {str(exc)[:60]}"
-                errors[kind] = errors.get(kind, 0) + 1
-                time.sleep(0.01)  # a persistent failure must not spin a core the arms share
-                continue
-            if began >= window["start"]:
-                acquires[index].append(held - began)
-                pairs[index].append(time.monotonic() - began)
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    ready.wait()
-    time.sleep(max(0.0, window["start"] - time.monotonic()))
-    cpu_before = {name: tree_cpu_seconds(pid) for name, pid in server_pids.items()}
-    writes_before = writes() if writes is not None else None
-    client_before = time.process_time()
-    shed_before = sum(getattr(c, "shed", 0) for c in clients)
-    for thread in threads:
-        thread.join(seconds + 90)
-    cpu = {name: tree_cpu_seconds(pid) - cpu_before[name] for name, pid in server_pids.items()}
-    writes_after = writes() if writes is not None else None
-    client_cpu = time.process_time() - client_before
-    flat_pairs = [s for per in pairs for s in per]
-    flat_acq = [s for per in acquires for s in per]
-    count = len(flat_pairs)
-    written = (
-        None
-        if writes_before is None or writes_after is None or not count
-        else round((writes_after - writes_before) / count, 2)
-    )
-    return {
-        "pairs": count,
-        "writes_per_pair": written,
-        "pairs_per_s": round(count / seconds, 1),
-        "acquire_p50_ms": round(_percentile(flat_acq, 0.50) * 1000, 2),
-        "acquire_p99_ms": round(_percentile(flat_acq, 0.99) * 1000, 2),
-        "p50_ms": round(_percentile(flat_pairs, 0.50) * 1000, 2),
-        "p99_ms": round(_percentile(flat_pairs, 0.99) * 1000, 2),
-        "server_cpu_ms_per_pair": round(sum(cpu.values()) * 1000 / count, 3) if count else None,
-        "server_cpu_ms_per_pair_by_process": {
-            name: round(value * 1000 / count, 3) if count else None for name, value in cpu.items()
-        },
-        # the lock server alone: its gunicorn (and its nginx when run as a pod), not the store
-        "lockserver_cpu_ms_per_pair": round(cpu["lockserver"] * 1000 / count, 3)
-        if count and "lockserver" in cpu
-        else None,
-        "server_cores_busy": round(sum(cpu.values()) / seconds, 2),
-        "client_cores_busy": round(client_cpu / seconds, 2),
-        "shed_retried": sum(getattr(c, "shed", 0) for c in clients) - shed_before,
-        "errors": sum(errors.values()),
-        "errors_by_kind": errors,
-    }
-
-
-def _median_row(rows: list[dict]) -> dict:
-    """Each number is the median over the rounds (pairs/s, latencies, CPU)."""
-    out: dict = {"rounds": len(rows)}
-    for field in (
-        "pairs_per_s",
-        "acquire_p50_ms",
-        "acquire_p99_ms",
-        "p50_ms",
-        "p99_ms",
-        "server_cpu_ms_per_pair",
-        "lockserver_cpu_ms_per_pair",
-        "writes_per_pair",
-        "server_cores_busy",
-        "client_cores_busy",
-    ):
-        values = [r[field] for r in rows if r.get(field) is not None]
-        out[field] = round(statistics.median(values), 3) if values else None
-    out["errors"] = sum(r["errors"] for r in rows)
-    out["shed_retried"] = sum(r.get("shed_retried", 0) for r in rows)
-    return out
-
-
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return round(statistics.median(known), 3) if known else None
-
-
-def ratios(rounds: list[dict]) -> dict:
-    """Per-round goal ratios (issue 28) and their medians: pairs/s dlock-pg ÷ the best peer,
-    dlock-etcd ÷ etcd-lock, and p99 acquire dlock ÷ the best (lowest) peer's."""
-    per: dict[str, list[float | None]] = {
-        "pg_over_best_peer": [],
-        "etcd_over_etcd_lock": [],
-        "pg_p99_over_best_peer": [],
-        "etcd_p99_over_best_peer": [],
-        "pg_over_zookeeper": [],  # issue 39's goals are against ZooKeeper/kazoo
-        "pg_p99_over_zookeeper": [],
-    }
-    for one in rounds:
-        arms = one["arms"]
-        zk = arms.get("zookeeper")
-        pg_row = arms.get("dlock-pg")
-        per["pg_over_zookeeper"].append(
-            round(pg_row["pairs_per_s"] / zk["pairs_per_s"], 3)
-            if pg_row and zk and zk["pairs_per_s"]
-            else None
-        )
-        per["pg_p99_over_zookeeper"].append(
-            round(pg_row["acquire_p99_ms"] / zk["acquire_p99_ms"], 3)
-            if pg_row and pg_row["pairs"] and zk and zk["pairs"] and zk["acquire_p99_ms"]
-            else None
-        )
-        peers = [arms[p] for p in PEERS if p in arms and arms[p]["pairs"]]
-        best_rate = max((p["pairs_per_s"] for p in peers), default=0)
-        best_p99 = min((p["acquire_p99_ms"] for p in peers), default=0)
-        pg, etcd, etcd_lock = arms.get("dlock-pg"), arms.get("dlock-etcd"), arms.get("etcd-lock")
-        per["pg_over_best_peer"].append(
-            round(pg["pairs_per_s"] / best_rate, 3) if pg and best_rate else None
-        )
-        per["etcd_over_etcd_lock"].append(
-            round(etcd["pairs_per_s"] / etcd_lock["pairs_per_s"], 3)
-            if etcd and etcd_lock and etcd_lock["pairs_per_s"]
-            else None
-        )
-        per["pg_p99_over_best_peer"].append(
-            round(pg["acquire_p99_ms"] / best_p99, 3) if pg and pg["pairs"] and best_p99 else None
-        )
-        per["etcd_p99_over_best_peer"].append(
-            round(etcd["acquire_p99_ms"] / best_p99, 3)
-            if etcd and etcd["pairs"] and best_p99
-            else None
-        )
-    return {
-        **{name: _median(values) for name, values in per.items()},
-        "rounds": per,
-    }
 
 
 # ----------------------------------------------------------------------------- the run
@@ -683,54 +275,8 @@ def run(
         stack.start()
         keepalive = EtcdKeepalive(stack.etcd.url)
         for workload, n in points:
-            hot = workload == "hot"
-            run_id = uuid.uuid4().hex[:6]
-            keys = {
-                arm: [
-                    f"bench.{workload}.{run_id}" if hot else f"bench.{run_id}.{i}" for i in range(n)
-                ]
-                for arm in arms
-            }
-            opened = {
-                arm: _open(stack.client_factory(arm, keepalive), n, keys[arm], hot) for arm in arms
-            }
-            done = []
-            try:
-                for index in range(rounds):
-                    order = arms[index % len(arms) :] + arms[: index % len(arms)]
-                    one = {"round": index + 1, "order": list(order), "arms": {}}
-                    for arm in order:
-                        one["arms"][arm] = drive(
-                            arm,
-                            opened[arm],
-                            keys[arm],
-                            seconds,
-                            stack.server_pids(arm),
-                            tokens,
-                            stack.write_counter(arm),
-                        )
-                    one["loadavg_1m"] = round(os.getloadavg()[0], 2)
-                    done.append(one)
-            finally:
-                for clients in opened.values():
-                    for client in clients:
-                        _close(client)
-            point = {
-                "workload": workload,
-                "clients": n,
-                "arms": {arm: _median_row([r["arms"][arm] for r in done]) for arm in arms},
-                "ratios": ratios(done),
-                "rounds": done,
-            }
-            results.append(point)
-            print(
-                f"[bench] {name} {workload} ×{n}: "
-                + ", ".join(
-                    f"{arm} {point['arms'][arm]['pairs_per_s']}/s"
-                    f" (p99 acq {point['arms'][arm]['acquire_p99_ms']} ms)"
-                    for arm in arms
-                ),
-                flush=True,
+            results.append(
+                _run_point(stack, keepalive, tokens, workload, n, arms, rounds, seconds, name)
             )
         versions = {
             "postgres": stack.pg.psql("SHOW server_version").split("'")[1],
@@ -745,16 +291,7 @@ def run(
     token_report = check_tokens(tokens.by_key)
     data = {
         "name": name,
-        "arms": stack.arm_notes()
-        if hasattr(stack, "arm_notes")
-        else {
-            "dlock-pg": "dlock lock server, LOCK_BACKEND=pg, HTTP (token: fencingToken)",
-            "dlock-etcd": "dlock lock server, LOCK_BACKEND=etcd, HTTP (token: fencingToken)",
-            "zookeeper": "kazoo 2.11.0 Lock recipe, ZooKeeper single node forceSync=yes"
-            " (token: lock znode sequence)",
-            "etcd-lock": "etcd v3lock Lock/Unlock via the JSON gateway, one lease per client"
-            " (token: Lock answer's header revision)",
-        },
+        "arms": _arm_notes(stack),
         "versions": versions,
         "durability": "PostgreSQL fsync=on synchronous_commit=on; etcd WAL fsync; ZooKeeper"
         " forceSync=yes; all three data directories in one directory on one disk",
@@ -773,15 +310,77 @@ def run(
     return data
 
 
-def _etcd_version(url: str) -> str:
-    conn = _Http(url)
+def _run_point(
+    stack: _Stack,
+    keepalive: EtcdKeepalive,
+    tokens: TokenLog,
+    workload: str,
+    n: int,
+    arms: tuple[str, ...],
+    rounds: int,
+    seconds: float,
+    name: str,
+) -> dict:
+    """One point (workload × clients): every arm's sessions opened once, then `rounds`
+    interleaved rounds with the arm order rotated each round."""
+    hot = workload == "hot"
+    run_id = uuid.uuid4().hex[:6]
+    keys = {
+        arm: [f"bench.{workload}.{run_id}" if hot else f"bench.{run_id}.{i}" for i in range(n)]
+        for arm in arms
+    }
+    opened = {arm: _open(stack.client_factory(arm, keepalive), n, keys[arm], hot) for arm in arms}
+    done = []
     try:
-        status, body = conn.call("GET", "/version")
-        return str(body.get("etcdserver", "?")) if status == 200 else "?"
-    except (OSError, http.client.HTTPException):
-        return "?"
+        for index in range(rounds):
+            order = arms[index % len(arms) :] + arms[: index % len(arms)]
+            one = {"round": index + 1, "order": list(order), "arms": {}}
+            for arm in order:
+                one["arms"][arm] = drive(
+                    arm,
+                    opened[arm],
+                    keys[arm],
+                    seconds,
+                    stack.server_pids(arm),
+                    tokens,
+                    stack.write_counter(arm),
+                )
+            one["loadavg_1m"] = round(os.getloadavg()[0], 2)
+            done.append(one)
     finally:
-        conn.close()
+        for clients in opened.values():
+            for client in clients:
+                _close(client)
+    point = {
+        "workload": workload,
+        "clients": n,
+        "arms": {arm: median_row([r["arms"][arm] for r in done]) for arm in arms},
+        "ratios": ratios(done),
+        "rounds": done,
+    }
+    print(
+        f"[bench] {name} {workload} ×{n}: "
+        + ", ".join(
+            f"{arm} {point['arms'][arm]['pairs_per_s']}/s"
+            f" (p99 acq {point['arms'][arm]['acquire_p99_ms']} ms)"
+            for arm in arms
+        ),
+        flush=True,
+    )
+    return point
+
+
+def _arm_notes(stack: _Stack) -> dict[str, str]:
+    if hasattr(stack, "arm_notes"):
+        return stack.arm_notes()
+    return {
+        "dlock-pg": "dlock lock server, LOCK_BACKEND=pg, HTTP (token: fencingToken)",
+        "dlock-etcd": "dlock lock server, LOCK_BACKEND=etcd, HTTP (token: fencingToken)",
+        "zookeeper": "kazoo 2.11.0 Lock recipe, ZooKeeper single node forceSync=yes"
+        " (token: lock znode sequence)",
+        "etcd-lock": "etcd v3lock Lock/Unlock via the JSON gateway, one lease per client"
+        " (token: Lock answer's header revision)",
+    }
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """lockdb tables of the PostgreSQL lock backend. Read and written only by raw SQL in
-`lockserver/backends/pg_sql.py` (every expiry is decided by `clock_timestamp()` there); the models
+`lockserver/backends/pg_sql/` (every expiry is decided by `clock_timestamp()` there); the models
 exist for migrations, the admin-free ops shell and tests.
 """
 

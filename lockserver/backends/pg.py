@@ -1,33 +1,26 @@
 """The PostgreSQL lock backend (lock.backend=pg): lockdb tables, tokens from fencing_token_seq.
 
-Statements live in `lockserver.backends.pg_sql`; this module owns the transactions, the waiting and
-the mapping of "no row" answers to C3 codes. Hot paths are single autocommit statements:
-acquire (granted), renew, release. Every expiry is decided by the database clock.
+Statements live in `lockserver.backends.pg_sql`; this module owns the transactions and the mapping
+of "no row" answers to C3 codes. The store plumbing (cursors, store errors, token floor) is
+`pg_store`, waiting in a key's queue `pg_wait`, the reaper `pg_housekeeping`. Hot paths are
+single autocommit statements: acquire (granted), renew, release. Every expiry is decided by the
+database clock.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import threading
+import functools
 import time
 import uuid
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
 
-import psycopg
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
-from psycopg_pool import PoolTimeout, TooManyRequests
+from django.db import connections
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found
 from dlock.logs import log_event
-from dlock.metrics import lock_live_grants, lock_live_sessions, lock_waiter_wakeups
-from dlock.prepared import server_cursor_class
 from dlock.timefmt import rfc3339_ms
 from lockserver.backends import pg_sql as sql
-from lockserver.backends import token_sql
 from lockserver.backends.base import (
     GrantRecord,
     HeartbeatRecord,
@@ -35,6 +28,9 @@ from lockserver.backends.base import (
     RevocationRecord,
     SessionRecord,
 )
+from lockserver.backends.pg_housekeeping import housekeep
+from lockserver.backends.pg_store import INT64_MAX, PgStore, _PreparingCursor
+from lockserver.backends.pg_wait import QUEUED_KEY_MEMORY_S, QueuedKeys, park
 from lockserver.budget import RetryBudget
 from lockserver.errors import (
     contention_exceeded,
@@ -48,39 +44,16 @@ from lockserver.errors import (
 )
 from lockserver.pg_listener import KeyListener
 
-if TYPE_CHECKING:
-    from psycopg.abc import Params
-
-logger = logging.getLogger("dlock.lockserver")
-INT64_MAX = 2**63 - 1
-QUEUED_KEY_MEMORY_S = 1.0  # how long a key this process queued on is taken for a hot key
+__all__ = ["INT64_MAX", "QUEUED_KEY_MEMORY_S", "PgLockBackend", "_PreparingCursor"]
 
 
-class _PreparingCursor:
-    """Every statement of backends.pg_sql is a fixed text: prepare it (per connection)."""
-
-    def __init__(self, cursor: psycopg.Cursor) -> None:
-        self._cursor = cursor
-
-    def execute(self, query: str, params: Params | None = None) -> psycopg.Cursor:
-        return self._cursor.execute(query, params, prepare=True)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cursor, name)
-
-
-class PgLockBackend:
-    name = "pg"
-
+class PgLockBackend(PgStore):
     def __init__(self, *, alias: str | None = None, start_listener: bool = True) -> None:
-        self.alias = alias or alias_for("lockserver")
+        super().__init__(alias=alias or alias_for("lockserver"))
         self.budget = RetryBudget(
             budget=settings.LOCK_RETRY_BUDGET, window_ms=settings.LOCK_RETRY_WINDOW_MS
         )
-        self._floor_applied = False
-        self._floor_refusal_logged = False
-        self._floor_guard = threading.Lock()
-        self._queued_keys: dict[str, float] = {}  # key -> when this process last queued on it
+        self.queued_keys = QueuedKeys()
         params = dict(connections[self.alias].get_connection_params())
         for name in ("cursor_factory", "context", "prepare_threshold"):
             params.pop(name, None)
@@ -88,145 +61,11 @@ class PgLockBackend:
             params,
             channel=sql.NOTIFY_CHANNEL,
             grant_channel=sql.GRANT_CHANNEL,
-            housekeeping=self._housekeep,
+            housekeeping=functools.partial(housekeep, backend=self.name),
             housekeeping_interval_s=settings.LOCK_HOUSEKEEPING_MS / 1000,
         )
         if start_listener:
             self.listener.start()
-
-    # ------------------------------------------------------------------ plumbing
-
-    @contextlib.contextmanager
-    def _cursor(self, *, pooled: bool = False) -> Iterator:
-        """Autocommit statements; `pooled`: the hot paths' (L4/L5/L6), see _prepared_cursor."""
-        # Not through _store_errors_mapped: one context manager less around every statement
-        # of the hot paths; the mapping is the same `_raise_store_error`.
-        try:
-            with self._prepared_cursor(pooled=pooled) as cursor:
-                yield cursor
-        except DatabaseError as exc:
-            self._raise_store_error(exc)
-            raise
-
-    @contextlib.contextmanager
-    def _atomic(self) -> Iterator:
-        with (
-            self._store_errors_mapped(),
-            transaction.atomic(using=self.alias),
-            self._prepared_cursor() as cursor,
-        ):
-            yield cursor
-
-    @contextlib.contextmanager
-    def _store_errors_mapped(self) -> Iterator[None]:
-        try:
-            yield
-        except DatabaseError as exc:
-            self._raise_store_error(exc)
-            raise
-
-    def _raise_store_error(self, exc: DatabaseError) -> None:
-        """Raise the typed error a store failure maps to; return when it maps to none."""
-        error = self._store_error(exc)
-        if error is not None:
-            raise error from exc
-
-    @contextlib.contextmanager
-    def _prepared_cursor(self, *, pooled: bool = False) -> Iterator:
-        """A server-binding psycopg cursor on Django's pooled connection for this alias.
-
-        Django's own cursor binds client-side and never prepares, so PostgreSQL would parse and
-        plan the (large, CTE) lock statements on every call; these are prepared once per pooled
-        connection instead. It is Django's connection, so transaction.atomic and the pool apply;
-        with `pooled` (the L4/L5/L6 statements), unless Django already holds this thread's
-        connection or a transaction is open, the statement takes a connection from the same pool
-        and hands it back at once instead, which skips Django's per-request connect and close
-        bookkeeping (issue 18). Either way driver errors surface as django.db errors.
-        """
-        wrapper = connections[self.alias]
-        with wrapper.wrap_database_errors:
-            pool = wrapper.pool
-            if (
-                pooled
-                and pool is not None
-                and wrapper.connection is None
-                and not wrapper.in_atomic_block
-            ):
-                # An autocommit statement with nothing of Django's open: the pool's connection
-                # for this statement only, without Django's per-request connect/close work.
-                if pool.closed:
-                    pool.open()
-                connection = pool.getconn()
-                try:
-                    with server_cursor_class(self.alias)(connection) as cursor:
-                        yield _PreparingCursor(cursor)
-                finally:
-                    pool.putconn(connection)  # idle (autocommit), or discarded if broken
-                return
-            wrapper.ensure_connection()
-            with server_cursor_class(self.alias)(wrapper.connection) as cursor:
-                yield _PreparingCursor(cursor)
-
-    def _store_error(self, exc: DatabaseError) -> ApiError | None:
-        """A store that cannot take writes is NOT_LEADER (503), never a 500.
-
-        No pool slot while the listener cannot reach the database is "database down", not
-        OVERLOADED; anything else is left to dlock.handlers (None).
-        """
-        cause = exc.__cause__
-        if isinstance(cause, PoolTimeout) and not self.listener.db_up:
-            return ApiError(Code.NOT_LEADER, "lock database unreachable")
-        if getattr(cause, "sqlstate", None) == "25006":  # read_only_sql_transaction
-            return ApiError(Code.NOT_LEADER, "lock database is read-only (standby or fenced)")
-        deadline = getattr(cause, "sqlstate", None) in ("57014", "55P03")
-        overload = isinstance(cause, PoolTimeout | TooManyRequests)
-        if isinstance(exc, OperationalError | InterfaceError) and not (deadline or overload):
-            return ApiError(Code.NOT_LEADER, "lock database unreachable")
-        return None
-
-    def _ensure_token_floor(self) -> None:
-        """Before the first token: the sequence above LOCK_TOKEN_FLOOR and above the deployment's
-        token high water (tokens an etcd period issued), so no token is ever issued twice or
-        below one a resource has seen. Until it is done, every call answers 503 NOT_LEADER."""
-        if self._floor_applied:
-            return
-        with self._floor_guard:
-            if self._floor_applied:
-                return
-            floor = settings.LOCK_TOKEN_FLOOR
-            with self._atomic() as cursor:
-                high_water, _ = token_sql.read_high_water(cursor)
-                target = max(floor, high_water)
-                if target >= INT64_MAX:
-                    raise self._floor_refused(target)
-                last = token_sql.apply_token_floor(cursor, floor=target)
-                token_sql.raise_high_water(cursor, token=last, backend=self.name)
-            log_event(
-                "token_floor_checked",
-                backend=self.name,
-                floor=floor,
-                highWater=high_water,
-                lastToken=last,
-            )
-            self._floor_applied = True
-
-    def _floor_refused(self, target: int) -> ApiError:
-        if not self._floor_refusal_logged:
-            self._floor_refusal_logged = True
-            log_event(
-                "token_floor_refused",
-                level=logging.ERROR,
-                backend=self.name,
-                floor=target,
-                reason="no int64 token exceeds the deployment's token high water",
-            )
-        return ApiError(Code.NOT_LEADER, "the token floor cannot be made safe on this store")
-
-    def _release_connection(self) -> None:
-        """Give the pooled connection back before blocking: a waiter holds no DB slot."""
-        connections[self.alias].close()
-
-    # ------------------------------------------------------------------ sessions
 
     def open_session(
         self, *, owner_id: str, ttl_ms: int, credential_id: str | None = None
@@ -291,7 +130,7 @@ class PgLockBackend:
         # A key this process saw queued on lately is queued on at once: the queue entry's
         # statement says whether the key is free, and a free key is then handed to the head of
         # its queue (us, when nobody is ahead): one statement fewer per hot-key acquire.
-        queue_first = wait_ms > 0 and self._recently_queued(key)
+        queue_first = wait_ms > 0 and self.queued_keys.recent(key)
         while True:
             acquired = None
             if not queue_first:
@@ -301,12 +140,13 @@ class PgLockBackend:
                     )
             queue_first = False
             if acquired is not None:
-                self._queued_keys.pop(key, None)
+                self.queued_keys.forget(key)
                 return self._granted(acquired, session_id)
             remaining = deadline - time.monotonic()
             if wait_ms > 0 and remaining > 0 and not parked and not refused:
                 # Queue at once (one statement checks the session too): the hot key's path
-                parked_grant = self._park(
+                parked_grant = park(
+                    self,
                     key=key,
                     session_id=session_id,
                     owner_id=owner_id,
@@ -355,105 +195,6 @@ class PgLockBackend:
                 expires_at=rfc3339_ms(state.expires_at),
                 ms_until_free=state.ms_until_free,
             )
-
-    def _park(
-        self,
-        *,
-        key: str,
-        session_id: uuid.UUID,
-        owner_id: str | None,
-        ttl_ms: int,
-        deadline: float,
-        remaining: float,
-    ) -> GrantRecord | bool | None:
-        """Queue behind the key's earlier waiters and wait for the hand-off (decision 23).
-
-        The grant is made by the statement that frees the key (release, revoke, closed session,
-        reaper) or, after the holder's lease lapsed, by the first waiter to notice (hand_off),
-        and arrives in the NOTIFY meant for this waiter alone: no statement to collect it.
-        Holds no pooled connection while it waits. None: the wait ran out without a grant (or
-        the entry was withdrawn with a closed session); False: not admitted (the session, the
-        cap, or the session holds the key itself). The queue entry is gone on return.
-        """
-        waiter_id = uuid.uuid4()
-        parked = self.listener.park(key, str(waiter_id))
-        grant: sql.GrantRow | None = None
-        queued = False
-        try:
-            with self._cursor(pooled=True) as cursor:
-                admitted, held, ms_until_free = sql.add_waiter(
-                    cursor,
-                    waiter_id=waiter_id,
-                    key=key,
-                    session_id=session_id,
-                    owner_id=owner_id,
-                    wait_ms=int(remaining * 1000) + 1,
-                    cap=settings.LOCK_MAX_WAITERS_PER_KEY,
-                    ttl_ms=ttl_ms,
-                )
-            if not admitted:
-                return False
-            queued = True
-            if held:
-                self._mark_queued(key)
-            # Freed while we queued: its statement may not have seen our entry; hand it over.
-            recheck = not held
-            self._release_connection()
-            while True:
-                if parked.payload is not None:
-                    _, handed = sql.grant_payload(parked.payload)
-                    queued = False  # the hand-off (or the session's close) removed the entry
-                    if handed is not None:
-                        token, acquired_at, expires_at = handed
-                        grant = sql.GrantRow(key, "", session_id, token, acquired_at, expires_at)
-                    break
-                if recheck:
-                    handoff = self._hand_off(key)
-                    if handoff.waiter_id == waiter_id:
-                        queued, grant = False, handoff.grant
-                        break
-                    ms_until_free = handoff.ms_until_free
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                # Woken by the hand-off to us, or when the holder's lease lapses by the
-                # database's own reckoning (nobody NOTIFYs that): then hand it over ourselves.
-                timeout = left if ms_until_free is None else min(left, ms_until_free / 1000 + 0.002)
-                woken = parked.event.wait(max(0.0, timeout))
-                parked.event.clear()
-                cause = "direct" if parked.payload else "broadcast" if woken else "timer"
-                lock_waiter_wakeups.labels(backend=self.name, cause=cause).inc()
-                recheck = parked.payload is None
-            if queued:  # the wait ran out: leave the queue (or find we were just handed it)
-                with self._cursor(pooled=True) as cursor:
-                    grant = sql.withdraw(
-                        cursor, waiter_id=waiter_id, key=key, session_id=session_id
-                    )
-                queued = False
-        except BaseException:
-            if queued:  # best effort: leave the queue, and give back a grant we cannot answer
-                with contextlib.suppress(Exception), self._cursor(pooled=True) as cursor:
-                    lost = sql.withdraw(cursor, waiter_id=waiter_id, key=key, session_id=session_id)
-                    if lost is not None:
-                        sql.release(cursor, key=key, token=lost.fencing_token)
-            raise
-        finally:
-            self.listener.unpark(parked)
-        if grant is None:
-            return None
-        owner = grant.owner_id or (owner_id or self._owner_of(session_id))
-        return GrantRecord(
-            key, owner, session_id, grant.fencing_token, grant.acquired_at, grant.expires_at
-        )
-
-    def _recently_queued(self, key: str) -> bool:
-        seen = self._queued_keys.get(key)
-        return seen is not None and time.monotonic() - seen < QUEUED_KEY_MEMORY_S
-
-    def _mark_queued(self, key: str) -> None:
-        if len(self._queued_keys) > 4_096:
-            self._queued_keys.clear()
-        self._queued_keys[key] = time.monotonic()
 
     def _owner_of(self, session_id: uuid.UUID) -> str:
         with self._cursor(pooled=True) as cursor:
@@ -608,34 +349,3 @@ class PgLockBackend:
 
     def close(self) -> None:
         self.listener.close()
-
-    def _housekeep(self, conn: psycopg.Connection) -> None:
-        """Reaper (listener thread, own connection): expiry events, retention, gauges."""
-        with conn.cursor() as cursor:
-            with conn.transaction():
-                lapsed = sql.reap_lapsed_grants(cursor)
-                for key, _token, _owner, _session_id, waited in lapsed:
-                    if waited:
-                        sql.hand_off(cursor, key=key)  # a lapse hands over too (decision 23)
-            for key, token, owner, session_id, _waited in lapsed:
-                log_event(
-                    "lock_expired",
-                    backend=self.name,
-                    key=key,
-                    fencingToken=token,
-                    ownerId=owner,
-                    sessionId=str(session_id),
-                )
-            for session_id, owner, expired_at in sql.reap_expired_sessions(cursor):
-                log_event(
-                    "session_expired",
-                    backend=self.name,
-                    sessionId=str(session_id),
-                    ownerId=owner,
-                    expiredAt=rfc3339_ms(expired_at),
-                )
-            sql.purge(cursor, retention_ms=settings.LOCK_SESSION_RETENTION_MS)
-            token_sql.mirror_sequence(cursor)
-            sessions, grants = sql.live_counts(cursor)
-        lock_live_sessions.labels(backend=self.name).set(sessions)
-        lock_live_grants.labels(backend=self.name).set(grants)

@@ -1,0 +1,194 @@
+"""Release with the hand-off to the queue's head, the hand-off alone, withdraw, and revoke."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from lockserver.backends.pg_sql.common import (
+    _FREE_HOLDER,
+    _HANDED,
+    _HEAD,
+    _LIVE,
+    _NOTIFY_GRANTED,
+    _RECORD_HANDOFF,
+    NOTIFY_CHANNEL,
+    GrantRow,
+)
+
+# Compare-and-delete on (lock_key, fencing_token) and nothing else (C3 L6), and in the same
+# statement the hand-off to the head of the queue (decision 23): a new token drawn under the
+# key's row lock, the waiter's row told its grant, and a NOTIFY for that waiter only. With no
+# waiter to hand to, the key is freed; the key's broadcast NOTIFY then goes out only if a waiter
+# marked the row that this statement's snapshot does not show yet (_NOTIFY_IF_WAITED).
+RELEASE_SQL = f"""
+WITH cur AS (
+    SELECT g.lock_key, g.owner_id, g.session_id FROM lock_grant AS g
+    WHERE g.lock_key = %(key)s AND g.fencing_token = %(token)s AND {_LIVE}
+    FOR UPDATE
+), nxt AS ({_HEAD}), upd AS (
+    UPDATE lock_grant AS g SET {_HANDED}
+    FROM cur LEFT JOIN nxt ON true WHERE g.lock_key = cur.lock_key
+    RETURNING cur.lock_key, cur.owner_id, cur.session_id, g.waiter_until, nxt.waiter_id,
+              g.fencing_token, g.acquired_at, g.expires_at
+), handed AS ({_RECORD_HANDOFF})
+SELECT owner_id, session_id, waiter_id,
+       CASE WHEN waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED}
+            WHEN waiter_until > clock_timestamp()
+            THEN pg_notify('{NOTIFY_CHANNEL}', lock_key) END
+FROM upd
+"""
+
+
+def release(cursor: Any, *, key: str, token: int) -> tuple[str, uuid.UUID] | None:
+    """Free the live grant (key, token), handing it to the head of its queue if any (that
+    waiter is notified on commit). (owner, session) of the released grant."""
+    cursor.execute(RELEASE_SQL, {"key": key, "token": token})
+    row = cursor.fetchone()
+    return (row[0], row[1]) if row else None
+
+
+# The hand-off on its own, for a key that is not live (freed by a revoke, a closed session or
+# the reaper in the same transaction, or lapsed: then this statement ends the lapsed grant).
+# Always one row: the waiter granted (or NULL), the lapsed grant it replaced, and in how many
+# ms the key's holder (the new one, or the live one left alone) lapses.
+HAND_OFF_SQL = f"""
+WITH cur AS (
+    SELECT g.lock_key, g.fencing_token, g.owner_id, g.session_id FROM lock_grant AS g
+    WHERE g.lock_key = %(key)s AND NOT COALESCE({_LIVE}, false)
+    FOR UPDATE
+), nxt AS ({_HEAD}), upd AS (
+    UPDATE lock_grant AS g SET {_HANDED}
+    FROM cur JOIN nxt ON true WHERE g.lock_key = cur.lock_key
+    RETURNING nxt.waiter_id, nxt.session_id, g.owner_id, g.fencing_token, g.acquired_at,
+              g.expires_at, LEAST(g.expires_at, g.session_expires_at) AS until,
+              cur.fencing_token AS lapsed_token, cur.owner_id AS lapsed_owner,
+              cur.session_id AS lapsed_session
+), handed AS ({_RECORD_HANDOFF})
+SELECT upd.waiter_id, upd.lapsed_token, upd.lapsed_owner, upd.lapsed_session,
+       CEIL(EXTRACT(EPOCH FROM (COALESCE(upd.until, (
+           SELECT LEAST(g.expires_at, g.session_expires_at) FROM lock_grant AS g
+           WHERE g.lock_key = %(key)s AND {_LIVE})) - clock_timestamp())) * 1000)::bigint,
+       upd.session_id, upd.owner_id, upd.fencing_token, upd.acquired_at, upd.expires_at,
+       CASE WHEN upd.waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED} END
+FROM (SELECT 1) AS one LEFT JOIN upd ON true
+"""
+
+
+@dataclass(frozen=True)
+class HandOff:
+    waiter_id: uuid.UUID | None  # the waiter granted, if any
+    lapsed_token: int | None  # a lapsed grant this hand-off ended (lock_expired)
+    lapsed_owner_id: str | None
+    lapsed_session_id: uuid.UUID | None
+    ms_until_free: int | None  # the key's holder after the statement lapses in this many ms
+    grant: GrantRow | None  # what the waiter was granted
+
+
+def hand_off(cursor: Any, *, key: str) -> HandOff:
+    """Grant a key that is not live to the head of its queue (nothing if the key is live or
+    nobody eligible is queued)."""
+    cursor.execute(HAND_OFF_SQL, {"key": key})
+    row = cursor.fetchone()
+    waiter_id, lapsed_token, lapsed_owner, lapsed_session, ms = row[:5]
+    session_id, owner, token, acquired_at, expires_at = row[5:10]
+    grant = (
+        None
+        if waiter_id is None
+        else GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+    )
+    return HandOff(
+        waiter_id,
+        lapsed_token,
+        lapsed_owner,
+        lapsed_session,
+        None if ms is None else max(0, int(ms)),
+        grant,
+    )
+
+
+WITHDRAW_SQL = "DELETE FROM lock_waiter WHERE waiter_id = %(waiter_id)s RETURNING 1"
+
+OWN_GRANT_SQL = f"""
+SELECT g.owner_id, g.fencing_token, g.acquired_at, g.expires_at FROM lock_grant AS g
+WHERE g.lock_key = %(key)s AND g.session_id = %(session_id)s AND {_LIVE}
+"""
+
+
+def withdraw(
+    cursor: Any, *, waiter_id: uuid.UUID, key: str, session_id: uuid.UUID
+) -> GrantRow | None:
+    """Leave the queue (the wait ran out). None: we were still queued, nobody can grant us now.
+    Else the entry was gone: handed to us (a hand-off holding the row commits first; its NOTIFY
+    may still be on its way) — the key's live grant of our session, if any — or withdrawn."""
+    cursor.execute(WITHDRAW_SQL, {"waiter_id": waiter_id})
+    if cursor.fetchone() is not None:
+        return None
+    cursor.execute(OWN_GRANT_SQL, {"key": key, "session_id": session_id})
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    owner, token, acquired_at, expires_at = row
+    return GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+
+
+LOCK_KEY_SQL = f"""
+SELECT g.fencing_token, g.owner_id, g.session_id, COALESCE({_LIVE}, false)
+FROM lock_grant AS g WHERE g.lock_key = %(key)s FOR UPDATE
+"""
+
+REVOKE_SQL = f"""
+WITH upd AS (
+    UPDATE lock_grant SET {_FREE_HOLDER}
+    WHERE lock_key = %(key)s AND fencing_token = %(token)s
+    RETURNING lock_key
+), rev AS (
+    INSERT INTO lock_revocation (revocation_id, lock_key, operator, reason, revoked_token,
+                                 revoked_owner_id, revoked_session_id, new_token_floor,
+                                 revoked_at)
+    SELECT %(revocation_id)s, upd.lock_key, %(operator)s, %(reason)s, %(token)s,
+           %(owner_id)s, %(session_id)s, nextval('fencing_token_seq'), clock_timestamp()
+    FROM upd
+    RETURNING lock_key, new_token_floor
+)
+SELECT new_token_floor FROM rev JOIN upd USING (lock_key)
+"""
+
+
+def lock_key_row(cursor: Any, *, key: str) -> tuple[int | None, str | None, uuid.UUID | None, bool]:
+    """Lock the key's row; (token, owner, session, live) or (None, None, None, False)."""
+    cursor.execute(LOCK_KEY_SQL, {"key": key})
+    row = cursor.fetchone()
+    return (row[0], row[1], row[2], row[3]) if row else (None, None, None, False)
+
+
+def revoke(
+    cursor: Any,
+    *,
+    key: str,
+    token: int,
+    owner_id: str,
+    session_id: uuid.UUID,
+    operator: str,
+    reason: str,
+    revocation_id: uuid.UUID,
+) -> int:
+    """Free the grant (key, token), advance the sequence (the floor) and write the audit row.
+
+    Call inside one transaction after lock_key_row(): the floor is drawn under the key's row
+    lock after the revoked token, so revoked_token < floor < every token drawn afterwards.
+    """
+    cursor.execute(
+        REVOKE_SQL,
+        {
+            "key": key,
+            "token": token,
+            "owner_id": owner_id,
+            "session_id": session_id,
+            "operator": operator,
+            "reason": reason,
+            "revocation_id": revocation_id,
+        },
+    )
+    return cursor.fetchone()[0]
