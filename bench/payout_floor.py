@@ -42,6 +42,7 @@ from pathlib import Path
 
 import psycopg
 
+from bench import payout_path
 from bench.proc import tree_cpu_seconds
 from devstack import RoleProcess, free_port
 
@@ -89,9 +90,7 @@ class _Client:
 
     def payout(self, payout_id: str, account_id: str, key: str) -> None:
         lock = f"payout:{account_id}"
-        status, grant = self.call(
-            "lockserver", "POST", f"/v1/locks/{lock}/acquire", {"sessionId": self.session_id}
-        )
+        status, grant = self.call(*payout_path.acquire(lock, self.session_id))
         assert status == 200, grant
         token = grant["fencingToken"]
         fenced = {
@@ -99,46 +98,17 @@ class _Client:
             "X-Fencing-Proof": grant["fencingProof"],
             "X-Idempotency-Key": key,
         }
-        status, claimed = self.call(
-            "payments",
-            "POST",
-            f"/v1/payouts/{payout_id}/claim",
-            {"expectedState": "PENDING"},
-            fenced,
-        )
+        status, claimed = self.call(*payout_path.claim(payout_id), fenced)
         assert status == 200, claimed
+        amount, currency = self.amounts[payout_id], self.currencies[payout_id]
         status, submitted = self.call(
-            "railproxy",
-            "POST",
-            "/v1/rail/submissions",
-            {
-                "payoutId": payout_id,
-                "accountId": account_id,
-                "amountMinor": self.amounts[payout_id],
-                "currency": self.currencies[payout_id],
-                "beneficiaryRef": claimed["beneficiaryRef"],
-            },
-            fenced,
+            *payout_path.submission(payout_id, account_id, amount, currency, claimed), fenced
         )
         assert status == 200, submitted
-        status, posted = self.call(
-            "payments",
-            "POST",
-            f"/v1/payouts/{payout_id}/post",
-            {
-                "railReference": submitted["railReference"],
-                "submissionId": submitted["submissionId"],
-                "railOutcome": "ACKED",
-            },
-            fenced,
-        )
+        status, posted = self.call(*payout_path.post(payout_id, submitted), fenced)
         assert status == 200, posted
         status, _ = self.call(
-            "lockserver",
-            "DELETE",
-            f"/v1/locks/{lock}?sessionId={self.session_id}",
-            None,
-            {"X-Fencing-Token": str(token)},
+            *payout_path.release(lock, self.session_id), {"X-Fencing-Token": str(token)}
         )
         assert status == 204
 

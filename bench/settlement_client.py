@@ -9,7 +9,7 @@ import json
 import time
 from urllib.parse import urlsplit
 
-from bench import credentials
+from bench import credentials, payout_path
 
 
 class AccountClient:
@@ -65,42 +65,20 @@ class AccountClient:
         """L4 → P2 → rail submission → L6: the payout is RAIL_ACKED; what P3 needs is kept."""
         self.heartbeat()
         lock = f"payout:{account_id}"
-        status, grant = self.call(
-            "lockserver", "POST", f"/v1/locks/{lock}/acquire", {"sessionId": self.session_id}
-        )
+        status, grant = self.call(*payout_path.acquire(lock, self.session_id))
         if status != 200:
             raise RuntimeError(f"acquire {status} {grant}")
         fenced = {**credentials.headers(grant), "X-Idempotency-Key": key}
-        status, claimed = self.call(
-            "payments",
-            "POST",
-            f"/v1/payouts/{payout_id}/claim",
-            {"expectedState": "PENDING"},
-            fenced,
-        )
+        status, claimed = self.call(*payout_path.claim(payout_id), fenced)
         if status != 200:
             raise RuntimeError(f"claim {status} {claimed}")
         status, submitted = self.call(
-            "railproxy",
-            "POST",
-            "/v1/rail/submissions",
-            {
-                "payoutId": payout_id,
-                "accountId": account_id,
-                "amountMinor": amount,
-                "currency": currency,
-                "beneficiaryRef": claimed["beneficiaryRef"],
-            },
-            fenced,
+            *payout_path.submission(payout_id, account_id, amount, currency, claimed), fenced
         )
         if status != 200:
             raise RuntimeError(f"submission {status} {submitted}")
         status, _ = self.call(
-            "lockserver",
-            "DELETE",
-            f"/v1/locks/{lock}?sessionId={self.session_id}",
-            None,
-            credentials.headers(grant),
+            *payout_path.release(lock, self.session_id), credentials.headers(grant)
         )
         if status != 204:
             raise RuntimeError(f"release {status}")
@@ -109,16 +87,6 @@ class AccountClient:
     def post(self, payout_id: str, fenced: dict, submitted: dict) -> None:
         """P3 under `fenced`: the account's latest grant (the account's fence is the last
         claim's token, and P3 accepts a token >= the fence) with this payout's own key."""
-        status, posted = self.call(
-            "payments",
-            "POST",
-            f"/v1/payouts/{payout_id}/post",
-            {
-                "railReference": submitted["railReference"],
-                "submissionId": submitted["submissionId"],
-                "railOutcome": "ACKED",
-            },
-            fenced,
-        )
+        status, posted = self.call(*payout_path.post(payout_id, submitted), fenced)
         if status != 200:
             raise RuntimeError(f"post {status} {posted}")

@@ -62,22 +62,14 @@ def ensure_tls(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhos
         cwd=directory,
     )  # fmt: skip
     san = ",".join(f"IP:{n}" if n.replace(".", "").isdigit() else f"DNS:{n}" for n in names)
-    (directory / "server.ext").write_text(
+    _signed(
+        directory,
+        "server",
         f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n"
         # clientAuth too: etcd's HTTP gateway dials its own gRPC listener with the server's
         # certificate, which a member with --client-cert-auth verifies as a client's
-        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
     )
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=dlock development server",
-        cwd=directory,
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "server.crt", "-days", str(DAYS), "-extfile", "server.ext",
-        cwd=directory,
-    )  # fmt: skip
     _client_certificate(directory)
     for path in directory.iterdir():
         path.chmod(0o600)
@@ -87,21 +79,31 @@ def ensure_tls(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhos
     return files
 
 
-def _client_certificate(directory: Path) -> None:
-    """client.crt/client.key: the stack's client identity, signed by the same CA."""
-    (directory / "client.ext").write_text(
-        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=clientAuth\n"
-    )
+def _signed(directory: Path, name: str, extensions: str) -> None:
+    """<name>.key and <name>.crt (CN "dlock development <name>", with `extensions`), signed by
+    the CA in `directory`; <name>.csr and <name>.ext stay beside them."""
+    (directory / f"{name}.ext").write_text(extensions)
     _openssl(
         "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=dlock development client",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr",
+        "-subj", f"/CN=dlock development {name}",
         cwd=directory,
     )  # fmt: skip
     _openssl(
-        "x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "client.crt", "-days", str(DAYS), "-extfile", "client.ext",
+        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", f"{name}.crt", "-days", str(DAYS),
+        "-extfile", f"{name}.ext",
         cwd=directory,
     )  # fmt: skip
+
+
+def _client_certificate(directory: Path) -> None:
+    """client.crt/client.key: the stack's client identity, signed by the same CA."""
+    _signed(
+        directory,
+        "client",
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=clientAuth\n",
+    )
     for name in ("client.key", "client.crt", "client.csr", "client.ext"):
         (directory / name).chmod(0o600)

@@ -31,21 +31,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
+from experiment.recovery import HA_KINDS
+
 # Fault kinds that slow every worker's section, and kinds that hit one worker.
-SLOWING = (
-    "rail_latency",
-    "rail_failures",
-    "restart",
-    "pg_restart",
-    "etcd_leader_kill",
-    "etcd_follower_kill",
-    "etcd_leader_cut",
-    "quorum_loss",
-    "replica_kill",
-    "replica_stall",
-    "replica_down",
-    "pg_kill",
-)
+SLOWING = ("rail_latency", "rail_failures", "restart", "pg_restart", *HA_KINDS)
 PER_WORKER = ("pause", "kill")
 REVOKE = "revoke"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
@@ -116,3 +117,26 @@ class BooksCommand(BaseCommand):
                 returncode=2,
             ) from exc
         answer(self, body, text, as_json=as_json)
+
+
+class PayoutCommand(BooksCommand):
+    """A books command on one payout: its first argument is the payout id (a uuid, else exit 2
+    before anything is read), given to `step` as options["payout_uuid"]; the command's own
+    arguments come from `add_payout_arguments`, then --operator and --json."""
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("payout_id", help="the payout id (uuid)")
+        self.add_payout_arguments(parser)
+        self.add_operator_arguments(parser)
+
+    def add_payout_arguments(self, parser: Any) -> None:
+        raise NotImplementedError
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            options["payout_uuid"] = uuid.UUID(options["payout_id"])
+        except ValueError:
+            raise CommandError(
+                f"{options['payout_id']!r} is not a payout id (uuid)", returncode=2
+            ) from None
+        super().handle(*args, **options)

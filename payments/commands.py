@@ -92,26 +92,3 @@ def not_in_state(
 
 def body_json(body: dict[str, Any]) -> str:
     return json.dumps(body, separators=(",", ":"))
-
-
-def store_answer(
-    cursor: Any,
-    *,
-    operation: str,
-    key: str,
-    token: int,
-    request_hash: str,
-    payout_id: uuid.UUID,
-    status: int,
-    body: dict[str, Any],
-) -> None:
-    fenced_sql.idempotency_store(
-        cursor,
-        operation=operation,
-        key=key,
-        token=token,
-        request_hash=request_hash,
-        payout_id=payout_id,
-        status=status,
-        body_json=body_json(body),
-    )

@@ -142,7 +142,7 @@ def claim_steps(
             available=available,
         )
         status, body = failure.status, failure.envelope(current_trace_id())
-        commands.store_answer(
+        fenced_sql.idempotency_store(
             cur,
             operation=operation,
             key=idempotency_key,
@@ -150,7 +150,7 @@ def claim_steps(
             request_hash=request_hash,
             payout_id=payout_id,
             status=status,
-            body=body,
+            body_json=commands.body_json(body),
         )
         return CommandResult(status=status, body=body), failure
     body = _claim_transition(

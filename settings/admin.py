@@ -10,7 +10,7 @@ database slot with a machine's `/v1` call. It signs and verifies no fencing proo
 from datetime import timedelta
 
 from settings.base import *  # noqa: F403
-from settings.base import BASE_APPS, database, logging_config
+from settings.base import BASE_APPS, database, logging_config, page_middleware
 from settings.env import env_int
 
 ROLE = "admin"
@@ -26,26 +26,9 @@ INSTALLED_APPS = [
     "csp",  # Content-Security-Policy (CONTENT_SECURITY_POLICY below)
     "axes",  # log-in throttling and lockout (AXES_* below)
 ]
-# Django's stock middleware list, with django-csp and django-axes where their documentation puts
-# them, inside django-prometheus' pair and dlock's two layers (trace id, method guard, request
-# guards and security headers outside; the envelope for what is not a page inside).
-# SecurityMiddleware is the stock one here: dlock's EdgeMiddleware then leaves it out of itself.
-MIDDLEWARE = [
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
-    "dlock.middleware.EdgeMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "csp.middleware.CSPMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "axes.middleware.AxesMiddleware",  # last of the page middlewares, as django-axes asks
-    "dlock.middleware.ApiMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
-]
+# Django's stock middleware list (settings/base.py page_middleware) with django-csp and
+# django-axes where their documentation puts them.
+MIDDLEWARE = page_middleware(csp=True, axes=True)
 # django-axes checks every log-in before the password does (a locked-out client is refused even
 # with the right password); then Django's own backend.
 AUTHENTICATION_BACKENDS = [

@@ -77,6 +77,34 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
+
+def page_middleware(*, csp: bool, axes: bool) -> list[str]:
+    """The middleware list of a role that serves pages (settings/admin.py, settings/ops.py).
+
+    Django's stock list in its order, inside django-prometheus' pair and dlock's two layers
+    (trace id, method guard, request guards and security headers outside; the envelope for what
+    is not a page inside). SecurityMiddleware is the stock one here: dlock's EdgeMiddleware then
+    leaves it out of itself. With `csp`, django-csp right after it; with `axes`, django-axes last
+    of the page middlewares, as its documentation asks.
+    """
+    return [
+        "django_prometheus.middleware.PrometheusBeforeMiddleware",
+        "dlock.middleware.EdgeMiddleware",
+        "django.middleware.security.SecurityMiddleware",
+        *(["csp.middleware.CSPMiddleware"] if csp else []),
+        "whitenoise.middleware.WhiteNoiseMiddleware",
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.common.CommonMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+        "django.middleware.clickjacking.XFrameOptionsMiddleware",
+        *(["axes.middleware.AxesMiddleware"] if axes else []),
+        "dlock.middleware.ApiMiddleware",
+        "django_prometheus.middleware.PrometheusAfterMiddleware",
+    ]
+
+
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",

@@ -3,7 +3,7 @@
 import os
 
 from settings.base import *  # noqa: F403
-from settings.base import BASE_APPS, database, logging_config
+from settings.base import BASE_APPS, database, logging_config, page_middleware
 
 ROLE = "ops"
 SERVICE_NAME = "ops"
@@ -23,23 +23,10 @@ INSTALLED_APPS = [
     "executor",
     "ops",
 ]
-# Django's stock middleware list, as the admin's (settings/admin.py) without django-csp and
-# django-axes: the ops URLconf is the union of every role's routes (the suite's test client
-# reaches the admin's pages and every /v1 route through it); no server runs ROLE=ops.
-MIDDLEWARE = [
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
-    "dlock.middleware.EdgeMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "dlock.middleware.ApiMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
-]
+# Django's stock middleware list, as the admin's (settings/base.py page_middleware) without
+# django-csp and django-axes: the ops URLconf is the union of every role's routes (the suite's
+# test client reaches the admin's pages and every /v1 route through it); no server runs ROLE=ops.
+MIDDLEWARE = page_middleware(csp=False, axes=False)
 ROOT_URLCONF = "settings.ops_urls"
 DATABASES = {
     "default": database("PAY_DATABASE_URL"),

@@ -1,5 +1,6 @@
 """What every section of the payments admin shares: the UTC time display, the declared
-permissions, and the payout's evidence (with the hook other apps add their sections through)."""
+permissions, an object's page context and own pages, and the payout's evidence (with the hook
+other apps add their sections through)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
-from django.urls import reverse
+from django.urls import path, reverse
 
 from payments.models import Payout, PayoutEvent, PayoutReconciliation, RailRecovery
 
 if TYPE_CHECKING:
     from django.db.models import Model
-    from django.http import HttpRequest
+    from django.http import HttpRequest, HttpResponse
+    from django.urls import URLPattern
 
 
 def utc(value: dt.datetime | None) -> str:
@@ -65,6 +67,37 @@ class DeclaredPermissions:
     def has_view_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         allowed = super().has_view_permission(request, obj)  # type: ignore[misc]
         return allowed or (self.view_also is not None and request.user.has_perm(self.view_also))
+
+
+class ObjectPages:
+    """An admin whose object's page gets context from the object (`page_context`), and whose
+    own views sit below the object's URL (`object_page`). Listed before the ModelAdmin."""
+
+    def page_context(self, obj: Any) -> dict[str, Any]:
+        return {}
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = dict(extra_context or {})
+        obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
+        if obj is not None:
+            context.update(self.page_context(obj))
+        return super().change_view(  # type: ignore[misc]
+            request, object_id, form_url, extra_context=context
+        )
+
+    def object_page(self, suffix: str, view: Callable[..., HttpResponse], name: str) -> URLPattern:
+        """`<object_id>/<suffix>/` served by `view` behind the admin's log-in, named `name`."""
+        return path(
+            f"<path:object_id>/{suffix}/",
+            self.admin_site.admin_view(view),  # type: ignore[attr-defined]
+            name=name,
+        )
 
 
 class ReadOnlyAdmin(DeclaredPermissions, admin.ModelAdmin):

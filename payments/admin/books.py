@@ -8,13 +8,19 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin
 from django.db.models.expressions import RawSQL
 
-from payments.admin.base import ReadOnlyAdmin, ReadOnlyInline, payout_evidence, utc_column
+from payments.admin.base import (
+    ObjectPages,
+    ReadOnlyAdmin,
+    ReadOnlyInline,
+    payout_evidence,
+    utc_column,
+)
 from payments.models import Account, LedgerEntry, Payout, PayoutEvent, PayoutReconciliation
 from payments.selectors import balance_sql
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
-    from django.http import HttpRequest, HttpResponse
+    from django.http import HttpRequest
 
 
 @admin.register(Account)
@@ -68,7 +74,7 @@ class LedgerEntryInline(ReadOnlyInline):
 
 
 @admin.register(Payout)
-class PayoutAdmin(ReadOnlyAdmin):
+class PayoutAdmin(ObjectPages, ReadOnlyAdmin):
     list_display = (
         "payout_id",
         "account",
@@ -86,19 +92,9 @@ class PayoutAdmin(ReadOnlyAdmin):
     change_form_template = "admin/payments/payout_change_form.html"
     created_at_utc = utc_column("created_at")
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        context = dict(extra_context or {})
-        payout = self.get_object(request, object_id)
-        if payout is not None:
-            recon = PayoutReconciliation.objects.filter(payout_id=payout.pk).first()
-            context.update(payout_evidence(payout, recon=recon))
-        return super().change_view(request, object_id, form_url, extra_context=context)
+    def page_context(self, obj: Payout) -> dict[str, Any]:
+        recon = PayoutReconciliation.objects.filter(payout_id=obj.pk).first()
+        return payout_evidence(obj, recon=recon)
 
 
 @admin.register(LedgerEntry)

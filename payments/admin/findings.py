@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 
-from payments.admin.base import ReadOnlyAdmin, payout_evidence, utc_column
+from payments.admin.base import ObjectPages, ReadOnlyAdmin, payout_evidence, utc_column
 from payments.models import PayoutReconciliation
 from payments.recovery import recovered_references
 
 if TYPE_CHECKING:
-    from django.http import HttpRequest, HttpResponse
+    pass
 
 
 @admin.register(PayoutReconciliation)
-class ReconciliationAdmin(ReadOnlyAdmin):
+class ReconciliationAdmin(ObjectPages, ReadOnlyAdmin):
     """The reconciler's latest finding per payout it classified: where the books and the
     rail's statement disagree, and which transfers still need a rail recovery."""
 
@@ -59,15 +59,5 @@ class ReconciliationAdmin(ReadOnlyAdmin):
 
     checked_at_utc = utc_column("checked_at")
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        context = dict(extra_context or {})
-        recon = self.get_object(request, object_id)
-        if recon is not None:
-            context.update(payout_evidence(recon.payout, recon=recon))
-        return super().change_view(request, object_id, form_url, extra_context=context)
+    def page_context(self, obj: PayoutReconciliation) -> dict[str, Any]:
+        return payout_evidence(obj.payout, recon=obj)

@@ -54,15 +54,6 @@ class OperatorRefusalAdmin(ReadOnlyAdmin):
     list_filter = ("action", "object_type", "known_user")
     search_fields = ("operator", "object_id", "reason")
     ordering = ("-at", "-id")
-    fields = (
-        "at_utc",
-        "operator",
-        "known_user",
-        "action",
-        "object_type",
-        "object_id",
-        "reason",
-        "note",
-    )
+    fields = (*list_display, "note")
     readonly_fields = fields
     at_utc = utc_column("at")

@@ -12,12 +12,13 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import reverse
 
 from dlock.errors import ApiError
 from payments import audit
 from payments.admin.base import (
     DeclaredPermissions,
+    ObjectPages,
     is_uuid,
     payout_evidence,
     resolved_by,
@@ -77,7 +78,7 @@ class ResolveForm(forms.Form):
 
 
 @admin.register(QuarantinedPayout)
-class QuarantineAdmin(DeclaredPermissions, admin.ModelAdmin):
+class QuarantineAdmin(ObjectPages, DeclaredPermissions, admin.ModelAdmin):
     """RAIL_AMBIGUOUS payouts with the reconciler's classification (payout_reconciliation).
 
     The detail page is view-only (no Save): it shows the classification, the rail references,
@@ -116,10 +117,8 @@ class QuarantineAdmin(DeclaredPermissions, admin.ModelAdmin):
     view_also = "payments.view_payout"
 
     def get_urls(self) -> list[URLPattern]:
-        resolve = path(
-            "<path:object_id>/resolve/",
-            self.admin_site.admin_view(self.resolve_view),
-            name="payments_quarantinedpayout_resolve",
+        resolve = self.object_page(
+            "resolve", self.resolve_view, "payments_quarantinedpayout_resolve"
         )
         return [resolve, *super().get_urls()]
 
@@ -157,21 +156,11 @@ class QuarantineAdmin(DeclaredPermissions, admin.ModelAdmin):
 
     updated_at_utc = utc_column("updated_at")
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        payout = self.get_object(request, object_id)
-        context = dict(extra_context or {})
-        if payout is not None:
-            context.update(self._evidence(payout))
-            context["resolve_url"] = reverse(
-                "admin:payments_quarantinedpayout_resolve", args=[payout.pk]
-            )
-        return super().change_view(request, object_id, form_url, extra_context=context)
+    def page_context(self, obj: QuarantinedPayout) -> dict[str, Any]:
+        return {
+            **self._evidence(obj),
+            "resolve_url": reverse("admin:payments_quarantinedpayout_resolve", args=[obj.pk]),
+        }
 
     def _evidence(self, payout: Payout) -> dict:
         return payout_evidence(payout, recon=self._recon(payout))

@@ -12,10 +12,10 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import reverse
 
 from dlock.errors import ApiError
-from payments.admin.base import DeclaredPermissions, ReadOnlyInline, utc_column
+from payments.admin.base import DeclaredPermissions, ObjectPages, ReadOnlyInline, utc_column
 from payments.models import LedgerEntry, RailRecovery, RailRecoveryEvent
 from payments.recovery import REASON_MIN, close_recovery, record_recovery
 
@@ -73,7 +73,7 @@ class RecoveryLedgerInline(ReadOnlyInline):
 
 
 @admin.register(RailRecovery)
-class RailRecoveryAdmin(DeclaredPermissions, admin.ModelAdmin):
+class RailRecoveryAdmin(ObjectPages, DeclaredPermissions, admin.ModelAdmin):
     """Rail transfers no POSTED payout accounts for, booked to the receivable until closed.
 
     "Add" is the guarded record form (payments.recovery.record_recovery); a recovery's page is
@@ -114,25 +114,13 @@ class RailRecoveryAdmin(DeclaredPermissions, admin.ModelAdmin):
         return f"{seconds // 86400}d {seconds % 86400 // 3600}h {seconds % 3600 // 60}m"
 
     def get_urls(self) -> list[URLPattern]:
-        close = path(
-            "<path:object_id>/close/",
-            self.admin_site.admin_view(self.close_view),
-            name="payments_railrecovery_close",
-        )
+        close = self.object_page("close", self.close_view, "payments_railrecovery_close")
         return [close, *super().get_urls()]
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        context = dict(extra_context or {})
-        recovery = self.get_object(request, object_id)
-        if recovery is not None and recovery.status == "OPEN":
-            context["close_url"] = reverse("admin:payments_railrecovery_close", args=[recovery.pk])
-        return super().change_view(request, object_id, form_url, extra_context=context)
+    def page_context(self, obj: RailRecovery) -> dict[str, Any]:
+        if obj.status != "OPEN":
+            return {}
+        return {"close_url": reverse("admin:payments_railrecovery_close", args=[obj.pk])}
 
     def add_view(
         self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None

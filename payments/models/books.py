@@ -9,7 +9,14 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from payments.models.states import AccountKind, Direction, PayoutState, choices_in
+from payments.models.states import (
+    AccountKind,
+    Direction,
+    PayoutState,
+    amount_positive,
+    currency_iso4217,
+    valid_choice,
+)
 
 
 class Account(models.Model):
@@ -29,13 +36,9 @@ class Account(models.Model):
                 condition=~Q(kind="CUSTOMER") | Q(balance_minor__gte=0),
                 name="account_customer_balance_non_negative",
             ),
-            models.CheckConstraint(
-                condition=choices_in("kind", AccountKind), name="account_kind_valid"
-            ),
+            valid_choice("account", "kind", AccountKind),
             models.CheckConstraint(condition=Q(fence__gte=0), name="account_fence_non_negative"),
-            models.CheckConstraint(
-                condition=Q(currency__regex=r"^[A-Z]{3}$"), name="account_currency_iso4217"
-            ),
+            currency_iso4217("account"),
         ]
 
     def __str__(self) -> str:
@@ -97,10 +100,8 @@ class Payout(models.Model):
     class Meta:
         db_table = "payout"
         constraints = [
-            models.CheckConstraint(condition=Q(amount_minor__gt=0), name="payout_amount_positive"),
-            models.CheckConstraint(
-                condition=choices_in("state", PayoutState), name="payout_state_valid"
-            ),
+            amount_positive("payout"),
+            valid_choice("payout", "state", PayoutState),
             models.CheckConstraint(
                 condition=Q(attempt_count__gte=0), name="payout_attempt_count_non_negative"
             ),
@@ -108,9 +109,7 @@ class Payout(models.Model):
                 condition=Q(claim_token__isnull=True) | Q(claim_token__gt=0),
                 name="payout_claim_token_positive",
             ),
-            models.CheckConstraint(
-                condition=Q(currency__regex=r"^[A-Z]{3}$"), name="payout_currency_iso4217"
-            ),
+            currency_iso4217("payout"),
         ]
         indexes = [
             models.Index(fields=["created_at", "payout_id"], name="payout_page_idx"),
@@ -143,9 +142,7 @@ class PayoutEvent(models.Model):
         db_table = "payout_event"
         ordering = ["at", "id"]
         constraints = [
-            models.CheckConstraint(
-                condition=choices_in("to_state", PayoutState), name="payout_event_to_state_valid"
-            ),
+            valid_choice("payout_event", "to_state", PayoutState),
         ]
         indexes = [models.Index(fields=["payout", "at"], name="payout_event_payout_idx")]
 
@@ -195,12 +192,8 @@ class LedgerEntry(models.Model):
         db_table = "ledger_entry"
         verbose_name_plural = "ledger entries"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(amount_minor__gt=0), name="ledger_entry_amount_positive"
-            ),
-            models.CheckConstraint(
-                condition=choices_in("direction", Direction), name="ledger_entry_direction_valid"
-            ),
+            amount_positive("ledger_entry"),
+            valid_choice("ledger_entry", "direction", Direction),
             models.UniqueConstraint(
                 fields=["payout", "direction"],
                 condition=Q(payout__isnull=False),

@@ -9,6 +9,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from payments.models.books import Payout
+from payments.models.states import amount_positive, reason_given
 
 
 class FenceRepair(models.Model):
@@ -35,7 +36,7 @@ class FenceRepair(models.Model):
                 condition=Q(new_fence__lte=models.F("old_fence")),
                 name="fence_repair_never_raises",
             ),
-            models.CheckConstraint(condition=~Q(reason=""), name="fence_repair_reason_given"),
+            reason_given("fence_repair"),
         ]
 
     def __str__(self) -> str:
@@ -66,10 +67,8 @@ class PayoutReversal(models.Model):
         db_table = "payout_reversal"
         ordering = ["reversed_at"]
         constraints = [
-            models.CheckConstraint(
-                condition=Q(amount_minor__gt=0), name="payout_reversal_amount_positive"
-            ),
-            models.CheckConstraint(condition=~Q(reason=""), name="payout_reversal_reason_given"),
+            amount_positive("payout_reversal"),
+            reason_given("payout_reversal"),
         ]
 
     def __str__(self) -> str:

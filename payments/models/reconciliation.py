@@ -8,7 +8,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from payments.models.books import Payout
-from payments.models.states import choices_in
+from payments.models.states import valid_choice
 
 
 class ReconClassification(models.TextChoices):
@@ -39,10 +39,7 @@ class PayoutReconciliation(models.Model):
     class Meta:
         db_table = "payout_reconciliation"
         constraints = [
-            models.CheckConstraint(
-                condition=choices_in("classification", ReconClassification),
-                name="payout_reconciliation_classification_valid",
-            ),
+            valid_choice("payout_reconciliation", "classification", ReconClassification),
             models.CheckConstraint(
                 condition=Q(rail_transfer_count__gte=0),
                 name="payout_reconciliation_count_non_negative",

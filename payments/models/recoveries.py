@@ -9,7 +9,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from payments.models.books import Payout
-from payments.models.states import choices_in
+from payments.models.states import amount_positive, currency_iso4217, reason_given, valid_choice
 
 
 class RecoveryStatus(models.TextChoices):
@@ -56,16 +56,10 @@ class RailRecovery(models.Model):
         verbose_name_plural = "rail recoveries"
         ordering = ["recorded_at", "rail_reference"]
         constraints = [
-            models.CheckConstraint(
-                condition=Q(amount_minor__gt=0), name="rail_recovery_amount_positive"
-            ),
-            models.CheckConstraint(
-                condition=choices_in("status", RecoveryStatus), name="rail_recovery_status_valid"
-            ),
-            models.CheckConstraint(condition=~Q(reason=""), name="rail_recovery_reason_given"),
-            models.CheckConstraint(
-                condition=Q(currency__regex=r"^[A-Z]{3}$"), name="rail_recovery_currency_iso4217"
-            ),
+            amount_positive("rail_recovery"),
+            valid_choice("rail_recovery", "status", RecoveryStatus),
+            reason_given("rail_recovery"),
+            currency_iso4217("rail_recovery"),
             # OPEN has no closing fields; RECOVERED has the rail's reference; WRITTEN_OFF a reason.
             models.CheckConstraint(
                 condition=(

@@ -52,3 +52,29 @@ class Direction(models.TextChoices):
 
 def choices_in(field: str, choices: type[models.TextChoices]) -> Q:
     return Q(**{f"{field}__in": [c.value for c in choices]})
+
+
+def valid_choice(
+    table: str, field: str, choices: type[models.TextChoices]
+) -> models.CheckConstraint:
+    """`<table>_<field>_valid`: the column holds one of the TextChoices' values."""
+    return models.CheckConstraint(
+        condition=choices_in(field, choices), name=f"{table}_{field}_valid"
+    )
+
+
+def amount_positive(table: str) -> models.CheckConstraint:
+    """`<table>_amount_positive`: amount_minor > 0."""
+    return models.CheckConstraint(condition=Q(amount_minor__gt=0), name=f"{table}_amount_positive")
+
+
+def currency_iso4217(table: str) -> models.CheckConstraint:
+    """`<table>_currency_iso4217`: three capital letters."""
+    return models.CheckConstraint(
+        condition=Q(currency__regex=r"^[A-Z]{3}$"), name=f"{table}_currency_iso4217"
+    )
+
+
+def reason_given(table: str) -> models.CheckConstraint:
+    """`<table>_reason_given`: an operator's reason is never empty."""
+    return models.CheckConstraint(condition=~Q(reason=""), name=f"{table}_reason_given")

@@ -70,6 +70,49 @@ def run_phase(stack, tmp_path, name: str, *rail: str, payouts: int = 1) -> list[
     return [str(p) if isinstance(p, str) else str(p["payoutId"]) for p in seeded["payouts"]]
 
 
+def bad_rail_day(
+    stack, tmp_path, *, duplicate_acked: int
+) -> tuple[list[str], list[str], list[str]]:
+    """The rail's bad day: `duplicate_acked` payouts duplicate-acked (POSTED), one booked then
+    dropped and one dropped unbooked (both RAIL_AMBIGUOUS); the rail reset after. The ids of
+    each: (duplicated, booked once, not booked)."""
+    duplicated = run_phase(
+        stack, tmp_path, "dup", "--duplicate-ack-rate", "1", payouts=duplicate_acked
+    )
+    booked_once = run_phase(
+        stack,
+        tmp_path,
+        "after",
+        "--failure-rate",
+        "1",
+        "--split-5xx",
+        "0",
+        "--split-drop-before",
+        "0",
+        "--split-drop-after",
+        "1",
+    )
+    not_booked = run_phase(
+        stack,
+        tmp_path,
+        "before",
+        "--failure-rate",
+        "1",
+        "--split-5xx",
+        "0",
+        "--split-drop-before",
+        "1",
+        "--split-drop-after",
+        "0",
+        "--hold-ms",
+        "100",
+    )
+    stack.manage("railstub_config", "--reset")
+    assert set(states(stack, duplicated).values()) == {"POSTED"}
+    assert set(states(stack, booked_once + not_booked).values()) == {"RAIL_AMBIGUOUS"}
+    return duplicated, booked_once, not_booked
+
+
 def states(stack, ids: list[str]) -> dict[str, str]:
     rows = paydb(
         stack, "SELECT payout_id::text, state FROM payout WHERE payout_id::text = ANY(%s)", (ids,)
@@ -190,38 +233,7 @@ def test_an_operator_closes_the_books_after_duplicate_acks_and_timeouts(
     stack = books_stack
     # The run: the rail duplicate-acks two payouts, books-then-drops one, drops one unbooked
     # (5 transfers of 700 on its statement).
-    duplicated = run_phase(stack, tmp_path, "dup", "--duplicate-ack-rate", "1", payouts=2)
-    booked_once = run_phase(
-        stack,
-        tmp_path,
-        "after",
-        "--failure-rate",
-        "1",
-        "--split-5xx",
-        "0",
-        "--split-drop-before",
-        "0",
-        "--split-drop-after",
-        "1",
-    )
-    not_booked = run_phase(
-        stack,
-        tmp_path,
-        "before",
-        "--failure-rate",
-        "1",
-        "--split-5xx",
-        "0",
-        "--split-drop-before",
-        "1",
-        "--split-drop-after",
-        "0",
-        "--hold-ms",
-        "100",
-    )
-    stack.manage("railstub_config", "--reset")
-    assert set(states(stack, duplicated).values()) == {"POSTED"}
-    assert set(states(stack, booked_once + not_booked).values()) == {"RAIL_AMBIGUOUS"}
+    duplicated, booked_once, not_booked = bad_rail_day(stack, tmp_path, duplicate_acked=2)
     duplicates = {pid: transfers_of(stack, pid) for pid in duplicated}
     assert all(len(t) == 2 for t in duplicates.values()), duplicates
     assert all(len(transfers_of(stack, pid)) == 1 for pid in booked_once)

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from tests.browser.test_books_browser import paydb, raildb, run_phase, states
+from tests.browser.test_books_browser import bad_rail_day, paydb, raildb, states
 from tests.conftest import start_stack, stop_stack
 from tests.executor.conftest import STACK_ENV
 
@@ -53,38 +53,7 @@ def reconcile(stack) -> tuple[int, dict]:
 
 
 def test_an_oncall_closes_a_bad_rail_day_from_the_printed_hints_alone(stack, tmp_path):
-    duplicated = run_phase(stack, tmp_path, "dup", "--duplicate-ack-rate", "1", payouts=3)
-    booked_once = run_phase(
-        stack,
-        tmp_path,
-        "after",
-        "--failure-rate",
-        "1",
-        "--split-5xx",
-        "0",
-        "--split-drop-before",
-        "0",
-        "--split-drop-after",
-        "1",
-    )
-    not_booked = run_phase(
-        stack,
-        tmp_path,
-        "before",
-        "--failure-rate",
-        "1",
-        "--split-5xx",
-        "0",
-        "--split-drop-before",
-        "1",
-        "--split-drop-after",
-        "0",
-        "--hold-ms",
-        "100",
-    )
-    stack.manage("railstub_config", "--reset")
-    assert set(states(stack, duplicated).values()) == {"POSTED"}
-    assert set(states(stack, booked_once + not_booked).values()) == {"RAIL_AMBIGUOUS"}
+    duplicated, booked_once, not_booked = bad_rail_day(stack, tmp_path, duplicate_acked=3)
 
     code, report = reconcile(stack)
     assert code == 1

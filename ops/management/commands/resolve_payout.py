@@ -12,12 +12,9 @@ row); 2 bad arguments or a database could not be reached.
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, Any
 
-from django.core.management.base import CommandError
-
-from ops.books import BooksCommand, fresh_statement
+from ops.books import PayoutCommand, fresh_statement
 from payments.resolve import resolve_payout
 
 if TYPE_CHECKING:
@@ -26,27 +23,16 @@ if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
 
 
-class Command(BooksCommand):
+class Command(PayoutCommand):
     help = "Resolve a RAIL_AMBIGUOUS payout as POSTED or FAILED, only the safe way (audited)."
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("payout_id", help="the payout id (uuid)")
+    def add_payout_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--to", required=True, choices=["POSTED", "FAILED"], dest="to")
         parser.add_argument("--reference", default=None, help="POSTED: the statement's reference")
         parser.add_argument("--note", required=True, help="what you checked and why")
         parser.add_argument(
             "--override", action="store_true", help="resolve against the reconciler (reasoned)"
         )
-        self.add_operator_arguments(parser)
-
-    def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            options["payout_uuid"] = uuid.UUID(options["payout_id"])
-        except ValueError:
-            raise CommandError(
-                f"{options['payout_id']!r} is not a payout id (uuid)", returncode=2
-            ) from None
-        super().handle(*args, **options)
 
     def step(self, user: AbstractBaseUser, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
         done = resolve_payout(

@@ -10,12 +10,9 @@ audit is written); 2 bad arguments or a database could not be reached: nothing c
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, Any
 
-from django.core.management.base import CommandError
-
-from ops.books import BooksCommand, fresh_statement
+from ops.books import PayoutCommand, fresh_statement
 from payments.reversal import reverse_payout
 
 if TYPE_CHECKING:
@@ -24,22 +21,11 @@ if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
 
 
-class Command(BooksCommand):
+class Command(PayoutCommand):
     help = "Reverse a POSTED payout whose reference the rail's statement lacks (audited)."
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("payout_id", help="the payout id (uuid)")
+    def add_payout_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--reason", required=True, help="why (at least 8 characters)")
-        self.add_operator_arguments(parser)
-
-    def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            options["payout_uuid"] = uuid.UUID(options["payout_id"])
-        except ValueError:
-            raise CommandError(
-                f"{options['payout_id']!r} is not a payout id (uuid)", returncode=2
-            ) from None
-        super().handle(*args, **options)
 
     def step(self, user: AbstractBaseUser, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
         done = reverse_payout(
