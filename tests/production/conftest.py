@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from devstack import RoleProcess, free_port
+from devstack import RoleProcess, free_port, manage
 from tests.conftest import _create_db
 from tests.production.probe_urls import SCHEMA
 
@@ -76,3 +77,35 @@ def probe_factory(tmp_path):
     yield factory
     for probe in started:
         probe.stop()
+
+
+def migrated_paydb(name: str, **extra: str) -> tuple[str, dict[str, str]]:
+    """A fresh paydb (`name` plus a random suffix), migrated, and the payments role's
+    environment for it (`extra` added)."""
+    db_url = _create_db(f"{name}_{uuid.uuid4().hex[:10]}")
+    env = {
+        "PAY_DATABASE_URL": db_url,
+        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
+        "DJANGO_DEBUG": "false",
+        **extra,
+    }
+    manage(["migrate", "--no-input", "-v", "0"], env, role="payments")
+    return db_url, env
+
+
+def seed_payouts(env: dict[str, str], *, payouts: int, balance_minor: int = 10_000) -> dict:
+    """One account with `payouts` PENDING payouts of 100; seed_payouts' JSON (accounts, payouts)."""
+    done = manage(
+        [
+            "seed_payouts",
+            "--accounts=1",
+            f"--payouts-per-account={payouts}",
+            f"--balance-minor={balance_minor}",
+            "--amount-minor=100",
+            "--json",
+        ],
+        env,
+        role="payments",
+        capture=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])

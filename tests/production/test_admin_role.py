@@ -15,7 +15,6 @@ paydb; the attacker on 127.0.0.2, the honest clients on 127.0.0.1 (both loopback
 
 from __future__ import annotations
 
-import json
 import os
 import pty
 import re
@@ -36,6 +35,7 @@ from devstack import PROJECT, PYTHON, RoleProcess, free_port, manage, write_env
 from devstack.secrets_env import role_environment, stack_file_env
 from dlock import proof
 from tests.conftest import _create_db
+from tests.production.conftest import seed_payouts
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -109,20 +109,7 @@ def admin(paydb, tmp_path):
 
 
 def seed(env: dict[str, str], payouts: int) -> tuple[str, list[str]]:
-    done = manage(
-        [
-            "seed_payouts",
-            "--accounts=1",
-            f"--payouts-per-account={payouts}",
-            "--balance-minor=1000000",
-            "--amount-minor=100",
-            "--json",
-        ],
-        env,
-        role="payments",
-        capture=True,
-    )
-    seeded = json.loads(done.stdout.strip().splitlines()[-1])
+    seeded = seed_payouts(env, payouts=payouts, balance_minor=1_000_000)
     return seeded["accounts"][0], seeded["payouts"]
 
 

@@ -5,44 +5,23 @@ read that can't get the only database slot answers 503 OVERLOADED."""
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, manage, wait_until
+from devstack import RoleProcess, free_port, wait_until
 from dlock import proof
-from tests.conftest import _create_db
+from tests.production.conftest import migrated_paydb, seed_payouts
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
 
 @pytest.fixture
 def payments(tmp_path):
-    db_url = _create_db(f"prod_pay_{uuid.uuid4().hex[:10]}")
-    env = {
-        "PAY_DATABASE_URL": db_url,
-        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
-        "DJANGO_DEBUG": "false",
-    }
-    manage(["migrate", "--no-input", "-v", "0"], env, role="payments")
-    seeded = manage(
-        [
-            "seed_payouts",
-            "--accounts=1",
-            "--payouts-per-account=1",
-            "--balance-minor=10000",
-            "--amount-minor=100",
-            "--json",
-        ],
-        env,
-        role="payments",
-        capture=True,
-    )
-    ids = json.loads(seeded.stdout.strip().splitlines()[-1])
+    db_url, env = migrated_paydb("prod_pay")
+    ids = seed_payouts(env, payouts=1)
     limits = {"DB_POOL_MAX": "1", "DB_QUEUE_DEADLINE_MS": "300", "DB_STATEMENT_TIMEOUT_MS": "2000"}
     proc = RoleProcess("payments", free_port(), {**env, **limits}, tmp_path / "payments.log")
     proc.start()

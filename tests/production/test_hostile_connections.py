@@ -19,15 +19,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, manage
+from devstack import RoleProcess, free_port
 from tests import credentials
-from tests.conftest import _create_db
+from tests.production.conftest import migrated_paydb, seed_payouts
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -87,28 +86,8 @@ class Target:
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    db_url = _create_db(f"hostile_{uuid.uuid4().hex[:10]}")
-    env = {
-        "PAY_DATABASE_URL": db_url,
-        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
-        "DJANGO_DEBUG": "false",
-        "SERVER_HEADER_TIMEOUT_MS": str(HEADER_TIMEOUT_MS),
-    }
-    manage(["migrate", "--no-input", "-v", "0"], env, role="payments")
-    seeded = manage(
-        [
-            "seed_payouts",
-            "--accounts=1",
-            "--payouts-per-account=1",
-            "--balance-minor=10000",
-            "--amount-minor=100",
-            "--json",
-        ],
-        env,
-        role="payments",
-        capture=True,
-    )
-    ids = json.loads(seeded.stdout.strip().splitlines()[-1])
+    db_url, env = migrated_paydb("hostile", SERVER_HEADER_TIMEOUT_MS=str(HEADER_TIMEOUT_MS))
+    ids = seed_payouts(env, payouts=1)
     logdir = tmp_path_factory.mktemp("hostile")
     proc = RoleProcess("payments", free_port(), env, logdir / "payments.log").start()
     yield Target(proc, db_url, ids["accounts"][0], ids["payouts"][0])

@@ -10,7 +10,6 @@ per-address cap (`PROXY_CONN_PER_CLIENT`) keys on the address, so the attacker f
 from __future__ import annotations
 
 import json
-import os
 import select
 import socket
 import threading
@@ -19,9 +18,9 @@ import uuid
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, manage
+from devstack import RoleProcess, free_port
 from dlock import proof
-from tests.conftest import _create_db
+from tests.production.conftest import migrated_paydb, seed_payouts
 from tests.production.test_hostile_connections import (
     Target,
     claim_head,
@@ -38,27 +37,8 @@ TRICKLE_GAP_S = 2.0  # 0.5 B/s
 
 @pytest.fixture(scope="module")
 def payments(tmp_path_factory):
-    db_url = _create_db(f"limits_{uuid.uuid4().hex[:10]}")
-    env = {
-        "PAY_DATABASE_URL": db_url,
-        "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
-        "DJANGO_DEBUG": "false",
-    }
-    manage(["migrate", "--no-input", "-v", "0"], env, role="payments")
-    seeded = manage(
-        [
-            "seed_payouts",
-            "--accounts=1",
-            "--payouts-per-account=2",
-            "--balance-minor=10000",
-            "--amount-minor=100",
-            "--json",
-        ],
-        env,
-        role="payments",
-        capture=True,
-    )
-    ids = json.loads(seeded.stdout.strip().splitlines()[-1])
+    db_url, env = migrated_paydb("limits")
+    ids = seed_payouts(env, payouts=2)
     logdir = tmp_path_factory.mktemp("limits")
     proc = RoleProcess("payments", free_port(), env, logdir / "payments.log").start()
     target = Target(proc, db_url, ids["accounts"][0], ids["payouts"][0])
