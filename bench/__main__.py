@@ -36,7 +36,7 @@ __all__ = ["flat_numbers", "goals", "lock_rows", "main", "setup_django", "summar
 
 
 PARTS = ("fsync", "peers", "lockserver", "redis_lock", "payments", "settlement", "e2e")
-OPTIONAL = ("compare", "configs", "scale", "lockpath")  # compare needs --before
+OPTIONAL = ("compare", "configs", "scale", "scale_payouts", "lockpath")  # compare needs --before
 MODULES = {name: f"bench.{name}" for name in (*PARTS, *OPTIONAL)}
 
 

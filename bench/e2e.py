@@ -40,19 +40,14 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
 
 from bench import e2e_pg
-from bench.proc import (
-    PgSplit,
-    proc_status_kib,
-    py_spy_recorders,
-    role_root,
-    tree_cpu_seconds,
-)
+from bench.proc import PgSplit, proc_status_kib, py_spy_recorders, role_root, tree_cpu_seconds
 from experiment.runner import ExperimentConfig, seed_fenced
 from experiment.stack import ROLES, private_stack
 from experiment.workers import spawn_executor
@@ -93,13 +88,10 @@ GOALS_17 = {"one_process_200ms": 80.0, "one_over_best_0ms": 0.8}
 EXPECTED_OWN_S = 0.1
 EXPECTED_CAP_PER_S = 35.0
 POINT_TIMEOUT_S = 180.0
-PROFILED = (1, 32, 200)
+PROFILED = (1, 32, 200)  # the point BENCH_E2E_PROFILE records
 # Issue 18's payout floor (bench/payout_floor.py) after the points, on the same stack, interleaved
 # with dlock points of its own (1 × BENCH_FLOOR_CONCURRENCY, rail 0); 0 skips it.
-FLOOR = os.environ.get("BENCH_E2E_FLOOR", "1") not in (
-    "",
-    "0",
-)  # the point BENCH_E2E_PROFILE records
+FLOOR = os.environ.get("BENCH_E2E_FLOOR", "1") not in ("", "0")
 GOALS = {"cpu_ms_per_payout": 13.0, "payouts_per_s": 100.0, "lock_http_over_floor_8": 0.8}
 POSTED_WINDOW = """
 SELECT count(*), min(at), max(at) FROM payout_event
@@ -274,6 +266,17 @@ def _cpu_per_payout(
     return cpu, cores, round(executor_s * 1000 / (count - 1), 2)
 
 
+def _seed(stack, *, processes: int, slots: int, ms: int) -> tuple[list[str], int]:
+    """The rail stub at `ms` of latency; the point's accounts and payouts seeded (ids, accounts)."""
+    accounts = max(2 * slots, 4)
+    result = stack.manage("railstub_config", "--reset", "--latency-ms", str(ms))
+    if result.returncode != 0:
+        raise RuntimeError(f"railstub_config failed: {result.stderr[-500:]}")
+    payouts = _planned_payouts(slots, ms)
+    config = ExperimentConfig(executors=processes, accounts=accounts, payouts=payouts)
+    return seed_fenced(stack, config)["payouts"], accounts
+
+
 def _point(
     stack,
     *,
@@ -282,26 +285,24 @@ def _point(
     latency_ms: int,
     logdir: Path,
     profile_dir: Path | None = None,
+    executor_env: Callable[[int], dict[str, str]] | None = None,
+    extra_pids: dict[str, int] | None = None,
 ) -> dict:
-    slots = processes * concurrency
-    payouts = _planned_payouts(slots, latency_ms)
-    accounts = max(2 * slots, 4)
-    result = stack.manage("railstub_config", "--reset", "--latency-ms", str(latency_ms))
-    if result.returncode != 0:
-        raise RuntimeError(f"railstub_config failed: {result.stderr[-500:]}")
-    config = ExperimentConfig(executors=processes, accounts=accounts, payouts=payouts)
-    ids = seed_fenced(stack, config)["payouts"]
-    pids = role_pids(stack)
+    """One point; `executor_env(i)`: executor i's own settings, `extra_pids`: more to sample."""
+    ids, accounts = _seed(stack, processes=processes, slots=processes * concurrency, ms=latency_ms)
+    pids = {**role_pids(stack), **(extra_pids or {})}
     profilers = py_spy_recorders(pids, profile_dir)
     time.sleep(1.0 if profilers else 0.0)
     load_1m = round(os.getloadavg()[0], 2)
     xacts_before = e2e_pg.begin(stack) if e2e_pg.PG_STATS else {}
     spawn = spawn_executor(stack.env, logdir, concurrency=concurrency)
     tag = f"bench-e2e-p{processes}-n{concurrency}-l{latency_ms}"
-    procs = [spawn(f"{tag}-{i}", None) for i in range(processes)]
-    sampler = CpuSampler(
-        {**pids, **{f"executor-{i}": p.pid for i, p in enumerate(procs)}}, pg_split=e2e_pg.PG_STATS
-    )
+    procs = [
+        spawn(f"{tag}-{i}", None, executor_env(i) if executor_env else None)
+        for i in range(processes)
+    ]
+    pids_all = {**pids, **{f"executor-{i}": p.pid for i, p in enumerate(procs)}}
+    sampler = CpuSampler(pids_all, pg_split=e2e_pg.PG_STATS)
     sampler.__enter__()
     deadline = time.monotonic() + POINT_TIMEOUT_S
     pay = stack.env["PAY_DATABASE_URL"]
@@ -319,11 +320,10 @@ def _point(
         count, first, last = conn.execute(POSTED_WINDOW, (ids,)).fetchone()
     span = (last - first).total_seconds() if count and count > 1 else 0.0
     cpu, cores, executor_cpu_ms = _cpu_per_payout(sampler, pids, count, first, last)
-    if span:
-        if e2e_pg.PG_STATS:
-            sql["postgres_cpu_ms_by_process"] = sampler.pg_between(
-                first.timestamp(), last.timestamp(), payouts=count - 1
-            )
+    if span and sql is not None:
+        sql["postgres_cpu_ms_by_process"] = sampler.pg_between(
+            first.timestamp(), last.timestamp(), payouts=count - 1
+        )
     timeline = _timeline(pay, ids)
     # Sections in flight on average, from claimed to posted (lock + claim hops come before).
     in_flight = round(timeline.pop("claimed_seconds") / span, 1) if span else None

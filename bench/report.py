@@ -73,6 +73,7 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     for name, title in (
         ("configs", "Lock-server configurations (bench.configs; ratios to ZooKeeper per round)"),
         ("scale", "Scale curve (bench.configs; processes, replicas, etcd members)"),
+        ("scale_payouts", "Scale curve, payouts/s (bench.scale_payouts; ratios to 1 process)"),
     ):
         chosen = results.get(name, {}).get("result")
         if chosen:
