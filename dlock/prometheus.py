@@ -15,8 +15,8 @@ cost nothing on a request that raises nothing:
 * `django_http_exceptions_total_by_type{type}`, `…_by_view{view}` and
   `django_http_requests_unknown_latency_total`.
 
-The other series are made as django-prometheus makes them but not registered, so /metrics does
-not show counters that would never move. Measured: docs/performance.md, "What limits each
+The other series are not made, so /metrics (one worker or several) shows no counters that would
+never move. Measured: docs/performance.md, "What limits each
 number".
 """
 
@@ -46,7 +46,10 @@ EXPORTED = frozenset(
 
 
 class RequestMetrics(Metrics):
-    """django-prometheus' request metrics; only the EXPORTED ones are registered."""
+    """django-prometheus' request metrics; only the EXPORTED ones are made. (A metric made but
+    not registered would still be written to, and exported from, prometheus_client's
+    multiprocess files with several workers.) No code path left in the middlewares below
+    touches the others."""
 
     _instance = None  # its own singleton, not the stock class's
 
@@ -54,7 +57,7 @@ class RequestMetrics(Metrics):
         self, metric_cls: Any, name: str, documentation: str, labelnames: Any = (), **kwargs: Any
     ) -> Any:
         if name not in EXPORTED:
-            kwargs["registry"] = None
+            return None
         return super().register_metric(metric_cls, name, documentation, labelnames, **kwargs)
 
 
