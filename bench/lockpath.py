@@ -4,9 +4,12 @@ release pairs on one key against a private durable PostgreSQL, timed by CPU (`pr
 then profiled by CPU time (cProfile on `process_time`, not wall clock or GIL samples) and each
 function's own time summed by the package it lives in.
 
-`python -m bench --only lockpath` (BENCH_LOCKPATH_PAIRS, default 2 000). Writes
-`<out>/lockpath.json`: CPU per pair without the profiler, at the bench's WARNING and at the
-default INFO log level (blocks alternated), and the share of each layer.
+`python -m bench --only lockpath` (BENCH_LOCKPATH_PAIRS, default 2 000; BENCH_LOCKPATH_ROUNDS,
+default 8). Writes `<out>/lockpath.json`: CPU per pair without the profiler; arms in blocks of
+pairs/8 alternated in one process (order rotated per round) — the role at the bench's WARNING
+and at the default INFO, and with each of dlock's per-request cuts undone (django-prometheus'
+stock request metrics; log records that collect caller and thread) — with what each cut saves
+(the median per-round difference); and the share of each layer.
 """
 
 from __future__ import annotations
@@ -26,10 +29,18 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from django_prometheus.middleware import (
+    Metrics,
+    PrometheusAfterMiddleware,
+    PrometheusBeforeMiddleware,
+)
+from prometheus_client import CollectorRegistry
+
 from bench import credentials
 from devstack import PgCluster, free_port, manage
 
 PAIRS = int(os.environ.get("BENCH_LOCKPATH_PAIRS", "2000"))
+ARM_ROUNDS = int(os.environ.get("BENCH_LOCKPATH_ROUNDS", "8"))
 PROJECT = Path(__file__).resolve().parent.parent
 
 
@@ -105,27 +116,112 @@ class _App:
         assert status == 204, status
 
 
+class _StockMetrics(Metrics):
+    """django-prometheus' stock request metrics in a registry of their own (the role's own
+    registry already holds the names dlock.prometheus exports): the same updates per request."""
+
+    _instance = None
+
+    def register_metric(self, metric_cls, name, documentation, labelnames=(), **kwargs):
+        kwargs["registry"] = CollectorRegistry()
+        return super().register_metric(metric_cls, name, documentation, labelnames, **kwargs)
+
+
+class _StockBefore(PrometheusBeforeMiddleware):
+    metrics_cls = _StockMetrics
+
+
+class _StockAfter(PrometheusAfterMiddleware):
+    metrics_cls = _StockMetrics
+
+
+_STOCK_METRICS = {
+    "dlock.prometheus.BeforeMiddleware": f"{__name__}._StockBefore",
+    "dlock.prometheus.AfterMiddleware": f"{__name__}._StockAfter",
+}
+
+
+def _arms(app: _App) -> dict[str, tuple]:
+    """Each arm: (WSGI application, log level, collect caller and thread info in records).
+    The shipped role at the bench's WARNING and at the default INFO, and each cut undone:
+    django-prometheus' stock request metrics (dlock.prometheus), and log records that collect
+    the caller and thread (dlock.logs)."""
+    from django.conf import settings
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.test import override_settings
+
+    stock = [_STOCK_METRICS.get(name, name) for name in settings.MIDDLEWARE]
+    with override_settings(MIDDLEWARE=stock):
+        stock_metrics = WSGIHandler()
+    return {
+        "WARNING": (app.application, logging.WARNING, False),
+        "INFO": (app.application, logging.INFO, False),
+        "WARNING, stock request metrics": (stock_metrics, logging.WARNING, False),
+        "INFO, records with caller and thread": (app.application, logging.INFO, True),
+    }
+
+
+# What each cut saves (µs per pair): the median per-round difference of two arms.
+_CUTS = {
+    "request metrics: 4 updates per request, not 12 (dlock.prometheus)": (
+        "WARNING, stock request metrics",
+        "WARNING",
+    ),
+    "log records without caller and thread (dlock.logs)": (
+        "INFO, records with caller and thread",
+        "INFO",
+    ),
+    "the two event lines at INFO (lock_acquired, lock_released)": ("INFO", "WARNING"),
+}
+
+
+def _set_arm(app: _App, arm: tuple) -> None:
+    app.application, level, caller = arm
+    logging.getLogger().setLevel(level)
+    logging._srcfile = _SRCFILE if caller else None  # type: ignore[attr-defined]
+    logging.logThreads = logging.logMultiprocessing = caller
+
+
+# What the standard library sets `logging._srcfile` to (dlock.logs turns it off).
+_SRCFILE = os.path.normcase(logging.addLevelName.__code__.co_filename)
+
+
 def _measure(out: Path, pairs: int) -> dict:
     """In a process of its own (Django configured for the lock-server role)."""
     app = _App()
-    for _ in range(200):  # warm: prepared statements, pool, caches
-        app.pair()
+    arms = _arms(app)
+    for arm in arms.values():  # warm: prepared statements, pool, caches
+        _set_arm(app, arm)
+        for _ in range(200):
+            app.pair()
+    _set_arm(app, arms["WARNING"])
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(pairs):
         app.pair()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    # The bench's servers run at WARNING; the default (INFO) writes one JSON event line per acquire
-    # and per release (lock_acquired, lock_released): its cost, INFO and WARNING blocks alternated.
-    logs: dict[str, list[float]] = {"INFO": [], "WARNING": []}
-    root = logging.getLogger()
-    for _ in range(4):
-        for level in logs:
-            root.setLevel(level)
+    # Arms in alternated blocks (order rotated per round), CPU per pair of each block.
+    blocks: dict[str, list[float]] = {name: [] for name in arms}
+    names = list(arms)
+    for index in range(ARM_ROUNDS):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            _set_arm(app, arms[name])
             began = time.process_time()
             for _ in range(pairs // 8):
                 app.pair()
-            logs[level].append((time.process_time() - began) * 1000 / (pairs // 8))
-    root.setLevel(logging.WARNING)
+            blocks[name].append((time.process_time() - began) * 1000 / (pairs // 8))
+    cuts = {
+        cut: round(
+            1000
+            * statistics.median(
+                a - b for a, b in zip(blocks[undone], blocks[shipped], strict=True)
+            ),
+            1,
+        )
+        for cut, (undone, shipped) in _CUTS.items()
+    }
+    logs = {level: round(statistics.median(blocks[level]), 3) for level in ("INFO", "WARNING")}
+    _set_arm(app, arms["WARNING"])
     profile = cProfile.Profile(time.process_time)
     profile.enable()
     for _ in range(pairs):
@@ -145,9 +241,11 @@ def _measure(out: Path, pairs: int) -> dict:
         "pairs": pairs,
         "cpu_ms_per_pair": round(cpu * 1000 / pairs, 3),
         "wall_ms_per_pair": round(wall * 1000 / pairs, 3),
-        "cpu_ms_per_pair_by_log_level": {
-            level: round(statistics.median(values), 3) for level, values in logs.items()
+        "cpu_ms_per_pair_by_log_level": logs,
+        "cpu_ms_per_pair_by_arm": {
+            name: round(statistics.median(values), 3) for name, values in blocks.items()
         },
+        "cuts_us_per_pair": cuts,
         "layers_percent": {k: round(100 * v / total, 1) for k, v in by_layer.most_common()},
         "dlock_functions_percent": {
             k: round(100 * v / total, 2) for k, v in by_function.most_common(15)
@@ -177,13 +275,17 @@ def run(out_dir: str | Path = ".run/bench", pairs: int = PAIRS) -> dict:
         }
         manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
         child = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-        subprocess.run(  # the event lines of the INFO blocks go nowhere, as cheaply as possible
-            [sys.executable, "-m", "bench.lockpath", str(out), str(pairs)],
-            env={**child, **env},
-            cwd=PROJECT,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        # The event lines of the INFO blocks (the role logs to stderr) go to a file, not a pipe
+        # someone must drain: lockpath.log, with anything else the run had to say.
+        with (out / "lockpath.log").open("w") as log:
+            subprocess.run(
+                [sys.executable, "-m", "bench.lockpath", str(out), str(pairs)],
+                env={**child, **env},
+                cwd=PROJECT,
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
     finally:
         pg.stop("immediate")
     data = json.loads((out / "lockpath.json").read_text())
@@ -193,6 +295,8 @@ def run(out_dir: str | Path = ".run/bench", pairs: int = PAIRS) -> dict:
         + ", ".join(f"{k} {v} %" for k, v in list(data["layers_percent"].items())[:8]),
         flush=True,
     )
+    for cut, saved in data["cuts_us_per_pair"].items():
+        print(f"[bench] lockpath: {cut}: {saved} us of CPU per pair", flush=True)
     return data
 
 

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from bench.overhead import ROLES, WRITE_PATH, _environ, _role_env
 
-PROMETHEUS = ("django_prometheus.middleware.PrometheusBeforeMiddleware",)
-PROMETHEUS += ("django_prometheus.middleware.PrometheusAfterMiddleware",)
+PROMETHEUS = ("dlock.prometheus.BeforeMiddleware", "dlock.prometheus.AfterMiddleware")
 
 
 def measure(role: str, n: int, rounds: int) -> dict:

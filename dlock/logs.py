@@ -34,6 +34,15 @@ from dlock.tracing import current_trace_id
 
 _logger = logging.getLogger("dlock.events")
 
+# No line carries where it was logged from or by which thread (the formatter leaves those record
+# attributes out), so the records skip collecting them: the standard library's own switches
+# (the logging HOWTO, "Optimization"). Finding the caller walked the stack on every record; with
+# the thread and multiprocessing look-ups it was half of an event line's CPU (two lines per lock
+# pair at INFO, docs/performance.md). `process` stays: gunicorn's own error log prints it.
+logging._srcfile = None
+logging.logThreads = False
+logging.logMultiprocessing = False
+
 # What every line carries, written by the formatter: an extra field of one of these names
 # cannot replace it (a caller's `service=` or `level=` never forges the line's own).
 _OWN_FIELDS = ("service", "level", "logger", "ts", "traceId")

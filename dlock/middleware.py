@@ -135,9 +135,9 @@ class EdgeMiddleware:
     1. traceId from `traceparent` or fresh, in a context variable for every log line; a probe's
        or scrape's Host made one of the role's names (`_monitoring_host`);
     2. 501 for a method no dlock view implements, before django-prometheus' labelled metrics
-       (PrometheusAfterMiddleware, innermost) see it: no client-chosen method is a label (behind
-       the role's proxy such methods are 405 there already; this covers runserver, the test
-       client and a role run bare);
+       (dlock.prometheus.AfterMiddleware, innermost) see it: no client-chosen method is a label
+       (behind the role's proxy such methods are 405 there already; this covers runserver, the
+       test client and a role run bare);
     3. Django's SecurityMiddleware (its request and response steps, same settings), unless the
        role lists the stock one in MIDDLEWARE itself (the admin's stock list);
     4. the request guards (`refusal`), Django's ALLOWED_HOSTS check among them;

@@ -63,18 +63,20 @@ BASE_APPS = [
 ]
 
 # django-prometheus' two middlewares first and last, as its documentation places them, so every
-# request counts; between them dlock's two layers (dlock/middleware.py: trace id, method guard,
-# SecurityMiddleware, request guards with the ALLOWED_HOSTS check, Content-Length and security
-# headers; credentials and the envelope) and the static files of the browsable API and the docs
-# (whitenoise: a dictionary lookup for any other path). No page middleware: sessions, CSRF,
-# auth, messages, CSP and log-in throttling belong to the admin role alone (settings/admin.py,
-# ARCHITECTURE decision 22), so no human's page shares a process with a machine's call.
+# request counts (extended through its Metrics hook, dlock/prometheus.py: a request updates the
+# four request series dlock reads, not twelve); between them dlock's two layers
+# (dlock/middleware.py: trace id, method guard, SecurityMiddleware, request guards with the
+# ALLOWED_HOSTS check, Content-Length and security headers; credentials and the envelope) and
+# the static files of the browsable API and the docs (whitenoise: a dictionary lookup for any
+# other path). No page middleware: sessions, CSRF, auth, messages, CSP and log-in throttling
+# belong to the admin role alone (settings/admin.py, ARCHITECTURE decision 22), so no human's
+# page shares a process with a machine's call.
 MIDDLEWARE = [
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "dlock.prometheus.BeforeMiddleware",
     "dlock.middleware.EdgeMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "dlock.middleware.ApiMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "dlock.prometheus.AfterMiddleware",
 ]
 
 
@@ -88,7 +90,7 @@ def page_middleware(*, csp: bool, axes: bool) -> list[str]:
     of the page middlewares, as its documentation asks.
     """
     return [
-        "django_prometheus.middleware.PrometheusBeforeMiddleware",
+        "dlock.prometheus.BeforeMiddleware",
         "dlock.middleware.EdgeMiddleware",
         "django.middleware.security.SecurityMiddleware",
         *(["csp.middleware.CSPMiddleware"] if csp else []),
@@ -101,7 +103,7 @@ def page_middleware(*, csp: bool, axes: bool) -> list[str]:
         "django.middleware.clickjacking.XFrameOptionsMiddleware",
         *(["axes.middleware.AxesMiddleware"] if axes else []),
         "dlock.middleware.ApiMiddleware",
-        "django_prometheus.middleware.PrometheusAfterMiddleware",
+        "dlock.prometheus.AfterMiddleware",
     ]
 
 

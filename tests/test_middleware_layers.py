@@ -143,6 +143,35 @@ def test_request_metrics_keep_their_names_labels_and_count_each_request_once(cli
     )
 
 
+def _request_families() -> set[str]:
+    return {m.name for m in REGISTRY.collect() if m.name.startswith("django_http_")}
+
+
+def test_a_request_updates_only_the_request_series_dlock_reads(client):
+    # dlock.prometheus: django-prometheus' middlewares through its Metrics hook; the series the
+    # dashboard, alerts, runbooks and tests read, and the exceptions', nothing per request else.
+    _answer(client, "application/json")
+    client.get("/v1/docs")  # a DRF template response, which the stock pair also counted by name
+
+    assert _request_families() == {
+        "django_http_requests_before_middlewares",
+        "django_http_requests_total_by_method",
+        "django_http_requests_latency_seconds_by_view_method",
+        "django_http_responses_total_by_status_view_method",
+        "django_http_exceptions_total_by_type",
+        "django_http_exceptions_total_by_view",
+        "django_http_requests_unknown_latency",
+    }
+    text = generate_latest(REGISTRY).decode()
+    for dropped in (
+        "django_http_requests_body_total_bytes",
+        "django_http_responses_total_by_charset",
+        "django_http_requests_latency_including_middlewares_seconds",
+        "django_http_responses_total_by_templatename",
+    ):
+        assert dropped not in text, dropped
+
+
 def test_an_unknown_method_is_501_and_never_a_metric_label(client):
     before = _sample("django_http_requests_before_middlewares_total")
 
@@ -150,7 +179,7 @@ def test_an_unknown_method_is_501_and_never_a_metric_label(client):
 
     assert response.status_code == 501 and response.json()["code"] == "VALIDATION_FAILED"
     assert response["X-Content-Type-Options"] == "nosniff"
-    # Counted by PrometheusBeforeMiddleware (no labels), refused before its labelled series.
+    # Counted by the before-middleware (no labels), refused before its labelled series.
     assert _sample("django_http_requests_before_middlewares_total") == before + 1
     assert "BREW" not in generate_latest(REGISTRY).decode()
 
