@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import contextvars
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -100,6 +101,23 @@ def _unb64(text: str | None) -> bytes:
     return base64.b64decode(text) if text else b""
 
 
+# Keys repeat (a session's, a lock's, the offset's: every call of a pair names the same few), so
+# their encodings are kept; values are encoded each time.
+@functools.lru_cache(maxsize=16384)
+def _key64(key: str) -> str:
+    return _b64(key)
+
+
+@functools.lru_cache(maxsize=16384)
+def _key_from64(text: str) -> str:
+    return _unb64(text).decode()
+
+
+@functools.lru_cache(maxsize=16384)
+def _range_end64(prefix: str) -> str:
+    return _b64(prefix_end(prefix))
+
+
 def prefix_end(prefix: str) -> str:
     """The range_end that selects every key starting with `prefix` (last byte + 1)."""
     raw = bytearray(prefix.encode())
@@ -122,7 +140,7 @@ class KeyValue:
 
 def _kv(raw: dict[str, Any]) -> KeyValue:
     return KeyValue(
-        key=_unb64(raw.get("key")).decode(),
+        key=_key_from64(raw["key"]) if raw.get("key") else "",
         value=_unb64(raw.get("value")),
         create_revision=int(raw.get("create_revision", 0)),
         mod_revision=int(raw.get("mod_revision", 0)),
@@ -157,6 +175,15 @@ class TxnResult:
 # --------------------------------------------------------------------------- txn builders
 
 
+_COMPARED = {
+    "CREATE": "create_revision",
+    "MOD": "mod_revision",
+    "VERSION": "version",
+    "LEASE": "lease",
+    "VALUE": "value",
+}
+
+
 def compare(
     key: str, target: str, op: str, value: int | str | bytes, *, prefix: bool = False
 ) -> dict[str, Any]:
@@ -164,33 +191,27 @@ def compare(
 
     With `prefix` every key under `key` must satisfy it; with none there, etcd compares an
     empty key (revisions 0), so CREATE EQUAL 0 over a prefix means "no key under it"."""
-    field = {
-        "CREATE": "create_revision",
-        "MOD": "mod_revision",
-        "VERSION": "version",
-        "LEASE": "lease",
-        "VALUE": "value",
-    }[target]
+    field = _COMPARED[target]
     encoded = _b64(value) if target == "VALUE" else str(value)
-    body = {"target": target, "key": _b64(key), "result": op, field: encoded}
+    body = {"target": target, "key": _key64(key), "result": op, field: encoded}
     if prefix:
-        body["range_end"] = _b64(prefix_end(key))
+        body["range_end"] = _range_end64(key)
     return body
 
 
 def put(key: str, value: str | bytes, lease: int = 0) -> dict[str, Any]:
-    body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    body: dict[str, Any] = {"key": _key64(key), "value": _b64(value)}
     if lease:
         body["lease"] = str(lease)
     return {"request_put": body}
 
 
 def delete(key: str, *, prev_kv: bool = False, prefix: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {"key": _b64(key)}
+    body: dict[str, Any] = {"key": _key64(key)}
     if prev_kv:
         body["prev_kv"] = True
     if prefix:
-        body["range_end"] = _b64(prefix_end(key))
+        body["range_end"] = _range_end64(key)
     return {"request_delete_range": body}
 
 
@@ -198,11 +219,11 @@ def get(
     key: str, *, prefix: bool = False, count_only: bool = False, revision: int = 0
 ) -> dict[str, Any]:
     """A range op; `revision` > 0 reads the key as it was at that revision (until compacted)."""
-    body: dict[str, Any] = {"key": _b64(key)}
+    body: dict[str, Any] = {"key": _key64(key)}
     if revision:
         body["revision"] = str(revision)
     if prefix:
-        body["range_end"] = _b64(prefix_end(key))
+        body["range_end"] = _range_end64(key)
     if count_only:
         body["count_only"] = True
     return {"request_range": body}

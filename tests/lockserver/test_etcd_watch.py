@@ -62,7 +62,8 @@ def test_a_refused_member_hands_the_watch_to_the_next(etcd_server):
 
 
 class _OneConnection:
-    """A listening socket that takes one connection, reads the request, then does `then`."""
+    """A listening socket that takes one connection, reads the whole request, then does
+    `then`."""
 
     def __init__(self, then: Callable[[socket.socket], None]) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -77,6 +78,14 @@ class _OneConnection:
             request = b""
             while b"\r\n\r\n" not in request:
                 request += conn.recv(65536)
+            head, _, body = request.partition(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            while len(body) < length:  # the watch's create requests, sent after the head
+                body += conn.recv(65536)
             self.then(conn)
 
     def close(self) -> None:

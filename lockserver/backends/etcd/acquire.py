@@ -18,9 +18,22 @@ from dlock.errors import ApiError
 from dlock.logs import log_event
 from dlock.metrics import lock_waiter_wakeups
 from lockserver.backends.base import GrantRecord
-from lockserver.backends.etcd.common import FRESH_LEASE_S, store_call, ttl_seconds
+from lockserver.backends.etcd.common import (
+    EXPIRY_GRACE_S,
+    FRESH_LEASE_S,
+    store_call,
+    ttl_seconds,
+)
 from lockserver.backends.etcd.grants import GrantsMixin
-from lockserver.backends.etcd.keys import HELD, _deadline_passed, _dump, _from_ms, _ms, _now
+from lockserver.backends.etcd.keys import (
+    HELD,
+    _deadline_passed,
+    _dump,
+    _from_ms,
+    _grace_left,
+    _ms,
+    _now,
+)
 from lockserver.backends.etcd.tokens import TokenFloorUnavailable
 from lockserver.budget import RetryBudget
 from lockserver.errors import contention_exceeded, lock_contended, owner_mismatch
@@ -50,8 +63,8 @@ class AcquireMixin(GrantsMixin):
         try:
             for _attempt in range(8):
                 if time.monotonic() - leased_at > FRESH_LEASE_S:
-                    # the lease's TTL runs from its grant: after a wait, start a fresh one so the
-                    # reported expiresAt stays within milliseconds of etcd's own expiry
+                    # after a wait, take the lease again so the reported expiresAt runs from
+                    # this attempt and the lease still covers it (`_grant_lease`)
                     self._recycle(lease)
                     lease = 0
                     lease, expires_ms = self._grant_lease(seconds)
@@ -368,6 +381,9 @@ class AcquireMixin(GrantsMixin):
             return  # the head, and the key is free: our turn
         else:
             watched = [lock_key, self._sess_key(holder.json()["sessionId"])]
+            # etcd deletes a lapsed grant up to LEASE_SLACK_S after its recorded deadline; the
+            # head looks again by then + the grace, when a contender would take it over
+            timeout_s = min(timeout_s, _grace_left(holder, grace_s=EXPIRY_GRACE_S))
         woken = self.client.wait_for_change(
             [*watched, self._sess_key(session_id)],
             after_revision=read.revision,

@@ -6,12 +6,19 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from time import monotonic
 from typing import Any
 
 from dlock.errors import ApiError, not_found
 from dlock.timefmt import rfc3339_ms
 from lockserver.backends.base import GrantRecord, LockInfoRecord, RevocationRecord
-from lockserver.backends.etcd.common import EXPIRY_GRACE_S, store_call, ttl_seconds
+from lockserver.backends.etcd.common import (
+    EXPIRY_GRACE_S,
+    LEASE_COVER_MARGIN_S,
+    LEASE_SLACK_S,
+    store_call,
+    ttl_seconds,
+)
 from lockserver.backends.etcd.keys import (
     HELD,
     _deadline_passed,
@@ -37,6 +44,7 @@ logger = logging.getLogger("dlock.lockserver.etcd")
 class GrantsMixin(TokensMixin, SessionsMixin):
     _grant_leases: dict[int, int]
     _spare_leases: dict[int, list[int]]
+    _lease_cover: dict[int, float]
     _lease_guard: threading.Lock
 
     def _grant_record(self, key: str, kv: KeyValue) -> GrantRecord:
@@ -68,36 +76,51 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         )
 
     def _grant_lease(self, seconds: int) -> tuple[int, int]:
-        """(a lease of `seconds` with no key on it, its expiresAt in epoch ms). The clock is read
-        before the lease is granted or refreshed, so the reported deadline is never later than
-        etcd's own expiry of the lease: a successor's acquiredAt cannot fall before its
-        predecessor's expiresAt.
+        """(a lease with no key on it that lives at least `seconds` from now, its expiresAt in
+        epoch ms: now + `seconds`). Both clocks are read before the lease is granted or
+        refreshed, so the reported deadline is never later than etcd's own expiry of the lease:
+        a successor's acquiredAt cannot fall before its predecessor's expiresAt.
 
-        A lease this process emptied by a release is reused (`_recycle`): a keepalive resets
-        its TTL to `seconds` and, unlike a lease grant, is no raft proposal (the leader's
-        lessor renews it), so a pair costs two durable writes, the create and the
-        compare-and-delete, as etcd's own lock recipe does."""
+        A lease this process emptied (`_recycle`) carries the next grant of the same TTL. Grant
+        leases are granted LEASE_SLACK_S longer than the grant, and each remembers the lower
+        bound of etcd's expiry its last grant or keepalive answer gave (sent at + TTL answered,
+        on this process's monotonic clock): while that still covers the new grant's deadline
+        (with LEASE_COVER_MARGIN_S to spare) the lease is used as it is, no call at all;
+        otherwise a keepalive resets it (the leader's lessor: no raft proposal). Either way a
+        pair costs two durable writes, the create and the compare-and-delete, as etcd's own
+        lock recipe does."""
         while True:
+            now = monotonic()
             expires_ms = _ms(_now()) + seconds * 1000
             with self._lease_guard:
                 spare = self._spare_leases.get(seconds)
                 lease = spare.pop() if spare else 0
+                covered = self._lease_cover.get(lease, 0.0)
+                if lease and covered - now >= seconds + LEASE_COVER_MARGIN_S:
+                    self._grant_leases[lease] = seconds
+                    return lease, expires_ms
             if not lease:
                 break
             try:
-                if self.client.lease_keepalive(lease) > 0:
+                ttl = self.client.lease_keepalive(lease)
+                if ttl > 0:
                     with self._lease_guard:
                         self._grant_leases[lease] = seconds
+                        self._lease_cover[lease] = now + ttl
                     return lease, expires_ms
             except EtcdUnavailable:
                 raise
             except EtcdError:
                 pass  # expired meanwhile: try the next, or grant one
-        lease, _ = self.client.lease_grant(seconds)
+            with self._lease_guard:
+                self._lease_cover.pop(lease, None)
+        lease, ttl = self.client.lease_grant(seconds + LEASE_SLACK_S)
         with self._lease_guard:
             if len(self._grant_leases) > 10_000:
                 self._grant_leases.clear()
+                self._lease_cover.clear()
             self._grant_leases[lease] = seconds
+            self._lease_cover[lease] = now + ttl
         return lease, expires_ms
 
     def _recycle(self, lease: int) -> None:
@@ -110,6 +133,8 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             spare = self._spare_leases.setdefault(seconds, [])
             if len(spare) < 256:
                 spare.append(lease)
+            else:
+                self._lease_cover.pop(lease, None)
 
     def _revoke_quietly(self, lease: int) -> None:
         try:
