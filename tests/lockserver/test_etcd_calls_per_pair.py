@@ -105,10 +105,10 @@ def test_hot_key_hand_off_is_one_call_for_the_release_and_one_for_the_head(own_e
         backend.release(key=key, session_id=holder, token=held.fencing_token)
         thread.join()
         assert handed and handed[0].fencing_token > held.fencing_token
-        # parking: the refused create, the holder and its session read, a lease for the grant
-        # and one for the queue entry (no kept lease of that TTL here), the entry's put, the
-        # queue read, the read before the watch
-        assert parking == {"kv/txn": 4, "kv/range": 2, "lease/grant": 2}
+        # parking: the refused create (it answers the holder), the holder's session read, a
+        # lease for the grant and one for the queue entry (no kept lease of those TTLs here),
+        # the entry's put with the queue and the grant read in the same txn; then the watch
+        assert parking == {"kv/txn": 3, "lease/grant": 2}
         assert calls.of(me) == {"kv/txn": 1}  # the release: compare-and-delete
         assert calls.of("waiter") == {"kv/txn": 1}  # woken once, granted by its create
         assert not any(calls.by_thread.values())

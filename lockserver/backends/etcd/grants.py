@@ -148,7 +148,9 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         kv, sess, revision, lapsed = self._holder_state(key)
         return kv, None if lapsed else sess, revision
 
-    def _holder_state(self, key: str) -> tuple[KeyValue | None, KeyValue | None, int, bool]:
+    def _holder_state(
+        self, key: str, known: KeyValue | None = None
+    ) -> tuple[KeyValue | None, KeyValue | None, int, bool]:
         """(grant, its session's key or None, revision, lapsed), once etcd has had its say.
 
         The deadlines recorded in both values are never earlier than etcd's own expiry of the
@@ -159,10 +161,13 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         (lapsed=True): etcd renews every lease to its full TTL when a new leader is elected,
         and a grant must never outlive its reported expiresAt by more than about a second
         (issue 16 item 4).
+
+        `known`: the grant as the caller just read it (a refused create answers it), used for the
+        first look instead of reading it again.
         """
         lock_key = self._lock_key(key)
         for settled in (False, True):
-            kv = self.client.range(lock_key).first()
+            kv = known if known is not None and not settled else self.client.range(lock_key).first()
             if kv is None:
                 return None, None, 0, True
             sess_key = self._sess_key(kv.json()["sessionId"])
