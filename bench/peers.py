@@ -114,8 +114,8 @@ __all__ = [
 
 ROUNDS = int(os.environ.get("BENCH_PEERS_ROUNDS", "3"))
 ROUND_S = float(os.environ.get("BENCH_PEERS_ROUND_S", "2"))
-POINTS = (("own", 1), ("own", 8), ("own", 32), ("hot", 8), ("hot", 32))
-ARMS = ("dlock-pg", "dlock-etcd", "zookeeper", "etcd-lock")
+ALL_POINTS = (("own", 1), ("own", 8), ("own", 32), ("hot", 8), ("hot", 32))
+ALL_ARMS = ("dlock-pg", "dlock-etcd", "zookeeper", "etcd-lock")
 
 
 def _chosen_points(text: str) -> tuple[tuple[str, int], ...]:
@@ -126,16 +126,16 @@ def _chosen_points(text: str) -> tuple[tuple[str, int], ...]:
         if workload not in ("own", "hot") or not clients.isdigit():
             raise ValueError(f"BENCH_PEERS_POINTS: {part!r} is not own:N or hot:N")
         chosen.append((workload, int(clients)))
-    return tuple(chosen) or POINTS
+    return tuple(chosen) or ALL_POINTS
 
 
 def _chosen_arms(text: str) -> tuple[str, ...]:
     """BENCH_PEERS_ARMS, e.g. "dlock-etcd,etcd-lock"; empty: every arm."""
     chosen = tuple(filter(None, (a.strip() for a in text.split(","))))
-    unknown = [arm for arm in chosen if arm not in ARMS]
+    unknown = [arm for arm in chosen if arm not in ALL_ARMS]
     if unknown:
-        raise ValueError(f"BENCH_PEERS_ARMS: unknown arm(s) {unknown}, known {ARMS}")
-    return chosen or ARMS
+        raise ValueError(f"BENCH_PEERS_ARMS: unknown arm(s) {unknown}, known {ALL_ARMS}")
+    return chosen or ALL_ARMS
 
 
 POINTS = _chosen_points(os.environ.get("BENCH_PEERS_POINTS", ""))
