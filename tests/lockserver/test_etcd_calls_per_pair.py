@@ -114,3 +114,54 @@ def test_hot_key_hand_off_is_one_call_for_the_release_and_one_for_the_head(own_e
         assert not any(calls.by_thread.values())
     finally:
         backend.close()
+
+
+def test_a_kept_lease_revoked_behind_the_servers_back_is_replaced_not_an_error(
+    own_etcd, monkeypatch
+):
+    """An operator's `etcdctl lease revoke`, or a store restored without the lease: a kept
+    lease used with no keepalive is gone, and the put naming it is refused. The acquire, the
+    renew and a waiter's registration each take a fresh lease instead of failing."""
+    now = [1_000.0]
+    monkeypatch.setattr(grants, "monotonic", lambda: now[0])
+    backend = backend_on(own_etcd)
+    try:
+        session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
+        other = backend.open_session(owner_id="o", ttl_ms=10_000).session_id
+        key = f"k-{uuid.uuid4().hex[:8]}"
+
+        def revoke_the_kept_leases(seconds: int) -> list[int]:
+            kept = list(backend._spare_leases.get(seconds, []))
+            assert kept
+            for lease in kept:
+                assert backend.client.lease_revoke(lease)
+            return kept
+
+        first = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
+        backend.release(key=key, session_id=session, token=first.fencing_token)
+        gone = revoke_the_kept_leases(5)
+        grant = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
+        assert grant.fencing_token > first.fencing_token
+        assert backend.client.range(backend._lock_key(key)).first().lease not in gone
+
+        # renew onto a kept lease of another TTL that is gone too
+        spare = backend.acquire(
+            key="spare", session_id=session, owner_id=None, ttl_ms=7_000, wait_ms=0
+        )
+        backend.release(key="spare", session_id=session, token=spare.fencing_token)
+        gone = revoke_the_kept_leases(7)
+        renewed = backend.renew(
+            key=key, session_id=session, token=grant.fencing_token, ttl_ms=7_000
+        )
+        assert renewed.fencing_token == grant.fencing_token
+        assert backend.client.range(backend._lock_key(key)).first().lease not in gone
+
+        # a waiter's registration on a kept waiter lease that is gone (wait 1 s: a 3 s lease)
+        waiter = backend._grant_lease(3)[0]
+        backend._recycle(waiter)
+        revoke_the_kept_leases(3)
+        with pytest.raises(Exception) as refused:  # held by `session`: 409 once the wait is over
+            backend.acquire(key=key, session_id=other, owner_id=None, ttl_ms=5_000, wait_ms=1)
+        assert getattr(refused.value, "code", None) == "LOCK_CONTENDED", refused.value
+    finally:
+        backend.close()

@@ -37,7 +37,16 @@ from lockserver.backends.etcd.keys import (
 from lockserver.backends.etcd.tokens import TokenFloorUnavailable
 from lockserver.budget import RetryBudget
 from lockserver.errors import contention_exceeded, lock_contended, owner_mismatch
-from lockserver.etcd_client import EtcdUnavailable, KeyValue, TxnResult, compare, delete, get, put
+from lockserver.etcd_client import (
+    EtcdError,
+    EtcdUnavailable,
+    KeyValue,
+    TxnResult,
+    compare,
+    delete,
+    get,
+    put,
+)
 
 
 class AcquireMixin(GrantsMixin):
@@ -69,15 +78,23 @@ class AcquireMixin(GrantsMixin):
                     lease = 0
                     lease, expires_ms = self._grant_lease(seconds)
                     leased_at = time.monotonic()
-                grant, result = self._create_grant(
-                    key=key,
-                    session_id=session_id,
-                    owner=owner,
-                    seconds=seconds,
-                    lease=lease,
-                    expires_ms=expires_ms,
-                    queue=queue,
-                )
+                try:
+                    grant, result = self._create_grant(
+                        key=key,
+                        session_id=session_id,
+                        owner=owner,
+                        seconds=seconds,
+                        lease=lease,
+                        expires_ms=expires_ms,
+                        queue=queue,
+                    )
+                except EtcdError as exc:
+                    if not self._lease_lost(exc, lease):
+                        raise
+                    lease = 0  # gone: the next attempt takes a fresh one
+                    lease, expires_ms = self._grant_lease(seconds)
+                    leased_at = time.monotonic()
+                    continue
                 if grant is not None:
                     lease = 0  # now owned by the grant
                     return grant, None, None, result.revision
@@ -424,24 +441,31 @@ class AcquireMixin(GrantsMixin):
         slip under it.
         """
         # a lease this process emptied, refreshed (no Raft proposal), when one is kept
-        lease, _ = self._grant_lease(math.ceil(wait_ms / 1000) + 2)
         own = self._k("wait", key, str(session_id), uuid.uuid4().hex)
-        try:
-            written = self.client.txn(
-                [],
-                [
-                    put(own, "1", lease),
-                    get(self._wait_prefix(key), prefix=True),
-                    get(self._lock_key(key)),
-                ],
-            )
-            waiters = written.responses[1].kvs
-            earlier = sum(
-                1 for kv in waiters if kv.create_revision < written.revision and kv.value != HELD
-            )
-        except BaseException:
-            self._revoke_quietly(lease)
-            raise
+        for last in (False, True):
+            lease, _ = self._grant_lease(math.ceil(wait_ms / 1000) + 2)
+            try:
+                written = self.client.txn(
+                    [],
+                    [
+                        put(own, "1", lease),
+                        get(self._wait_prefix(key), prefix=True),
+                        get(self._lock_key(key)),
+                    ],
+                )
+                break
+            except EtcdError as exc:
+                if not last and self._lease_lost(exc, lease):
+                    continue  # gone behind our back: once more on a fresh lease
+                self._revoke_quietly(lease)
+                raise
+            except BaseException:
+                self._revoke_quietly(lease)
+                raise
+        waiters = written.responses[1].kvs
+        earlier = sum(
+            1 for kv in waiters if kv.create_revision < written.revision and kv.value != HELD
+        )
         if earlier >= self.waiter_cap:
             self._revoke_quietly(lease)
             ms_until_free = (

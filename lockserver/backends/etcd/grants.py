@@ -136,6 +136,20 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             else:
                 self._lease_cover.pop(lease, None)
 
+    def _lease_lost(self, exc: EtcdError, lease: int) -> bool:
+        """`exc` says a put named a lease etcd no longer has (revoked behind this process's
+        back, or a store restored without it): forget it and every kept lease of its TTL (they
+        are suspect alike), so the next `_grant_lease` grants a fresh one; False for any other
+        error."""
+        if isinstance(exc, EtcdUnavailable) or "lease not found" not in str(exc):
+            return False
+        with self._lease_guard:
+            seconds = self._grant_leases.pop(lease, None)
+            self._lease_cover.pop(lease, None)
+            for spare in self._spare_leases.pop(seconds, []) if seconds is not None else []:
+                self._lease_cover.pop(spare, None)
+        return True
+
     def _revoke_quietly(self, lease: int) -> None:
         try:
             self.client.lease_revoke(lease)
@@ -209,23 +223,30 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             raise lock_lost(key, self._token(kv) if kv and holder_session else None)
         value = kv.json()
         seconds = ttl_seconds(ttl_ms) if ttl_ms else value["ttlMs"] // 1000
-        lease, expires_ms = self._grant_lease(seconds)
-        value.update(ttlMs=seconds * 1000, expiresAt=expires_ms)
-        # re-attaching to a new lease is a put: ModRevision moves, create_revision (the token)
-        # does not; the compare on ModRevision rejects a concurrent release or takeover. A
-        # grant made by a hand-off moves its queue entry along (it ends with the grant).
-        queued = [put(value["queue"], HELD, lease)] if value.get("queue") else []
-        result = self.client.txn(
-            [
-                compare(self._lock_key(key), "MOD", "EQUAL", kv.mod_revision),
-                compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
-            ],
-            [
-                put(self._lock_key(key), _dump(value), lease),
-                put(self._held_key(session_id, key), key, lease),
-                *queued,
-            ],
-        )
+        for last in (False, True):
+            lease, expires_ms = self._grant_lease(seconds)
+            value.update(ttlMs=seconds * 1000, expiresAt=expires_ms)
+            # re-attaching to a new lease is a put: ModRevision moves, create_revision (the
+            # token) does not; the compare on ModRevision rejects a concurrent release or
+            # takeover. A grant made by a hand-off moves its queue entry along (it ends with
+            # the grant).
+            queued = [put(value["queue"], HELD, lease)] if value.get("queue") else []
+            try:
+                result = self.client.txn(
+                    [
+                        compare(self._lock_key(key), "MOD", "EQUAL", kv.mod_revision),
+                        compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
+                    ],
+                    [
+                        put(self._lock_key(key), _dump(value), lease),
+                        put(self._held_key(session_id, key), key, lease),
+                        *queued,
+                    ],
+                )
+                break
+            except EtcdError as exc:
+                if last or not self._lease_lost(exc, lease):
+                    raise
         if not result.succeeded:
             self._recycle(lease)
             if self.client.range(self._sess_key(session_id)).first() is None:
