@@ -5,11 +5,12 @@ then profiled by CPU time (cProfile on `process_time`, not wall clock or GIL sam
 function's own time summed by the package it lives in.
 
 `python -m bench --only lockpath` (BENCH_LOCKPATH_PAIRS, default 2 000; BENCH_LOCKPATH_ROUNDS,
-default 8). Writes `<out>/lockpath.json`: CPU per pair without the profiler; arms in blocks of
-pairs/8 alternated in one process (order rotated per round) — the role at the bench's WARNING
-and at the default INFO, and with each of dlock's per-request cuts undone (django-prometheus'
-stock request metrics; log records that collect caller and thread) — with what each cut saves
-(the median per-round difference); and the share of each layer.
+default 8; BENCH_LOCKPATH_BACKEND=etcd runs the etcd backend on a private etcd, into
+`lockpath-etcd.json`). Writes `<out>/lockpath.json`: CPU per pair without the profiler; arms
+in blocks of pairs/8 alternated in one process (order rotated per round) — the role at the
+bench's WARNING and at the default INFO, and with each of dlock's per-request cuts undone
+(django-prometheus' stock request metrics; log records that collect caller and thread) — with
+what each cut saves (the median per-round difference); and the share of each layer.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from django_prometheus.middleware import (
 from prometheus_client import CollectorRegistry
 
 from bench import credentials
-from devstack import PgCluster, free_port, manage
+from devstack import EtcdServer, PgCluster, free_port, manage
 
 PAIRS = int(os.environ.get("BENCH_LOCKPATH_PAIRS", "2000"))
 ARM_ROUNDS = int(os.environ.get("BENCH_LOCKPATH_ROUNDS", "8"))
+BACKEND = os.environ.get("BENCH_LOCKPATH_BACKEND", "pg")
+NAME = "lockpath" if BACKEND == "pg" else f"lockpath-{BACKEND}"
 PROJECT = Path(__file__).resolve().parent.parent
 
 
@@ -237,7 +240,8 @@ def _measure(out: Path, pairs: int) -> dict:
             by_function[f"{filename[len(str(PROJECT)) + 1 :]}:{line} {function}"] += own
     total = sum(by_layer.values()) or 1.0
     data = {
-        "name": "lockpath",
+        "name": NAME,
+        "backend": BACKEND,
         "pairs": pairs,
         "cpu_ms_per_pair": round(cpu * 1000 / pairs, 3),
         "wall_ms_per_pair": round(wall * 1000 / pairs, 3),
@@ -251,7 +255,7 @@ def _measure(out: Path, pairs: int) -> dict:
             k: round(100 * v / total, 2) for k, v in by_function.most_common(15)
         },
     }
-    (out / "lockpath.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / f"{NAME}.json").write_text(json.dumps(data, indent=2) + "\n")
     return data
 
 
@@ -262,6 +266,9 @@ def run(out_dir: str | Path = ".run/bench", pairs: int = PAIRS) -> dict:
     work.chmod(0o755)
     pg = PgCluster(work / "pg", free_port())
     pg.start()
+    etcd = EtcdServer(work / "etcd", free_port(), free_port()) if BACKEND == "etcd" else None
+    if etcd is not None:
+        etcd.start()
     try:
         env = {
             "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(48),
@@ -269,9 +276,10 @@ def run(out_dir: str | Path = ".run/bench", pairs: int = PAIRS) -> dict:
             "DLOCK_LOG_LEVEL": "WARNING",
             "LOCK_RETRY_BUDGET": "1000000",
             **credentials.server_env(),
-            "LOCK_BACKEND": "pg",
+            "LOCK_BACKEND": BACKEND,
             "LOCK_DATABASE_URL": pg.create_database("bench_lockpath"),
             "ROLE": "lockserver",
+            **({"ETCD_URL": etcd.url} if etcd is not None else {}),
         }
         manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
         child = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
@@ -287,16 +295,18 @@ def run(out_dir: str | Path = ".run/bench", pairs: int = PAIRS) -> dict:
                 stderr=log,
             )
     finally:
+        if etcd is not None:
+            etcd.stop()
         pg.stop("immediate")
-    data = json.loads((out / "lockpath.json").read_text())
+    data = json.loads((out / f"{NAME}.json").read_text())
     print(
-        f"[bench] lockpath: {data['cpu_ms_per_pair']} ms of CPU per pair in process"
+        f"[bench] {NAME}: {data['cpu_ms_per_pair']} ms of CPU per pair in process"
         f" (no gunicorn, no nginx; by log level {data['cpu_ms_per_pair_by_log_level']}); by layer: "
         + ", ".join(f"{k} {v} %" for k, v in list(data["layers_percent"].items())[:8]),
         flush=True,
     )
     for cut, saved in data["cuts_us_per_pair"].items():
-        print(f"[bench] lockpath: {cut}: {saved} us of CPU per pair", flush=True)
+        print(f"[bench] {NAME}: {cut}: {saved} us of CPU per pair", flush=True)
     return data
 
 

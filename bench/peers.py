@@ -24,11 +24,12 @@ stdlib keep-alive client, ZooKeeper uses kazoo. dlock's hot-key acquire waits se
 
 Per point, BENCH_PEERS_ROUNDS rounds (default 3) of BENCH_PEERS_ROUND_S seconds (default 2) per
 arm, arms interleaved and their order rotated each round; each arm's sessions are opened once per
-point and kept for every round. Per arm and round: pairs/s, p50/p99 of acquire and of the pair,
-errors, and the server processes' CPU per pair (utime+stime from /proc/<pid>/stat, process
-trees: the lock server role (gunicorn, and its proxy when it has one) + PostgreSQL for
-dlock-pg, + etcd for dlock-etcd; the JVM; etcd). An
-arm's figure is the median over its rounds; the goal ratios are medians of per-round ratios.
+point and kept for every round (BENCH_PEERS_POINTS, e.g. "own:8,hot:32", and BENCH_PEERS_ARMS,
+e.g. "dlock-etcd,etcd-lock", run a subset). Per arm and round: pairs/s, p50/p99 of acquire
+and of the pair, errors, and the server processes' CPU per pair (utime+stime from
+/proc/<pid>/stat, process trees: the lock server role (gunicorn, and its proxy when it has one)
++ PostgreSQL for dlock-pg, + etcd for dlock-etcd; the JVM; etcd). An arm's figure is the median
+over its rounds; the goal ratios are medians of per-round ratios.
 
 Durable writes per pair (issue 39 item 2), counted by each store over the arm's window: dlock-pg
 the transaction ids PostgreSQL assigned (one per transaction that wrote; read-only ones take
@@ -113,8 +114,32 @@ __all__ = [
 
 ROUNDS = int(os.environ.get("BENCH_PEERS_ROUNDS", "3"))
 ROUND_S = float(os.environ.get("BENCH_PEERS_ROUND_S", "2"))
-POINTS = (("own", 1), ("own", 8), ("own", 32), ("hot", 8), ("hot", 32))
-ARMS = ("dlock-pg", "dlock-etcd", "zookeeper", "etcd-lock")
+ALL_POINTS = (("own", 1), ("own", 8), ("own", 32), ("hot", 8), ("hot", 32))
+ALL_ARMS = ("dlock-pg", "dlock-etcd", "zookeeper", "etcd-lock")
+
+
+def _chosen_points(text: str) -> tuple[tuple[str, int], ...]:
+    """BENCH_PEERS_POINTS, e.g. "own:8,hot:32" (a subset to re-measure); empty: every point."""
+    chosen = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        workload, _, clients = part.partition(":")
+        if workload not in ("own", "hot") or not clients.isdigit():
+            raise ValueError(f"BENCH_PEERS_POINTS: {part!r} is not own:N or hot:N")
+        chosen.append((workload, int(clients)))
+    return tuple(chosen) or ALL_POINTS
+
+
+def _chosen_arms(text: str) -> tuple[str, ...]:
+    """BENCH_PEERS_ARMS, e.g. "dlock-etcd,etcd-lock"; empty: every arm."""
+    chosen = tuple(filter(None, (a.strip() for a in text.split(","))))
+    unknown = [arm for arm in chosen if arm not in ALL_ARMS]
+    if unknown:
+        raise ValueError(f"BENCH_PEERS_ARMS: unknown arm(s) {unknown}, known {ALL_ARMS}")
+    return chosen or ALL_ARMS
+
+
+POINTS = _chosen_points(os.environ.get("BENCH_PEERS_POINTS", ""))
+ARMS = _chosen_arms(os.environ.get("BENCH_PEERS_ARMS", ""))
 
 
 # ----------------------------------------------------------------------------- the run

@@ -1,5 +1,5 @@
-"""A thin etcd v3 client over the JSON gRPC gateway (`/v3/...`): unary calls on dlock's urllib3
-pools (`dlock.http.exchange`), watch streams on `requests`.
+"""A thin etcd v3 client over the JSON gRPC gateway (`/v3/...`) on dlock's urllib3 pools: unary
+calls through `dlock.http.exchange`, watch streams through `dlock.http.open_stream`.
 
 Why not etcd3gw (fine for plain CRUD): the lock backend needs (1) a short connect and
 read timeout on every call so an unreachable or leaderless member answers NOT_LEADER within
@@ -12,8 +12,9 @@ which etcd3gw folds into a few exception classes. Transactions are raw JSON eith
 Unary calls (range, txn, leases, status) go through `dlock.http`, as every dlock hop does
 (CHANGELOG row 66): no retry inside the library, one deadline for the whole answer, and its
 `sent` verdict, which decides whether a call may move on to the next member (requests cost
-more than twice the CPU per call: CHANGELOG row 77). Watches stay on requests' streaming reads:
-one per waiter or sweep, not per call.
+more than twice the CPU per call: CHANGELOG row 77). A watch is a stream on a new connection
+made by the member's pool (the same TLS settings), closed on every exit, which cancels its
+watchers; it moves to the next member while the connect fails, as a call does.
 
 Int64 fields arrive as JSON strings; keys and values travel base64-encoded.
 """
@@ -23,17 +24,19 @@ from __future__ import annotations
 import base64
 import contextlib
 import contextvars
+import functools
 import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import requests
+import orjson
 
 from dlock.budgets import Budget
-from dlock.http import TransportError, ca_bundle, client_certificate, exchange, pool_for
+from dlock.http import Stream, TransportError, exchange, open_stream, pool_for
 
+_WATCH_HEADERS = {"Content-Type": "application/json"}
 # gRPC status codes that mean "this member cannot serve now": DEADLINE_EXCEEDED, UNAVAILABLE.
 _UNAVAILABLE_GRPC = {4, 14}
 _UNAVAILABLE_TEXT = (
@@ -98,6 +101,23 @@ def _unb64(text: str | None) -> bytes:
     return base64.b64decode(text) if text else b""
 
 
+# Keys repeat (a session's, a lock's, the offset's: every call of a pair names the same few), so
+# their encodings are kept; values are encoded each time.
+@functools.lru_cache(maxsize=16384)
+def _key64(key: str) -> str:
+    return _b64(key)
+
+
+@functools.lru_cache(maxsize=16384)
+def _key_from64(text: str) -> str:
+    return _unb64(text).decode()
+
+
+@functools.lru_cache(maxsize=16384)
+def _range_end64(prefix: str) -> str:
+    return _b64(prefix_end(prefix))
+
+
 def prefix_end(prefix: str) -> str:
     """The range_end that selects every key starting with `prefix` (last byte + 1)."""
     raw = bytearray(prefix.encode())
@@ -120,7 +140,7 @@ class KeyValue:
 
 def _kv(raw: dict[str, Any]) -> KeyValue:
     return KeyValue(
-        key=_unb64(raw.get("key")).decode(),
+        key=_key_from64(raw["key"]) if raw.get("key") else "",
         value=_unb64(raw.get("value")),
         create_revision=int(raw.get("create_revision", 0)),
         mod_revision=int(raw.get("mod_revision", 0)),
@@ -155,6 +175,15 @@ class TxnResult:
 # --------------------------------------------------------------------------- txn builders
 
 
+_COMPARED = {
+    "CREATE": "create_revision",
+    "MOD": "mod_revision",
+    "VERSION": "version",
+    "LEASE": "lease",
+    "VALUE": "value",
+}
+
+
 def compare(
     key: str, target: str, op: str, value: int | str | bytes, *, prefix: bool = False
 ) -> dict[str, Any]:
@@ -162,33 +191,27 @@ def compare(
 
     With `prefix` every key under `key` must satisfy it; with none there, etcd compares an
     empty key (revisions 0), so CREATE EQUAL 0 over a prefix means "no key under it"."""
-    field = {
-        "CREATE": "create_revision",
-        "MOD": "mod_revision",
-        "VERSION": "version",
-        "LEASE": "lease",
-        "VALUE": "value",
-    }[target]
+    field = _COMPARED[target]
     encoded = _b64(value) if target == "VALUE" else str(value)
-    body = {"target": target, "key": _b64(key), "result": op, field: encoded}
+    body = {"target": target, "key": _key64(key), "result": op, field: encoded}
     if prefix:
-        body["range_end"] = _b64(prefix_end(key))
+        body["range_end"] = _range_end64(key)
     return body
 
 
 def put(key: str, value: str | bytes, lease: int = 0) -> dict[str, Any]:
-    body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    body: dict[str, Any] = {"key": _key64(key), "value": _b64(value)}
     if lease:
         body["lease"] = str(lease)
     return {"request_put": body}
 
 
 def delete(key: str, *, prev_kv: bool = False, prefix: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {"key": _b64(key)}
+    body: dict[str, Any] = {"key": _key64(key)}
     if prev_kv:
         body["prev_kv"] = True
     if prefix:
-        body["range_end"] = _b64(prefix_end(key))
+        body["range_end"] = _range_end64(key)
     return {"request_delete_range": body}
 
 
@@ -196,11 +219,11 @@ def get(
     key: str, *, prefix: bool = False, count_only: bool = False, revision: int = 0
 ) -> dict[str, Any]:
     """A range op; `revision` > 0 reads the key as it was at that revision (until compacted)."""
-    body: dict[str, Any] = {"key": _b64(key)}
+    body: dict[str, Any] = {"key": _key64(key)}
     if revision:
         body["revision"] = str(revision)
     if prefix:
-        body["range_end"] = _b64(prefix_end(key))
+        body["range_end"] = _range_end64(key)
     if count_only:
         body["count_only"] = True
     return {"request_range": body}
@@ -211,9 +234,9 @@ def get(
 
 class EtcdClient:
     """Thread-safe: the process's keep-alive pool per member (`dlock.http.pool_for`), shared by
-    the lock-server's threads. An https:// member is verified against DLOCK_CA_BUNDLE, as every
-    dlock client verifies its peer (else the system store); requests' REQUESTS_CA_BUNDLE does
-    not override it on a watch either."""
+    the lock-server's threads, for calls and watches alike. An https:// member is verified
+    against DLOCK_CA_BUNDLE, as every dlock client verifies its peer (else the system store),
+    and is shown DLOCK_CLIENT_CERT/DLOCK_CLIENT_KEY when set (etcd's --client-cert-auth)."""
 
     def __init__(
         self,
@@ -230,8 +253,6 @@ class EtcdClient:
         self._member = 0
         self.timeout = (connect_timeout, read_timeout)
         self.pools = {member: pool_for(member, size=pool_size) for member in self.urls}
-        self.verify: str | bool = ca_bundle() or True
-        self.cert = client_certificate()  # etcd with --client-cert-auth asks for it
 
     def close(self) -> None:
         """Close the idle connections to every member."""
@@ -387,24 +408,37 @@ class EtcdClient:
 
     # -- watch
 
-    def _open_watch(
-        self, creates: list[dict[str, Any]], *, read_timeout_s: float
-    ) -> requests.Response:
-        """One watch stream, a watcher per create_request; no connection is EtcdUnavailable."""
-        lines = [json.dumps({"create_request": create}) for create in creates]
-        member = self.url
-        try:
-            return requests.post(
-                f"{member}/v3/watch",
-                data="\n".join(lines) + "\n",
-                stream=True,
-                timeout=(self.timeout[0], read_timeout_s),
-                verify=self.verify,
-                cert=self.cert,
-            )
-        except requests.RequestException as exc:
-            self._next_member(member)
-            raise EtcdUnavailable(f"etcd unreachable: {type(exc).__name__}") from exc
+    def _open_watch(self, creates: list[dict[str, Any]], *, read_timeout_s: float) -> Stream:
+        """One watch stream, a watcher per create_request, on the member's pool (its TLS
+        settings and client certificate). A member that provably got nothing (refused, connect
+        timeout, TLS handshake) hands the watch to the next, each member at most once; anything
+        else, or no member left, is EtcdUnavailable."""
+        body = b"".join(orjson.dumps({"create_request": create}) + b"\n" for create in creates)
+        last = EtcdUnavailable("no etcd member to watch on")
+        for _attempt in range(len(self.urls)):
+            member = self.url
+            try:
+                stream = open_stream(
+                    "POST",
+                    f"{member}/v3/watch",
+                    connect_s=self.timeout[0],
+                    read_s=read_timeout_s,
+                    body=body,
+                    headers=_WATCH_HEADERS,
+                    pool=self.pools[member],
+                )
+            except TransportError as exc:
+                self._next_member(member)
+                last = EtcdUnavailable(f"etcd unreachable: {type(exc.cause).__name__}")
+                if exc.sent:
+                    raise last from exc
+                continue
+            if stream.status != 200:
+                stream.close()
+                self._next_member(member)
+                raise EtcdUnavailable(f"watch refused with HTTP {stream.status}")
+            return stream
+        raise last
 
     def wait_for_change(
         self,
@@ -419,7 +453,8 @@ class EtcdClient:
 
         One gateway stream with one watcher per key, starting at after_revision + 1 so a change
         between the caller's read and this call is not missed. True on a change, False on
-        timeout. The connection is closed on return, which cancels the watchers server-side.
+        timeout. The connection is closed on every return, which cancels the watchers
+        server-side.
         """
         deadline = time.monotonic() + timeout_s
         creates: list[dict[str, Any]] = [
@@ -431,28 +466,22 @@ class EtcdClient:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        resp = self._open_watch(creates, read_timeout_s=remaining)
-        try:
-            if resp.status_code != 200:
-                raise EtcdUnavailable(f"watch refused with HTTP {resp.status_code}")
-            for line in resp.iter_lines():
-                if not line:
-                    continue
-                result = json.loads(line).get("result", {})
-                if result.get("events"):
-                    return True
-                if result.get("canceled") or result.get("compact_revision"):
-                    return True  # the caller re-reads; a compacted watch is a change
-                if time.monotonic() >= deadline:
-                    return False
+        with self._open_watch(creates, read_timeout_s=remaining) as stream:
+            try:
+                for line in stream.lines():
+                    result = orjson.loads(line).get("result", {})
+                    if result.get("events"):
+                        return True
+                    if result.get("canceled") or result.get("compact_revision"):
+                        return True  # the caller re-reads; a compacted watch is a change
+                    if time.monotonic() >= deadline:
+                        return False
+            except TransportError:
+                if time.monotonic() >= deadline - 0.05:
+                    return False  # the read deadline is our deadline
+                raise EtcdUnavailable("watch stream broke") from None
             # the server closed the stream: treat as "look again" unless the deadline passed
             return time.monotonic() < deadline
-        except requests.RequestException:
-            if time.monotonic() >= deadline - 0.05:
-                return False  # the read timeout is our deadline
-            raise EtcdUnavailable("watch stream broke") from None
-        finally:
-            resp.close()
 
     def deletions(
         self, prefixes: list[str], *, after_revision: int, idle_timeout_s: float
@@ -473,21 +502,17 @@ class EtcdClient:
             }
             for prefix in prefixes
         ]
-        resp = self._open_watch(creates, read_timeout_s=idle_timeout_s)
         revision = after_revision
-        try:
-            for line in resp.iter_lines():
-                if not line:
-                    continue
-                result = json.loads(line).get("result", {})
-                if result.get("compact_revision"):
-                    revision = max(revision, int(result["compact_revision"]) - 1)
-                    return
-                for event in result.get("events", []):
-                    kv = _kv(event["prev_kv"]) if event.get("prev_kv") else None
-                    revision = max(revision, int(event["kv"].get("mod_revision", revision)))
-                    yield revision, kv
-        except requests.RequestException:
-            yield revision, None  # idle (read timeout) or broken: the caller reconnects
-        finally:
-            resp.close()
+        with self._open_watch(creates, read_timeout_s=idle_timeout_s) as stream:
+            try:
+                for line in stream.lines(idle_s=idle_timeout_s):
+                    result = orjson.loads(line).get("result", {})
+                    if result.get("compact_revision"):
+                        revision = max(revision, int(result["compact_revision"]) - 1)
+                        return
+                    for event in result.get("events", []):
+                        kv = _kv(event["prev_kv"]) if event.get("prev_kv") else None
+                        revision = max(revision, int(event["kv"].get("mod_revision", revision)))
+                        yield revision, kv
+            except TransportError:
+                yield revision, None  # idle (read deadline) or broken: the caller reconnects

@@ -204,3 +204,16 @@ def test_the_summary_prints_issue_39s_goal_lines_against_zookeeper():
         "GOAL issue 39, one hot key × 32: p99 acquire dlock (pg) ÷ ZooKeeper/kazoo: 3.0×"
         " | <= 1.5× | FAIL  (dlock-pg 90.0 ms; zookeeper 30.0 ms)" in text
     )
+
+
+def test_a_subset_of_points_and_arms_is_chosen_by_name_and_a_wrong_name_is_refused():
+    assert peers._chosen_points("own:8, hot:32") == (("own", 8), ("hot", 32))
+    assert peers._chosen_points("") == peers._chosen_points(" , ")
+    assert ("own", 1) in peers._chosen_points("")  # empty: every point
+    assert peers._chosen_arms("dlock-etcd,etcd-lock") == ("dlock-etcd", "etcd-lock")
+    assert "zookeeper" in peers._chosen_arms("")  # empty: every arm
+    for wrong in ("own", "warm:8", "own:eight"):
+        with pytest.raises(ValueError, match="BENCH_PEERS_POINTS"):
+            peers._chosen_points(wrong)
+    with pytest.raises(ValueError, match="BENCH_PEERS_ARMS"):
+        peers._chosen_arms("dlock-etcd,redis")

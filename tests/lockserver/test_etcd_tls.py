@@ -13,7 +13,7 @@ import pytest
 from devstack import EtcdServer, free_port
 from devstack.tls import ensure_tls
 from dlock.http import close_pools
-from lockserver.etcd_client import EtcdClient, EtcdUnavailable, put
+from lockserver.etcd_client import EtcdClient, EtcdUnavailable, delete, put
 
 pytestmark = [pytest.mark.live]
 
@@ -102,3 +102,34 @@ def test_a_client_without_a_certificate_of_the_ca_is_refused_by_etcd(tls_etcd, m
         assert _round_trip(trusted, "tls/with-certificate") == b"over-tls"
     finally:
         trusted.close()
+
+
+def test_a_watch_runs_over_tls_with_the_client_certificate(tls_etcd, monkeypatch):
+    """Watches ride the same pools as calls: verified against DLOCK_CA_BUNDLE, showing the
+    client certificate; without the certificate etcd refuses the watch too (EtcdUnavailable)."""
+    server, files = tls_etcd
+    monkeypatch.setenv("DLOCK_CA_BUNDLE", str(files.ca))
+    _present_the_client_certificate(files, monkeypatch)
+    _as_a_new_process()
+    client = EtcdClient(server.url)
+    try:
+        written = client.txn([], [put("tls/watched", b"x")])
+        client.txn([], [delete("tls/watched")])
+        assert client.wait_for_change(
+            ["tls/watched"], after_revision=written.revision, timeout_s=3600
+        )
+        revision, deleted = next(
+            client.deletions(["tls/"], after_revision=written.revision, idle_timeout_s=3600)
+        )
+        assert revision > written.revision and deleted is not None
+    finally:
+        client.close()
+    monkeypatch.delenv("DLOCK_CLIENT_CERT")
+    monkeypatch.delenv("DLOCK_CLIENT_KEY")
+    _as_a_new_process()
+    anonymous = EtcdClient(server.url)
+    try:
+        with pytest.raises(EtcdUnavailable):
+            anonymous.wait_for_change(["tls/watched"], after_revision=1, timeout_s=3600)
+    finally:
+        anonymous.close()

@@ -70,10 +70,11 @@ def test_etcd_writes_per_pair(own_etcd):
         backend.client._post = counted  # type: ignore[method-assign]
         pair(backend, session.session_id, f"k-{uuid.uuid4().hex[:8]}")
         # the create transaction and the compare-and-delete; the grant's lease is the one the
-        # warm-up's release emptied, refreshed by a keepalive (the leader's lessor: no raft
-        # proposal), where a lease grant per pair was a third durable write
+        # warm-up's release emptied, used as it is while it covers the grant, else refreshed
+        # by a keepalive (the leader's lessor: no raft proposal; test_etcd_calls_per_pair.py),
+        # where a lease grant per pair was a third durable write
         writes = {call: n for call, n in calls.items() if call.startswith("write")}
         assert writes == {"write kv/txn": 2}, calls
-        assert calls["read lease/keepalive"] == 1, calls
+        assert calls["read lease/keepalive"] <= 1, calls
     finally:
         backend.close()

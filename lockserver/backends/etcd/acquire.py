@@ -18,13 +18,35 @@ from dlock.errors import ApiError
 from dlock.logs import log_event
 from dlock.metrics import lock_waiter_wakeups
 from lockserver.backends.base import GrantRecord
-from lockserver.backends.etcd.common import FRESH_LEASE_S, store_call, ttl_seconds
+from lockserver.backends.etcd.common import (
+    EXPIRY_GRACE_S,
+    FRESH_LEASE_S,
+    store_call,
+    ttl_seconds,
+)
 from lockserver.backends.etcd.grants import GrantsMixin
-from lockserver.backends.etcd.keys import HELD, _deadline_passed, _dump, _from_ms, _ms, _now
+from lockserver.backends.etcd.keys import (
+    HELD,
+    _deadline_passed,
+    _dump,
+    _from_ms,
+    _grace_left,
+    _ms,
+    _now,
+)
 from lockserver.backends.etcd.tokens import TokenFloorUnavailable
 from lockserver.budget import RetryBudget
 from lockserver.errors import contention_exceeded, lock_contended, owner_mismatch
-from lockserver.etcd_client import EtcdUnavailable, KeyValue, TxnResult, compare, delete, get, put
+from lockserver.etcd_client import (
+    EtcdError,
+    EtcdUnavailable,
+    KeyValue,
+    TxnResult,
+    compare,
+    delete,
+    get,
+    put,
+)
 
 
 class AcquireMixin(GrantsMixin):
@@ -50,21 +72,29 @@ class AcquireMixin(GrantsMixin):
         try:
             for _attempt in range(8):
                 if time.monotonic() - leased_at > FRESH_LEASE_S:
-                    # the lease's TTL runs from its grant: after a wait, start a fresh one so the
-                    # reported expiresAt stays within milliseconds of etcd's own expiry
+                    # after a wait, take the lease again so the reported expiresAt runs from
+                    # this attempt and the lease still covers it (`_grant_lease`)
                     self._recycle(lease)
                     lease = 0
                     lease, expires_ms = self._grant_lease(seconds)
                     leased_at = time.monotonic()
-                grant, result = self._create_grant(
-                    key=key,
-                    session_id=session_id,
-                    owner=owner,
-                    seconds=seconds,
-                    lease=lease,
-                    expires_ms=expires_ms,
-                    queue=queue,
-                )
+                try:
+                    grant, result = self._create_grant(
+                        key=key,
+                        session_id=session_id,
+                        owner=owner,
+                        seconds=seconds,
+                        lease=lease,
+                        expires_ms=expires_ms,
+                        queue=queue,
+                    )
+                except EtcdError as exc:
+                    if not self._lease_lost(exc, lease):
+                        raise
+                    lease = 0  # gone: the next attempt takes a fresh one
+                    lease, expires_ms = self._grant_lease(seconds)
+                    leased_at = time.monotonic()
+                    continue
                 if grant is not None:
                     lease = 0  # now owned by the grant
                     return grant, None, None, result.revision
@@ -80,7 +110,9 @@ class AcquireMixin(GrantsMixin):
                     # our session is past its recorded deadline, so etcd is about to sweep it:
                     # wait for its verdict (as for a holder) — 410 beats "contended, retry"
                     self._live_session(session_id)
-                outcome = self._settle_holder(key=key, session_id=session_id)
+                outcome = self._settle_holder(
+                    key=key, session_id=session_id, holder=result.responses[0].first()
+                )
                 if outcome is not None:
                     return outcome
             raise EtcdUnavailable("acquire did not settle after repeated races")
@@ -193,11 +225,12 @@ class AcquireMixin(GrantsMixin):
         return grant, result, False
 
     def _settle_holder(
-        self, *, key: str, session_id: uuid.UUID
+        self, *, key: str, session_id: uuid.UUID, holder: KeyValue | None
     ) -> tuple[GrantRecord | None, KeyValue | None, KeyValue | None, int] | None:
-        """After a refused create: the answer of _try_grant, or None to try again (the key was
-        freed, or its lapsed holder was removed here)."""
-        holder, holder_session, revision, lapsed = self._holder_state(key)
+        """After a refused create (`holder`: the grant it answered, if any): the answer of
+        _try_grant, or None to try again (the key was freed, or its lapsed holder was removed
+        here)."""
+        holder, holder_session, revision, lapsed = self._holder_state(key, known=holder)
         if holder is None:
             return None  # released (or swept) since our txn: try again
         holder_sid = holder.json()["sessionId"]
@@ -310,6 +343,7 @@ class AcquireMixin(GrantsMixin):
         waiter: int | None = None  # the waiter lease while we are queued
         queue: tuple[str, int] | None = None  # our queue entry (key, create revision)
         handed = False  # granted from the queue: the entry moved onto the grant's lease
+        look: TxnResult | None = None  # the queue and the grant as our registration saw them
         try:
             while True:
                 try:
@@ -333,14 +367,17 @@ class AcquireMixin(GrantsMixin):
                         )
                     raise self._contended(key, holder, holder_session)
                 if queue is None:
-                    waiter, queue = self._register_waiter(
+                    waiter, queue, look = self._register_waiter(
                         key=key,
                         session_id=session_id,
                         wait_ms=wait_ms,
                         holder=holder,
                         session=holder_session,
                     )
-                self._await_turn(key=key, session_id=session_id, queue=queue, timeout_s=remaining)
+                self._await_turn(
+                    key=key, session_id=session_id, queue=queue, timeout_s=remaining, look=look
+                )
+                look = None
         finally:
             if waiter is not None and handed:
                 self._recycle(waiter)  # empty: our entry is on the grant's lease by now
@@ -348,13 +385,20 @@ class AcquireMixin(GrantsMixin):
                 self._revoke_quietly(waiter)  # leave the queue: the next waiter wakes
 
     def _await_turn(
-        self, *, key: str, session_id: uuid.UUID, queue: tuple[str, int], timeout_s: float
+        self,
+        *,
+        key: str,
+        session_id: uuid.UUID,
+        queue: tuple[str, int],
+        timeout_s: float,
+        look: TxnResult | None = None,
     ) -> None:
         """Wait until it may be our turn: the deletion of the entry just before ours, or, at the
         head, of the grant or its holder's session; or of our own session. Returns at once when
-        we are the head and the key is free."""
+        we are the head and the key is free. `look`: the queue and the grant at one revision,
+        as the registration just read them (else read here)."""
         lock_key = self._lock_key(key)
-        read = self.client.read(get(self._wait_prefix(key), prefix=True), get(lock_key))
+        read = look or self.client.read(get(self._wait_prefix(key), prefix=True), get(lock_key))
         entries = read.responses[0].kvs
         if not any(entry.key == queue[0] for entry in entries):
             raise _Withdrawn
@@ -368,6 +412,9 @@ class AcquireMixin(GrantsMixin):
             return  # the head, and the key is free: our turn
         else:
             watched = [lock_key, self._sess_key(holder.json()["sessionId"])]
+            # etcd deletes a lapsed grant up to LEASE_SLACK_S after its recorded deadline; the
+            # head looks again by then + the grace, when a contender would take it over
+            timeout_s = min(timeout_s, _grace_left(holder, grace_s=EXPIRY_GRACE_S))
         woken = self.client.wait_for_change(
             [*watched, self._sess_key(session_id)],
             after_revision=read.revision,
@@ -384,32 +431,49 @@ class AcquireMixin(GrantsMixin):
         wait_ms: int,
         holder: KeyValue | None,
         session: KeyValue | None,
-    ) -> tuple[int, tuple[str, int]]:
-        """A queue entry on its own short lease: (the lease, (entry, its create revision));
+    ) -> tuple[int, tuple[str, int], TxnResult]:
+        """A queue entry on its own short lease: (the lease, (entry, its create revision), the
+        queue and the grant as the registering txn saw them, for the first `_await_turn`);
         beyond the cap → 429 CONTENTION_EXCEEDED.
 
-        The cap is decided by rank (create revision) among the current waiters, so two
-        concurrent registrations cannot both slip under it.
+        The cap is decided by rank (create revision) among the waiters at the registration's
+        revision (a txn's ranges see its own put), so two concurrent registrations cannot both
+        slip under it.
         """
         # a lease this process emptied, refreshed (no Raft proposal), when one is kept
-        lease, _ = self._grant_lease(math.ceil(wait_ms / 1000) + 2)
         own = self._k("wait", key, str(session_id), uuid.uuid4().hex)
-        try:
-            written = self.client.txn([], [put(own, "1", lease)])
-            waiters = self.client.range(self._wait_prefix(key), prefix=True).kvs
-            earlier = sum(
-                1 for kv in waiters if kv.create_revision < written.revision and kv.value != HELD
-            )
-        except BaseException:
-            self._revoke_quietly(lease)
-            raise
+        for last in (False, True):
+            lease, _ = self._grant_lease(math.ceil(wait_ms / 1000) + 2)
+            try:
+                written = self.client.txn(
+                    [],
+                    [
+                        put(own, "1", lease),
+                        get(self._wait_prefix(key), prefix=True),
+                        get(self._lock_key(key)),
+                    ],
+                )
+                break
+            except EtcdError as exc:
+                if not last and self._lease_lost(exc, lease):
+                    continue  # gone behind our back: once more on a fresh lease
+                self._revoke_quietly(lease)
+                raise
+            except BaseException:
+                self._revoke_quietly(lease)
+                raise
+        waiters = written.responses[1].kvs
+        earlier = sum(
+            1 for kv in waiters if kv.create_revision < written.revision and kv.value != HELD
+        )
         if earlier >= self.waiter_cap:
             self._revoke_quietly(lease)
             ms_until_free = (
                 None if holder is None or session is None else self._ms_until_free(holder, session)
             )
             raise contention_exceeded(key, cap=self.waiter_cap, ms_until_free=ms_until_free)
-        return lease, (own, written.revision)
+        look = TxnResult(written.succeeded, written.revision, written.responses[1:])
+        return lease, (own, written.revision), look
 
 
 class _Withdrawn(Exception):

@@ -63,6 +63,8 @@ class EtcdLockBackend(AcquireMixin, HousekeepingMixin):
         # grant leases made here (id -> TTL s) and the emptied ones kept for reuse, by TTL
         self._grant_leases: dict[int, int] = {}
         self._spare_leases: dict[int, list[int]] = {}
+        # per grant lease: etcd expires it no earlier than this (monotonic, `_grant_lease`)
+        self._lease_cover: dict[int, float] = {}
         self._lease_guard = threading.Lock()
         self.adopt_pg_sequence = (
             adopt_pg_sequence

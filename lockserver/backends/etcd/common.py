@@ -19,6 +19,15 @@ EXPIRY_GRACE_S = 0.75
 # L1 caps a session TTL at 60 s: the longest a session can outlive its last heartbeat.
 MAX_SESSION_TTL_S = 60
 FRESH_LEASE_S = 0.1
+# A grant lease is granted this much longer than the grant's whole seconds, so an emptied one
+# can carry the next grant of the same TTL without a keepalive while its known remaining TTL
+# still covers that grant (`GrantsMixin._grant_lease`). etcd may delete such a grant up to
+# this much after its recorded expiresAt; the recorded deadline is what every decision reads
+# (a contender takes over after EXPIRY_GRACE_S, a parked head wakes by then: `_await_turn`).
+LEASE_SLACK_S = 1
+# Reused without a keepalive only while the lease's lower bound on etcd's expiry is at least
+# this far beyond the new grant's deadline (the two clocks' drift over one slack, and more).
+LEASE_COVER_MARGIN_S = 0.1
 
 
 def not_leader(message: str = "") -> ApiError:

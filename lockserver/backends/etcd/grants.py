@@ -6,12 +6,19 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from time import monotonic
 from typing import Any
 
 from dlock.errors import ApiError, not_found
 from dlock.timefmt import rfc3339_ms
 from lockserver.backends.base import GrantRecord, LockInfoRecord, RevocationRecord
-from lockserver.backends.etcd.common import EXPIRY_GRACE_S, store_call, ttl_seconds
+from lockserver.backends.etcd.common import (
+    EXPIRY_GRACE_S,
+    LEASE_COVER_MARGIN_S,
+    LEASE_SLACK_S,
+    store_call,
+    ttl_seconds,
+)
 from lockserver.backends.etcd.keys import (
     HELD,
     _deadline_passed,
@@ -37,6 +44,7 @@ logger = logging.getLogger("dlock.lockserver.etcd")
 class GrantsMixin(TokensMixin, SessionsMixin):
     _grant_leases: dict[int, int]
     _spare_leases: dict[int, list[int]]
+    _lease_cover: dict[int, float]
     _lease_guard: threading.Lock
 
     def _grant_record(self, key: str, kv: KeyValue) -> GrantRecord:
@@ -68,36 +76,51 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         )
 
     def _grant_lease(self, seconds: int) -> tuple[int, int]:
-        """(a lease of `seconds` with no key on it, its expiresAt in epoch ms). The clock is read
-        before the lease is granted or refreshed, so the reported deadline is never later than
-        etcd's own expiry of the lease: a successor's acquiredAt cannot fall before its
-        predecessor's expiresAt.
+        """(a lease with no key on it that lives at least `seconds` from now, its expiresAt in
+        epoch ms: now + `seconds`). Both clocks are read before the lease is granted or
+        refreshed, so the reported deadline is never later than etcd's own expiry of the lease:
+        a successor's acquiredAt cannot fall before its predecessor's expiresAt.
 
-        A lease this process emptied by a release is reused (`_recycle`): a keepalive resets
-        its TTL to `seconds` and, unlike a lease grant, is no raft proposal (the leader's
-        lessor renews it), so a pair costs two durable writes, the create and the
-        compare-and-delete, as etcd's own lock recipe does."""
+        A lease this process emptied (`_recycle`) carries the next grant of the same TTL. Grant
+        leases are granted LEASE_SLACK_S longer than the grant, and each remembers the lower
+        bound of etcd's expiry its last grant or keepalive answer gave (sent at + TTL answered,
+        on this process's monotonic clock): while that still covers the new grant's deadline
+        (with LEASE_COVER_MARGIN_S to spare) the lease is used as it is, no call at all;
+        otherwise a keepalive resets it (the leader's lessor: no raft proposal). Either way a
+        pair costs two durable writes, the create and the compare-and-delete, as etcd's own
+        lock recipe does."""
         while True:
+            now = monotonic()
             expires_ms = _ms(_now()) + seconds * 1000
             with self._lease_guard:
                 spare = self._spare_leases.get(seconds)
                 lease = spare.pop() if spare else 0
+                covered = self._lease_cover.get(lease, 0.0)
+                if lease and covered - now >= seconds + LEASE_COVER_MARGIN_S:
+                    self._grant_leases[lease] = seconds
+                    return lease, expires_ms
             if not lease:
                 break
             try:
-                if self.client.lease_keepalive(lease) > 0:
+                ttl = self.client.lease_keepalive(lease)
+                if ttl > 0:
                     with self._lease_guard:
                         self._grant_leases[lease] = seconds
+                        self._lease_cover[lease] = now + ttl
                     return lease, expires_ms
             except EtcdUnavailable:
                 raise
             except EtcdError:
                 pass  # expired meanwhile: try the next, or grant one
-        lease, _ = self.client.lease_grant(seconds)
+            with self._lease_guard:
+                self._lease_cover.pop(lease, None)
+        lease, ttl = self.client.lease_grant(seconds + LEASE_SLACK_S)
         with self._lease_guard:
             if len(self._grant_leases) > 10_000:
                 self._grant_leases.clear()
+                self._lease_cover.clear()
             self._grant_leases[lease] = seconds
+            self._lease_cover[lease] = now + ttl
         return lease, expires_ms
 
     def _recycle(self, lease: int) -> None:
@@ -110,6 +133,22 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             spare = self._spare_leases.setdefault(seconds, [])
             if len(spare) < 256:
                 spare.append(lease)
+            else:
+                self._lease_cover.pop(lease, None)
+
+    def _lease_lost(self, exc: EtcdError, lease: int) -> bool:
+        """`exc` says a put named a lease etcd no longer has (revoked behind this process's
+        back, or a store restored without it): forget it and every kept lease of its TTL (they
+        are suspect alike), so the next `_grant_lease` grants a fresh one; False for any other
+        error."""
+        if isinstance(exc, EtcdUnavailable) or "lease not found" not in str(exc):
+            return False
+        with self._lease_guard:
+            seconds = self._grant_leases.pop(lease, None)
+            self._lease_cover.pop(lease, None)
+            for spare in self._spare_leases.pop(seconds, []) if seconds is not None else []:
+                self._lease_cover.pop(spare, None)
+        return True
 
     def _revoke_quietly(self, lease: int) -> None:
         try:
@@ -123,7 +162,9 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         kv, sess, revision, lapsed = self._holder_state(key)
         return kv, None if lapsed else sess, revision
 
-    def _holder_state(self, key: str) -> tuple[KeyValue | None, KeyValue | None, int, bool]:
+    def _holder_state(
+        self, key: str, known: KeyValue | None = None
+    ) -> tuple[KeyValue | None, KeyValue | None, int, bool]:
         """(grant, its session's key or None, revision, lapsed), once etcd has had its say.
 
         The deadlines recorded in both values are never earlier than etcd's own expiry of the
@@ -134,10 +175,13 @@ class GrantsMixin(TokensMixin, SessionsMixin):
         (lapsed=True): etcd renews every lease to its full TTL when a new leader is elected,
         and a grant must never outlive its reported expiresAt by more than about a second
         (issue 16 item 4).
+
+        `known`: the grant as the caller just read it (a refused create answers it), used for the
+        first look instead of reading it again.
         """
         lock_key = self._lock_key(key)
         for settled in (False, True):
-            kv = self.client.range(lock_key).first()
+            kv = known if known is not None and not settled else self.client.range(lock_key).first()
             if kv is None:
                 return None, None, 0, True
             sess_key = self._sess_key(kv.json()["sessionId"])
@@ -179,23 +223,30 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             raise lock_lost(key, self._token(kv) if kv and holder_session else None)
         value = kv.json()
         seconds = ttl_seconds(ttl_ms) if ttl_ms else value["ttlMs"] // 1000
-        lease, expires_ms = self._grant_lease(seconds)
-        value.update(ttlMs=seconds * 1000, expiresAt=expires_ms)
-        # re-attaching to a new lease is a put: ModRevision moves, create_revision (the token)
-        # does not; the compare on ModRevision rejects a concurrent release or takeover. A
-        # grant made by a hand-off moves its queue entry along (it ends with the grant).
-        queued = [put(value["queue"], HELD, lease)] if value.get("queue") else []
-        result = self.client.txn(
-            [
-                compare(self._lock_key(key), "MOD", "EQUAL", kv.mod_revision),
-                compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
-            ],
-            [
-                put(self._lock_key(key), _dump(value), lease),
-                put(self._held_key(session_id, key), key, lease),
-                *queued,
-            ],
-        )
+        for last in (False, True):
+            lease, expires_ms = self._grant_lease(seconds)
+            value.update(ttlMs=seconds * 1000, expiresAt=expires_ms)
+            # re-attaching to a new lease is a put: ModRevision moves, create_revision (the
+            # token) does not; the compare on ModRevision rejects a concurrent release or
+            # takeover. A grant made by a hand-off moves its queue entry along (it ends with
+            # the grant).
+            queued = [put(value["queue"], HELD, lease)] if value.get("queue") else []
+            try:
+                result = self.client.txn(
+                    [
+                        compare(self._lock_key(key), "MOD", "EQUAL", kv.mod_revision),
+                        compare(self._sess_key(session_id), "CREATE", "GREATER", 0),
+                    ],
+                    [
+                        put(self._lock_key(key), _dump(value), lease),
+                        put(self._held_key(session_id, key), key, lease),
+                        *queued,
+                    ],
+                )
+                break
+            except EtcdError as exc:
+                if last or not self._lease_lost(exc, lease):
+                    raise
         if not result.succeeded:
             self._recycle(lease)
             if self.client.range(self._sess_key(session_id)).first() is None:

@@ -6,7 +6,9 @@ Layout under settings.ETCD_PREFIX (default `dlock/`); lock keys match [a-zA-Z0-9
   sess/{sid}          the session is alive: attached to the session's lease (TTL = ttlMillis)
   smeta/{sid}         session metadata (ownerId, ttl, lease): attached to a long *retention*
                       lease, so an expired session answers 410 and an unknown one 404
-  lock/{key}          the grant: attached to a lease of its own (TTL = the grant's ttlMillis);
+  lock/{key}          the grant: attached to a lease of its own (TTL = the grant's whole
+                      seconds + LEASE_SLACK_S, so an emptied lease carries the next grant
+                      without a keepalive; the value's expiresAt is the grant's deadline);
                       token = offset + create_revision (the ModRevision of the creating put)
   held/{sid}/{key}    index of a session's grants (same lease, same txn as the grant)
   seen/{key}          the key was granted at least once (L7 answers 404 otherwise); re-put in

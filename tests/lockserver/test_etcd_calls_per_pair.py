@@ -1,0 +1,167 @@
+"""Gateway calls per acquire and per release on the etcd backend (issue 39 item 2; the pg
+analogue is test_writes_per_pair.py): counted at the client's one transport method, on a real
+etcd. The lease clock (`grants.monotonic`) is pinned, so whether a kept lease still covers the
+next grant is decided by the test, not by how busy the box is."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter
+
+import pytest
+
+from lockserver.backends.etcd import grants
+from lockserver.backends.etcd.common import LEASE_SLACK_S
+from tests.lockserver.test_etcd_tokens_and_outage import backend_on
+
+pytestmark = [pytest.mark.etcd]
+
+
+class _Calls:
+    """Every gateway call of the backend, by path, per thread."""
+
+    def __init__(self, backend) -> None:
+        self.by_thread: dict[str, list[str]] = {}
+        post = backend.client._post
+
+        def counted(path, body, *args, **kwargs):
+            self.by_thread.setdefault(threading.current_thread().name, []).append(path)
+            return post(path, body, *args, **kwargs)
+
+        backend.client._post = counted
+
+    def of(self, thread: str) -> Counter[str]:
+        return Counter(self.by_thread.pop(thread, []))
+
+
+def test_own_key_pair_is_two_calls_while_the_kept_lease_covers_the_grant(own_etcd, monkeypatch):
+    now = [1_000.0]
+    monkeypatch.setattr(grants, "monotonic", lambda: now[0])
+    backend = backend_on(own_etcd)
+    try:
+        session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
+        key = f"k-{uuid.uuid4().hex[:8]}"
+
+        def pair() -> None:
+            grant = backend.acquire(
+                key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0
+            )
+            backend.release(key=key, session_id=session, token=grant.fencing_token)
+
+        pair()  # the token floor, the offset, a lease granted for 5 + LEASE_SLACK_S s
+        calls = _Calls(backend)
+        me = threading.current_thread().name
+        grant = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
+        assert calls.of(me) == {"kv/txn": 1}  # the create: the kept lease covers 5 s, no call
+        backend.release(key=key, session_id=session, token=grant.fencing_token)
+        assert calls.of(me) == {"kv/txn": 1}  # the compare-and-delete
+        # the lease's cover is now under 5 s + the margin: one keepalive refreshes it
+        now[0] += LEASE_SLACK_S
+        pair()
+        assert calls.of(me) == {"lease/keepalive": 1, "kv/txn": 2}
+        pair()  # refreshed: covered again
+        assert calls.of(me) == {"kv/txn": 2}
+    finally:
+        backend.close()
+
+
+def test_hot_key_hand_off_is_one_call_for_the_release_and_one_for_the_head(own_etcd, monkeypatch):
+    now = [1_000.0]
+    monkeypatch.setattr(grants, "monotonic", lambda: now[0])
+    backend = backend_on(own_etcd)
+    try:
+        holder = backend.open_session(owner_id="a", ttl_ms=10_000).session_id
+        waiter = backend.open_session(owner_id="b", ttl_ms=10_000).session_id
+        key = f"hot-{uuid.uuid4().hex[:8]}"
+        for session in (holder, waiter):  # warm: both sessions' owners, a kept lease each
+            grant = backend.acquire(
+                key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0
+            )
+            backend.release(key=key, session_id=session, token=grant.fencing_token)
+        held = backend.acquire(key=key, session_id=holder, owner_id=None, ttl_ms=5_000, wait_ms=0)
+        calls = _Calls(backend)
+        parked = threading.Event()
+        watch = backend.client.wait_for_change
+
+        def watching(*args, **kwargs):
+            parked.set()
+            return watch(*args, **kwargs)
+
+        backend.client.wait_for_change = watching
+        handed: list = []
+        thread = threading.Thread(
+            target=lambda: handed.append(
+                backend.acquire(
+                    key=key, session_id=waiter, owner_id=None, ttl_ms=5_000, wait_ms=60_000
+                )
+            ),
+            name="waiter",
+        )
+        thread.start()
+        parked.wait()
+        parking = calls.of("waiter")
+        me = threading.current_thread().name
+        backend.release(key=key, session_id=holder, token=held.fencing_token)
+        thread.join()
+        assert handed and handed[0].fencing_token > held.fencing_token
+        # parking: the refused create (it answers the holder), the holder's session read, a
+        # lease for the grant and one for the queue entry (no kept lease of those TTLs here),
+        # the entry's put with the queue and the grant read in the same txn; then the watch
+        assert parking == {"kv/txn": 3, "lease/grant": 2}
+        assert calls.of(me) == {"kv/txn": 1}  # the release: compare-and-delete
+        assert calls.of("waiter") == {"kv/txn": 1}  # woken once, granted by its create
+        assert not any(calls.by_thread.values())
+    finally:
+        backend.close()
+
+
+def test_a_kept_lease_revoked_behind_the_servers_back_is_replaced_not_an_error(
+    own_etcd, monkeypatch
+):
+    """An operator's `etcdctl lease revoke`, or a store restored without the lease: a kept
+    lease used with no keepalive is gone, and the put naming it is refused. The acquire, the
+    renew and a waiter's registration each take a fresh lease instead of failing."""
+    now = [1_000.0]
+    monkeypatch.setattr(grants, "monotonic", lambda: now[0])
+    backend = backend_on(own_etcd)
+    try:
+        session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
+        other = backend.open_session(owner_id="o", ttl_ms=10_000).session_id
+        key = f"k-{uuid.uuid4().hex[:8]}"
+
+        def revoke_the_kept_leases(seconds: int) -> list[int]:
+            kept = list(backend._spare_leases.get(seconds, []))
+            assert kept
+            for lease in kept:
+                assert backend.client.lease_revoke(lease)
+            return kept
+
+        first = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
+        backend.release(key=key, session_id=session, token=first.fencing_token)
+        gone = revoke_the_kept_leases(5)
+        grant = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
+        assert grant.fencing_token > first.fencing_token
+        assert backend.client.range(backend._lock_key(key)).first().lease not in gone
+
+        # renew onto a kept lease of another TTL that is gone too
+        spare = backend.acquire(
+            key="spare", session_id=session, owner_id=None, ttl_ms=7_000, wait_ms=0
+        )
+        backend.release(key="spare", session_id=session, token=spare.fencing_token)
+        gone = revoke_the_kept_leases(7)
+        renewed = backend.renew(
+            key=key, session_id=session, token=grant.fencing_token, ttl_ms=7_000
+        )
+        assert renewed.fencing_token == grant.fencing_token
+        assert backend.client.range(backend._lock_key(key)).first().lease not in gone
+
+        # a waiter's registration on a kept waiter lease that is gone (wait 1 s: a 3 s lease)
+        waiter = backend._grant_lease(3)[0]
+        backend._recycle(waiter)
+        revoke_the_kept_leases(3)
+        with pytest.raises(Exception) as refused:  # held by `session`: 409 once the wait is over
+            backend.acquire(key=key, session_id=other, owner_id=None, ttl_ms=5_000, wait_ms=1)
+        assert getattr(refused.value, "code", None) == "LOCK_CONTENDED", refused.value
+    finally:
+        backend.close()
