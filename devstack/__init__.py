@@ -34,7 +34,7 @@ from devstack.common import (
 from devstack.envfile import new_proof_keys, read_env, run_dir, write_env
 from devstack.etcd import EtcdServer, etcd_cluster, etcd_healthy
 from devstack.postgres import PgCluster, pg_bindir, private_datadir, state_root
-from devstack.roles import RoleProcess, manage, migrate_all
+from devstack.roles import RoleProcess, manage, migrate_all, stop_all
 from devstack.stack import Topology, TopologyMismatch, clean, down, restart_role, status, up
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "say",
     "state_root",
     "status",
+    "stop_all",
     "up",
     "wait_until",
     "write_env",

@@ -9,11 +9,8 @@ every role is ready → write `.run/stack.env` (only now, and only what the proc
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from devstack.common import (
     port_open,
     ready,
     say,
+    terminate_all,
     wait_until,
 )
 from devstack.envfile import proof_keys, read_env, run_dir, secret_key, write_env
@@ -392,21 +390,7 @@ def up(
 def _terminate(pid: int, timeout: float = 15) -> None:
     """SIGTERM the process (a role's pod drains its nginx, then its gunicorn), SIGKILL its
     process group after `timeout`; reaps our own children."""
-    if not pid or not pid_alive(pid):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        if not pid_alive(pid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
+    terminate_all([pid], timeout)
 
 
 def restart_role(name: str, *, run: Path | str | None = None, timeout: float = 60) -> RoleProcess:
@@ -429,12 +413,23 @@ def down(*, run: Path | str | None = None) -> None:
     run = run_dir(run)
     env = running_env(run) or read_env(run / "stack.env")
     pids = run / "pids"
-    for pidfile in sorted(pids.glob("*.pid")) if pids.exists() else []:
-        pid = _pid_from(pidfile)
-        if pid and pid_alive(pid):
-            _terminate(pid)
-            say(f"stopped {pidfile.stem} (pid {pid})")
-        pidfile.unlink()
+    pidfiles = sorted(pids.glob("*.pid")) if pids.exists() else []
+    # The roles first, all at once; then what they ran on (etcd members), all at once.
+    roles = (
+        {path.stem for path in (run / "roles").glob("*.json")}
+        if (run / "roles").exists()
+        else set()
+    )
+    for wave in (
+        [p for p in pidfiles if p.stem in roles],
+        [p for p in pidfiles if p.stem not in roles],
+    ):
+        alive = {path: pid for path in wave if (pid := _pid_from(path)) and pid_alive(pid)}
+        terminate_all(list(alive.values()))
+        for pidfile in wave:
+            if pidfile in alive:
+                say(f"stopped {pidfile.stem} (pid {alive[pidfile]})")
+            pidfile.unlink()
     for record in (run / "roles").glob("*.json") if (run / "roles").exists() else []:
         pod_dir = (read_record(record) or {}).get("pod_dir")
         if pod_dir:

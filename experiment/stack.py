@@ -145,7 +145,14 @@ def private_stack(
     import secrets
     import shutil
 
-    from devstack import DATABASES, DB_URL_ENV, free_port, migrate_all, private_datadir
+    from devstack import (
+        DATABASES,
+        DB_URL_ENV,
+        free_port,
+        migrate_all,
+        private_datadir,
+        stop_all,
+    )
 
     run_dir.mkdir(parents=True, exist_ok=True)
     # As root the cluster runs as `postgres`, which must reach its datadir (under /tmp then).
@@ -170,8 +177,7 @@ def private_stack(
     procs: dict[str, RoleProcess] = {}
 
     def stop() -> None:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
         cluster.stop("immediate")
         shutil.rmtree(datadir, ignore_errors=True)
 

@@ -18,7 +18,7 @@ from devstack import (
     RoleProcess,
     free_port,
     manage,
-    migrate_all,
+    stop_all,
 )
 from devstack.secrets_env import role_environment
 from tests import credentials, pgplugin
@@ -63,16 +63,45 @@ def create_live_databases(prefix: str) -> dict[str, str]:
     return {var: _create_db(f"{prefix}_{name}") for name, var in DB_URL_ENV.items()}
 
 
-def _create_db(name: str) -> str:
+def migrated_live_databases(prefix: str) -> dict[str, str]:
+    """create_live_databases, then migrate_all: each database as its role migrates it."""
+    return {
+        var: migrated_db(f"{prefix}_{name}", MIGRATED_BY[name], var)
+        for name, var in DB_URL_ENV.items()
+    }
+
+
+# Who migrates each database (devstack.migrate_all): the role that holds every table in it.
+MIGRATED_BY = {"lockdb": "lockserver", "paydb": "admin", "raildb": "railstub"}
+# (role, database variable) -> a database that role migrated once in this test process
+_MIGRATED: dict[tuple[str, str], str] = {}
+
+
+def migrated_db(name: str, role: str, var: str) -> str:
+    """A new database `name` holding what `manage.py migrate`, run as `role` on the database
+    `var` names, makes of an empty one: a copy (CREATE DATABASE ... TEMPLATE) of one migrated
+    once per test process, so a stack pays for its migrations once, not at every start."""
+    template = _MIGRATED.get((role, var))
+    if template is None:
+        template = _create_db(f"migrated_by_{role}_{var.split('_')[0].lower()}")
+        manage(["migrate", "--no-input", "-v", "0"], {var: template}, role=role)
+        _MIGRATED[(role, var)] = template
+    return _create_db(name, template=template)
+
+
+def _create_db(name: str, template: str | None = None) -> str:
     import psycopg
     from psycopg import sql
 
     name = pgplugin.db_name(name)
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template.rsplit("/", 1)[1]))
     with psycopg.connect(pgplugin.server_url("postgres"), autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        conn.execute(create)
     return pgplugin.server_url(name)
 
 
@@ -85,13 +114,12 @@ def start_stack(prefix: str, extra_env: dict[str, str] | None = None) -> LiveSta
         "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
         "DLOCK_EXECUTOR_CREDENTIAL": credentials.EXECUTOR,
         "DLOCK_OPERATOR_CREDENTIAL": credentials.OPERATOR,
-        **create_live_databases(prefix),
+        **migrated_live_databases(prefix),
         **(extra_env or {}),
     }
     ports = {role: free_port() for role in ROLES}
     for role, port in ports.items():
         env[URL_ENV[role]] = f"http://127.0.0.1:{port}"
-    migrate_all(env)
     logdir = Path(tempfile.mkdtemp(prefix=f"dlock-{prefix}-logs-"))
     stack = LiveStack(env=env, logdir=logdir)
     for role, port in ports.items():
@@ -102,8 +130,7 @@ def start_stack(prefix: str, extra_env: dict[str, str] | None = None) -> LiveSta
 
 
 def stop_stack(stack: LiveStack) -> None:
-    for proc in stack.procs.values():
-        proc.stop()
+    stop_all(stack.procs.values())
 
 
 @pytest.fixture(scope="session")
@@ -111,9 +138,16 @@ def django_db_setup(django_db_setup):
     """pytest-django's test databases, dropped at the end of the session without the roles'
     statement and lock timeouts: DROP DATABASE waits for a checkpoint, which on a busy CI
     machine can outlast DB_STATEMENT_TIMEOUT_MS (the drop was cancelled and the database left
-    behind, with a PytestWarning). A later `-c` in libpq's options wins over an earlier one."""
+    behind, with a PytestWarning). A later `-c` in libpq's options wins over an earlier one.
+    The process-wide lock backend's listener thread holds two sessions of its own on the test
+    lockdb (LISTEN and housekeeping): it is closed first, else the drop finds them ("being
+    accessed by other users")."""
     yield
     from django.db import connections
+
+    from lockserver.backends import reset_backend
+
+    reset_backend()
 
     for alias in connections:
         options = connections[alias].settings_dict.setdefault("OPTIONS", {})

@@ -10,8 +10,8 @@ import pytest
 import requests
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from devstack import RoleProcess, free_port, migrate_all
-from tests.conftest import create_live_databases
+from devstack import RoleProcess, free_port
+from tests.conftest import migrated_live_databases
 from tests.test_roles_live import OWN_SERIES
 
 pytestmark = pytest.mark.live
@@ -25,8 +25,7 @@ def _samples(text: str) -> list[str]:
 
 
 def test_two_workers_export_one_summed_series_each(live_stack, tmp_path):
-    env = {**live_stack.env, **create_live_databases("multiproc")}
-    migrate_all(env)
+    env = {**live_stack.env, **migrated_live_databases("multiproc")}
     directory = tmp_path / "prom"
     directory.mkdir()
     (directory / "counter_999999.db").write_bytes(b"stale")  # an earlier master's file

@@ -11,8 +11,8 @@ import sys
 import pytest
 import requests
 
-from devstack import PROJECT, RoleProcess, free_port, migrate_all
-from tests.conftest import ROLES, create_live_databases, raw_request
+from devstack import PROJECT, RoleProcess, free_port
+from tests.conftest import ROLES, migrated_live_databases, raw_request
 
 pytestmark = pytest.mark.live
 
@@ -146,9 +146,7 @@ FOREIGN_SERIES = {
 @pytest.fixture(scope="module")
 def empty_env(live_stack):
     """The live stack's settings over fresh, empty databases (payouts_in_state reads paydb)."""
-    env = {**live_stack.env, **create_live_databases("metrics")}
-    migrate_all(env)
-    return env
+    return {**live_stack.env, **migrated_live_databases("metrics")}
 
 
 def _is(line: str, foreign: str) -> bool:

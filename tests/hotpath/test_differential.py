@@ -23,7 +23,7 @@ import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port
+from devstack import RoleProcess, free_port, stop_all
 from dlock import proof
 from tests import credentials
 from tests.rail.conftest import stub_config_statement
@@ -968,8 +968,7 @@ def arms(live_stack):
         rail_url,
     )
     yield hot, ref
-    for process in references.values():
-        process.stop()
+    stop_all(references.values())
 
 
 def assert_same(hot: requests.Response, ref: requests.Response) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, manage
+from devstack import RoleProcess, free_port
 from dlock import proof
-from tests.conftest import _create_db, fresh_etcd
+from tests.conftest import fresh_etcd, migrated_db
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -136,11 +136,10 @@ def start_lock_server(backend: str, extra_env: dict[str, str] | None = None) -> 
         "DLOCK_PROOF_KEYS": os.environ["DLOCK_PROOF_KEYS"],
         "DJANGO_DEBUG": "false",
         "LOCK_BACKEND": backend,
-        "LOCK_DATABASE_URL": _create_db(db_name),
+        "LOCK_DATABASE_URL": migrated_db(db_name, "lockserver", "LOCK_DATABASE_URL"),
         **TEST_LIMITS,
         **(extra_env or {}),
     }
-    manage(["migrate", "--no-input", "-v", "0"], env, role="lockserver")
     logdir = Path(tempfile.mkdtemp(prefix=f"dlock-lockserver-{backend}-"))
     proc = RoleProcess("lockserver", free_port(), env, logdir / "lockserver.log").start()
     return LockServer(backend=backend, env=env, proc=proc)

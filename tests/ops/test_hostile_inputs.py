@@ -11,8 +11,8 @@ import uuid
 import psycopg
 import pytest
 
-from devstack import free_port, manage, migrate_all
-from tests.conftest import create_live_databases
+from devstack import free_port, manage
+from tests.conftest import migrated_live_databases
 
 pytestmark = [pytest.mark.live]
 
@@ -26,9 +26,8 @@ def env():
         "DLOCK_PROOF_KEYS": os.environ["DLOCK_PROOF_KEYS"],
         "DJANGO_DEBUG": "false",
         "LOCK_BACKEND": "pg",
-        **create_live_databases("h4hostile"),
+        **migrated_live_databases("h4hostile"),
     }
-    migrate_all(env)
     with psycopg.connect(env["PAY_DATABASE_URL"], autocommit=True) as conn:
         conn.execute(
             "INSERT INTO auth_user (username, password, is_staff, is_active, is_superuser,"

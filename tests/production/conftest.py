@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from devstack import RoleProcess, free_port, manage
-from tests.conftest import _create_db
+from tests.conftest import _create_db, migrated_db
 from tests.production.probe_urls import SCHEMA
 
 
@@ -82,14 +82,13 @@ def probe_factory(tmp_path):
 def migrated_paydb(name: str, **extra: str) -> tuple[str, dict[str, str]]:
     """A fresh paydb (`name` plus a random suffix), migrated, and the payments role's
     environment for it (`extra` added)."""
-    db_url = _create_db(f"{name}_{uuid.uuid4().hex[:10]}")
+    db_url = migrated_db(f"{name}_{uuid.uuid4().hex[:10]}", "payments", "PAY_DATABASE_URL")
     env = {
         "PAY_DATABASE_URL": db_url,
         "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
         "DJANGO_DEBUG": "false",
         **extra,
     }
-    manage(["migrate", "--no-input", "-v", "0"], env, role="payments")
     return db_url, env
 
 

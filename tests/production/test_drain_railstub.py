@@ -12,8 +12,8 @@ import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, manage, wait_until
-from tests.conftest import _create_db
+from devstack import RoleProcess, free_port, wait_until
+from tests.conftest import migrated_db
 from tests.production.test_drain import connection_refused
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.live, pytest.mark.slow]
 def test_a_submit_in_flight_at_sigterm_books_and_answers_while_new_connections_are_refused(
     tmp_path,
 ):
-    db_url = _create_db(f"prod_rail_{uuid.uuid4().hex[:10]}")
+    db_url = migrated_db(f"prod_rail_{uuid.uuid4().hex[:10]}", "railstub", "RAIL_DATABASE_URL")
     env = {
         "RAIL_DATABASE_URL": db_url,
         "DJANGO_SECRET_KEY": os.environ["DJANGO_SECRET_KEY"],
@@ -30,7 +30,6 @@ def test_a_submit_in_flight_at_sigterm_books_and_answers_while_new_connections_a
         "DB_STATEMENT_TIMEOUT_MS": "20000",
         "GUNICORN_GRACEFUL_TIMEOUT": "30",
     }
-    manage(["migrate", "--no-input", "-v", "0"], env, role="railstub")
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE railstub_config SET latency_ms = 1000")
     proc = RoleProcess("railstub", free_port(), env, tmp_path / "railstub.log").start()

@@ -28,7 +28,7 @@ import psycopg
 import pytest
 import requests
 
-from devstack import PROJECT, RoleProcess, free_port
+from devstack import PROJECT, RoleProcess, free_port, stop_all
 from devstack.common import URL_ENV
 from devstack.envfile import new_proof_keys
 from devstack.secrets_env import role_environment
@@ -231,8 +231,7 @@ def image_roles(image):
             proc.wait_ready(timeout=120)
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
 
 
 # --------------------------------------------------------------------------- tests
