@@ -106,10 +106,11 @@ def test_a_waiter_marking_a_key_a_release_holds_finds_it_free(lock_server):
     with psycopg.connect(lock_server.db_url) as releasing:  # one open transaction
         cursor = releasing.cursor()
         cursor.execute(pg_sql.RELEASE_SQL, {"key": key, "token": token})
-        ((owner, session_id, handed_to, notified),) = cursor.fetchall()
-        assert (owner, str(session_id), handed_to, notified) == (
+        ((owner, session_id, handed_to, notified, payload),) = cursor.fetchall()
+        assert (owner, str(session_id), handed_to, notified, payload) == (
             holder["ownerId"],
             holder["sessionId"],
+            None,
             None,
             None,
         )
