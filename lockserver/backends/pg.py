@@ -300,19 +300,20 @@ class PgLockBackend(PgStore):
     def release(self, *, key: str, session_id: uuid.UUID, token: int) -> None:
         with self._cursor(pooled=True) as cursor:
             released = sql.release(cursor, key=key, token=token)
-            if released is None:
-                state = sql.key_state(cursor, key=key)
-        if released is not None:
-            self._hand_over(released.handed)  # before our own answer: the next holder's waits
-            return
-            log_event(
-                "lock_release_lost",
-                backend=self.name,
-                key=key,
-                presentedToken=token,
-                storedToken=state.fencing_token,
-                sessionId=str(session_id),
-            )
+            if released is not None:
+                # committed (autocommit): wake the next holder before anything else of ours,
+                # the pool's return of this connection and our own answer
+                self._hand_over(released.handed)
+                return
+            state = sql.key_state(cursor, key=key)
+        log_event(
+            "lock_release_lost",
+            backend=self.name,
+            key=key,
+            presentedToken=token,
+            storedToken=state.fencing_token,
+            sessionId=str(session_id),
+        )
         raise lock_lost(key, state.fencing_token)
 
     def inspect(self, *, key: str) -> LockInfoRecord:
