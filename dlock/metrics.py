@@ -81,7 +81,8 @@ lock_acquire = Counter(
     registry=None,
 )
 # Every time a parked acquire (L4 with waitMillis) wakes: `direct` (a NOTIFY or watch meant for it
-# alone: the lock was handed to it, or its queue entry was withdrawn), `broadcast` (told to
+# alone: the lock was handed to it, or its queue entry was withdrawn), `local` (pg: the same, by
+# a statement that ran in the waiter's own process: woken without the NOTIFY), `broadcast` (told to
 # re-check its key with the key's other waiters) or `timer` (its holder's lease lapsed, or its
 # wait ran out). One release wakes one waiter (ARCHITECTURE decision 23): no herd.
 lock_waiter_wakeups = Counter(
@@ -90,7 +91,7 @@ lock_waiter_wakeups = Counter(
     ["backend", "cause"],
     registry=None,
 )
-WAKEUP_CAUSES = ("direct", "broadcast", "timer")
+WAKEUP_CAUSES = ("direct", "local", "broadcast", "timer")
 requests_shed = Counter(
     "dlock_requests_shed",
     "Requests answered 503 OVERLOADED before Django: older than SERVER_QUEUE_DEADLINE_MS "

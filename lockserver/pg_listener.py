@@ -3,8 +3,11 @@
 Waiters (L4 with waitMillis) block on a `threading.Event` without holding a pooled database
 connection. A release, revoke, session close or lapse hands the key to the head of its queue
 and NOTIFYs that waiter only (the grant channel, payload: its waiter id and grant); this thread
-wakes that one waiter (`Parked.payload`). The key channel (payload: the key) is the fallback
-that wakes every waiter parked on a key, for a waiter the freeing statement could not see yet.
+wakes that one waiter (`Parked.payload`). When the freeing statement ran in this process, the
+thread that ran it wakes the waiter itself right after the commit (`hand_over`), without the
+NOTIFY's round trip; the NOTIFY that follows is then a no-op here. The key channel (payload:
+the key) is the fallback that wakes every waiter parked on a key, for a waiter the freeing
+statement could not see yet.
 The thread owns two psycopg connections of its own (never the request pool): one only
 LISTENs, one runs the periodic housekeeping. It also tells the backend whether the database
 answered lately, which separates "database down" (503 NOT_LEADER) from "pool exhausted"
@@ -29,15 +32,17 @@ logger = logging.getLogger("dlock.lockserver")
 
 class Parked:
     """One parked acquire: woken by a NOTIFY meant for it alone (`payload`: the hand-off's
-    grant, or its withdrawal) or to re-check its key."""
+    grant, or its withdrawal) or to re-check its key. `cause`: who set the payload first,
+    `direct` (the NOTIFY) or `local` (the freeing statement ran in this process)."""
 
-    __slots__ = ("event", "key", "payload", "waiter_id")
+    __slots__ = ("cause", "event", "key", "payload", "waiter_id")
 
     def __init__(self, key: str, waiter_id: str) -> None:
         self.key = key
         self.waiter_id = waiter_id
         self.event = threading.Event()
         self.payload: str | None = None
+        self.cause = "direct"
 
 
 class KeyListener:
@@ -97,6 +102,18 @@ class KeyListener:
             self._subscribers[key].add(parked.event)
         return parked
 
+    def hand_over(self, payload: str, *, cause: str = "local") -> None:
+        """Wake the waiter a grant payload names, if it is parked in this process and not woken
+        yet (a late NOTIFY, or one for another process's waiter, is a no-op). Call only once
+        the statement that made the payload has committed."""
+        with self._guard:
+            parked = self._parked.get(payload.split(" ", 1)[0])
+            if parked is None or parked.payload is not None:
+                return
+            parked.payload = payload
+            parked.cause = cause
+        parked.event.set()
+
     def unpark(self, parked: Parked) -> None:
         with self._guard:
             self._parked.pop(parked.waiter_id, None)
@@ -117,13 +134,6 @@ class KeyListener:
             events = list(self._subscribers.get(key, ()))
         for event in events:
             event.set()
-
-    def _wake_granted(self, payload: str) -> None:
-        with self._guard:
-            parked = self._parked.get(payload.split(" ", 1)[0])
-        if parked is not None:
-            parked.payload = payload
-            parked.event.set()
 
     def _wake_all(self) -> None:
         """After a reconnect notifications may have been missed: every waiter re-checks."""
@@ -186,7 +196,7 @@ class KeyListener:
             timeout = max(0.0, min(0.5, next_housekeeping - time.monotonic()))
             for notify in listen.notifies(timeout=timeout):
                 if notify.channel == self._grant_channel:
-                    self._wake_granted(notify.payload)
+                    self.hand_over(notify.payload, cause="direct")
                 else:
                     self._wake(notify.payload)
             if self._housekeeping is not None and time.monotonic() >= next_housekeeping:

@@ -14,7 +14,7 @@ import time
 import uuid
 
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found
@@ -61,7 +61,7 @@ class PgLockBackend(PgStore):
             params,
             channel=sql.NOTIFY_CHANNEL,
             grant_channel=sql.GRANT_CHANNEL,
-            housekeeping=functools.partial(housekeep, backend=self.name),
+            housekeeping=functools.partial(housekeep, backend=self.name, hand_over=self._hand_over),
             housekeeping_interval_s=settings.LOCK_HOUSEKEEPING_MS / 1000,
         )
         if start_listener:
@@ -96,7 +96,8 @@ class PgLockBackend(PgStore):
         with self._atomic() as cursor:
             # Its queue entries first: a hand-off that locked one commits before we go on, one
             # that comes later skips them (pg_sql._HEAD).
-            sql.delete_session_waiters(cursor, session_id=session_id)
+            for withdrawn in sql.delete_session_waiters(cursor, session_id=session_id):
+                self._hand_over(withdrawn)  # a parked acquire of ours answers at once
             # Row lock next: an acquire holding the session FOR SHARE commits before we free.
             session = sql.get_session(cursor, session_id=session_id, for_update=True)
             if session is None:
@@ -105,7 +106,8 @@ class PgLockBackend(PgStore):
                 raise owner_mismatch()
             freed = sql.delete_session(cursor, session_id=session_id)
             for key, _token, _owner in freed:
-                sql.hand_off(cursor, key=key)  # to the head of each freed key's queue
+                # to the head of each freed key's queue
+                self._hand_over(sql.hand_off(cursor, key=key).payload)
         for key, token, owner in freed:
             log_event(
                 "lock_released",
@@ -205,6 +207,7 @@ class PgLockBackend(PgStore):
         """Give a key that is not live to the head of its queue; log the lapse it ended."""
         with self._cursor(pooled=True) as cursor:
             handed = sql.hand_off(cursor, key=key)
+        self._hand_over(handed.payload)
         if handed.lapsed_token is not None:
             log_event(
                 "lock_expired",
@@ -215,6 +218,18 @@ class PgLockBackend(PgStore):
                 sessionId=str(handed.lapsed_session_id),
             )
         return handed
+
+    def _hand_over(self, payload: str | None) -> None:
+        """Wake the waiter a hand-off granted, once its statement commits, if it is parked in
+        this process (KeyListener.hand_over): it answers without waiting for the NOTIFY."""
+        if payload is None:
+            return
+        if connections[self.alias].in_atomic_block:
+            transaction.on_commit(
+                functools.partial(self.listener.hand_over, payload), using=self.alias
+            )
+        else:  # an autocommit statement: committed once it answered
+            self.listener.hand_over(payload)
 
     def _rotate(
         self, key: str, session_id: uuid.UUID, token: int, ttl_ms: int
@@ -285,18 +300,21 @@ class PgLockBackend(PgStore):
     def release(self, *, key: str, session_id: uuid.UUID, token: int) -> None:
         with self._cursor(pooled=True) as cursor:
             released = sql.release(cursor, key=key, token=token)
-            if released is None:
-                state = sql.key_state(cursor, key=key)
-        if released is None:
-            log_event(
-                "lock_release_lost",
-                backend=self.name,
-                key=key,
-                presentedToken=token,
-                storedToken=state.fencing_token,
-                sessionId=str(session_id),
-            )
-            raise lock_lost(key, state.fencing_token)
+            if released is not None:
+                # committed (autocommit): wake the next holder before anything else of ours,
+                # the pool's return of this connection and our own answer
+                self._hand_over(released.handed)
+                return
+            state = sql.key_state(cursor, key=key)
+        log_event(
+            "lock_release_lost",
+            backend=self.name,
+            key=key,
+            presentedToken=token,
+            storedToken=state.fencing_token,
+            sessionId=str(session_id),
+        )
+        raise lock_lost(key, state.fencing_token)
 
     def inspect(self, *, key: str) -> LockInfoRecord:
         with self._cursor() as cursor:
@@ -336,7 +354,8 @@ class PgLockBackend(PgStore):
                 reason=reason,
                 revocation_id=revocation_id,
             )
-            sql.hand_off(cursor, key=key)  # its token is drawn after the floor: above it
+            # its token is drawn after the floor: above it
+            self._hand_over(sql.hand_off(cursor, key=key).payload)
         return RevocationRecord(key, token, floor, revocation_id, owner)
 
     # ------------------------------------------------------------------ lifecycle

@@ -4,6 +4,8 @@ grants reaped and handed to their queues, expired sessions logged, retention, to
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import psycopg
 from django.conf import settings
 
@@ -14,14 +16,24 @@ from lockserver.backends import pg_sql as sql
 from lockserver.backends import token_sql
 
 
-def housekeep(conn: psycopg.Connection, *, backend: str) -> None:
-    """Reaper (listener thread, own connection): expiry events, retention, gauges."""
+def housekeep(
+    conn: psycopg.Connection,
+    *,
+    backend: str,
+    hand_over: Callable[[str | None], None] | None = None,
+) -> None:
+    """Reaper (listener thread, own connection): expiry events, retention, gauges.
+    `hand_over` wakes a waiter of this process granted by a lapse's hand-off, after the commit."""
+    handed: list[str | None] = []
     with conn.cursor() as cursor:
         with conn.transaction():
             lapsed = sql.reap_lapsed_grants(cursor)
             for key, _token, _owner, _session_id, waited in lapsed:
-                if waited:
-                    sql.hand_off(cursor, key=key)  # a lapse hands over too (decision 23)
+                if waited:  # a lapse hands over too (decision 23)
+                    handed.append(sql.hand_off(cursor, key=key).payload)
+        if hand_over is not None:
+            for payload in handed:
+                hand_over(payload)
         for key, token, owner, session_id, _waited in lapsed:
             log_event(
                 "lock_expired",

@@ -101,10 +101,16 @@ def park(
             queued = False
     except BaseException:
         if queued:  # best effort: leave the queue, and give back a grant we cannot answer
-            with contextlib.suppress(Exception), backend._cursor(pooled=True) as cursor:
-                lost = sql.withdraw(cursor, waiter_id=waiter_id, key=key, session_id=session_id)
-                if lost is not None:
-                    sql.release(cursor, key=key, token=lost.fencing_token)
+            with contextlib.suppress(Exception):
+                with backend._cursor(pooled=True) as cursor:
+                    lost = sql.withdraw(cursor, waiter_id=waiter_id, key=key, session_id=session_id)
+                    released = (
+                        None
+                        if lost is None
+                        else sql.release(cursor, key=key, token=lost.fencing_token)
+                    )
+                if released is not None:
+                    backend._hand_over(released.handed)
         raise
     finally:
         backend.listener.unpark(parked)
@@ -144,11 +150,12 @@ def _await_hand_off(
         left = deadline - time.monotonic()
         if left <= 0:
             return True, None
-        # Woken by the hand-off to us, or when the holder's lease lapses by the
+        # Woken by the hand-off to us (its NOTIFY, or at once by a freeing statement that ran in
+        # this process: KeyListener.hand_over), or when the holder's lease lapses by the
         # database's own reckoning (nobody NOTIFYs that): then hand it over ourselves.
         timeout = left if ms_until_free is None else min(left, ms_until_free / 1000 + 0.002)
         woken = parked.event.wait(max(0.0, timeout))
         parked.event.clear()
-        cause = "direct" if parked.payload else "broadcast" if woken else "timer"
+        cause = parked.cause if parked.payload else "broadcast" if woken else "timer"
         lock_waiter_wakeups.labels(backend=backend.name, cause=cause).inc()
         recheck = parked.payload is None

@@ -106,10 +106,11 @@ def test_a_waiter_marking_a_key_a_release_holds_finds_it_free(lock_server):
     with psycopg.connect(lock_server.db_url) as releasing:  # one open transaction
         cursor = releasing.cursor()
         cursor.execute(pg_sql.RELEASE_SQL, {"key": key, "token": token})
-        ((owner, session_id, handed_to, notified),) = cursor.fetchall()
-        assert (owner, str(session_id), handed_to, notified) == (
+        ((owner, session_id, handed_to, notified, payload),) = cursor.fetchall()
+        assert (owner, str(session_id), handed_to, notified, payload) == (
             holder["ownerId"],
             holder["sessionId"],
+            None,
             None,
             None,
         )
@@ -144,3 +145,36 @@ def test_a_waiter_marking_a_key_a_release_holds_finds_it_free(lock_server):
     assert answers == [(True, False, None)]  # admitted, the key no longer held: hand it over
     # A waiter that marked a held key is answered "held" and its mark makes the next release
     # NOTIFY: that is the other order, covered through HTTP above.
+
+
+def test_only_a_queue_entry_commits_without_waiting_for_the_flush(lock_server):
+    """A queue entry's commit skips the WAL flush (its statement sets synchronous_commit off for
+    its own transaction); a statement that grants or frees stays synchronous, and the pooled
+    connection is synchronous again after the entry's transaction."""
+    key = new_key()
+    holder = lock_server.session(ttl_ms=30_000)
+    token = lock_server.acquire(key, holder, ttl_ms=30_000).json()["fencingToken"]
+    waiter = lock_server.session(ttl_ms=30_000)
+    with psycopg.connect(lock_server.db_url) as conn:  # explicit transactions: SHOW inside
+        cursor = conn.cursor()
+        cursor.execute("SET synchronous_commit = on")  # the test cluster runs with it off
+        conn.commit()
+        admitted = pg_sql.add_waiter(
+            cursor,
+            waiter_id=uuid.uuid4(),
+            key=key,
+            session_id=uuid.UUID(waiter["sessionId"]),
+            owner_id=waiter["ownerId"],
+            wait_ms=10_000,
+            cap=64,
+        )
+        assert admitted[:2] == (True, True)
+        assert cursor.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        conn.commit()
+        assert cursor.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        conn.commit()
+        assert pg_sql.release(cursor, key=key, token=token).handed is not None  # to the waiter
+        assert cursor.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        assert pg_sql.hand_off(cursor, key=key).waiter_id is None  # held now: nothing to do
+        assert cursor.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        conn.commit()

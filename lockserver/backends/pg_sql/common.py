@@ -67,11 +67,13 @@ _RECORD_HANDOFF = """
 """
 _EPOCH_US = "(EXTRACT(EPOCH FROM {}) * 1000000)::bigint"
 # payload: "<waiter id> <token> <acquiredAt µs> <expiresAt µs>"; a bare "<waiter id>" means the
-# entry was withdrawn (its session closed)
-_NOTIFY_GRANTED = (
-    f"pg_notify('{GRANT_CHANNEL}', concat_ws(' ', waiter_id, fencing_token,"
-    f" {_EPOCH_US.format('acquired_at')}, {_EPOCH_US.format('expires_at')}))"
+# entry was withdrawn (its session closed). The freeing statement also returns the payload, so a
+# waiter parked in the same process is woken at once after the commit (KeyListener.hand_over).
+_GRANT_PAYLOAD = (
+    "concat_ws(' ', waiter_id, fencing_token,"
+    f" {_EPOCH_US.format('acquired_at')}, {_EPOCH_US.format('expires_at')})"
 )
+_NOTIFY_GRANTED = f"pg_notify('{GRANT_CHANNEL}', {_GRANT_PAYLOAD})"
 
 
 def grant_payload(payload: str) -> tuple[str, tuple[int, dt.datetime, dt.datetime] | None]:

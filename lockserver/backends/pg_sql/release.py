@@ -8,6 +8,7 @@ from typing import Any
 
 from lockserver.backends.pg_sql.common import (
     _FREE_HOLDER,
+    _GRANT_PAYLOAD,
     _HANDED,
     _HEAD,
     _LIVE,
@@ -21,7 +22,8 @@ from lockserver.backends.pg_sql.common import (
 # statement the hand-off to the head of the queue (decision 23): a new token drawn under the
 # key's row lock, the waiter's row told its grant, and a NOTIFY for that waiter only. With no
 # waiter to hand to, the key is freed; the key's broadcast NOTIFY then goes out only if a waiter
-# marked the row that this statement's snapshot does not show yet (_NOTIFY_IF_WAITED).
+# marked the row that this statement's snapshot does not show yet (_NOTIFY_IF_WAITED). The last
+# column is the grant NOTIFY's payload, for a waiter parked in this process (Released.handed).
 RELEASE_SQL = f"""
 WITH cur AS (
     SELECT g.lock_key, g.owner_id, g.session_id FROM lock_grant AS g
@@ -36,23 +38,32 @@ WITH cur AS (
 SELECT owner_id, session_id, waiter_id,
        CASE WHEN waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED}
             WHEN waiter_until > clock_timestamp()
-            THEN pg_notify('{NOTIFY_CHANNEL}', lock_key) END
+            THEN pg_notify('{NOTIFY_CHANNEL}', lock_key) END,
+       CASE WHEN waiter_id IS NOT NULL THEN {_GRANT_PAYLOAD} END
 FROM upd
 """
 
 
-def release(cursor: Any, *, key: str, token: int) -> tuple[str, uuid.UUID] | None:
+@dataclass(frozen=True)
+class Released:
+    owner_id: str  # of the released grant
+    session_id: uuid.UUID
+    handed: str | None  # the grant NOTIFY's payload when the key was handed to a waiter
+
+
+def release(cursor: Any, *, key: str, token: int) -> Released | None:
     """Free the live grant (key, token), handing it to the head of its queue if any (that
-    waiter is notified on commit). (owner, session) of the released grant."""
+    waiter is notified on commit). None: (key, token) is not live."""
     cursor.execute(RELEASE_SQL, {"key": key, "token": token})
     row = cursor.fetchone()
-    return (row[0], row[1]) if row else None
+    return Released(row[0], row[1], row[4]) if row else None
 
 
 # The hand-off on its own, for a key that is not live (freed by a revoke, a closed session or
 # the reaper in the same transaction, or lapsed: then this statement ends the lapsed grant).
 # Always one row: the waiter granted (or NULL), the lapsed grant it replaced, and in how many
-# ms the key's holder (the new one, or the live one left alone) lapses.
+# ms the key's holder (the new one, or the live one left alone) lapses, and the grant NOTIFY's
+# payload.
 HAND_OFF_SQL = f"""
 WITH cur AS (
     SELECT g.lock_key, g.fencing_token, g.owner_id, g.session_id FROM lock_grant AS g
@@ -71,7 +82,8 @@ SELECT upd.waiter_id, upd.lapsed_token, upd.lapsed_owner, upd.lapsed_session,
            SELECT LEAST(g.expires_at, g.session_expires_at) FROM lock_grant AS g
            WHERE g.lock_key = %(key)s AND {_LIVE})) - clock_timestamp())) * 1000)::bigint,
        upd.session_id, upd.owner_id, upd.fencing_token, upd.acquired_at, upd.expires_at,
-       CASE WHEN upd.waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED} END
+       CASE WHEN upd.waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED} END,
+       CASE WHEN upd.waiter_id IS NOT NULL THEN {_GRANT_PAYLOAD} END
 FROM (SELECT 1) AS one LEFT JOIN upd ON true
 """
 
@@ -84,6 +96,7 @@ class HandOff:
     lapsed_session_id: uuid.UUID | None
     ms_until_free: int | None  # the key's holder after the statement lapses in this many ms
     grant: GrantRow | None  # what the waiter was granted
+    payload: str | None  # the grant NOTIFY's payload (KeyListener.hand_over)
 
 
 def hand_off(cursor: Any, *, key: str) -> HandOff:
@@ -105,6 +118,7 @@ def hand_off(cursor: Any, *, key: str) -> HandOff:
         lapsed_session,
         None if ms is None else max(0, int(ms)),
         grant,
+        row[11],
     )
 
 

@@ -90,15 +90,17 @@ SELECT lock_key, fencing_token, owner_id FROM upd
 
 DELETE_SESSION_WAITERS_SQL = f"""
 DELETE FROM lock_waiter WHERE session_id = %(session_id)s
-RETURNING pg_notify('{GRANT_CHANNEL}', waiter_id::text)
+RETURNING waiter_id::text, pg_notify('{GRANT_CHANNEL}', waiter_id::text)
 """
 
 
-def delete_session_waiters(cursor: Any, *, session_id: uuid.UUID) -> None:
+def delete_session_waiters(cursor: Any, *, session_id: uuid.UUID) -> list[str]:
     """Withdraw the session's queue entries (first thing in close_session: a hand-off skips a
     row locked here, and one that locked it first commits before the session is closed). Each
-    parked acquire is woken; it finds no grant and answers as for a closed session."""
+    parked acquire is woken; it finds no grant and answers as for a closed session. Returns
+    the withdrawn waiter ids (each one's grant-channel payload)."""
     cursor.execute(DELETE_SESSION_WAITERS_SQL, {"session_id": session_id})
+    return [row[0] for row in cursor.fetchall()]
 
 
 def delete_session(cursor: Any, *, session_id: uuid.UUID) -> list[tuple[str, int, str]]:

@@ -14,6 +14,13 @@ from lockserver.backends.pg_sql.common import _LIVE
 # newest row version whether the key is still held and when its holder lapses: if a freeing
 # statement held the row meanwhile, it may not have seen this entry, so the caller hands the
 # key over itself (hand_off) instead of parking.
+# Its commit does not wait for the WAL flush (synchronous_commit off for this statement's own
+# transaction only: set_config(..., true)): a queue entry grants nothing, and on a hot key its
+# flush would otherwise sit between the next release and that release's own flush. Durability
+# holds: every grant is made by a synchronous statement (release, hand_off, revoke, close), and
+# one that read this entry flushes the WAL up to its own record, this entry's included (the WAL
+# is flushed in order). A crash can lose only the newest entries; their parked acquires are woken
+# when the listener reconnects and, found in no queue, answer when their wait runs out.
 ADD_WAITER_SQL = f"""
 WITH sess AS (
     SELECT session_id, owner_id FROM lock_session
@@ -41,6 +48,7 @@ WITH sess AS (
 )
 SELECT EXISTS (SELECT 1 FROM ins), COALESCE((SELECT held FROM mark), false),
        (SELECT ms FROM mark)
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 """
 
 

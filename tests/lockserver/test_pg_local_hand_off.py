@@ -1,0 +1,195 @@
+"""A hand-off whose statement runs in the waiter's own process wakes it at once (pg, issue 39).
+
+The releasing thread wakes the parked acquire right after its commit (`KeyListener.hand_over`,
+wake-up cause `local`) instead of waiting for the NOTIFY to come back through PostgreSQL and
+the listener thread. These tests run the backend in this process with its listener thread not
+started, so nothing but the local path can wake a waiter: the NOTIFY that still goes out (for
+other processes) is received on a connection of the test's own and replayed as the late one.
+A wait that runs out while the hand-off commits is made deterministic by running the release
+inside the waiter's withdraw, before and after its statement.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from django.db import connections
+
+from dlock.metrics import lock_waiter_wakeups
+from lockserver.backends import pg_sql
+from lockserver.backends.base import GrantRecord
+from lockserver.backends.pg import PgLockBackend
+from lockserver.pg_listener import KeyListener
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "lockdb"])
+
+
+def wakeups(cause: str) -> float:
+    return lock_waiter_wakeups.labels(backend="pg", cause=cause)._value.get()
+
+
+@pytest.fixture
+def backend():
+    backend = PgLockBackend(start_listener=False)  # only the local hand-off can wake a waiter
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def granted_notifies():
+    """A connection LISTENing on the grant channel: the NOTIFYs every hand-off still sends."""
+    params = dict(connections["lockdb"].get_connection_params())
+    for name in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(name, None)
+    with psycopg.connect(**params, autocommit=True) as conn:
+        conn.execute(f"LISTEN {pg_sql.GRANT_CHANNEL}")
+        yield conn
+
+
+def next_notify(conn: psycopg.Connection) -> str:
+    for notify in conn.notifies(timeout=10, stop_after=1):
+        return notify.payload
+    raise AssertionError("the hand-off sent no NOTIFY")
+
+
+class Waiter:
+    """backend.acquire with waitMillis in a thread; `answer`: its grant or its error."""
+
+    def __init__(self, backend: PgLockBackend, key: str, wait_ms: int) -> None:
+        self.session = backend.open_session(owner_id=f"w-{uuid.uuid4().hex[:6]}", ttl_ms=30_000)
+        self.answer: GrantRecord | Exception | None = None
+        self.thread = threading.Thread(target=self._run, args=(backend, key, wait_ms), daemon=True)
+
+    def _run(self, backend: PgLockBackend, key: str, wait_ms: int) -> None:
+        try:
+            self.answer = backend.acquire(
+                key=key,
+                session_id=self.session.session_id,
+                owner_id=self.session.owner_id,
+                ttl_ms=30_000,
+                wait_ms=wait_ms,
+            )
+        except Exception as exc:  # the test asserts on it
+            self.answer = exc
+        finally:
+            connections.close_all()
+
+    def park(self, backend: PgLockBackend, key: str) -> Waiter:
+        """Start, and return once its queue entry exists and it is parked in this process."""
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not (backend.listener._parked and backend.inspect(key=key).waiter_count == 1):
+            assert time.monotonic() < deadline, "the waiter never parked"
+            time.sleep(0.01)
+        return self
+
+    def result(self) -> GrantRecord:
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the parked acquire never answered"
+        assert isinstance(self.answer, GrantRecord), self.answer
+        return self.answer
+
+
+def hold(backend: PgLockBackend, key: str) -> tuple[uuid.UUID, int]:
+    session = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    grant = backend.acquire(
+        key=key, session_id=session.session_id, owner_id=None, ttl_ms=30_000, wait_ms=0
+    )
+    return session.session_id, grant.fencing_token
+
+
+def holder_of(backend: PgLockBackend, key: str) -> tuple[str | None, int | None, int]:
+    info = backend.inspect(key=key)
+    return info.owner_id, info.fencing_token, info.waiter_count
+
+
+def test_a_release_in_the_waiters_process_wakes_it_with_the_grant(backend, granted_notifies):
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    holder, token = hold(backend, key)
+    waiter = Waiter(backend, key, wait_ms=20_000).park(backend, key)
+    local, direct = wakeups("local"), wakeups("direct")
+    backend.release(key=key, session_id=holder, token=token)
+    # No listener thread runs: without the local hand-off it would sleep out its 20 s wait.
+    grant = waiter.result()
+    assert grant.fencing_token > token
+    assert grant.session_id == waiter.session.session_id
+    assert holder_of(backend, key) == (waiter.session.owner_id, grant.fencing_token, 0)
+    assert (wakeups("local") - local, wakeups("direct") - direct) == (1, 0)
+    # The NOTIFY still went out (for other processes): the same grant. Arriving late here it
+    # wakes nobody and changes nothing.
+    payload = next_notify(granted_notifies)
+    assert pg_sql.grant_payload(payload)[1][0] == grant.fencing_token
+    backend.listener.hand_over(payload, cause="direct")
+    assert holder_of(backend, key) == (waiter.session.owner_id, grant.fencing_token, 0)
+    assert wakeups("direct") == direct
+    backend.release(key=key, session_id=waiter.session.session_id, token=grant.fencing_token)
+    assert holder_of(backend, key) == (None, None, 0)
+
+
+def test_the_first_wake_up_wins_and_a_late_one_is_a_no_op():
+    listener = KeyListener({}, channel="unused")  # never started: no connection
+    parked = listener.park("k", "w1")
+    listener.hand_over("w1 7 1 2")  # the releasing thread, after its commit
+    listener.hand_over("w1 7 1 2", cause="direct")  # the NOTIFY of the same hand-off
+    listener.hand_over("w2 8 1 2", cause="direct")  # a waiter of another process
+    assert (parked.payload, parked.cause, parked.event.is_set()) == ("w1 7 1 2", "local", True)
+    listener.unpark(parked)
+    listener.hand_over("w1 7 1 2", cause="direct")  # after it answered
+    assert listener._parked == {}
+
+
+@pytest.mark.parametrize("order", ["hand-off first", "withdraw first"])
+def test_a_wait_running_out_as_the_key_is_handed_to_it(backend, monkeypatch, order):
+    """The waiter's wait has run out and it withdraws; the holder releases at that moment (in
+    this process: the local wake-up lands on a waiter that stopped waiting). Either order of
+    the two statements ends with the key granted once, to the waiter, and nothing queued."""
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    holder, token = hold(backend, key)
+    withdraw = pg_sql.withdraw
+    seen: list[object] = []
+
+    def release_meanwhile() -> None:
+        thread = threading.Thread(
+            target=lambda: (
+                backend.release(key=key, session_id=holder, token=token),
+                connections.close_all(),
+            )
+        )
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive()
+
+    def racing_withdraw(cursor, **kwargs):
+        if order == "hand-off first":
+            # By the database's clock the wait is a moment longer (its entry's deadline is
+            # waitMillis + 1 ms after it queued): the entry is still eligible at the release.
+            cursor.execute(
+                "UPDATE lock_waiter SET expires_at = expires_at + interval '10 s'"
+                " WHERE waiter_id = %(w)s",
+                {"w": kwargs["waiter_id"]},
+            )
+            release_meanwhile()  # commits the hand-off to us, then wakes us locally
+            seen.append(withdraw(cursor, **kwargs))
+        else:
+            seen.append(withdraw(cursor, **kwargs))  # we leave the queue; autocommit
+            release_meanwhile()  # finds nobody queued: the key is freed
+        return seen[-1]
+
+    monkeypatch.setattr(pg_sql, "withdraw", racing_withdraw)
+    waiter = Waiter(backend, key, wait_ms=500).park(backend, key)
+    grant = waiter.result()
+    if order == "hand-off first":
+        # the entry was gone: withdraw found the grant handed to us, and we answer with it
+        assert isinstance(seen[0], pg_sql.GrantRow)
+        assert seen[0].fencing_token == grant.fencing_token
+    else:
+        assert seen == [None]  # still queued when we left: the last attempt took the free key
+    assert grant.fencing_token > token
+    assert holder_of(backend, key) == (waiter.session.owner_id, grant.fencing_token, 0)
+    assert backend.listener._parked == {}
+    backend.release(key=key, session_id=waiter.session.session_id, token=grant.fencing_token)
+    assert holder_of(backend, key) == (None, None, 0)
