@@ -23,8 +23,8 @@ what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG row "clients 
   than MAX_IDLE_S is closed, not reused: the servers close idle keep-alive connections after a few
   seconds, and a request racing that close could not tell whether it was received.
 - **Limits**: an answer larger than MAX_BODY_BYTES is a transport failure, not a memory blow-up.
-- **Streams** (`open_stream`): an answer read line by line as it arrives (etcd's watches), on a
-  new connection made by the origin's pool (its TLS settings), closed when the reader is done.
+- **Streams** (`dlock.http_stream.open_stream`): an answer read line by line as it arrives
+  (etcd's watches), on a new connection made by the origin's pool, closed when the reader is done.
 - **TLS**: `https://` peers are verified against the PEM bundle named by `DLOCK_CA_BUNDLE`
   when it is set, else against the system store; verification is never turned off. A process
   given `DLOCK_CLIENT_CERT` and `DLOCK_CLIENT_KEY` presents that certificate (etcd's
@@ -41,7 +41,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import quote, urlencode, urlsplit
@@ -454,102 +454,6 @@ def exchange(
         raise
     origin._put_conn(conn)
     return Reply(response.status, decode_json(raw) if raw else None, response.headers)
-
-
-class Stream:
-    """An answer read as it arrives (an etcd watch): its status, then its body line by line.
-    `close()` closes its connection, which ends the server's stream."""
-
-    def __init__(
-        self,
-        method: str,
-        url: str,
-        response: BaseHTTPResponse,
-        conn: HTTPConnection,
-        sock: _BoundedSocket,
-    ) -> None:
-        self.method = method
-        self.url = url
-        self.status = response.status
-        self._response = response
-        self._conn = conn
-        self._sock = sock
-        self._open = True
-
-    def lines(self, *, idle_s: float | None = None) -> Iterator[bytes]:
-        """The body's non-empty lines until the server ends it; TransportError(sent=True) when
-        the read deadline passes (the one set when the stream opened, or `idle_s` from the
-        start of each read when given) or the connection breaks."""
-        pending = b""
-        while True:
-            if idle_s is not None:
-                self._sock.deadline = time.monotonic() + idle_s
-            try:
-                chunk = self._response.read1(64 * 1024)
-            except _TRANSPORT_ERRORS as exc:
-                raise TransportError(self.method, self.url, sent=True, cause=exc) from exc
-            if not chunk:
-                if pending.strip():
-                    yield pending
-                return
-            pending += chunk
-            if len(pending) > MAX_BODY_BYTES:
-                raise TransportError(
-                    self.method, self.url, sent=True, cause=ValueError("line too large")
-                )
-            *complete, pending = pending.split(b"\n")
-            for line in complete:
-                if line.strip():
-                    yield line
-
-    def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._response.close()
-            self._conn.close()
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def open_stream(
-    method: str,
-    url: str,
-    *,
-    connect_s: float,
-    read_s: float,
-    body: bytes,
-    headers: Mapping[str, str],
-    pool: ConnectionPool | None = None,
-) -> Stream:
-    """Send one request on a new connection made by the origin's pool (its TLS settings, its
-    client certificate; the pool's idle connections stay for `exchange`) and return once the
-    answer's head is in, its body unread: a Stream the caller closes. `read_s` is the one
-    deadline for the head and the whole body (the stream's life); TransportError as for
-    `exchange` (`sent` False only when the connect failed). Never retried."""
-    try:
-        checked = _checked({"Accept-Encoding": "identity", **headers})
-        target = _target(url, None)
-        conn = cast(HTTPConnection, (pool or pool_for(url)).urllib3._new_conn())
-    except (ValueError, Urllib3Error) as exc:  # never written: nothing was sent
-        raise TransportError(method, url, sent=False, cause=exc) from exc
-    try:
-        sock = _connected(conn, connect_s)
-    except _TRANSPORT_ERRORS as exc:
-        raise TransportError(method, url, sent=False, cause=exc) from exc
-    sock.deadline = time.monotonic() + read_s
-    try:
-        conn.timeout = connect_s
-        conn.request(method, target, body=body, headers=checked, preload_content=False)
-        conn.timeout = read_s
-        response = conn.getresponse()
-    except _TRANSPORT_ERRORS as exc:
-        conn.close()
-        raise TransportError(method, url, sent=True, cause=exc) from exc
-    return Stream(method, url, response, conn, sock)
 
 
 def send_once(
