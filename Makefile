@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # `make test` runs the suite in this many pytest-xdist workers, a test file per worker at a time
 # (its module fixtures stay in one process); 0 = one process, as `make test-shuffled` always is.
 # Three on two cores by measurement: the suite waits more than it computes (stacks starting,
-# leases running out), 1.3 cores busy on average; a fresh clone ran 581 s with two, 438 s with three.
+# leases running out), 1.3 cores busy on average; a fresh clone ran 581 s with two, 438–507 s with three.
 TEST_WORKERS ?= 3
 
 .PHONY: help venv lock sysdeps image test test-shuffled up down status demo monitor bench experiment experiment-ha experiment-ha-recovery lint format clean
