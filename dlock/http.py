@@ -11,10 +11,10 @@ what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG row "clients 
 - **`sent`** on a TransportError is False only when no request byte can have left this process:
   the request could not be written as valid HTTP, or the connection could not be opened —
   urllib3's `connect()` raised (NewConnectionError, NameResolutionError, ConnectTimeoutError, or
-  the TLS handshake's ssl error). One place decides it (`_round_trip`): the connect is its own
-  step, before the request, on a connection taken from urllib3's pool; anything raised after it
-  — a reused keep-alive connection the server had just closed included — is `sent=True`,
-  outcome unknown.
+  the TLS handshake's ssl error). One place decides it (`_round_trip`, streams included): the
+  connect is its own step, before the request, on a connection taken from urllib3's pool;
+  anything raised after it — a reused keep-alive connection the server had just closed
+  included — is `sent=True`, outcome unknown.
 - **One read deadline per response**: `read_s` bounds the whole answer (head and body), not each
   read, so a peer that trickles its answer cannot stretch it (`_DeadlineIO`, the reader of the
   socket `_round_trip` wraps when it connects; urllib3's connection classes are used as they are).
@@ -177,9 +177,12 @@ def _round_trip(
     headers: dict[str, str],
     connect_s: float,
     read_s: float,
-) -> tuple[BaseHTTPResponse, bytes]:
-    """One request and its whole answer on `conn`: the one place `sent` is decided. A failure
-    to connect sent nothing; whatever fails after it may have reached the server."""
+    whole: bool = True,
+) -> tuple[BaseHTTPResponse, bytes, _BoundedSocket]:
+    """One request and its answer on `conn` (the whole body, or with `whole` False the head only,
+    the body left to read from the socket returned): the one place `sent` is decided, for
+    exchanges and streams alike. A failure to connect sent nothing; whatever fails after it may
+    have reached the server."""
     try:
         sock = _connected(conn, connect_s)
     except _TRANSPORT_ERRORS as exc:
@@ -193,12 +196,12 @@ def _round_trip(
             pass  # the server may have answered before it closed (a 413, say): read it
         conn.timeout = read_s
         response = conn.getresponse()
-        raw = _read_body(response)
+        raw = _read_body(response) if whole else b""
     except _TRANSPORT_ERRORS as exc:
         conn.close()
         raise TransportError(method, url, sent=True, cause=exc) from exc
     sock.used_at = time.monotonic()
-    return response, raw
+    return response, raw, sock
 
 
 def ca_bundle() -> str | None:
@@ -439,7 +442,7 @@ def exchange(
     except (ValueError, Urllib3Error) as exc:  # never written: nothing was sent
         raise TransportError(method, url, sent=False, cause=exc) from exc
     try:
-        response, raw = _round_trip(
+        response, raw, _ = _round_trip(
             conn,
             method,
             url,
@@ -481,7 +484,7 @@ def send_once(
     except ValueError as exc:
         raise TransportError(method, url, sent=False, cause=exc) from exc
     try:
-        response, raw = _round_trip(
+        response, raw, _ = _round_trip(
             conn,
             method,
             url,

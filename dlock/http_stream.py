@@ -22,7 +22,7 @@ from dlock.http import (
     TransportError,
     _BoundedSocket,
     _checked,
-    _connected,
+    _round_trip,
     _target,
     pool_for,
 )
@@ -108,17 +108,15 @@ def open_stream(
         conn = cast(HTTPConnection, (pool or pool_for(url)).urllib3._new_conn())
     except (ValueError, Urllib3Error) as exc:  # never written: nothing was sent
         raise TransportError(method, url, sent=False, cause=exc) from exc
-    try:
-        sock = _connected(conn, connect_s)
-    except _TRANSPORT_ERRORS as exc:
-        raise TransportError(method, url, sent=False, cause=exc) from exc
-    sock.deadline = time.monotonic() + read_s
-    try:
-        conn.timeout = connect_s
-        conn.request(method, target, body=body, headers=checked, preload_content=False)
-        conn.timeout = read_s
-        response = conn.getresponse()
-    except _TRANSPORT_ERRORS as exc:
-        conn.close()
-        raise TransportError(method, url, sent=True, cause=exc) from exc
+    response, _, sock = _round_trip(
+        conn,
+        method,
+        url,
+        target=target,
+        body=body,
+        headers=checked,
+        connect_s=connect_s,
+        read_s=read_s,
+        whole=False,
+    )
     return Stream(method, url, response, conn, sock)
