@@ -33,12 +33,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
+from bench.rounds import median
 from devstack import PROJECT, PYTHON
 
 ROUNDS = int(os.environ.get("BENCH_COMPARE_ROUNDS", "9"))
@@ -169,11 +169,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return round(statistics.median(known), 3) if known else None
-
-
 def _point_view(row: dict) -> dict:
     return {
         "payouts_per_s": row.get("payouts_per_s"),
@@ -209,7 +204,7 @@ def summarise(rounds: list[dict]) -> dict:
         for tree, cpu in (("before", bcpu), ("after", acpu)):
             floor = (one[tree].get("floor") or {}).get("cpu_ms_per_payout") or {}
             per[f"{tree}_over_floor"].append(_ratio(cpu, floor.get("total")))
-    return {**{k: _median(v) for k, v in per.items()}, "rounds": per}
+    return {**{k: median(v) for k, v in per.items()}, "rounds": per}
 
 
 def run(

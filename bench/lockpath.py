@@ -38,6 +38,7 @@ from django_prometheus.middleware import (
 from prometheus_client import CollectorRegistry
 
 from bench import credentials
+from bench.rounds import rotated
 from devstack import EtcdServer, PgCluster, free_port, manage
 
 PAIRS = int(os.environ.get("BENCH_LOCKPATH_PAIRS", "2000"))
@@ -206,8 +207,7 @@ def _measure(out: Path, pairs: int) -> dict:
     blocks: dict[str, list[float]] = {name: [] for name in arms}
     names = list(arms)
     for index in range(ARM_ROUNDS):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in rotated(names, index):
             _set_arm(app, arms[name])
             began = time.process_time()
             for _ in range(pairs // 8):

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from bench.proc import tree_cpu_seconds
+from bench.rounds import median
 
 WARMUP_S = 0.3
 PEERS = ("zookeeper", "etcd-lock")  # the durable lock services with a token dlock is held to
@@ -200,11 +201,6 @@ def median_row(rows: list[dict]) -> dict:
     return out
 
 
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return round(statistics.median(known), 3) if known else None
-
-
 def ratios(rounds: list[dict]) -> dict:
     """Per-round goal ratios (issue 28) and their medians: pairs/s dlock-pg ÷ the best peer,
     dlock-etcd ÷ etcd-lock, and p99 acquire dlock ÷ the best (lowest) peer's."""
@@ -251,6 +247,6 @@ def ratios(rounds: list[dict]) -> dict:
             else None
         )
     return {
-        **{name: _median(values) for name, values in per.items()},
+        **{name: median(values) for name, values in per.items()},
         "rounds": per,
     }

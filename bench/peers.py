@@ -83,6 +83,7 @@ from bench.peer_rounds import (
     median_row,
     ratios,
 )
+from bench.rounds import rotated
 from bench.zookeeper import ZooKeeperServer
 from bench.zookeeper import version as zk_version
 from bench.zookeeper import write_count as zk_write_count
@@ -358,7 +359,7 @@ def _run_point(
     done = []
     try:
         for index in range(rounds):
-            order = arms[index % len(arms) :] + arms[: index % len(arms)]
+            order = rotated(arms, index)
             one = {"round": index + 1, "order": list(order), "arms": {}}
             for arm in order:
                 one["arms"][arm] = drive(

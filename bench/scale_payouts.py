@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import tempfile
 from pathlib import Path
 
 from bench import e2e, e2e_pg
+from bench.rounds import median, plan
 from devstack import RoleProcess, free_port
 from experiment.stack import private_stack
 
@@ -52,11 +52,6 @@ def executors(spec: str = EXECUTORS) -> tuple[int, int]:
     return processes, concurrency
 
 
-def plan(arms: list[str], rounds: int) -> list[list[str]]:
-    """Every arm once per round, the order rotated by one each round."""
-    return [arms[i % len(arms) :] + arms[: i % len(arms)] for i in range(rounds)]
-
-
 def endpoint_lists(urls: list[str], processes: int) -> list[str]:
     """Executor i's LOCK_SERVER_URL: every replica, starting from replica i (mod replicas)."""
     n = len(urls)
@@ -67,10 +62,6 @@ def lockserver_cpu(cpu: dict[str, float | None]) -> float | None:
     """The lock server's CPU per payout: every replica's (`lockserver`, `lockserver-2`, …)."""
     own = [v for k, v in cpu.items() if k.startswith("lockserver") and v is not None]
     return round(sum(own), 2) if own else None
-
-
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 3) if values else None
 
 
 def summarise(rounds: list[dict[str, dict]], base: str = BASE) -> dict[str, dict]:
@@ -89,13 +80,13 @@ def summarise(rounds: list[dict[str, dict]], base: str = BASE) -> dict[str, dict
             total, ref_total = _total(row), _total(ref)
             if total and ref_total:
                 over_cpu.append(total / ref_total)
-        cpu = {role: _median([v for r in rows if (v := _role_cpu(r, role))]) for role in ROLES}
+        cpu = {role: median([v for r in rows if (v := _role_cpu(r, role))]) for role in ROLES}
         out[arm] = {
-            "payouts_per_s": _median(rate),
-            "over_base": {"payouts_per_s": _median(over_rate), "server_cpu": _median(over_cpu)},
-            "server_cpu_ms_per_payout": _median([t for t in map(_total, rows) if t]),
+            "payouts_per_s": median(rate),
+            "over_base": {"payouts_per_s": median(over_rate), "server_cpu": median(over_cpu)},
+            "server_cpu_ms_per_payout": median([t for t in map(_total, rows) if t]),
             "cpu_ms_per_payout": cpu,
-            "lockserver_cores": _median([_cores(r) for r in rows if _cores(r) is not None]),
+            "lockserver_cores": median([_cores(r) for r in rows if _cores(r) is not None]),
             "rounds": len(rows),
         }
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench import rounds as bench_rounds
 from bench import scale_payouts
 
 
@@ -18,9 +19,9 @@ def _row(rate: float, total: float, lockserver: float, replica: float | None = N
 
 
 def test_every_arm_runs_once_per_round_in_a_rotated_order():
-    rounds = scale_payouts.plan(["a", "b", "c"], 4)
+    rounds = bench_rounds.plan(["a", "b", "c"], 4)
     assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
-    assert scale_payouts.plan(list(scale_payouts.ARMS), 1)[0][0] == scale_payouts.BASE
+    assert bench_rounds.plan(list(scale_payouts.ARMS), 1)[0][0] == scale_payouts.BASE
 
 
 def test_the_arms_are_one_two_four_processes_and_two_replicas_of_one():
