@@ -41,6 +41,17 @@ RAILSTUB_READ_TIMEOUT_MS = 60_000
 # Behind SNAT or a mesh sidecar every caller shares one address and so this cap:
 # docs/operations.md "Serving topology".
 DEFAULT_CONN_PER_CLIENT = 256
+# Connections one proxy holds (worker_connections), and requests in progress in all
+# (limit_conn per_proxy): a forwarded request holds two connections (client and gunicorn), so
+# the sum stays below half of them; the rest is headroom for idle keep-alives, heads being read
+# and refusals, so an honest caller meets a 503 envelope at worst, never a reset. The count
+# bounds the sidecar's memory too (docs/operations.md "Serving topology").
+DEFAULT_WORKER_CONNECTIONS = 2048
+DEFAULT_CONN_PER_PROXY = 768
+# A refused request's body is read and dropped this long at most, each part within
+# LINGERING_TIMEOUT_MS of the one before (an honest client writes its body in one go).
+LINGERING_TIME_S = 2
+LINGERING_TIMEOUT_MS = 250
 # Between two reads of a request body (client_body_timeout). nginx has no timer on a whole body,
 # only this one per read, so it is short: an honest client writes its body (< 4 KiB, one
 # segment) right behind the head; a trickle slower than one byte a second is closed at its
@@ -285,6 +296,11 @@ def values(config: ProxyConfig) -> dict[str, str | bool]:
         "TLS_CERTIFICATE": config.tls_certificate or "",
         "TLS_KEY": config.tls_key or "",
         "CONN_PER_CLIENT": str(_ms(env, "PROXY_CONN_PER_CLIENT", DEFAULT_CONN_PER_CLIENT)),
+        "CONN_PER_PROXY": str(_ms(env, "PROXY_CONN_PER_PROXY", DEFAULT_CONN_PER_PROXY)),
+        "WORKER_CONNECTIONS": str(_ms(env, "PROXY_WORKER_CONNECTIONS", DEFAULT_WORKER_CONNECTIONS)),
+        "LINGERING_TIME_S": str(LINGERING_TIME_S),
+        "LINGERING_TIMEOUT_MS": str(LINGERING_TIMEOUT_MS),
+        "ALLOWED_METHODS": ", ".join(sorted(KNOWN_METHODS)),
         "KNOWN_METHODS": "|".join(sorted(KNOWN_METHODS)),
         "RETRY_AFTER_S": str(_retry_after_s()),
         "PASS_DROPS": passes_drops(config),
