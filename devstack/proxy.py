@@ -58,6 +58,12 @@ LINGERING_TIMEOUT_MS = 250
 # first gap. The whole body's bound is this times the route's size limit
 # (deploy/nginx/roles/<role>.conf).
 DEFAULT_BODY_TIMEOUT_MS = 1_000
+# The largest body of a page route (`location /`: everything but /v1, probes and the rail's
+# /submit): the admin's forms (a bulk action's 100 selected ids is about 6 KiB), nothing on the
+# other roles (their pages are GET: API docs, schema).
+PAGE_MAX_BODY_BYTES = {"admin": 16 * 1024}
+# Strict-Transport-Security under TLS: a year, this host only.
+HSTS = "max-age=31536000"
 # What an envelope's traceId is on the proxy's own answers (an nginx variable, see template).
 TRACE = "$dlock_trace_id"
 UPSTREAM_KEEPALIVE_S = 4  # below gunicorn's keepalive (5 s, settings/gunicorn.py)
@@ -252,8 +258,9 @@ def check_templates() -> None:
     carry the same headers); the client headers machine-headers.conf forwards and the ones
     $dlock_header_ctl's map checks for control bytes (dlock.conf.tmpl)."""
     text = (proxy_template.DIRECTORY / "envelope-headers.conf").read_text()
-    written = re.findall(r'^add_header (\S+) "(.*)" always;$', text, re.MULTILINE)
-    if dict(written) != {**SECURITY_HEADERS, **JSON_SECURITY_HEADERS}:
+    written = dict(re.findall(r'^add_header (\S+) "(.*)" always;$', text, re.MULTILINE))
+    written.pop("Strict-Transport-Security", None)  # the proxy's own, under TLS
+    if written != {**SECURITY_HEADERS, **JSON_SECURITY_HEADERS}:
         raise ValueError("deploy/nginx/envelope-headers.conf differs from dlock.wire's headers")
     forwarded = re.findall(
         r"^proxy_set_header \S+ (\$(?:http_\w+|content_type));$",
@@ -298,6 +305,8 @@ def values(config: ProxyConfig) -> dict[str, str | bool]:
         "CONN_PER_CLIENT": str(_ms(env, "PROXY_CONN_PER_CLIENT", DEFAULT_CONN_PER_CLIENT)),
         "CONN_PER_PROXY": str(_ms(env, "PROXY_CONN_PER_PROXY", DEFAULT_CONN_PER_PROXY)),
         "WORKER_CONNECTIONS": str(_ms(env, "PROXY_WORKER_CONNECTIONS", DEFAULT_WORKER_CONNECTIONS)),
+        "PAGE_MAX_BODY_BYTES": str(PAGE_MAX_BODY_BYTES.get(config.role, 1024)),
+        "HSTS": HSTS,
         "LINGERING_TIME_S": str(LINGERING_TIME_S),
         "LINGERING_TIMEOUT_MS": str(LINGERING_TIMEOUT_MS),
         "ALLOWED_METHODS": ", ".join(sorted(KNOWN_METHODS)),

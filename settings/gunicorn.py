@@ -141,6 +141,10 @@ loglevel = os.environ.get("GUNICORN_LOGLEVEL", "warning")
 proc_name = f"dlock-{_role}"
 # Only the role's own proxy reaches gunicorn, and it overwrites X-Forwarded-For/-Proto.
 forwarded_allow_ips = "127.0.0.1,::1"
+# The scheme is the proxy's X-Forwarded-Proto alone: gunicorn's default also reads
+# X-Forwarded-Ssl and X-Forwarded-Protocol and answers a contradiction between them with its own
+# HTML 400 (the proxy drops a client's copies of those two as well).
+secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # One JSON line when the role is ready and one when it has stopped (dlock.lifecycle; the drain
 # line comes from the worker, dlock.serving).
 when_ready = lifecycle.when_ready

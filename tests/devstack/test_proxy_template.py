@@ -36,6 +36,7 @@ def test_sections_nest_includes_indent_and_values_fill(tmp_path):
         "{{end}}\n"
     )
     values = {"A": "1", "ON": True, "OFF": False, "TLS_CERTIFICATE": "/c", "TLS_KEY": "/k"}
+    values["HSTS"] = "max-age=1"
     text = proxy_template.render(template, values)
     assert text.startswith("a 1;\n    ssl_certificate /c;\n    ssl_certificate_key /k;\n")
     assert "dropped" not in text and "{{" not in text
