@@ -62,16 +62,12 @@ from dlock.budgets import LONGEST_REQUEST_S  # noqa: E402
 
 # Behind the role's proxy (nginx: devstack.pod locally, a sidecar in Kubernetes), gunicorn is
 # reachable only through it: GUNICORN_BIND is a unix socket in the pod's directory (make up,
-# tests) or 127.0.0.1:<port> inside a pod. Without it, BIND_HOST:PORT (and METRICS_PORT): a role
-# run bare, e.g. by the image smoke test.
+# tests) or 127.0.0.1:<port> inside a pod. Without it, BIND_HOST:PORT: a role run bare, e.g. by
+# the image smoke test (the monitoring listener, METRICS_PORT, is the proxy's: deploy/nginx/).
 if os.environ.get("GUNICORN_BIND"):
     bind = [os.environ["GUNICORN_BIND"]]
 else:
-    _host = os.environ.get("BIND_HOST", "127.0.0.1")
-    bind = [f"{_host}:{os.environ.get('PORT', '8080')}"]
-    # A separate port answering /metrics and /health/* only (dlock.middleware.refusal).
-    if os.environ.get("METRICS_PORT"):
-        bind.append(f"{_host}:{os.environ['METRICS_PORT']}")
+    bind = [f"{os.environ.get('BIND_HOST', '127.0.0.1')}:{os.environ.get('PORT', '8080')}"]
 
 # Stock gthread; the subclass only closes the listener at once on SIGTERM and logs the drain
 # (dlock/serving.py). GUNICORN_WORKER_CLASS exists for comparisons (bench), not for production.
