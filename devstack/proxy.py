@@ -32,8 +32,8 @@ READ_TIMEOUT_MARGIN_MS = 250
 # A third party's proxy knows nothing of our budgets: the rail-proxy's own RAIL_READ_TIMEOUT_MS
 # decides when the rail took too long, exactly as when the stub had no proxy.
 RAILSTUB_READ_TIMEOUT_MS = 60_000
-# Requests in progress per client address (limit_conn), far below what one proxy holds
-# (worker_connections 8192): one address cannot take the role's connections. Locally every
+# Requests in progress per client address (limit_conn), well below the proxy's bound on all of
+# them (PROXY_CONN_PER_PROXY): one address cannot take the role's connections. Locally every
 # executor, test and bench driver is 127.0.0.1, so the default is four times one executor's 64
 # in flight; Kubernetes (one address per executor pod) sets it lower (K8S_CONN_PER_CLIENT).
 # Behind SNAT or a mesh sidecar every caller shares one address and so this cap:
