@@ -351,3 +351,36 @@ def test_a_method_no_route_has_is_a_405_that_lists_the_methods_there_are(payment
     )
     assert_envelope(answer, 405, "VALIDATION_FAILED")
     assert envelope_of(answer)[1]["allow"] == "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"
+
+
+def test_the_monitoring_listener_has_the_per_address_cap_and_answers_get_and_head_only(tmp_path):
+    """The metrics port (k8s: 9100) is a server of its own: the per-address cap holds there too
+    (four GETs of /metrics whose bodies are still arriving fill 127.0.0.2's share: a fifth is the
+    503 envelope, while 127.0.0.1 is served), and a POST is the 405 with `Allow: GET, HEAD`."""
+    metrics_port = free_port()
+    probe = start_probe(tmp_path, METRICS_PORT=str(metrics_port), PROXY_CONN_PER_CLIENT="4")
+    slow = b"GET /metrics HTTP/1.1\r\nHost: 10.1.2.3:9100\r\nContent-Length: 100\r\n\r\n{"
+    try:
+        with Trickle(metrics_port, slow, ["127.0.0.2"], 4) as held:
+            before = held.rounds
+            with socket.create_connection(
+                ("127.0.0.1", metrics_port), timeout=30, source_address=("127.0.0.2", 0)
+            ) as fifth:
+                fifth.sendall(
+                    b"GET /metrics HTTP/1.1\r\nHost: 10.1.2.3:9100\r\nConnection: close\r\n\r\n"
+                )
+                assert_envelope(ending(fifth, 30), 503, "OVERLOADED")
+            honest = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30)
+            assert honest.status_code == 200
+            held.wait_rounds(1)
+            assert held.rounds > before  # the four kept trickling throughout
+            assert not any(_answered(sock) for sock in held.socks)  # and were held
+        post = exchange(
+            metrics_port,
+            b"POST /health/live HTTP/1.1\r\nHost: 10.1.2.3:9100\r\nContent-Length: 0\r\n"
+            b"Connection: close\r\n\r\n",
+        )
+        assert_envelope(post, 405, "VALIDATION_FAILED")
+        assert envelope_of(post)[1]["allow"] == "GET, HEAD"
+    finally:
+        probe.stop()
