@@ -17,7 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ops.reconciler import reconcile
-from payments import fenced_sql, selectors, services
+from payments import fenced_sql, seeding, selectors, services
 from payments.models import (
     Account,
     LedgerEntry,
@@ -41,13 +41,13 @@ def staff():
 
 
 def _account(balance: int = 10_000) -> Account:
-    return services.create_account(
+    return seeding.create_account(
         account_id=f"acct-{uuid.uuid4().hex[:12]}", opening_balance_minor=balance
     )
 
 
 def _quarantined(account: Account, amount: int = 1_000) -> Payout:
-    payout = services.create_payout(account_id=account.account_id, amount_minor=amount)
+    payout = seeding.create_payout(account_id=account.account_id, amount_minor=amount)
     RailSubmission.objects.create(
         submission_id=uuid.uuid4(),
         payout_id=payout.payout_id,
@@ -103,7 +103,7 @@ def _acked_submission(payout: Payout, ref: str) -> uuid.UUID:
 
 def _posted_with_duplicate(account: Account) -> tuple[Payout, str, str]:
     """A payout the executor POSTED from its ACKED submission while the rail booked it twice."""
-    payout = services.create_payout(account_id=account.account_id, amount_minor=1_000)
+    payout = seeding.create_payout(account_id=account.account_id, amount_minor=1_000)
     ref, dup = _booked(payout), _booked(payout)
     _acked_submission(payout, ref)
     settlement = Account.objects.get_or_create(
@@ -121,7 +121,7 @@ def _posted_with_duplicate(account: Account) -> tuple[Payout, str, str]:
 def _posted_by_p3_with_duplicate(account: Account) -> tuple[Payout, str, str]:
     """As `_posted_with_duplicate`, but through P2 and P3 themselves: the settlement credit
     lands in the payout's settlement bucket, not on the account row."""
-    payout = services.create_payout(account_id=account.account_id, amount_minor=1_000)
+    payout = seeding.create_payout(account_id=account.account_id, amount_minor=1_000)
     ref, dup = _booked(payout), _booked(payout)
     services.claim_payout(
         payout_id=payout.payout_id,
