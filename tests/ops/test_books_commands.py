@@ -21,6 +21,7 @@ from payments import fenced_sql, seeding, selectors, services
 from payments.models import (
     Account,
     LedgerEntry,
+    OperatorRefusal,
     Payout,
     PayoutEvent,
     RailRecovery,
@@ -159,6 +160,16 @@ def refused(*args: str) -> str:
     return str(caught.value)
 
 
+def bad_input(*args: str) -> str:
+    """Exit 2: the input broke a flag's rules or named nothing; nothing recorded."""
+    before = OperatorRefusal.objects.count()
+    with pytest.raises(CommandError) as caught:
+        run(*args)
+    assert caught.value.returncode == 2
+    assert OperatorRefusal.objects.count() == before
+    return str(caught.value)
+
+
 def balance(account_id: str) -> int:
     """As every reader sees it: a settlement account's row plus its buckets."""
     return selectors.get_account(account_id=account_id)["balanceMinor"]
@@ -254,15 +265,15 @@ def test_unsafe_recoveries_are_refused_audited_and_book_nothing():
     assert "the one payout" in refused(
         "record_rail_recovery", "--transfer", ref, "--reason", "the payout's own transfer"
     )
-    assert "at least 8" in refused("record_rail_recovery", "--transfer", dup, "--reason", "dup")
+    assert "at least 8" in bad_input("record_rail_recovery", "--transfer", dup, "--reason", "dup")
     run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
     assert "already has a recovery" in refused(
         "record_rail_recovery", "--transfer", dup, "--reason", "the same one again"
     )
-    assert "no rail recovery" in refused(
+    assert "no rail recovery" in bad_input(
         "close_rail_recovery", "--transfer", ref, "--recovered", "--reference", "r"
     )
-    assert "needs the rail's reference" in refused(
+    assert "needs the rail's reference" in bad_input(
         "close_rail_recovery", "--transfer", dup, "--recovered"
     )
 
@@ -270,7 +281,7 @@ def test_unsafe_recoveries_are_refused_audited_and_book_nothing():
     assert RailRecovery.objects.count() == 1
     assert len([m for m in log_messages(RailRecovery, "rail-nosuch") if "refused" in m]) == 1
     refusals = [m for m in log_messages(Payout, str(payout.payout_id)) if "refused" in m]
-    assert len(refusals) == 3  # own transfer, the second recovery, the close without reference
+    assert len(refusals) == 2  # own transfer, the second recovery (bad input is no refusal)
 
 
 def test_written_off_moves_the_receivable_to_the_loss_account():
@@ -278,7 +289,7 @@ def test_written_off_moves_the_receivable_to_the_loss_account():
     reconcile()
     run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
 
-    assert "at least 8" in refused(
+    assert "at least 8" in bad_input(
         "close_rail_recovery", "--transfer", dup, "--written-off", "--reason", "no"
     )
     closed = run(
@@ -433,7 +444,7 @@ def test_without_operator_an_os_user_with_no_staff_account_is_refused_recorded_a
             "--transfer",
             "absent-ref",
             "--reason",
-            "dup ack",
+            "duplicate ack",
             "--json",
             stdout=out,
         )
