@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from io import StringIO
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -584,3 +585,108 @@ def test_exit_zero_reports_broken_books_as_the_verdict_row_not_the_exit_code():
     with pytest.raises(SystemExit) as caught:
         call_command("reconcile", "--metrics-file", os.devnull, stdout=open(os.devnull, "w"))
     assert caught.value.code == 1
+
+
+def _recorded_duplicates(n: int) -> list[str]:
+    account = _account(100_000)
+    dups = [_posted_with_duplicate(account)[2] for _ in range(n)]
+    reconcile()
+    run("record_rail_recovery", "--all-from-reconcile", "--reason", "rail duplicate acks 12-04")
+    return dups
+
+
+def test_a_bad_rail_day_closes_its_recoveries_from_a_reviewed_plan_file(tmp_path):
+    dups = _recorded_duplicates(3)
+    plan = tmp_path / "plan.txt"
+    plan.write_text(
+        "# rail returns of 12-05, ticket 4411\n"
+        f"{dups[0]} RECOVERED RET-0 came back on the 12-05 statement\n"
+        "\n"
+        f"{dups[1]}   RECOVERED   RET-1\n"
+        f"{dups[2]} WRITTEN_OFF beneficiary bank closed the account\n"
+    )
+
+    planned = run("close_rail_recovery", "--all-from-file", str(plan), "--dry-run")
+
+    assert planned["dryRun"] is True
+    assert [(r["railReference"], r["outcome"], r["status"]) for r in planned["plan"]] == [
+        (dups[0], "RECOVERED", "OPEN"),
+        (dups[1], "RECOVERED", "OPEN"),
+        (dups[2], "WRITTEN_OFF", "OPEN"),
+    ]
+    assert set(RailRecovery.objects.values_list("status", flat=True)) == {"OPEN"}
+
+    applied = run("close_rail_recovery", "--all-from-file", str(plan))
+
+    assert applied["ok"] and [r["status"] for r in applied["results"]] == [
+        "RECOVERED",
+        "RECOVERED",
+        "WRITTEN_OFF",
+    ]
+    rows = {r.rail_reference: r for r in RailRecovery.objects.filter(rail_reference__in=dups)}
+    assert (rows[dups[0]].close_reference, rows[dups[0]].closed_by) == ("RET-0", OPERATOR)
+    assert rows[dups[1]].close_reference == "RET-1"
+    assert rows[dups[2]].close_reason == "beneficiary bank closed the account"
+    for dup in dups:  # each step audited: its event row and its History on the recovery
+        assert RailRecoveryEvent.objects.filter(recovery=rows[dup]).count() == 2
+        assert any("closed" in m for m in log_messages(RailRecovery, str(rows[dup].pk)))
+    assert balance("loss:rail:EUR") == -1_000 and balance("recoverable:rail:EUR") == 0
+    assert reconcile().ok
+
+
+def test_a_plan_step_closed_already_is_refused_and_recorded_and_the_rest_go_on(tmp_path):
+    dups = _recorded_duplicates(2)
+    run("close_rail_recovery", "--transfer", dups[0], "--recovered", "--reference", "RET-A")
+    plan = tmp_path / "plan.txt"
+    plan.write_text(f"{dups[0]} RECOVERED RET-A\n{dups[1]} RECOVERED RET-B\n")
+
+    planned = run("close_rail_recovery", "--all-from-file", str(plan), "--dry-run")
+    assert [r["status"] for r in planned["plan"]] == ["RECOVERED", "OPEN"]
+    out = StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command(
+            "close_rail_recovery", "--all-from-file", str(plan), "--operator", OPERATOR, stdout=out
+        )
+
+    assert caught.value.returncode == 1
+    assert "closed 1 of 2 rail recoveries" in out.getvalue()
+    assert f"{dups[0]}: refused: the recovery of transfer {dups[0]} is already RECOVERED" in (
+        out.getvalue()
+    )
+    assert RailRecovery.objects.get(rail_reference=dups[1]).status == "RECOVERED"
+    assert OperatorRefusal.objects.filter(action=f"close rail recovery {dups[0]}").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("plan", "why"),
+    [
+        ("RR-1 RECOVERED\n", ":1: expected"),
+        ("RR-1 CLOSED RET-1\n", ":1: expected"),
+        ("RR-1 RECOVERED RET-1\nRR-1 RECOVERED RET-2\n", "already planned on line 1"),
+        ("RR-1 WRITTEN_OFF gone\n", "at least 8 characters"),
+        ("# nothing\n\n", "no recovery to close"),
+    ],
+)
+def test_a_bad_plan_file_is_exit_2_and_closes_nothing(tmp_path, plan, why):
+    path = tmp_path / "plan.txt"
+    path.write_text(plan)
+    assert why in bad_input("close_rail_recovery", "--all-from-file", str(path))
+
+
+def test_a_plan_naming_a_transfer_with_no_recovery_closes_nothing(tmp_path):
+    (dup,) = _recorded_duplicates(1)
+    path = tmp_path / "plan.txt"
+    path.write_text(f"{dup} RECOVERED RET-1\nrail-nowhere RECOVERED RET-2\n")
+
+    assert "no rail recovery for transfer 'rail-nowhere'" in bad_input(
+        "close_rail_recovery", "--all-from-file", str(path)
+    )
+    assert RailRecovery.objects.get(rail_reference=dup).status == "OPEN"
+
+
+def test_a_plan_with_single_close_flags_is_a_bad_argument(tmp_path):
+    path = tmp_path / "plan.txt"
+    path.write_text("RR-1 RECOVERED RET-1\n")
+    assert "takes each outcome from its PLAN" in bad_input(
+        "close_rail_recovery", "--all-from-file", str(path), "--recovered"
+    )
