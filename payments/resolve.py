@@ -265,27 +265,48 @@ def _apply(
         note=note if not refusal else f"OVERRIDE ({refusal}): {note}",
         rail_reference=reference,
     )
-    classification = recon.classification if recon else None
+    return _resolved(
+        payout_id=str(payout_id),
+        resolution=resolution,
+        operator=operator,
+        reference=reference,
+        note=note,
+        classification=recon.classification if recon else None,
+        refusal=refusal,
+    )
+
+
+def _resolved(
+    *,
+    payout_id: str,
+    resolution: str,
+    operator: str,
+    reference: str | None,
+    note: str,
+    classification: str | None,
+    refusal: str | None,  # why the guard would have refused; set only when overridden
+) -> Done:
+    """A resolution's fields, its `payout_resolved` event and its History row on the payout."""
     detail = f"reference {reference}, " if reference else ""
     history = (
         f"resolved RAIL_AMBIGUOUS → {resolution} ({detail}reconciler "
         f"{classification or 'none'}){' OVERRIDE: ' + refusal if refusal else ''}: {note}"
     )
     common = {
-        "payoutId": str(payout_id),
+        "payoutId": payout_id,
         "operator": operator,
         "reference": reference,
         "note": note,
         "override": bool(refusal),
         "classification": classification,
-        "refusal": refusal,  # why the guard would have refused; set only when overridden
+        "refusal": refusal,
     }
     return Done(
         event="payout_resolved",
         level=logging.WARNING if refusal else logging.INFO,
         fields={**common, "fromState": "RAIL_AMBIGUOUS", "toState": resolution},
         event_fields={**common, "from": "RAIL_AMBIGUOUS", "to": resolution},
-        history=(History(Payout, str(payout_id), history),),
+        history=(History(Payout, payout_id, history),),
     )
 
 

@@ -136,10 +136,20 @@ def _reverse(
     )
     if not moved:  # pragma: no cover - the payout row is locked above
         raise Refused(f"payout {payout_id} is no longer POSTED", str(payout_id))
+    return _reversed(payout, reversal, operator=operator, entries=entries)
+
+
+def _reversed(
+    payout: Payout, reversal: PayoutReversal, *, operator: str, entries: list[dict[str, Any]]
+) -> Done:
+    """A reversal's fields, its `payout_reversed` event and its History rows (on the payout and
+    on the reversal)."""
+    payout_id, reference = str(payout.payout_id), reversal.rail_reference
+    amount, currency = int(reversal.amount_minor), reversal.currency
     fields = {
         "action": "REVERSED",
         "reversalId": str(reversal.reversal_id),
-        "payoutId": str(payout_id),
+        "payoutId": payout_id,
         "accountId": payout.account_id,
         "railReference": reference,
         "amountMinor": amount,
@@ -147,9 +157,9 @@ def _reverse(
         "fromState": "POSTED",
         "toState": "FAILED",
         "operator": operator,
-        "reason": reason,
-        "classification": recon.classification,
-        "statementReferences": on_statement,
+        "reason": reversal.reason,
+        "classification": reversal.classification,
+        "statementReferences": reversal.statement_references,
     }
     return Done(
         event="payout_reversed",
@@ -158,15 +168,15 @@ def _reverse(
         history=(
             History(
                 Payout,
-                str(payout_id),
+                payout_id,
                 f"reversed POSTED → FAILED (reference {reference} not on the rail's statement; "
-                f"reconciler {recon.classification}): {amount} {currency} back to "
-                f"{payout.account_id}; {reason}",
+                f"reconciler {reversal.classification}): {amount} {currency} back to "
+                f"{payout.account_id}; {reversal.reason}",
             ),
             History(
                 PayoutReversal,
                 str(reversal.reversal_id),
-                f"reversal of payout {payout_id}: {reason}",
+                f"reversal of payout {payout_id}: {reversal.reason}",
                 f"reversal of {payout_id}",
                 ADDITION,
             ),
