@@ -690,3 +690,42 @@ def test_a_plan_with_single_close_flags_is_a_bad_argument(tmp_path):
     assert "takes each outcome from its PLAN" in bad_input(
         "close_rail_recovery", "--all-from-file", str(path), "--recovered"
     )
+
+
+def test_each_money_actions_refusal_is_recorded_logged_and_evented_once(caplog):
+    """One pipeline: whichever action is refused, exactly one operator_refusal row, one
+    "refused: …" LogEntry and one WARNING *_refused event, and nothing else written."""
+    import logging
+
+    account = _account()
+    posted, ref, dup = _posted_with_duplicate(account)
+    pending = seeding.create_payout(account_id=account.account_id, amount_minor=500)
+    reconcile()
+    run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
+    run("close_rail_recovery", "--transfer", dup, "--recovered", "--reference", "RET-1")
+    cases = [
+        (("resolve_payout", str(pending.payout_id), "--to", "FAILED", "--note", "looked"),
+         "payout_resolution_refused", str(pending.payout_id)),
+        (("record_rail_recovery", "--transfer", dup, "--reason", "the same one again"),
+         "rail_recovery_refused", str(posted.payout_id)),
+        (("close_rail_recovery", "--transfer", dup, "--recovered", "--reference", "RET-2"),
+         "rail_recovery_refused", str(posted.payout_id)),
+        (("reverse_payout", str(pending.payout_id), "--reason", "not on the statement"),
+         "payout_reversal_refused", str(pending.payout_id)),
+    ]  # fmt: skip
+    for args, event, payout_id in cases:
+        rows, entries, ledger = (
+            OperatorRefusal.objects.count(),
+            LogEntry.objects.count(),
+            LedgerEntry.objects.count(),
+        )
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dlock.events"):
+            refused(*args)
+        assert OperatorRefusal.objects.count() == rows + 1, args
+        assert LogEntry.objects.count() == entries + 1, args
+        (entry,) = LogEntry.objects.order_by("-id")[:1]
+        assert entry.object_id == payout_id and entry.change_message.startswith("refused: ")
+        logged = [r for r in caplog.records if getattr(r, "event", None)]
+        assert [(r.event, r.levelno) for r in logged] == [(event, logging.WARNING)], args
+        assert LedgerEntry.objects.count() == ledger
