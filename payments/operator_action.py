@@ -154,7 +154,8 @@ def _record(action: Action, refused: Refused, *, user: AbstractBaseUser, operato
         object_id=str(refused.payout_id) if on_payout else action.object_id,
         note=action.note,
         code=refused.code.value,
-        **{**action.ids, "payoutId": refused.payout_id, **action.extra},
+        **{**action.ids, "payoutId": refused.payout_id or action.ids.get("payoutId")},
+        **action.extra,
     )
 
 
