@@ -158,16 +158,18 @@ def _urllib3_pool(
     size: int,
     keep_alive_s: float | None,
     tls: Mapping[str, Any],
+    registry: weakref.WeakSet[Any] | None = None,
 ) -> HTTPConnectionPool:
     """A pool that never re-sends, never follows a redirect and never makes a thread wait for a
-    connection; `registry` and `keep_alive_s` go to each connection it makes."""
+    connection; `keep_alive_s` and `registry` go to each connection it makes (urllib3's
+    `conn_kw`)."""
     return (TLSPool if scheme == "https" else Pool)(
         host,
         port,
         maxsize=size,
         block=False,
         retries=False,
-        registry=weakref.WeakSet(),
+        registry=registry,
         keep_alive_s=keep_alive_s,
         **tls,
     )
@@ -194,8 +196,15 @@ class ConnectionPool:
     def _new(self, size: int) -> HTTPConnectionPool:
         """A new urllib3 pool, with the TLS settings of the environment as it is now."""
         self.tls = _tls_options(self.scheme)
+        self._registry: weakref.WeakSet[Any] = weakref.WeakSet()
         return _urllib3_pool(
-            self.scheme, self.host, self.port, size=size, keep_alive_s=MAX_IDLE_S, tls=self.tls
+            self.scheme,
+            self.host,
+            self.port,
+            size=size,
+            keep_alive_s=MAX_IDLE_S,
+            tls=self.tls,
+            registry=self._registry,
         )
 
     def __repr__(self) -> str:
@@ -215,7 +224,7 @@ class ConnectionPool:
 
     def idle(self) -> int:
         """Idle connections kept right now (for tests and diagnostics)."""
-        return idle_connections(self.urllib3)
+        return idle_connections(self._registry)
 
     def close(self) -> None:
         with self._mutex:

@@ -118,20 +118,21 @@ def _answer_due(conn: HTTPConnection) -> DeadlineSocket | None:
 
 class Connection(HTTPConnection):
     """urllib3's HTTP connection with dlock's connect phase, read deadline and reuse limit.
-    Each connection joins its pool's `registry`; `reader` is the socket the last response is
-    read from (a stream moves its deadline)."""
+    Each connection joins the `registry` its pool was given, if any; `reader` is the socket the
+    last response is read from (a stream moves its deadline)."""
 
     def __init__(
         self,
         *args: Any,
         keep_alive_s: float | None,
-        registry: weakref.WeakSet[Any],
+        registry: weakref.WeakSet[Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.keep_alive_s = keep_alive_s
         self.reader: DeadlineSocket | None = None
-        registry.add(self)
+        if registry is not None:
+            registry.add(self)
 
     def connect(self) -> None:
         _connect(self, super().connect, self.keep_alive_s)
@@ -153,13 +154,14 @@ class TLSConnection(HTTPSConnection):
         self,
         *args: Any,
         keep_alive_s: float | None,
-        registry: weakref.WeakSet[Any],
+        registry: weakref.WeakSet[Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.keep_alive_s = keep_alive_s
         self.reader: DeadlineSocket | None = None
-        registry.add(self)
+        if registry is not None:
+            registry.add(self)
 
     def connect(self) -> None:
         _connect(self, super().connect, self.keep_alive_s)
@@ -186,11 +188,9 @@ class TLSPool(HTTPSConnectionPool):
     ConnectionCls = TLSConnection
 
 
-def idle_connections(pool: HTTPConnectionPool) -> int:
-    """Connections of `pool` open and not serving a request right now (for tests and
-    diagnostics; a connection still writing its request counts as idle)."""
+def idle_connections(registry: weakref.WeakSet[Any]) -> int:
+    """Connections of a pool's `registry` open and not serving a request right now (for tests
+    and diagnostics; a connection still writing its request counts as idle)."""
     return sum(
-        1
-        for conn in list(pool.conn_kw["registry"])
-        if isinstance(conn.sock, DeadlineSocket) and not conn.sock.busy
+        1 for conn in list(registry) if isinstance(conn.sock, DeadlineSocket) and not conn.sock.busy
     )
