@@ -238,7 +238,11 @@ def database(url_env: str) -> dict:
     config = env_database(url_env)
     config["ENGINE"] = DB_ENGINE
     config["CONN_MAX_AGE"] = 0
-    config["CONN_HEALTH_CHECKS"] = False
+    # With a pool, Django passes this on as psycopg_pool's `check`
+    # (ConnectionPool.check_connection): every connection is checked (one empty query) before
+    # the pool hands it out, so after a database restart the pool discards its dead connections
+    # and connects anew instead of handing each out once more and failing that request.
+    config["CONN_HEALTH_CHECKS"] = True
     options = config["OPTIONS"]
     options["options"] = (
         f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS} -c lock_timeout={DB_STATEMENT_TIMEOUT_MS}"
@@ -328,6 +332,11 @@ RAIL_READ_TIMEOUT_MS = env_int("RAIL_READ_TIMEOUT_MS", 8_000, minimum=1, maximum
 RAIL_SWEEP_INTERVAL_MS = env_int("RAIL_SWEEP_INTERVAL_MS", 5_000, minimum=100)
 RAIL_SWEEP_MARGIN_MS = env_int("RAIL_SWEEP_MARGIN_MS", 2_000, minimum=0)
 RAIL_SWEEP_ENABLED = env_bool("RAIL_SWEEP_ENABLED", True)
+# A rail answer that arrives while paydb cannot be reached (a restart, a failover): its
+# recording (never the rail call) is tried again for this long before the intent is left to the
+# sweep. 5 s: a fast restart takes about one; the forward (≤ 9 s) plus this stays within the
+# proxy's longest request (dlock.budgets.LONGEST_REQUEST_S, 15 s).
+RAIL_RECORD_RETRY_MS = env_int("RAIL_RECORD_RETRY_MS", 5_000, minimum=0, maximum=6_000)
 
 # etcd lock backend (LOCK_BACKEND=etcd, docs/lockserver-etcd.md). Short timeouts: an unreachable
 # or leaderless member answers 503 NOT_LEADER within about a second, never a hang.
