@@ -129,7 +129,7 @@ def _write_with_retry(
                 error=type(exc).__name__,
             )
             connections[using].close()  # a broken connection goes back to be discarded
-            time.sleep(min(left, pause * (0.5 + random.random())))  # noqa: S311 - jitter only
+            time.sleep(min(left, pause * (0.5 + random.random())))
             pause = min(pause * 2, RECORD_RETRY_MAX_S)
         except DatabaseError as exc:
             raise _not_recorded(request, admitted, answer, exc) from exc

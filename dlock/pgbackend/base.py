@@ -21,9 +21,9 @@ from typing import Any
 
 from django.db.backends.base.base import NO_DB_ALIAS
 from django_prometheus.db.backends.postgresql import base as instrumented
+from django_prometheus.db.common import ExportingCursorWrapper
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
-from django_prometheus.db.common import ExportingCursorWrapper
 
 
 @cache
