@@ -159,6 +159,18 @@ CSRF_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DLOCK_SECURE_COOKIES", False)
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Strict"
 SESSION_COOKIE_AGE = 8 * 3600
+# Staff passwords (the admin moves money): Django's four validators, at least 12 characters.
+# The admin's password forms, `changepassword` and an interactive `createsuperuser` refuse a
+# password they reject; `createsuperuser --noinput` sets no password at all (docs/operations.md).
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]

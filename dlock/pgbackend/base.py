@@ -22,7 +22,7 @@ from typing import Any
 from django.db.backends.base.base import NO_DB_ALIAS
 from django_prometheus.db.backends.postgresql import base as instrumented
 from django_prometheus.db.common import ExportingCursorWrapper
-from psycopg import Connection
+from psycopg import Connection, Cursor
 from psycopg_pool import ConnectionPool
 
 
@@ -32,15 +32,29 @@ def counting_cursor_class(cursor_class: type, alias: str, vendor: str) -> type:
     return ExportingCursorWrapper(cursor_class, alias, vendor)
 
 
+def check_connection(conn: Connection) -> None:
+    """`ConnectionPool.check_connection` (an empty query, in autocommit) on a plain cursor: the
+    pool's check is no statement of the application's, so django_db_execute_total skips it."""
+    autocommit = conn.autocommit
+    if not autocommit:
+        conn.autocommit = True
+    try:
+        with Cursor(conn) as cursor:
+            cursor.execute("")
+    finally:
+        if not autocommit:
+            conn.autocommit = False
+
+
 class SweepingCheck:
-    """psycopg_pool's own check of one connection; when it fails, every idle one is checked."""
+    """psycopg_pool's check of one connection; when it fails, every idle one is checked too."""
 
     def __init__(self) -> None:
         self.pool: ConnectionPool | None = None
 
     def __call__(self, conn: Connection) -> None:
         try:
-            ConnectionPool.check_connection(conn)
+            check_connection(conn)
         except Exception:
             if self.pool is not None:
                 # The others idle since before the failure are most likely as dead: discard
