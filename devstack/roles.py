@@ -25,6 +25,7 @@ from typing import Any
 
 from devstack import proxy
 from devstack.common import PROJECT, PYTHON, StackError, ready, wait_until
+from devstack.pod import LOG_MAX_BYTES
 
 # Pod directories live here, not under the run or test directory: a unix socket's path must
 # stay under 108 bytes. Sticky and world-writable like /tmp; each pod's own directory is private.
@@ -118,6 +119,11 @@ class RoleProcess:
             str(self.proxy_log),
             "--drain-timeout",
             str(proxy.shutdown_timeout_s(self.role, env)),
+            # the role's log capped: rotated by the pod (DLOCK_LOG_MAX_BYTES, 3 older files)
+            "--log",
+            str(self.logfile),
+            "--log-max-bytes",
+            str(env.get("DLOCK_LOG_MAX_BYTES") or LOG_MAX_BYTES),
             "--",
             *(self.server or self.gunicorn()),
         ]

@@ -329,6 +329,9 @@ LOCK_NOT_LEADER_RETRY_MS = env_int("LOCK_NOT_LEADER_RETRY_MS", 1_000, minimum=10
 # `settlement:<currency>` into one of this many bucket rows, chosen from the payout id, so the
 # posts of one currency do not queue on one row lock held through their commits' fsync; a
 # settlement balance reads as the account row plus its buckets. 1 = one row takes every credit.
+# Idempotency records are kept this long (and while their payout has not ended), then
+# `manage.py purge_idempotency` deletes them (payments/retention.py, docs/operations.md).
+IDEMPOTENCY_RETENTION_DAYS = env_int("IDEMPOTENCY_RETENTION_DAYS", 7, minimum=1)
 PAY_SETTLEMENT_BUCKETS = env_int("PAY_SETTLEMENT_BUCKETS", 8, minimum=1, maximum=256)
 
 # Service URLs for clients of our own hops (executor, revoke_lock, experiment; issue 7).
