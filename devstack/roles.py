@@ -26,6 +26,7 @@ from typing import Any
 from devstack import proxy
 from devstack.common import PROJECT, PYTHON, StackError, ready, wait_until
 from devstack.pod import LOG_MAX_BYTES
+from devstack.secrets_env import caller_environment
 
 # Pod directories live here, not under the run or test directory: a unix socket's path must
 # stay under 108 bytes. Sticky and world-writable like /tmp; each pod's own directory is private.
@@ -64,7 +65,8 @@ class RoleProcess:
     `process` is the pod (devstack.pod): signal it as the role, its process group reaches
     gunicorn and nginx. `tls` = (certificate, key) paths: the proxy speaks https on the port.
 
-    `env` is laid over this process's environment unless `inherit_environ` is false (a role
+    `env` is laid over the allow-listed part of this process's environment
+    (devstack.secrets_env.caller_environment) unless `inherit_environ` is false (a role
     restarted from its record gets exactly its recorded environment and argv)."""
 
     role: str
@@ -132,7 +134,7 @@ class RoleProcess:
         return [PYTHON, "-m", "gunicorn", "-c", str(PROJECT / "settings" / "gunicorn.py"), self.app]
 
     def environment(self) -> dict[str, str]:
-        base = dict(os.environ) if self.inherit_environ else {}
+        base = caller_environment() if self.inherit_environ else {}
         assert self.pod_dir is not None
         return {
             **base,
