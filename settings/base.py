@@ -244,10 +244,25 @@ DB_PREPARE_THRESHOLD = 1
 DB_ENGINE = "dlock.pgbackend"
 
 
+# In production every database connection is TLS with the server's certificate verified
+# (sslmode=verify-full, as k8s/ gives it); a URL without it is refused at start-up. A test of
+# the production image against a local cluster without TLS sets this to true, nothing else.
+DLOCK_ALLOW_UNVERIFIED_DATABASE = env_bool("DLOCK_ALLOW_UNVERIFIED_DATABASE", False)
+
+
 def database(url_env: str) -> dict:
     """One pooled PostgreSQL alias with the request deadline applied server-side; Django's
     PostgreSQL backend as django-prometheus wraps it (the django_db_* metrics)."""
     config = env_database(url_env)
+    if (
+        DLOCK_ENVIRONMENT == "production"
+        and not DLOCK_ALLOW_UNVERIFIED_DATABASE
+        and config["OPTIONS"].get("sslmode") != "verify-full"
+    ):
+        raise ImproperlyConfigured(
+            f"{url_env} must carry sslmode=verify-full (and sslrootcert) when "
+            "DLOCK_ENVIRONMENT=production: the database's certificate is verified"
+        )
     config["ENGINE"] = DB_ENGINE
     config["CONN_MAX_AGE"] = 0
     # With a pool, Django passes this on as psycopg_pool's `check`
