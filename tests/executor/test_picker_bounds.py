@@ -5,6 +5,7 @@ a long-running executor that meets contention on ever new accounts does not grow
 from __future__ import annotations
 
 from dlock.client import DlockError
+from executor.backoff import PRUNE_MIN, AccountBackoff
 from executor.picking import CONTENDED_PRUNE_MIN, Picker
 from executor.section import Outcome
 
@@ -45,3 +46,16 @@ def test_delays_still_running_are_kept_and_the_next_prune_waits_for_twice_as_man
     picking.record(contended("one-more"))
     assert len(picking.contended_until) == CONTENDED_PRUNE_MIN + 1
     assert picking.prune_at == 2 * (CONTENDED_PRUNE_MIN + 1)
+
+
+def test_account_backoff_forgets_refusals_long_over_but_keeps_stuck_accounts():
+    now = [0.0]
+    backoff = AccountBackoff(initial_s=0.5, max_s=4.0, give_up_steps=3, clock=lambda: now[0])
+    for _ in range(3):  # backed off for good: stays, whatever the clock says
+        backoff.note(account_id="stuck", payout_id="p", outcome="fenced_out")
+    for n in range(PRUNE_MIN):  # one refusal each, never repeated: no delay, nothing to keep
+        backoff.note(account_id=f"once-{n}", payout_id=f"p{n}", outcome="not_claimable")
+    now[0] = 100.0  # every delay long over
+    backoff.note(account_id="next", payout_id="q", outcome="not_claimable")
+    assert len(backoff) == 2
+    assert backoff.stuck() == {"stuck": "fenced_out"}
