@@ -68,9 +68,9 @@ RECORD_RETRY_MAX_S = 1.0
 def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -> Accepted:
     """Store the outcome, move the payout, count and log it; return the 200 or raise."""
     status, body, error = _answer_for(request, admitted, answer)
-    resolved, stored = _write_with_retry(request, admitted, answer, status, body, error)
+    resolved, stored, retried = _write_with_retry(request, admitted, answer, status, body, error)
     if resolved is None:
-        ours = _ours(stored, answer)
+        ours = _ours(stored, answer) if retried else None
         if ours is None:
             raise _swept_first(request, admitted, answer, stored)
         status, body, error = ours
@@ -100,8 +100,9 @@ def _write_with_retry(
     status: int,
     body: dict[str, Any] | None,
     error: ApiError | None,
-) -> tuple[tuple | None, tuple | None]:
-    """`_write`, tried again while paydb cannot be reached, until RAIL_RECORD_RETRY_MS is spent.
+) -> tuple[tuple | None, tuple | None, bool]:
+    """`_write`, tried again while paydb cannot be reached, until RAIL_RECORD_RETRY_MS is spent;
+    its answer and whether an attempt failed first.
 
     Only the connection failed, so the same transaction is safe to repeat: the intent moves
     out of PENDING once. If an attempt's COMMIT landed before its connection broke, the next
@@ -113,7 +114,7 @@ def _write_with_retry(
     attempt = 0
     while True:
         try:
-            return _write(request, admitted, answer, status, body, error)
+            return (*_write(request, admitted, answer, status, body, error), attempt > 0)
         except (OperationalError, InterfaceError) as exc:
             attempt += 1
             left = deadline - time.monotonic()
