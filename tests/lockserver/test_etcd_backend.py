@@ -14,7 +14,7 @@ import requests
 
 from dlock.errors import ApiError, Code
 from lockserver.backends.etcd import EtcdLockBackend
-from lockserver.etcd_client import put
+from lockserver.etcd_ops import put
 
 pytestmark = pytest.mark.etcd
 

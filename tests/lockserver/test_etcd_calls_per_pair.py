@@ -1,4 +1,4 @@
-"""Gateway calls per acquire and per release on the etcd backend (issue 39 item 2; the pg
+"""etcd calls per acquire and per release on the etcd backend (issue 39 item 2; the pg
 analogue is test_writes_per_pair.py): counted at the client's one transport method, on a real
 etcd. The lease clock (`grants.monotonic`) is pinned, so whether a kept lease still covers the
 next grant is decided by the test, not by how busy the box is."""
@@ -19,17 +19,17 @@ pytestmark = [pytest.mark.etcd]
 
 
 class _Calls:
-    """Every gateway call of the backend, by path, per thread."""
+    """Every etcd call of the backend, by method, per thread."""
 
     def __init__(self, backend) -> None:
         self.by_thread: dict[str, list[str]] = {}
-        post = backend.client._post
+        call = backend.client.call
 
-        def counted(path, body, *args, **kwargs):
-            self.by_thread.setdefault(threading.current_thread().name, []).append(path)
-            return post(path, body, *args, **kwargs)
+        def counted(method, request, *args, **kwargs):
+            self.by_thread.setdefault(threading.current_thread().name, []).append(method)
+            return call(method, request, *args, **kwargs)
 
-        backend.client._post = counted
+        backend.client.call = counted
 
     def of(self, thread: str) -> Counter[str]:
         return Counter(self.by_thread.pop(thread, []))
@@ -53,15 +53,15 @@ def test_own_key_pair_is_two_calls_while_the_kept_lease_covers_the_grant(own_etc
         calls = _Calls(backend)
         me = threading.current_thread().name
         grant = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
-        assert calls.of(me) == {"kv/txn": 1}  # the create: the kept lease covers 5 s, no call
+        assert calls.of(me) == {"kv.Txn": 1}  # the create: the kept lease covers 5 s, no call
         backend.release(key=key, session_id=session, token=grant.fencing_token)
-        assert calls.of(me) == {"kv/txn": 1}  # the compare-and-delete
+        assert calls.of(me) == {"kv.Txn": 1}  # the compare-and-delete
         # the lease's cover is now under 5 s + the margin: one keepalive refreshes it
         now[0] += LEASE_SLACK_S
         pair()
-        assert calls.of(me) == {"lease/keepalive": 1, "kv/txn": 2}
+        assert calls.of(me) == {"lease.LeaseKeepAlive": 1, "kv.Txn": 2}
         pair()  # refreshed: covered again
-        assert calls.of(me) == {"kv/txn": 2}
+        assert calls.of(me) == {"kv.Txn": 2}
     finally:
         backend.close()
 
@@ -108,9 +108,9 @@ def test_hot_key_hand_off_is_one_call_for_the_release_and_one_for_the_head(own_e
         # parking: the refused create (it answers the holder), the holder's session read, a
         # lease for the grant and one for the queue entry (no kept lease of those TTLs here),
         # the entry's put with the queue and the grant read in the same txn; then the watch
-        assert parking == {"kv/txn": 3, "lease/grant": 2}
-        assert calls.of(me) == {"kv/txn": 1}  # the release: compare-and-delete
-        assert calls.of("waiter") == {"kv/txn": 1}  # woken once, granted by its create
+        assert parking == {"kv.Txn": 3, "lease.LeaseGrant": 2}
+        assert calls.of(me) == {"kv.Txn": 1}  # the release: compare-and-delete
+        assert calls.of("waiter") == {"kv.Txn": 1}  # woken once, granted by its create
         assert not any(calls.by_thread.values())
     finally:
         backend.close()

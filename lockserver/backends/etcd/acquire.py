@@ -37,16 +37,8 @@ from lockserver.backends.etcd.keys import (
 from lockserver.backends.etcd.tokens import TokenFloorUnavailable
 from lockserver.budget import RetryBudget
 from lockserver.errors import contention_exceeded, lock_contended, owner_mismatch
-from lockserver.etcd_client import (
-    EtcdError,
-    EtcdUnavailable,
-    KeyValue,
-    TxnResult,
-    compare,
-    delete,
-    get,
-    put,
-)
+from lockserver.etcd_client import EtcdError, EtcdUnavailable
+from lockserver.etcd_ops import KeyValue, TxnResult, compare, delete, get, put
 
 
 class AcquireMixin(GrantsMixin):

@@ -36,7 +36,8 @@ from lockserver.errors import (
     lock_lost,
     lock_not_held,
 )
-from lockserver.etcd_client import EtcdError, EtcdUnavailable, KeyValue, compare, delete, get, put
+from lockserver.etcd_client import EtcdError, EtcdUnavailable
+from lockserver.etcd_ops import KeyValue, compare, delete, get, put
 
 logger = logging.getLogger("dlock.lockserver.etcd")
 

@@ -9,7 +9,8 @@ from dlock.logs import log_event
 from dlock.metrics import lock_live_grants, lock_live_sessions
 from dlock.timefmt import rfc3339_ms
 from lockserver.backends.etcd.keys import KeySpace, _deadline_passed, _from_ms
-from lockserver.etcd_client import EtcdClient, EtcdError, EtcdUnavailable, KeyValue, get
+from lockserver.etcd_client import EtcdClient, EtcdError, EtcdUnavailable
+from lockserver.etcd_ops import KeyValue, get
 
 
 class HousekeepingMixin(KeySpace):

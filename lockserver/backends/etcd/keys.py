@@ -39,7 +39,7 @@ import json
 import uuid
 from typing import Any
 
-from lockserver.etcd_client import KeyValue, delete, put
+from lockserver.etcd_ops import KeyValue, delete, put
 
 INT64_MAX = 2**63 - 1
 HELD = b"held"  # a queue entry whose waiter now holds the key: its place, no longer waiting

@@ -29,16 +29,8 @@ from lockserver.backends.etcd.keys import (
     _now,
 )
 from lockserver.errors import owner_mismatch, session_expired, session_unknown
-from lockserver.etcd_client import (
-    EtcdClient,
-    EtcdError,
-    EtcdUnavailable,
-    KeyValue,
-    compare,
-    delete,
-    get,
-    put,
-)
+from lockserver.etcd_client import EtcdClient, EtcdError, EtcdUnavailable
+from lockserver.etcd_ops import KeyValue, compare, delete, get, put
 
 logger = logging.getLogger("dlock.lockserver.etcd")
 

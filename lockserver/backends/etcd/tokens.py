@@ -31,7 +31,8 @@ import psycopg
 from dlock.logs import log_event
 from lockserver.backends import token_sql
 from lockserver.backends.etcd.keys import INT64_MAX, KeySpace
-from lockserver.etcd_client import EtcdClient, EtcdUnavailable, KeyValue, compare, get, put
+from lockserver.etcd_client import EtcdClient, EtcdUnavailable
+from lockserver.etcd_ops import KeyValue, compare, get, put
 
 logger = logging.getLogger("dlock.lockserver.etcd")
 
