@@ -64,11 +64,6 @@ _NOT_SENT_TEXT = (
 _REFUSED_TEXT = ("no leader", "not capable", "etcdserver: stopped")
 # stream RPCs called for one answer (`EtcdClient.call`)
 _ONE_MESSAGE_STREAMS = frozenset({"lease.LeaseKeepAlive"})
-_SETTLED = (
-    grpc.ChannelConnectivity.READY,
-    grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-    grpc.ChannelConnectivity.SHUTDOWN,
-)
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 _UNAVAILABLE_TEXT = ("timed out", "leader changed", "too many requests", "no leader")
 # a watch on a member that loses its leader is closed by it rather than left silent
@@ -156,16 +151,16 @@ class Member:
         self._guard = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._state = grpc.ChannelConnectivity.IDLE
-        self._settled = threading.Event()
+        self._changed = threading.Condition()
         self.kv: rpc_pb2_grpc.KVStub
         self.lease: rpc_pb2_grpc.LeaseStub
         self.watch: rpc_pb2_grpc.WatchStub
         self.maintenance: rpc_pb2_grpc.MaintenanceStub
 
     def _on_state(self, state: grpc.ChannelConnectivity) -> None:
-        self._state = state
-        if state in _SETTLED:
-            self._settled.set()
+        with self._changed:
+            self._state = state
+            self._changed.notify_all()
 
     def channel(self) -> grpc.Channel:
         if self._channel is not None and self._pid == os.getpid():
@@ -178,7 +173,6 @@ class Member:
                 else:
                     channel = grpc.insecure_channel(self.target, _CHANNEL_OPTIONS)
                 self._state = grpc.ChannelConnectivity.IDLE
-                self._settled.clear()
                 channel.subscribe(self._on_state, try_to_connect=False)
                 self.kv = rpc_pb2_grpc.KVStub(channel)
                 self.lease = rpc_pb2_grpc.LeaseStub(channel)
@@ -187,18 +181,28 @@ class Member:
                 self._channel, self._pid = channel, os.getpid()
         return self._channel
 
-    def connect(self, timeout_s: float) -> None:
-        """Make sure the channel is connected; _Refused (nothing was sent) when it is failing
-        (refused, reset, TLS handshake: gRPC's TRANSIENT_FAILURE, while it backs off) or does
-        not connect within `timeout_s` (a member that does not answer)."""
+    def connect(self, timeout_s: float, *, patient: bool) -> None:
+        """Make sure the channel is connected; _Refused (nothing was sent) when it is not
+        within `timeout_s` (a member that does not answer). A channel that is failing (refused,
+        reset, TLS handshake: gRPC's TRANSIENT_FAILURE, while it backs off before connecting
+        again) is refused at once unless `patient` (no other member is left to try): then it
+        has `timeout_s` to come back, so a member that restarted serves the next call."""
         channel = self.channel()
         if self._state == grpc.ChannelConnectivity.READY:
             return
-        if self._state != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            self._settled.clear()
+        failing = self._state == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        if not failing or patient:
             channel.subscribe(_ignore, try_to_connect=True)  # starts connecting when idle
             channel.unsubscribe(_ignore)
-            self._settled.wait(max(0.01, timeout_s))
+            ends = time.monotonic() + max(0.01, timeout_s)
+            with self._changed:
+                while self._state != grpc.ChannelConnectivity.READY:
+                    if self._state == grpc.ChannelConnectivity.TRANSIENT_FAILURE and not patient:
+                        break
+                    left = ends - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
         if self._state != grpc.ChannelConnectivity.READY:
             raise _Refused(EtcdUnavailable(f"etcd unreachable: {self.url} is not connected"))
 
@@ -308,13 +312,13 @@ class EtcdClient:
         connect, read = timeout or self.timeout
         deadline = self._deadline(timeout)
         last = EtcdUnavailable("etcd call out of time")
-        for _attempt in range(len(self.members)):
+        for attempt in range(len(self.members)):
             member = self._member()
             remaining = deadline - time.monotonic()
             if remaining <= 0.05:
                 break
             try:
-                member.connect(min(connect, remaining))
+                member.connect(min(connect, remaining), patient=attempt == len(self.members) - 1)
                 stub_name, _, name = method.partition(".")
                 rpc = getattr(getattr(member, stub_name), name)
                 answer_in = max(0.05, min(read, deadline - time.monotonic()))
@@ -416,10 +420,12 @@ class EtcdClient:
                 yield rpc_pb2.WatchRequest(create_request=create)
             done.wait()  # keep the send side open: etcd ends the stream when it closes
 
-        for _attempt in range(len(self.members)):
+        for attempt in range(len(self.members)):
             member = self._member()
             try:
-                member.connect(min(self.timeout[0], timeout_s))
+                member.connect(
+                    min(self.timeout[0], timeout_s), patient=attempt == len(self.members) - 1
+                )
             except _Refused as exc:
                 self._next_member(member)
                 last = exc.unavailable

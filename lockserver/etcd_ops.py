@@ -100,9 +100,7 @@ def txn_result(raw: rpc_pb2.TxnResponse) -> TxnResult:
             )
         else:
             responses.append(None)
-    return TxnResult(
-        succeeded=raw.succeeded, revision=raw.header.revision, responses=responses
-    )
+    return TxnResult(succeeded=raw.succeeded, revision=raw.header.revision, responses=responses)
 
 
 def writes(ops: list[RequestOp]) -> bool:
@@ -156,6 +154,16 @@ def delete(key: str, *, prev_kv: bool = False, prefix: bool = False) -> RequestO
         request_delete_range=rpc_pb2.DeleteRangeRequest(
             key=key_bytes(key), range_end=range_end(key) if prefix else b"", prev_kv=prev_kv
         )
+    )
+
+
+def nested_txn(
+    compares: list[Compare], success: list[RequestOp], failure: list[RequestOp] | None = None
+) -> RequestOp:
+    """A transaction inside a transaction's branch (etcd 3.3+): its writes happen only when its
+    own compares hold, at the outer transaction's revision."""
+    return RequestOp(
+        request_txn=rpc_pb2.TxnRequest(compare=compares, success=success, failure=failure or [])
     )
 
 

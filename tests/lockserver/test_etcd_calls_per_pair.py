@@ -13,6 +13,7 @@ import pytest
 
 from lockserver.backends.etcd import grants
 from lockserver.backends.etcd.common import LEASE_SLACK_S
+from lockserver.etcd_ops import writes
 from tests.lockserver.test_etcd_tokens_and_outage import backend_on
 
 pytestmark = [pytest.mark.etcd]
@@ -163,5 +164,94 @@ def test_a_kept_lease_revoked_behind_the_servers_back_is_replaced_not_an_error(
         with pytest.raises(Exception) as refused:  # held by `session`: 409 once the wait is over
             backend.acquire(key=key, session_id=other, owner_id=None, ttl_ms=5_000, wait_ms=1)
         assert getattr(refused.value, "code", None) == "LOCK_CONTENDED", refused.value
+    finally:
+        backend.close()
+
+
+def _store_work(requests) -> Counter[str]:
+    """Keys written (puts, deletes: a prefix delete counts as one) and compares, over the
+    write transactions sent, nested transactions included only where their compares held."""
+    work: Counter[str] = Counter()
+    for request in requests:
+        work["compares"] += len(request.compare)
+        for op in request.success:
+            kind = op.WhichOneof("request")
+            if kind in ("request_put", "request_delete_range"):
+                work["key writes"] += 1
+            elif kind == "request_txn":
+                work["compares"] += len(op.request_txn.compare)
+    return work
+
+
+def test_an_uncontended_pair_writes_the_recipes_keys_and_the_sessions_index_only(
+    own_etcd, monkeypatch
+):
+    """The recipe: a put and a delete. dlock adds the session's index entry (`held/`: L2's
+    heldLockCount and L3 without scanning every grant); the `seen/` marker is written by a
+    key's first grant only and a release re-puts nothing. The queue's prefix delete is no
+    key at all when nobody queued (etcd deletes nothing), listed apart."""
+    now = [1_000.0]
+    monkeypatch.setattr(grants, "monotonic", lambda: now[0])
+    backend = backend_on(own_etcd)
+    try:
+        session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
+        key = f"k-{uuid.uuid4().hex[:8]}"
+        first = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
+        backend.release(key=key, session_id=session, token=first.fencing_token)
+        sent: list = []
+        call = backend.client.call
+
+        def recorded(method, request, *args, **kwargs):
+            if method == "kv.Txn" and writes([*request.success, *request.failure]):
+                sent.append(request)
+            return call(method, request, *args, **kwargs)
+
+        backend.client.call = recorded
+        before = backend.client.read().revision
+        grant = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
+        backend.release(key=key, session_id=session, token=grant.fencing_token)
+        acquire, release = sent
+        assert [op.WhichOneof("request") for op in acquire.success] == [
+            "request_put",  # lock/{key}
+            "request_put",  # held/{sid}/{key}
+            "request_txn",  # seen/{key} only if never granted: no write here
+            "request_range",  # the session, for its deadline
+        ]
+        assert [op.WhichOneof("request") for op in release.success] == [
+            "request_delete_range",  # lock/{key}
+            "request_delete_range",  # held/{sid}/{key}
+            "request_range",
+            "request_delete_range",  # the queue prefix: nothing under it
+        ]
+        assert _store_work([acquire]) == {"key writes": 2, "compares": 5}
+        assert _store_work([release]) == {"key writes": 3, "compares": 3}
+        # what etcd did: two revisions, each the pair's own keys only
+        after = backend.client.read().revision
+        assert after == before + 2
+        seen = backend.client.range(f"dlock/seen/{key}").first()
+        assert seen is not None and seen.mod_revision < before  # written by the first grant
+    finally:
+        backend.close()
+
+
+def test_a_release_is_no_event_for_any_replicas_expiry_watcher(own_etcd):
+    """Every lock-server replica streams the expiry watcher's prefixes; a pair puts and deletes
+    nothing there, so no replica hears of it (only a lease's end or a session's is an event)."""
+    backend = backend_on(own_etcd)
+    try:
+        session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
+        before = backend.client.read().revision
+        for _ in range(3):
+            key = f"k-{uuid.uuid4().hex[:8]}"
+            grant = backend.acquire(
+                key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0
+            )
+            backend.release(key=key, session_id=session, token=grant.fencing_token)
+        events = list(
+            backend.client.deletions(
+                backend.expiry_watch_prefixes(), after_revision=before, idle_timeout_s=0.5
+            )
+        )
+        assert events == [(before, None)]  # the idle end of the stream, no deletion
     finally:
         backend.close()

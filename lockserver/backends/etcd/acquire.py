@@ -190,15 +190,17 @@ class AcquireMixin(GrantsMixin):
             [
                 put(lock_key, _dump(value), lease),
                 put(self._held_key(session_id, key), key, lease),
-                put(self._k("seen", key), "1"),
+                self._first_grant(key),
                 get(self._sess_key(session_id)),
                 *moved,
+                *self._unmarked(lease),
             ],
             [get(lock_key), get(self._sess_key(session_id)), get(self._offset_key), turn_state],
         )
         if not result.succeeded:
             stored = result.responses[2].first() if result.responses[2] else None
             return None, result, stored is None or stored.value != str(offset).encode()
+        self._marked(lease)
         if _deadline_passed(result.responses[3].first()):
             self._undo_if_session_lapsed(key, session_id, result.revision)
         try:
@@ -251,7 +253,6 @@ class AcquireMixin(GrantsMixin):
             [
                 delete(lock_key),
                 delete(self._held_key(holder_sid, key)),
-                self._ended(key),
                 self._queue_end(key, holder_sid),
             ],
         )
@@ -279,7 +280,6 @@ class AcquireMixin(GrantsMixin):
             [
                 delete(lock_key),
                 delete(self._held_key(session_id, key)),
-                put(self._k("seen", key), "1"),
                 self._queue_end(key, session_id),
             ],
         )

@@ -65,6 +65,8 @@ class EtcdLockBackend(AcquireMixin, HousekeepingMixin):
         self._spare_leases: dict[int, list[int]] = {}
         # per grant lease: etcd expires it no earlier than this (monotonic, `_grant_lease`)
         self._lease_cover: dict[int, float] = {}
+        # grant leases that carry their `glease/` marker (keys.py; the expiry watcher)
+        self._marked_leases: set[int] = set()
         self._lease_guard = threading.Lock()
         self.adopt_pg_sequence = (
             adopt_pg_sequence

@@ -37,7 +37,7 @@ from lockserver.errors import (
     lock_not_held,
 )
 from lockserver.etcd_client import EtcdError, EtcdUnavailable
-from lockserver.etcd_ops import KeyValue, compare, delete, get, put
+from lockserver.etcd_ops import KeyValue, RequestOp, compare, delete, get, put
 
 logger = logging.getLogger("dlock.lockserver.etcd")
 
@@ -47,6 +47,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
     _spare_leases: dict[int, list[int]]
     _lease_cover: dict[int, float]
     _lease_guard: threading.Lock
+    _marked_leases: set[int]
 
     def _grant_record(self, key: str, kv: KeyValue) -> GrantRecord:
         value = kv.json()
@@ -151,6 +152,18 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 self._lease_cover.pop(spare, None)
         return True
 
+    def _unmarked(self, lease: int) -> list[RequestOp]:
+        """The lease's `glease/` marker, for the txn that puts the first grant on it (the
+        expiry watcher's signal: keys.py); nothing once a grant txn on it succeeded."""
+        with self._lease_guard:
+            return [] if lease in self._marked_leases else [self._lease_marker(lease)]
+
+    def _marked(self, lease: int) -> None:
+        with self._lease_guard:
+            if len(self._marked_leases) > 20_000:
+                self._marked_leases.clear()  # a marker put again is harmless
+            self._marked_leases.add(lease)
+
     def _revoke_quietly(self, lease: int) -> None:
         try:
             self.client.lease_revoke(lease)
@@ -242,6 +255,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                         put(self._lock_key(key), _dump(value), lease),
                         put(self._held_key(session_id, key), key, lease),
                         *queued,
+                        *self._unmarked(lease),
                     ],
                 )
                 break
@@ -253,6 +267,7 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             if self.client.range(self._sess_key(session_id)).first() is None:
                 raise self._session_gone(session_id, self._read_meta(session_id))
             raise self._lost(key)
+        self._marked(lease)
         if kv.lease in self._grant_leases:
             self._recycle(kv.lease)  # the grant moved off it: empty, ours, reusable
         else:
@@ -283,7 +298,6 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 delete(lock_key, prev_kv=True),
                 delete(self._held_key(session_id, key)),
                 get(self._sess_key(session_id)),
-                self._ended(key),
                 self._queue_end(key, session_id),
             ],
             [get(lock_key)],
@@ -312,7 +326,6 @@ class GrantsMixin(TokensMixin, SessionsMixin):
             [
                 delete(lock_key),
                 delete(self._held_key(holder_sid, key)),
-                self._ended(key),
                 self._queue_end(key, holder_sid),
             ],
         )
@@ -387,7 +400,6 @@ class GrantsMixin(TokensMixin, SessionsMixin):
                 [
                     delete(lock_key),
                     delete(self._held_key(value["sessionId"], key)),
-                    self._ended(key),
                     self._queue_end(key, value["sessionId"]),
                     put(self._k("revocation", str(revocation_id)), _dump(audit)),
                 ],

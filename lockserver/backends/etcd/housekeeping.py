@@ -48,20 +48,26 @@ class HousekeepingMixin(KeySpace):
             except (EtcdError, ValueError, KeyError):
                 self._stopping.wait(1.0)  # etcd down: try again; NOT_LEADER is the requests' job
 
+    def expiry_watch_prefixes(self) -> list[str]:
+        """What every replica's expiry watcher streams the deletions of."""
+        return [self._k("sess") + "/", self._k("glease") + "/"]
+
     def log_expiries(self, *, after_revision: int, idle_timeout_s: float) -> int:
         """One watch stream of deletions after `after_revision`; the last revision handled.
 
-        A deleted `sess/` key whose value is not marked closing (L3 marks it first) expired. A
-        deleted `lock/` key expired if its recorded deadline has passed and nothing ended it on
-        purpose: every release, revoke,
-        takeover and re-acquire re-puts `seen/{key}` in the deleting txn, so a deletion at a
-        revision where `seen/{key}` was also written is not an expiry — however late this
-        watcher sees it (e.g. replayed after a reconnect, when the recorded deadline has long
-        passed). Every lock-server replica logs what it sees (N replicas, N lines per expiry).
+        A deleted `sess/` key whose value is not marked closing (L3 marks it first) expired.
+        Grants: the stream watches the `glease/` markers, not `lock/`, so a release is no event
+        at all for any replica; a marker is deleted only when its lease ends (expiry or
+        revoke), with every key on the lease at that one revision. The grant that lease carried
+        just before (read at that revision − 1) expired if its recorded deadline has passed: a
+        grant ended on purpose (release, revoke, takeover, re-acquire) was deleted by an
+        earlier revision and is not on the lease then, however late this watcher sees the
+        deletion (e.g. replayed after a reconnect). Every lock-server replica logs what it sees
+        (N replicas, N lines per expiry).
         """
         revision = after_revision
         for seen, kv in self.client.deletions(
-            [self._k("sess") + "/", self._k("lock") + "/"],
+            self.expiry_watch_prefixes(),
             after_revision=after_revision,
             idle_timeout_s=idle_timeout_s,
         ):
@@ -72,20 +78,19 @@ class HousekeepingMixin(KeySpace):
                 break
         return revision
 
-    def _ended_on_purpose(self, key: str, revision: int) -> bool:
-        """`seen/{key}` was written by the txn that deleted `lock/{key}` at `revision`."""
+    def _grant_on_lease(self, lease: int, revision: int) -> KeyValue | None:
+        """The grant lease `lease` carried just before `revision`, when the lease ended."""
         try:
-            marker = self.client.read(get(self._k("seen", key), revision=revision))
+            read = self.client.read(get(self._k("lock") + "/", prefix=True, revision=revision - 1))
         except EtcdUnavailable:
             raise
         except EtcdError:
-            return True  # compacted: cannot tell, so no alarm (a false page is the worse error)
-        kv = marker.responses[0].first()
-        return kv is not None and kv.mod_revision == revision
+            return None  # compacted: cannot tell, so no alarm (a false page is the worse error)
+        return next((kv for kv in read.responses[0].kvs if kv.lease == lease), None)
 
     def _log_expiry(self, kv: KeyValue, revision: int) -> None:
-        value = kv.json()
         if kv.key.startswith(self._k("sess") + "/"):
+            value = kv.json()
             if not value.get("closing"):
                 log_event(
                     "session_expired",
@@ -95,10 +100,12 @@ class HousekeepingMixin(KeySpace):
                     expiredAt=rfc3339_ms(_from_ms(value["expiresAt"])),
                 )
             return
-        key = kv.key[len(self._k("lock") + "/") :]
+        grant = self._grant_on_lease(kv.lease, revision)
         # a grant deleted before its deadline (L3 revokes its lease) did not expire either
-        if not _deadline_passed(kv) or self._ended_on_purpose(key, revision):
+        if grant is None or not _deadline_passed(grant):
             return
+        kv, value = grant, grant.json()
+        key = kv.key[len(self._k("lock") + "/") :]
         log_event(
             "lock_expired",
             backend=self.name,

@@ -11,9 +11,14 @@ Layout under settings.ETCD_PREFIX (default `dlock/`); lock keys match [a-zA-Z0-9
                       without a keepalive; the value's expiresAt is the grant's deadline);
                       token = offset + create_revision (the ModRevision of the creating put)
   held/{sid}/{key}    index of a session's grants (same lease, same txn as the grant)
-  seen/{key}          the key was granted at least once (L7 answers 404 otherwise); re-put in
-                      every txn that ends a grant on purpose, so a deletion of lock/{key} at a
-                      revision where seen/{key} was not written is an expiry
+  seen/{key}          the key was granted at least once (L7 answers 404 otherwise): written
+                      by the first grant of the key only (a nested txn guarded by
+                      CREATE == 0), never again
+  glease/{id}         marks lease {id} as a grant lease of this backend: put with the first
+                      grant on the lease, on the lease, never deleted by anything but the
+                      lease's end, so its deletion (watched by every replica: one event per
+                      lease that ends, none per release) is when a grant on it may have
+                      expired; the grant is the lock/ key on that lease just before
   wait/{key}/{sid}/{id}  a parked acquire of session sid: the key's queue, in create-revision
                       order (ARCHITECTURE decision 23); on a short lease of its own while it
                       waits. The grant txn of the head re-puts it as `held` on the grant's
@@ -39,7 +44,7 @@ import json
 import uuid
 from typing import Any
 
-from lockserver.etcd_ops import KeyValue, delete, put
+from lockserver.etcd_ops import KeyValue, RequestOp, compare, delete, nested_txn, put
 
 INT64_MAX = 2**63 - 1
 HELD = b"held"  # a queue entry whose waiter now holds the key: its place, no longer waiting
@@ -103,15 +108,20 @@ class KeySpace:
     def _held_prefix(self, sid: uuid.UUID | str) -> str:
         return self._k("held", str(sid)) + "/"
 
-    def _ended(self, key: str) -> dict[str, Any]:
-        """Put in every txn that ends a grant on purpose (release, revoke, takeover, re-acquire):
-        `seen/{key}` modified at the deletion's revision tells the expiry watcher "not expired"."""
-        return put(self._k("seen", key), "1")
+    def _first_grant(self, key: str) -> RequestOp:
+        """In every create txn: `seen/{key}` written when the key was never granted, else no
+        write at all (L7's 404 for a key never granted)."""
+        seen = self._k("seen", key)
+        return nested_txn([compare(seen, "CREATE", "EQUAL", 0)], [put(seen, "1")])
+
+    def _lease_marker(self, lease: int) -> RequestOp:
+        """`glease/{id}` on the lease: its deletion is the lease's end (the expiry watcher)."""
+        return put(self._k("glease", f"{lease:x}"), "", lease)
 
     def _wait_prefix(self, key: str) -> str:
         return self._k("wait", key) + "/"
 
-    def _queue_end(self, key: str, sid: uuid.UUID | str) -> dict[str, Any]:
+    def _queue_end(self, key: str, sid: uuid.UUID | str) -> RequestOp:
         """In every txn that ends a grant of session sid: its queue entry (if it was queued)."""
         return delete(self._k("wait", key, str(sid)) + "/", prefix=True)
 
