@@ -27,7 +27,10 @@ PROTOS = {
     "api/mvccpb/kv.proto": "kv.proto",
     "api/authpb/auth.proto": "auth.proto",
     "api/etcdserverpb/rpc.proto": "rpc.proto",
+    # etcd's lock service: bench.peers' etcd-lock arms only (the backend uses KV and leases)
+    "server/etcdserver/api/v3lock/v3lockpb/v3lock.proto": "v3lock.proto",
 }
+SERVICES = ("rpc.proto", "v3lock.proto")
 DROPPED_IMPORTS = (
     "gogoproto/gogo.proto",
     "google/api/annotations.proto",
@@ -108,7 +111,7 @@ def generate(out_root: Path) -> None:
                 f"-I{include}",
                 f"--python_out={out_root}",
                 f"--pyi_out={out_root}",
-                *([f"--grpc_python_out={out_root}"] if name == "rpc.proto" else []),
+                *([f"--grpc_python_out={out_root}"] if name in SERVICES else []),
                 f"{include / PACKAGE / name}",
             ]
             if protoc.main(args) != 0:
