@@ -225,7 +225,7 @@ def test_etcd_arms_report_etcds_own_work_per_pair_and_the_etcd_goal_ratios():
     after = {"put": 210, "delete": 205, "events": 7}
     worked = peers._with_etcd_work(row, before, after)
     assert worked["etcd_cpu_ms_per_pair"] == 0.5
-    assert worked["etcd_keys_written_per_pair"] == 4.0
+    assert worked["etcd_put_delete_ops_per_pair"] == 4.0
     assert worked["etcd_watch_events_per_pair"] == 0.0
     unknown = peers._with_etcd_work(row, before, {**after, "events": None})
     assert unknown["etcd_watch_events_per_pair"] is None

@@ -1,6 +1,6 @@
 """etcd calls per acquire and per release on the etcd backend (issue 39 item 2; the pg
 analogue is test_writes_per_pair.py): counted at the client's one transport method, on a real
-etcd. The lease clock (`grants.monotonic`) is pinned, so whether a kept lease still covers the
+etcd. The lease clock (`leases.monotonic`) is pinned, so whether a kept lease still covers the
 next grant is decided by the test, not by how busy the box is."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from lockserver.backends.etcd import grants
+from lockserver.backends.etcd import leases
 from lockserver.backends.etcd.common import LEASE_SLACK_S
 from lockserver.etcd_ops import writes
 from tests.lockserver.test_etcd_tokens_and_outage import backend_on
@@ -38,7 +38,7 @@ class _Calls:
 
 def test_own_key_pair_is_two_calls_while_the_kept_lease_covers_the_grant(own_etcd, monkeypatch):
     now = [1_000.0]
-    monkeypatch.setattr(grants, "monotonic", lambda: now[0])
+    monkeypatch.setattr(leases, "monotonic", lambda: now[0])
     backend = backend_on(own_etcd)
     try:
         session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
@@ -69,7 +69,7 @@ def test_own_key_pair_is_two_calls_while_the_kept_lease_covers_the_grant(own_etc
 
 def test_hot_key_hand_off_is_one_call_for_the_release_and_one_for_the_head(own_etcd, monkeypatch):
     now = [1_000.0]
-    monkeypatch.setattr(grants, "monotonic", lambda: now[0])
+    monkeypatch.setattr(leases, "monotonic", lambda: now[0])
     backend = backend_on(own_etcd)
     try:
         holder = backend.open_session(owner_id="a", ttl_ms=10_000).session_id
@@ -124,7 +124,7 @@ def test_a_kept_lease_revoked_behind_the_servers_back_is_replaced_not_an_error(
     lease used with no keepalive is gone, and the put naming it is refused. The acquire, the
     renew and a waiter's registration each take a fresh lease instead of failing."""
     now = [1_000.0]
-    monkeypatch.setattr(grants, "monotonic", lambda: now[0])
+    monkeypatch.setattr(leases, "monotonic", lambda: now[0])
     backend = backend_on(own_etcd)
     try:
         session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
@@ -132,7 +132,7 @@ def test_a_kept_lease_revoked_behind_the_servers_back_is_replaced_not_an_error(
         key = f"k-{uuid.uuid4().hex[:8]}"
 
         def revoke_the_kept_leases(seconds: int) -> list[int]:
-            kept = list(backend._spare_leases.get(seconds, []))
+            kept = list(backend.leases.spare_leases.get(seconds, []))
             assert kept
             for lease in kept:
                 assert backend.client.lease_revoke(lease)
@@ -143,7 +143,7 @@ def test_a_kept_lease_revoked_behind_the_servers_back_is_replaced_not_an_error(
         gone = revoke_the_kept_leases(5)
         grant = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
         assert grant.fencing_token > first.fencing_token
-        assert backend.client.range(backend._lock_key(key)).first().lease not in gone
+        assert backend.client.range(backend.keys.lock_key(key)).first().lease not in gone
 
         # renew onto a kept lease of another TTL that is gone too
         spare = backend.acquire(
@@ -155,11 +155,11 @@ def test_a_kept_lease_revoked_behind_the_servers_back_is_replaced_not_an_error(
             key=key, session_id=session, token=grant.fencing_token, ttl_ms=7_000
         )
         assert renewed.fencing_token == grant.fencing_token
-        assert backend.client.range(backend._lock_key(key)).first().lease not in gone
+        assert backend.client.range(backend.keys.lock_key(key)).first().lease not in gone
 
         # a waiter's registration on a kept waiter lease that is gone (wait 1 s: a 3 s lease)
-        waiter = backend._grant_lease(3)[0]
-        backend._recycle(waiter)
+        waiter = backend.leases.grant(3)[0]
+        backend.leases.recycle(waiter)
         revoke_the_kept_leases(3)
         with pytest.raises(Exception) as refused:  # held by `session`: 409 once the wait is over
             backend.acquire(key=key, session_id=other, owner_id=None, ttl_ms=5_000, wait_ms=1)
@@ -191,7 +191,7 @@ def test_an_uncontended_pair_writes_the_recipes_keys_and_the_sessions_index_only
     key's first grant only and a release re-puts nothing. The queue's prefix delete is no
     key at all when nobody queued (etcd deletes nothing), listed apart."""
     now = [1_000.0]
-    monkeypatch.setattr(grants, "monotonic", lambda: now[0])
+    monkeypatch.setattr(leases, "monotonic", lambda: now[0])
     backend = backend_on(own_etcd)
     try:
         session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
@@ -249,7 +249,9 @@ def test_a_release_is_no_event_for_any_replicas_expiry_watcher(own_etcd):
             backend.release(key=key, session_id=session, token=grant.fencing_token)
         events = list(
             backend.client.deletions(
-                backend.expiry_watch_prefixes(), after_revision=before, idle_timeout_s=0.5
+                backend.housekeeping.expiry_watch_prefixes(),
+                after_revision=before,
+                idle_timeout_s=0.5,
             )
         )
         assert events == [(before, None)]  # the idle end of the stream, no deletion

@@ -8,26 +8,40 @@ import threading
 from dlock.logs import log_event
 from dlock.metrics import lock_live_grants, lock_live_sessions
 from dlock.timefmt import rfc3339_ms
-from lockserver.backends.etcd.keys import KeySpace, _deadline_passed, _from_ms
+from lockserver.backends.etcd.keys import KeySpace, deadline_passed, from_epoch_ms
+from lockserver.backends.etcd.tokens import TokenAllocator
 from lockserver.etcd_client import EtcdClient, EtcdError, EtcdUnavailable
 from lockserver.etcd_ops import KeyValue, get
 
 
-class HousekeepingMixin(KeySpace):
-    name: str
-    client: EtcdClient
-    _stopping: threading.Event
+class Housekeeping:
+    """The live sessions/grants gauges and the expiry watcher, each on a thread of its own."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        client: EtcdClient,
+        keys: KeySpace,
+        tokens: TokenAllocator,
+        stopping: threading.Event,
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.keys = keys
+        self.tokens = tokens
+        self._stopping = stopping
 
     def live_counts(self) -> tuple[int, int]:
         """(sessions, grant keys) for the gauges (a grant of a just-expired session may count
         until the takeover or its own lease removes it)."""
         read = self.client.read(
-            get(self._k("sess") + "/", prefix=True, count_only=True),
-            get(self._k("lock") + "/", prefix=True, count_only=True),
+            get(self.keys.k("sess") + "/", prefix=True, count_only=True),
+            get(self.keys.k("lock") + "/", prefix=True, count_only=True),
         )
         return read.responses[0].count, read.responses[1].count
 
-    def _housekeep_forever(self, interval_s: float) -> None:
+    def housekeep_forever(self, interval_s: float) -> None:
         while not self._stopping.wait(interval_s):
             try:
                 sessions, grants = self.live_counts()
@@ -36,7 +50,7 @@ class HousekeepingMixin(KeySpace):
             lock_live_sessions.labels(backend=self.name).set(sessions)
             lock_live_grants.labels(backend=self.name).set(grants)
 
-    def _watch_expiries_forever(self) -> None:
+    def watch_expiries_forever(self) -> None:
         """Log `session_expired` and `lock_expired`, once each, for keys etcd deleted when a
         lease ran out; reconnects from the last revision seen (never replays it twice)."""
         revision = 0
@@ -50,7 +64,7 @@ class HousekeepingMixin(KeySpace):
 
     def expiry_watch_prefixes(self) -> list[str]:
         """What every replica's expiry watcher streams the deletions of."""
-        return [self._k("sess") + "/", self._k("glease") + "/"]
+        return [self.keys.k("sess") + "/", self.keys.k("glease") + "/"]
 
     def log_expiries(self, *, after_revision: int, idle_timeout_s: float) -> int:
         """One watch stream of deletions after `after_revision`; the last revision handled.
@@ -81,7 +95,9 @@ class HousekeepingMixin(KeySpace):
     def _grant_on_lease(self, lease: int, revision: int) -> KeyValue | None:
         """The grant lease `lease` carried just before `revision`, when the lease ended."""
         try:
-            read = self.client.read(get(self._k("lock") + "/", prefix=True, revision=revision - 1))
+            read = self.client.read(
+                get(self.keys.k("lock") + "/", prefix=True, revision=revision - 1)
+            )
         except EtcdUnavailable:
             raise
         except EtcdError:
@@ -89,7 +105,7 @@ class HousekeepingMixin(KeySpace):
         return next((kv for kv in read.responses[0].kvs if kv.lease == lease), None)
 
     def _log_expiry(self, kv: KeyValue, revision: int) -> None:
-        if kv.key.startswith(self._k("sess") + "/"):
+        if kv.key.startswith(self.keys.k("sess") + "/"):
             value = kv.json()
             if not value.get("closing"):
                 log_event(
@@ -97,20 +113,20 @@ class HousekeepingMixin(KeySpace):
                     backend=self.name,
                     sessionId=kv.key.rsplit("/", 1)[-1],
                     ownerId=value.get("ownerId"),
-                    expiredAt=rfc3339_ms(_from_ms(value["expiresAt"])),
+                    expiredAt=rfc3339_ms(from_epoch_ms(value["expiresAt"])),
                 )
             return
         grant = self._grant_on_lease(kv.lease, revision)
         # a grant deleted before its deadline (L3 revokes its lease) did not expire either
-        if grant is None or not _deadline_passed(grant):
+        if grant is None or not deadline_passed(grant):
             return
         kv, value = grant, grant.json()
-        key = kv.key[len(self._k("lock") + "/") :]
+        key = kv.key[len(self.keys.k("lock") + "/") :]
         log_event(
             "lock_expired",
             backend=self.name,
             key=key,
-            fencingToken=self._token(kv),
+            fencingToken=self.tokens.token(kv),
             ownerId=value.get("ownerId"),
             sessionId=value.get("sessionId"),
         )
