@@ -209,6 +209,8 @@ class Member:
     def close(self) -> None:
         with self._guard:
             if self._channel is not None and self._pid == os.getpid():
+                # no connectivity callback left to poll a closed channel (grpc's poller thread)
+                self._channel.unsubscribe(self._on_state)
                 self._channel.close()
             self._channel = None
 
