@@ -56,7 +56,8 @@ def _arm(pairs: float, p99: float) -> dict:
 
 
 def test_the_summary_ends_with_issue_28s_goal_lines_judged_on_per_round_ratios():
-    from bench.__main__ import goals, summary_lines
+    from bench.goals import goals
+    from bench.report import summary_lines
 
     # Two rounds: the goal ratio is the median of the per-round ratios against the round's
     # best peer (round 1: zookeeper is best, round 2: etcd-lock).
@@ -154,7 +155,8 @@ def test_a_roles_cpu_is_its_pod_when_a_proxy_holds_the_port():
 
 
 def test_the_summary_prints_issue_39s_goal_lines_against_zookeeper():
-    from bench.__main__ import goals, summary_lines
+    from bench.goals import goals
+    from bench.report import summary_lines
 
     def point(workload: str, clients: int, pg: float, zk: float, pg_p99: float, zk_p99: float):
         rounds = [
@@ -217,3 +219,30 @@ def test_a_subset_of_points_and_arms_is_chosen_by_name_and_a_wrong_name_is_refus
             peers._chosen_points(wrong)
     with pytest.raises(ValueError, match="BENCH_PEERS_ARMS"):
         peers._chosen_arms("dlock-etcd,redis")
+
+
+def test_etcd_arms_report_etcds_own_work_per_pair_and_the_etcd_goal_ratios():
+    row = {"pairs": 100, "server_cpu_ms_per_pair_by_process": {"lockserver": 2.0, "etcd": 0.5}}
+    before = {"put": 10, "delete": 5, "events": 7}
+    after = {"put": 210, "delete": 205, "events": 7}
+    worked = peers._with_etcd_work(row, before, after)
+    assert worked["etcd_cpu_ms_per_pair"] == 0.5
+    assert worked["etcd_put_delete_ops_per_pair"] == 4.0
+    assert worked["etcd_watch_events_per_pair"] == 0.0
+    unknown = peers._with_etcd_work(row, before, {**after, "events": None})
+    assert unknown["etcd_watch_events_per_pair"] is None
+
+    def arm(rate: float, etcd_cpu: float | None = None) -> dict:
+        return {"pairs_per_s": rate, "etcd_cpu_ms_per_pair": etcd_cpu}
+
+    rounds = [
+        {"arms": {"dlock-etcd": arm(90, 0.6), "dlock-pg": arm(100), "etcd-lock": arm(300),
+                  "etcd-lock-grpc": arm(600, 0.4)}},
+        {"arms": {"dlock-etcd": arm(80, 0.5), "dlock-pg": arm(100), "etcd-lock": arm(200),
+                  "etcd-lock-grpc": arm(400, 0.5)}},
+    ]  # fmt: skip
+    goals = peers.etcd_ratios(rounds)
+    assert goals["rounds"]["etcd_cpu_over_etcd_lock_grpc"] == [1.5, 1.0]
+    assert goals["etcd_cpu_over_etcd_lock_grpc"] == 1.25
+    assert goals["etcd_over_pg"] == 0.85
+    assert goals["etcd_over_etcd_lock"] == pytest.approx((0.3 + 0.4) / 2)

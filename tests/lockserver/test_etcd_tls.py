@@ -13,7 +13,8 @@ import pytest
 from devstack import EtcdServer, free_port
 from devstack.tls import ensure_tls
 from dlock.http import close_pools
-from lockserver.etcd_client import EtcdClient, EtcdUnavailable, delete, put
+from lockserver.etcd_client import EtcdClient, EtcdUnavailable
+from lockserver.etcd_ops import delete, put
 
 pytestmark = [pytest.mark.live]
 
