@@ -20,9 +20,10 @@ import pytest
 from django.db import connections
 
 from dlock.metrics import lock_waiter_wakeups
-from lockserver.backends import pg_sql
 from lockserver.backends.base import GrantRecord
 from lockserver.backends.pg import PgLockBackend
+from lockserver.backends.pg_sql import release as release_sql
+from lockserver.backends.pg_sql.common import GRANT_CHANNEL, grant_payload
 from lockserver.pg_listener import KeyListener
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "lockdb"])
@@ -46,7 +47,7 @@ def granted_notifies():
     for name in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(name, None)
     with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute(f"LISTEN {pg_sql.GRANT_CHANNEL}")
+        conn.execute(f"LISTEN {GRANT_CHANNEL}")
         yield conn
 
 
@@ -82,7 +83,7 @@ class Waiter:
         """Start, and return once its queue entry exists and it is parked in this process."""
         self.thread.start()
         deadline = time.monotonic() + 10
-        while not (backend.listener._parked and backend.inspect(key=key).waiter_count == 1):
+        while not (backend.listener.parked_count and backend.inspect(key=key).waiter_count == 1):
             assert time.monotonic() < deadline, "the waiter never parked"
             time.sleep(0.01)
         return self
@@ -122,7 +123,7 @@ def test_a_release_in_the_waiters_process_wakes_it_with_the_grant(backend, grant
     # The NOTIFY still went out (for other processes): the same grant. Arriving late here it
     # wakes nobody and changes nothing.
     payload = next_notify(granted_notifies)
-    assert pg_sql.grant_payload(payload)[1][0] == grant.fencing_token
+    assert grant_payload(payload)[1][0] == grant.fencing_token
     backend.listener.hand_over(payload, cause="direct")
     assert holder_of(backend, key) == (waiter.session.owner_id, grant.fencing_token, 0)
     assert wakeups("direct") == direct
@@ -139,7 +140,7 @@ def test_the_first_wake_up_wins_and_a_late_one_is_a_no_op():
     assert (parked.payload, parked.cause, parked.event.is_set()) == ("w1 7 1 2", "local", True)
     listener.unpark(parked)
     listener.hand_over("w1 7 1 2", cause="direct")  # after it answered
-    assert listener._parked == {}
+    assert listener.parked_count == 0
 
 
 @pytest.mark.parametrize("order", ["hand-off first", "withdraw first"])
@@ -149,7 +150,7 @@ def test_a_wait_running_out_as_the_key_is_handed_to_it(backend, monkeypatch, ord
     the two statements ends with the key granted once, to the waiter, and nothing queued."""
     key = f"k-{uuid.uuid4().hex[:8]}"
     holder, token = hold(backend, key)
-    withdraw = pg_sql.withdraw
+    withdraw = release_sql.withdraw
     seen: list[object] = []
 
     def release_meanwhile() -> None:
@@ -179,17 +180,17 @@ def test_a_wait_running_out_as_the_key_is_handed_to_it(backend, monkeypatch, ord
             release_meanwhile()  # finds nobody queued: the key is freed
         return seen[-1]
 
-    monkeypatch.setattr(pg_sql, "withdraw", racing_withdraw)
+    monkeypatch.setattr(release_sql, "withdraw", racing_withdraw)
     waiter = Waiter(backend, key, wait_ms=500).park(backend, key)
     grant = waiter.result()
     if order == "hand-off first":
         # the entry was gone: withdraw found the grant handed to us, and we answer with it
-        assert isinstance(seen[0], pg_sql.GrantRow)
+        assert isinstance(seen[0], GrantRecord)
         assert seen[0].fencing_token == grant.fencing_token
     else:
         assert seen == [None]  # still queued when we left: the last attempt took the free key
     assert grant.fencing_token > token
     assert holder_of(backend, key) == (waiter.session.owner_id, grant.fencing_token, 0)
-    assert backend.listener._parked == {}
+    assert backend.listener.parked_count == 0
     backend.release(key=key, session_id=waiter.session.session_id, token=grant.fencing_token)
     assert holder_of(backend, key) == (None, None, 0)
