@@ -23,7 +23,10 @@ from dlock.metrics import lock_waiter_wakeups
 from lockserver.backends.base import GrantRecord
 from lockserver.backends.pg import PgLockBackend
 from lockserver.backends.pg_sql import release as release_sql
+from lockserver.backends.pg_sql import waiters as waiters_sql
 from lockserver.backends.pg_sql.common import GRANT_CHANNEL, grant_payload
+from lockserver.backends.pg_sql.release import HAND_OFF_KEYS_SQL, HAND_OFF_SQL
+from lockserver.backends.pg_store import PreparingCursor
 from lockserver.pg_listener import KeyListener
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "lockdb"])
@@ -194,3 +197,88 @@ def test_a_wait_running_out_as_the_key_is_handed_to_it(backend, monkeypatch, ord
     assert backend.listener.parked_count == 0
     backend.release(key=key, session_id=waiter.session.session_id, token=grant.fencing_token)
     assert holder_of(backend, key) == (None, None, 0)
+
+
+def test_a_closed_session_hands_every_key_it_held_over_in_one_statement(backend, monkeypatch):
+    """Closing a session that holds two keys, each with a waiter parked in this process: both
+    waiters are granted by one hand-off statement and woken at once (local), no NOTIFY needed."""
+    keys = [f"k-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    tokens = [
+        backend.acquire(
+            key=key, session_id=holder.session_id, owner_id=None, ttl_ms=30_000, wait_ms=0
+        ).fencing_token
+        for key in keys
+    ]
+    waiters = [Waiter(backend, key, wait_ms=20_000).park(backend, key) for key in keys]
+    statements: list[str] = []
+    execute = PreparingCursor.execute
+
+    def counted(self, query, params=None):
+        statements.append(query)
+        return execute(self, query, params)
+
+    monkeypatch.setattr(PreparingCursor, "execute", counted)
+    local = wakeups("local")
+    backend.close_session(session_id=holder.session_id, owner_id="holder")
+    for key, waiter, token in zip(keys, waiters, tokens, strict=True):
+        grant = waiter.result()
+        assert grant.fencing_token > token and grant.key == key
+        assert holder_of(backend, key) == (waiter.session.owner_id, grant.fencing_token, 0)
+    assert wakeups("local") - local == 2
+    hand_offs = [q for q in statements if q in (HAND_OFF_SQL, HAND_OFF_KEYS_SQL)]
+    assert hand_offs == [HAND_OFF_KEYS_SQL]
+
+
+def test_the_reaper_hands_every_lapsed_key_over_in_one_statement(backend, monkeypatch):
+    """Two keys whose holder lapsed, each with a queue entry (no acquire parked here, so nobody
+    hands them over but the reaper): one pass grants both heads in one statement and wakes
+    them through `wake` after its commit; a key with nobody eligible queued is freed only."""
+    keys = [f"k-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    for key in keys:
+        backend.acquire(
+            key=key, session_id=holder.session_id, owner_id=None, ttl_ms=30_000, wait_ms=0
+        )
+    params = dict(connections["lockdb"].get_connection_params())
+    for name in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(name, None)
+    queued = {}
+    with psycopg.connect(**params, autocommit=True) as conn:
+        for key in keys[:2]:
+            session = backend.open_session(owner_id=f"w-{key}", ttl_ms=30_000)
+            waiter_id = uuid.uuid4()
+            admitted = waiters_sql.add_waiter(
+                conn.cursor(),
+                waiter_id=waiter_id,
+                key=key,
+                session_id=session.session_id,
+                owner_id=None,
+                wait_ms=20_000,
+                cap=64,
+            )
+            assert admitted[:2] == (True, True)
+            queued[key] = (str(waiter_id), session.owner_id)
+        conn.execute(  # the holder's lease lapses (by the database's clock)
+            "UPDATE lock_grant SET expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE lock_key = ANY(%s)",
+            (keys,),
+        )
+        calls: list[list[str]] = []
+        hand_off_keys = release_sql.hand_off_keys
+
+        def counted(cursor, *, keys):
+            calls.append(sorted(keys))
+            return hand_off_keys(cursor, keys=keys)
+
+        monkeypatch.setattr(release_sql, "hand_off_keys", counted)
+        monkeypatch.setattr(release_sql, "hand_off", lambda *a, **k: pytest.fail("per key"))
+        woken: list[str] = []
+        backend.housekeeper.run(conn, woken.append)
+    assert calls == [sorted(keys[:2])]
+    assert sorted(payload.split(" ")[0] for payload in woken) == sorted(
+        waiter_id for waiter_id, _ in queued.values()
+    )
+    for key, (_, owner) in queued.items():
+        assert holder_of(backend, key)[0::2] == (owner, 0)
+    assert holder_of(backend, keys[2]) == (None, None, 0)
