@@ -81,7 +81,7 @@ def _wait_slot() -> bool:
 
     A waiting acquire holds a worker thread for up to waitMillis; the bound keeps enough
     threads for every other request (L7, heartbeats, releases, probes) however many callers
-    wait (issue 15 item 3)."""
+    wait (CHANGELOG row 45)."""
     global _wait_slots
     if _wait_slots is None:
         with _wait_slots_guard:

@@ -72,8 +72,9 @@ def try_acquire(
     return Acquired(grant, previous_token, previous_owner)
 
 
-# The holding session acquires again (e.g. its release timed out): the same row, a NEW token drawn
-# under the row lock (the CTE locks first), so the old token is fenced everywhere (issue 16).
+# The holding session acquires again (e.g. its release timed out): the same row, a NEW token
+# drawn under the row lock (the CTE locks first), so the old token is fenced everywhere
+# (CHANGELOG row 43).
 ROTATE_SQL = f"""
 WITH cur AS (
     SELECT g.lock_key FROM lock_grant AS g

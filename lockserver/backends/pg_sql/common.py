@@ -28,7 +28,8 @@ FREE_HOLDER = (
 # after any row-lock wait (READ COMMITTED re-checks an updated row), never its older snapshot.
 # Either the waiter's mark commits first (the freeing statement sees it and notifies) or the
 # freeing statement holds the row first (the mark waits for its commit and sees the key free:
-# the waiter tries again at once). A payout's uncontended release sends no NOTIFY (issue 18).
+# the waiter tries again at once). A payout's uncontended release sends no NOTIFY (CHANGELOG
+# row 57).
 NOTIFY_IF_WAITED = (
     f"CASE WHEN waiter_until > clock_timestamp() THEN pg_notify('{NOTIFY_CHANNEL}', lock_key) END"
 )
