@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -50,6 +52,73 @@ class QueuedKeys:
         self._seen.pop(key, None)
 
 
+@dataclass
+class _Lapse:
+    waiters: int = 0  # of this process, parked on the key
+    due: float | None = None  # monotonic time the holder lapses; None: no lapse to watch for
+    busy: bool = False  # a waiter is handing the key over now
+
+
+class LapseWatch:
+    """When each key's holder lapses, as the newest statement of this process said, shared by
+    the process's waiters on the key. Nobody NOTIFYs a lapse: at the holder's deadline one of
+    them hands the key over (one statement for the process, not one per parked waiter) and the
+    others wait for what that statement found (the next holder's deadline)."""
+
+    POLL_S = 0.005  # while another waiter's hand-off statement runs
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._keys: dict[str, _Lapse] = {}
+
+    def enter(self, key: str) -> None:
+        with self._guard:
+            self._keys.setdefault(key, _Lapse()).waiters += 1
+
+    def leave(self, key: str) -> None:
+        with self._guard:
+            lapse = self._keys.get(key)
+            if lapse is not None:
+                lapse.waiters -= 1
+                if lapse.waiters <= 0:
+                    del self._keys[key]
+
+    def note(self, key: str, ms_until_free: int | None) -> None:
+        """A statement said when the key's holder lapses (None: no holder) and ended a hand-off
+        this process was running, if any."""
+        with self._guard:
+            lapse = self._keys.get(key)
+            if lapse is not None:
+                lapse.busy = False
+                lapse.due = (
+                    None if ms_until_free is None else time.monotonic() + ms_until_free / 1000
+                )
+
+    def wait_s(self, key: str, left: float) -> tuple[float, bool]:
+        """How long a waiter sleeps, at most `left`, unless woken: until the holder's lapse (a
+        hair after, by the database's clock), or a poll while another waiter hands it over
+        (then True: not a wake-up of its own)."""
+        with self._guard:
+            lapse = self._keys.get(key)
+            if lapse is None or lapse.due is None:
+                return left, False
+            if lapse.busy:
+                return min(left, self.POLL_S), True
+            return max(0.0, min(left, lapse.due - time.monotonic() + 0.002)), False
+
+    def claim(self, key: str) -> bool:
+        """A waiter woken by its timer: True if it is the one to hand the key over now (the
+        holder's lapse is due and no other waiter of this process is doing it)."""
+        with self._guard:
+            lapse = self._keys.get(key)
+            if lapse is None:
+                return True
+            if lapse.busy or (lapse.due is not None and time.monotonic() < lapse.due):
+                return False
+            lapse.busy = True
+            return True
+
+
 class WaitQueue:
     """The keys' queues as this process sees them: `park`, `hand_to_head`, `wake_granted`."""
 
@@ -57,6 +126,7 @@ class WaitQueue:
         self.store = store
         self.listener = listener
         self.recent_keys = QueuedKeys()
+        self.lapses = LapseWatch()
 
     def park(
         self,
@@ -76,6 +146,7 @@ class WaitQueue:
         """
         waiter_id = uuid.uuid4()
         parked = self.listener.park(key, str(waiter_id))
+        self.lapses.enter(key)
         grant: GrantRecord | None = None
         queued = False
         try:
@@ -95,6 +166,7 @@ class WaitQueue:
             queued = True
             if held:
                 self.recent_keys.mark(key)
+                self.lapses.note(key, ms_until_free)
             self.store.release_connection()
             # Freed while we queued (not held): its statement may not have seen our entry; hand
             # it over ourselves first.
@@ -105,7 +177,6 @@ class WaitQueue:
                 session_id=session_id,
                 deadline=deadline,
                 recheck=not held,
-                ms_until_free=ms_until_free,
             )
             if queued:  # the wait ran out: leave the queue (or find we were just handed it)
                 with self.store.cursor(pooled=True) as cursor:
@@ -119,6 +190,7 @@ class WaitQueue:
                     self._give_back(waiter_id=waiter_id, key=key, session_id=session_id)
             raise
         finally:
+            self.lapses.leave(key)
             self.listener.unpark(parked)
         if grant is None:
             return None
@@ -178,7 +250,6 @@ class WaitQueue:
         session_id: uuid.UUID,
         deadline: float,
         recheck: bool,
-        ms_until_free: int | None,
     ) -> tuple[bool, GrantRecord | None]:
         """Wait for this waiter's hand-off: (still queued, the grant handed to it, if any)."""
         while True:
@@ -190,19 +261,30 @@ class WaitQueue:
                 token, acquired_at, expires_at = handed
                 return False, GrantRecord(key, "", session_id, token, acquired_at, expires_at)
             if recheck:
-                handoff = self.hand_to_head(key)
+                try:
+                    handoff = self.hand_to_head(key)
+                except BaseException:
+                    self.lapses.note(key, 0)  # not handed over: the next waiter's turn
+                    raise
+                self.lapses.note(key, handoff.ms_until_free)
                 if handoff.waiter_id == waiter_id:
                     return False, handoff.grant
-                ms_until_free = handoff.ms_until_free
             left = deadline - time.monotonic()
             if left <= 0:
                 return True, None
             # Woken by the hand-off to us (its NOTIFY, or at once by a freeing statement that ran
-            # in this process: KeyListener.hand_over), or when the holder's lease lapses by the
-            # database's own reckoning (nobody NOTIFYs that): then hand it over ourselves.
-            timeout = left if ms_until_free is None else min(left, ms_until_free / 1000 + 0.002)
-            woken = parked.event.wait(max(0.0, timeout))
+            # in this process: KeyListener.hand_over), by the key's broadcast NOTIFY, or when the
+            # holder's lease lapses by the database's own reckoning (nobody NOTIFYs that): then
+            # one waiter of this process hands it over (LapseWatch), the others wait for it.
+            timeout, polling = self.lapses.wait_s(key, left)
+            woken = parked.event.wait(timeout)
             parked.event.clear()
-            cause = parked.cause if parked.payload else "broadcast" if woken else "timer"
+            if parked.payload is not None:
+                cause, recheck = parked.cause, False
+            elif woken:
+                cause, recheck = "broadcast", True
+            else:
+                cause, recheck = "timer", self.lapses.claim(key)
+                if polling:
+                    continue
             lock_waiter_wakeups.labels(backend=self.store.backend, cause=cause).inc()
-            recheck = parked.payload is None

@@ -282,3 +282,44 @@ def test_the_reaper_hands_every_lapsed_key_over_in_one_statement(backend, monkey
     for key, (_, owner) in queued.items():
         assert holder_of(backend, key)[0::2] == (owner, 0)
     assert holder_of(backend, keys[2]) == (None, None, 0)
+
+
+def test_a_lapse_is_handed_over_by_one_statement_not_one_per_parked_waiter(backend, monkeypatch):
+    """Three acquires of this process parked on a key whose holder's lease lapses (nobody
+    NOTIFYs a lapse): at the lapse one of them hands the key over, in one statement, to the
+    head of the queue; the other two wait for the new holder instead of each running one."""
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    lapsing = backend.acquire(
+        key=key, session_id=holder.session_id, owner_id=None, ttl_ms=3_000, wait_ms=0
+    )
+    statements: list[str] = []
+    execute = PreparingCursor.execute
+
+    def counted(self, query, params=None):
+        statements.append(query)
+        return execute(self, query, params)
+
+    monkeypatch.setattr(PreparingCursor, "execute", counted)
+    waiters = []
+    for count in (1, 2, 3):
+        waiter = Waiter(backend, key, wait_ms=20_000)
+        waiter.thread.start()
+        deadline = time.monotonic() + 10
+        while backend.inspect(key=key).waiter_count < count:
+            assert time.monotonic() < deadline, "the waiter never parked"
+            time.sleep(0.01)
+        waiters.append(waiter)
+    assert backend.inspect(key=key).fencing_token == lapsing.fencing_token  # all parked: held
+    head = waiters[0].result()  # granted at the lapse, first in the queue
+    assert head.fencing_token > lapsing.fencing_token
+    assert holder_of(backend, key) == (waiters[0].session.owner_id, head.fencing_token, 2)
+    assert statements.count(HAND_OFF_SQL) == 1
+    # The others are still queued, in order: each release hands the key to the next.
+    token = head.fencing_token
+    for previous, waiter in zip(waiters, waiters[1:], strict=False):
+        backend.release(key=key, session_id=previous.session.session_id, token=token)
+        token = waiter.result().fencing_token
+    backend.release(key=key, session_id=waiters[-1].session.session_id, token=token)
+    assert holder_of(backend, key) == (None, None, 0)
+    assert statements.count(HAND_OFF_SQL) == 1
