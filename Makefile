@@ -107,7 +107,12 @@ demo: up
 
 # Debian's prometheus (scripts/sysdeps.sh) against the running stack: monitoring/prometheus.yml
 # and monitoring/alerts.yml, targets from .run/stack.env, data in .run/monitor/.
+# DLOCK_EXECUTOR_METRICS (host:port,… of executors' /metrics) and MONITOR_PORT: from the make
+# command line or the environment.
+DLOCK_EXECUTOR_METRICS ?=
+MONITOR_PORT ?=
 monitor: venv sysdeps
+	DLOCK_EXECUTOR_METRICS='$(DLOCK_EXECUTOR_METRICS)' MONITOR_PORT='$(MONITOR_PORT)' \
 	$(BIN)/python -m devstack.monitor
 
 # The redis-server package is needed only here (python-redis-lock's baseline).

@@ -2,12 +2,18 @@
 """Django's command-line utility; ROLE selects the settings overlay.
 
 Anything that is not the command's own answer ends in one line on stderr and exit 2, never a
-traceback: settings the role cannot load (a database URL that is not one, a missing one), a
-command this ROLE does not install, a database that one of dlock's commands cannot reach
-(Django's own, `migrate` among them, keep their traceback).
+traceback: a command this ROLE does not install (an ops command is named before any setting is
+read), settings the role cannot load (a database URL that is not one, a missing one), a
+database that one of dlock's commands cannot reach (Django's own, `migrate` among them, keep
+their traceback).
+
+Under ROLE=ops, dlock's own commands print only their human lines (or their --json answer) on
+the terminal; their JSON events go to the events log, settings.DLOCK_EVENTS_LOG, unless
+`--log-json` (taken out of the arguments here, any command) asks for them on stderr.
 """
 
 import sys
+from pathlib import Path
 
 from dlock.roles import configure_settings_module
 
@@ -32,6 +38,46 @@ def _ours(name: str) -> bool:
     return any(name in find_commands(str(base / app / "management")) for app in OPS_APPS)
 
 
+def _check_ops_command(role: str, argv: list[str]) -> None:
+    """An ops command under another role: name ROLE=ops before any setting is read (only
+    settings/ops.py installs the ops app)."""
+    from django.core.management import find_commands
+
+    name = argv[1] if len(argv) > 1 else ""
+    if role == "ops" or not name or name.startswith("-"):
+        return
+    if name in find_commands(str(Path(__file__).resolve().parent / "ops" / "management")):
+        _fail(f"{name} is not a command of ROLE={role}; run it with ROLE=ops")
+
+
+def _route_events(role: str, argv: list[str], log_json: bool) -> None:
+    """ROLE=ops, one of dlock's commands: its events to the events log, not the terminal (the
+    role's LOGGING with a standard-library FileHandler at the root, which Django's own set-up
+    in execute_from_command_line then applies)."""
+    if role != "ops" or log_json or not _ours(argv[1] if len(argv) > 1 else ""):
+        return
+    from django.conf import settings
+
+    target = settings.DLOCK_EVENTS_LOG
+    if target == "-":
+        return
+    try:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).open("a").close()
+    except OSError as exc:
+        _fail(
+            f"cannot write the events log {target} ({exc.strerror}); set DLOCK_EVENTS_LOG to "
+            "a writable file or - (stderr), or pass --log-json"
+        )
+    settings.LOGGING["handlers"]["events_log"] = {
+        "class": "logging.FileHandler",
+        "filename": target,
+        "formatter": "json",
+        "encoding": "utf-8",
+    }
+    settings.LOGGING["root"]["handlers"] = ["events_log"]
+
+
 def _check_command(role: str, argv: list[str]) -> None:
     """Stop a command this role does not install, naming the role that has it."""
     from django.core.management import get_commands
@@ -45,6 +91,10 @@ def _check_command(role: str, argv: list[str]) -> None:
 
 def main() -> None:
     role = configure_settings_module()
+    _check_ops_command(role, sys.argv)
+    log_json = "--log-json" in sys.argv
+    if log_json:
+        sys.argv.remove("--log-json")
     from django.core.exceptions import ImproperlyConfigured
     from django.db import DatabaseError
 
@@ -55,6 +105,7 @@ def main() -> None:
     except ImproperlyConfigured as exc:
         _fail(f"ROLE={role} cannot start: {exc}")
     _check_command(role, sys.argv)
+    _route_events(role, sys.argv, log_json)
     from django.core.management import execute_from_command_line
 
     try:

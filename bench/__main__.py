@@ -1,17 +1,16 @@
-"""`make bench` / `python -m bench`: every benchmark in one run, side by side.
+"""`make bench` / `python -m bench`: the benchmarks docs/performance.md reports, in one run.
 
-Parts (each writes `.run/bench/<name>.json` and returns a dict): `bench.fsync` (the disk),
-`bench.peers` (issue 28: dlock beside ZooKeeper/kazoo and etcd's lock API, interleaved),
-`bench.lockserver` (dlock over HTTP vs its SQL sent directly vs a no-framework floor; it runs
-`bench.lock_etcd` for the etcd rows), `bench.redis_lock` (python-redis-lock, not durable),
-`bench.payments` (claim+post over HTTP vs SQL), `bench.settlement` (posts only: the settlement
-row's lock wait, PAY_SETTLEMENT_BUCKETS 1 vs 8), `bench.e2e` (payouts end to end, CPU per
-payout by role, the like-for-like floor). `--before REV` adds `bench.compare` (two trees'
-stacks, interleaved; issue 25). A part that is not built yet is reported as missing; a part
-that fails is reported with its error; the others still run. The summary (printed and written
-to `.run/bench/summary.json`) puts the numbers next to each other with ratios and ends with
-issue 28's goal lines, PASS or FAIL (also `.run/bench/goals.json`). The table is `bench.report`,
-the goals `bench.goals`; this module runs the parts.
+Parts (each writes `.run/bench/<name>.json` and returns a dict), by default: `bench.fsync` (the
+disk), `bench.peers` (dlock beside ZooKeeper/kazoo and etcd's lock API, interleaved: the lock
+table and its goal lines), `bench.lockserver` (dlock over HTTP vs its SQL sent directly vs a
+no-framework floor; it runs `bench.lock_etcd` for the etcd rows), `bench.e2e` (payouts end to
+end, CPU per payout by role, the like-for-like floor). On request: `lockpath` (the lock path's
+CPU by layer, in process) and `compare` (`--before REV`: two trees' stacks, interleaved).
+docs/performance.md says which part prints which of its tables. A part that is not built yet
+is reported as missing; a part that fails is reported with its error; the others still run. The
+summary (printed and written to `.run/bench/summary.json`) puts the numbers next to each other
+and ends with the goal lines, PASS or FAIL (also `.run/bench/goals.json`). The table is
+`bench.report`, the goals `bench.goals`; this module runs the parts.
 """
 
 from __future__ import annotations
@@ -29,14 +28,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.goals import goals
-from bench.report import flat_numbers, lock_rows, summary_lines
+from bench.report import summary_lines
 from devstack import PROJECT
 
-__all__ = ["flat_numbers", "goals", "lock_rows", "main", "setup_django", "summary_lines"]
-
-
-PARTS = ("fsync", "peers", "lockserver", "redis_lock", "payments", "settlement", "e2e")
-OPTIONAL = ("compare", "configs", "scale", "scale_payouts", "lockpath")  # compare needs --before
+PARTS = ("fsync", "peers", "lockserver", "e2e")
+OPTIONAL = ("compare", "lockpath")  # compare needs --before
 MODULES = {name: f"bench.{name}" for name in (*PARTS, *OPTIONAL)}
 
 

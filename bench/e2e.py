@@ -1,16 +1,13 @@
-"""End-to-end payouts/s (issue 17's matrix and issue 18's CPU per payout): the real executor
-processes, lock server, payments, rail proxy and rail stub on a private durable PostgreSQL
-cluster (fsync on).
+"""End-to-end payouts/s and the server CPU per payout: the real executor processes, lock server,
+payments, rail proxy and rail stub on a private durable PostgreSQL cluster (fsync on).
 
-The matrix: ONE `run_executor --concurrency N` process for each N in BENCH_E2E_CONCURRENCY
-(default 1,8,32,64) at each rail-stub latency in BENCH_E2E_LATENCIES (ms, default 0,200,1000),
-then, at rail latency 0, the `PxN` points of BENCH_E2E_MULTI (default 2x32,4x16: P processes ×
-concurrency N), so "one process within 0.8× of the best any number of processes reaches" is
-decided within one run. An empty variable skips that part. Each point seeds fresh accounts (2 per
-slot: accounts ≥ concurrency) and enough payouts to fill every slot at least 4 times and to run
-about BENCH_E2E_POINT_S seconds (default 8), runs the executors until nothing is left, and
-measures from the database clock: (posted − 1) / (last POSTED event − first POSTED event), so
-process start-up is not counted.
+The points: ONE `run_executor --concurrency N` process for each N in BENCH_E2E_CONCURRENCY
+(default 32) at each rail-stub latency in BENCH_E2E_LATENCIES (ms, default 0): the point
+docs/performance.md quotes. Each point seeds fresh accounts (2 per slot: accounts ≥ concurrency)
+and enough payouts to fill every slot at least 4 times and to run about BENCH_E2E_POINT_S
+seconds (default 8), runs the executor until nothing is left, and measures from the database
+clock: (posted − 1) / (last POSTED event − first POSTED event), so process start-up is not
+counted.
 
 CPU per payout, by role: a sampler thread reads utime+stime (+ reaped children) of each gunicorn
 role's process tree (found by its listening port), of the PostgreSQL cluster (postmaster and
@@ -19,7 +16,7 @@ and the last POSTED event (interpolated between samples) over the payouts posted
 is the cost per payout, and over the window's length the cores that role kept busy. The
 executors' peak RSS is their VmHWM. Each row also has the medians claimed → RAIL_ACKED and
 RAIL_ACKED → POSTED from payout_event, and the sections in flight on average between claim and
-post. With BENCH_E2E_PROFILE=<dir>, py-spy records each role during the 1 × 32, rail 200 ms
+post. With BENCH_E2E_PROFILE=<dir>, py-spy records each role during the 1 × 32, rail 0 ms
 point (`<dir>/<role>.txt`, collapsed stacks).
 
 After the points, on the same stack, the payout floor (`bench/payout_floor.py`, issue 18): every
@@ -31,25 +28,22 @@ request, in BENCH_FLOOR_ROUNDS rounds (default 3) each after a dlock point of it
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psycopg
 
 from bench import e2e_pg
-from bench.proc import PgSplit, proc_status_kib, py_spy_recorders, role_root, tree_cpu_seconds
+from bench.proc import STATES, CpuSampler, proc_status_kib, py_spy_recorders, role_pids
 from experiment.runner import ExperimentConfig, seed_fenced
-from experiment.stack import ROLES, private_stack
+from experiment.stack import private_stack
 from experiment.workers import spawn_executor
 
 
@@ -58,19 +52,11 @@ def _env_ints(name: str, default: str) -> tuple[int, ...]:
     return tuple(int(v) for v in raw.split(",") if v.strip()) if raw else ()
 
 
-# ONE executor process at each concurrency × each rail latency (issue 17's matrix) …
-CONCURRENCY = _env_ints("BENCH_E2E_CONCURRENCY", "1,8,32,64")
-LATENCIES_MS = _env_ints("BENCH_E2E_LATENCIES", "0,200,1000")
-# … and, at rail latency 0, several processes (so "within 0.8× of the best any number of
-# processes reaches" is computed in the same run): `processes×concurrency` pairs.
-MULTI = tuple(
-    tuple(int(v) for v in pair.split("x"))
-    for pair in os.environ.get("BENCH_E2E_MULTI", "2x32,4x16").split(",")
-    if pair.strip()
-)
+# ONE executor process at each concurrency × each rail latency (docs/performance.md quotes 32 × 0).
+CONCURRENCY = _env_ints("BENCH_E2E_CONCURRENCY", "32")
+LATENCIES_MS = _env_ints("BENCH_E2E_LATENCIES", "0")
 # A point runs about this long (payouts = expected rate × this), never fewer than 4 per slot.
 POINT_S = float(os.environ.get("BENCH_E2E_POINT_S", "8"))
-SAMPLE_S = 0.05
 PREVIOUS = {  # issue 18, measured on the `make up` stack before the cuts (2 executors, 96 payouts)
     "cpu_ms_per_payout": {
         "lockserver": 3.8,
@@ -82,13 +68,12 @@ PREVIOUS = {  # issue 18, measured on the `make up` stack before the cuts (2 exe
     },
     "payouts_per_s": 40,
 }
-GOALS_17 = {"one_process_200ms": 80.0, "one_over_best_0ms": 0.8}
 # Planning only (how many payouts make a point of about POINT_S seconds): our own hops per
 # payout, and the rate no point on this box exceeded.
 EXPECTED_OWN_S = 0.1
 EXPECTED_CAP_PER_S = 35.0
 POINT_TIMEOUT_S = 180.0
-PROFILED = (1, 32, 200)  # the point BENCH_E2E_PROFILE records
+PROFILED = (1, 32, 0)  # the point BENCH_E2E_PROFILE records
 # Issue 18's payout floor (bench/payout_floor.py) after the points, on the same stack, interleaved
 # with dlock points of its own (1 × BENCH_FLOOR_CONCURRENCY, rail 0); 0 skips it.
 FLOOR = os.environ.get("BENCH_E2E_FLOOR", "1") not in ("", "0")
@@ -102,87 +87,6 @@ SELECT max(at) FILTER (WHERE to_state = 'CLAIMED'), max(at) FILTER (WHERE to_sta
        max(at) FILTER (WHERE to_state = 'POSTED')
   FROM payout_event WHERE payout_id = ANY(%s::uuid[]) GROUP BY payout_id
 """
-STATES = "SELECT state, count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) GROUP BY state"
-
-
-def role_pids(stack) -> dict[str, int]:
-    """The root process of every server role (by listening port; its pod when the role runs
-    behind its own proxy, so the proxy's CPU is the role's too) and the postmaster."""
-    pids: dict[str, int] = {}
-    for role in ROLES:
-        port = urlsplit(stack.url(role)).port
-        pid = role_root(port) if port else None
-        if pid is None:
-            raise RuntimeError(f"no process listens on {stack.url(role)} ({role})")
-        pids[role] = pid
-    postmaster = Path(stack.pg_cluster.datadir) / "postmaster.pid"
-    pids["postgres"] = int(postmaster.read_text().split()[0])
-    return pids
-
-
-class CpuSampler:
-    """(wall time, CPU seconds per role) every SAMPLE_S, from /proc, in a thread."""
-
-    def __init__(self, pids: dict[str, int], *, pg_split: bool = False) -> None:
-        self.pids = pids
-        self.times: list[float] = []
-        self.samples: list[dict[str, float]] = []
-        # BENCH_E2E_PG_STATS: PostgreSQL's processes by kind, user and system apart.
-        self._split = PgSplit(pids["postgres"], bench_user=e2e_pg.BENCH_USER) if pg_split else None
-        self.pg_samples: list[dict] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _take(self) -> None:
-        row = {role: tree_cpu_seconds(pid) for role, pid in self.pids.items()}
-        if self._split is not None:
-            self.pg_samples.append(self._split.sample())
-        self.times.append(time.time())
-        self.samples.append(row)
-
-    def pg_between(self, first: float, last: float, *, payouts: int) -> dict:
-        """PostgreSQL's CPU ms per payout by process kind (user / system) between two wall
-        times (the nearest samples inside the window)."""
-        i = min(bisect.bisect_left(self.times, first), len(self.times) - 1)
-        j = max(bisect.bisect_right(self.times, last) - 1, i)
-        split = PgSplit.between(self.pg_samples[i], self.pg_samples[j])
-        span = max(self.times[j] - self.times[i], 1e-9)
-        # Samples nearest the window, not interpolated: scale to the window's payouts.
-        scale = 1000 * ((last - first) / span) / max(payouts, 1)
-        out = {
-            kind: {k: round(v * scale, 3) for k, v in row.items()}
-            for kind, row in sorted(split.items())
-        }
-        out["total"] = {
-            k: round(sum(row[k] for row in split.values()) * scale, 3) for k in ("user", "system")
-        }
-        return out
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._take()
-            self._stop.wait(SAMPLE_S)
-
-    def __enter__(self) -> CpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._take()
-
-    def at(self, when: float) -> dict[str, float]:
-        """CPU per role at wall time `when`, linearly interpolated between samples."""
-        i = bisect.bisect_left(self.times, when)
-        if i <= 0:
-            return dict(self.samples[0])
-        if i >= len(self.times):
-            return dict(self.samples[-1])
-        t0, t1 = self.times[i - 1], self.times[i]
-        f = (when - t0) / (t1 - t0) if t1 > t0 else 0.0
-        a, b = self.samples[i - 1], self.samples[i]
-        return {role: a[role] + f * (b[role] - a[role]) for role in a}
 
 
 def _planned_payouts(slots: int, latency_ms: int) -> int:
@@ -302,7 +206,7 @@ def _point(
         for i in range(processes)
     ]
     pids_all = {**pids, **{f"executor-{i}": p.pid for i, p in enumerate(procs)}}
-    sampler = CpuSampler(pids_all, pg_split=e2e_pg.PG_STATS)
+    sampler = CpuSampler(pids_all, pg_split_user=e2e_pg.BENCH_USER if e2e_pg.PG_STATS else None)
     sampler.__enter__()
     deadline = time.monotonic() + POINT_TIMEOUT_S
     pay = stack.env["PAY_DATABASE_URL"]
@@ -371,7 +275,6 @@ def run(out_dir: Path) -> dict:
         e2e_pg.setup(stack)
     profile = os.environ.get("BENCH_E2E_PROFILE")
     plan = [(1, n, ms) for ms in LATENCIES_MS for n in CONCURRENCY]
-    plan += [(p, n, 0) for p, n in MULTI]
     rows = []
     floor: dict | None = None
     try:
@@ -420,47 +323,15 @@ def run(out_dir: Path) -> dict:
         "cpu_window": "first to last POSTED event; utime+stime of each role's process tree",
         "previous": PREVIOUS,
         "goals": GOALS,
-        "goals_17": GOALS_17,
-        "verdict_17": verdict_17(rows),
         "rows": rows,
         **({"floor": floor} if floor is not None else {}),
     }
     (out_dir / "e2e.json").write_text(json.dumps(data, indent=2, default=str))
-    return {**data, "summary": summary(rows, data["verdict_17"])}
+    return {**data, "summary": summary(rows)}
 
 
-def verdict_17(rows: list[dict]) -> dict:
-    """Issue 17's two goals from this run's rows (None where the run lacked the points)."""
-    one = [r for r in rows if r["processes"] == 1 and r.get("payouts_per_s")]
-    at_200 = [r for r in one if r["rail_latency_ms"] == 200]
-    at_0 = [r for r in rows if r["rail_latency_ms"] == 0 and r.get("payouts_per_s")]
-    best_one_200 = max(at_200, key=lambda r: r["payouts_per_s"], default=None)
-    best_one_0 = max((r for r in at_0 if r["processes"] == 1), key=_rate, default=None)
-    best_any_0 = max(at_0, key=_rate, default=None)
-    ratio = None
-    if best_one_0 and best_any_0:
-        ratio = round(best_one_0["payouts_per_s"] / best_any_0["payouts_per_s"], 2)
-    return {
-        "one_process_200ms": _brief(best_one_200),
-        "one_process_0ms": _brief(best_one_0),
-        "any_processes_0ms": _brief(best_any_0),
-        "one_over_best_0ms": ratio,
-    }
-
-
-def _rate(row: dict) -> float:
-    return row.get("payouts_per_s") or 0.0
-
-
-def _brief(row: dict | None) -> dict | None:
-    if row is None:
-        return None
-    keys = ("processes", "concurrency", "rail_latency_ms", "payouts_per_s", "busiest_role")
-    return {k: row.get(k) for k in keys}
-
-
-def summary(rows: list[dict], verdict: dict) -> list[dict]:
-    items = [
+def summary(rows: list[dict]) -> list[dict]:
+    return [
         {
             "label": f"{r['processes']} process × concurrency {r['concurrency']},"
             f" rail {r['rail_latency_ms']} ms",
@@ -475,26 +346,3 @@ def summary(rows: list[dict], verdict: dict) -> list[dict]:
         }
         for r in rows
     ]
-    one_200 = verdict["one_process_200ms"]
-    items.append(
-        {
-            "label": f"goal: one process at rail 200 ms (>= {GOALS_17['one_process_200ms']}/s)",
-            "value": one_200["payouts_per_s"] if one_200 else None,
-            "unit": "payouts/s",
-            "detail": f"at concurrency {one_200['concurrency']}" if one_200 else "not run",
-        }
-    )
-    best = verdict["any_processes_0ms"]
-    items.append(
-        {
-            "label": "goal: one process / best of any at rail 0"
-            f" (>= {GOALS_17['one_over_best_0ms']})",
-            "value": verdict["one_over_best_0ms"],
-            "unit": "×",
-            "detail": f"best {best['payouts_per_s']}/s with {best['processes']}×"
-            f"{best['concurrency']}"
-            if best
-            else "not run",
-        }
-    )
-    return items

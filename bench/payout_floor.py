@@ -43,7 +43,7 @@ from pathlib import Path
 import psycopg
 
 from bench import payout_path
-from bench.proc import tree_cpu_seconds
+from bench.proc import STATES, CpuSampler, role_pids, tree_cpu_seconds
 from devstack import RoleProcess, free_port
 
 CONCURRENCY = int(os.environ.get("BENCH_FLOOR_CONCURRENCY", "32"))
@@ -162,8 +162,6 @@ def _load(stack, ids: list[str]) -> tuple[list[tuple[str, str, str]], dict, dict
 
 
 def _drive(procs: dict[str, RoleProcess], stack, ids: list[str], concurrency: int) -> dict:
-    from bench.e2e import STATES, CpuSampler, role_pids
-
     rows, amounts, currencies = _load(stack, ids)
     # Each client owns whole accounts (no two clients ever want one lock): accounts round-robin.
     by_account: dict[str, list[tuple[str, str, str]]] = defaultdict(list)

@@ -1,8 +1,7 @@
 """The requests a payout's path sends (C3), as `(role, method, path, body)` for a bench
 client's `call(role, method, path, body, headers)`: L4 acquire, P2 claim, the rail submission,
-P3 post and L6 release. The settlement bench's client (bench/settlement_client.py) and the
-payout floor's (bench/payout_floor.py) send the same requests; each keeps its own connections,
-headers, order and checks."""
+P3 post and L6 release: what the payout floor's clients (bench/payout_floor.py) send, with their
+own connections, headers, order and checks."""
 
 from __future__ import annotations
 

@@ -1,11 +1,20 @@
-"""What a server process (gunicorn master + its workers) costs, read from /proc."""
+"""What a server process (gunicorn master + its workers) costs, read from /proc, and a sampler of
+every role's CPU over a payout run (`CpuSampler`, used by bench.e2e and bench.payout_floor)."""
 
 from __future__ import annotations
 
+import bisect
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from experiment.stack import ROLES
+
+SAMPLE_S = 0.05
 
 
 def _tree(pid: int) -> list[int]:
@@ -251,3 +260,87 @@ def proc_status_kib(pid: int, field: str) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
+
+
+STATES = "SELECT state, count(*) FROM payout WHERE payout_id = ANY(%s::uuid[]) GROUP BY state"
+
+
+def role_pids(stack) -> dict[str, int]:
+    """The root process of every server role (by listening port; its pod when the role runs
+    behind its own proxy, so the proxy's CPU is the role's too) and the postmaster."""
+    pids: dict[str, int] = {}
+    for role in ROLES:
+        port = urlsplit(stack.url(role)).port
+        pid = role_root(port) if port else None
+        if pid is None:
+            raise RuntimeError(f"no process listens on {stack.url(role)} ({role})")
+        pids[role] = pid
+    postmaster = Path(stack.pg_cluster.datadir) / "postmaster.pid"
+    pids["postgres"] = int(postmaster.read_text().split()[0])
+    return pids
+
+
+class CpuSampler:
+    """(wall time, CPU seconds per role) every SAMPLE_S, from /proc, in a thread."""
+
+    def __init__(self, pids: dict[str, int], *, pg_split_user: str | None = None) -> None:
+        self.pids = pids
+        self.times: list[float] = []
+        self.samples: list[dict[str, float]] = []
+        # PostgreSQL's processes by kind, user and system apart (the bench's own polls, as
+        # `pg_split_user`, apart too), when given.
+        self._split = PgSplit(pids["postgres"], bench_user=pg_split_user) if pg_split_user else None
+        self.pg_samples: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _take(self) -> None:
+        row = {role: tree_cpu_seconds(pid) for role, pid in self.pids.items()}
+        if self._split is not None:
+            self.pg_samples.append(self._split.sample())
+        self.times.append(time.time())
+        self.samples.append(row)
+
+    def pg_between(self, first: float, last: float, *, payouts: int) -> dict:
+        """PostgreSQL's CPU ms per payout by process kind (user / system) between two wall
+        times (the nearest samples inside the window)."""
+        i = min(bisect.bisect_left(self.times, first), len(self.times) - 1)
+        j = max(bisect.bisect_right(self.times, last) - 1, i)
+        split = PgSplit.between(self.pg_samples[i], self.pg_samples[j])
+        span = max(self.times[j] - self.times[i], 1e-9)
+        # Samples nearest the window, not interpolated: scale to the window's payouts.
+        scale = 1000 * ((last - first) / span) / max(payouts, 1)
+        out = {
+            kind: {k: round(v * scale, 3) for k, v in row.items()}
+            for kind, row in sorted(split.items())
+        }
+        out["total"] = {
+            k: round(sum(row[k] for row in split.values()) * scale, 3) for k in ("user", "system")
+        }
+        return out
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._take()
+            self._stop.wait(SAMPLE_S)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._take()
+
+    def at(self, when: float) -> dict[str, float]:
+        """CPU per role at wall time `when`, linearly interpolated between samples."""
+        i = bisect.bisect_left(self.times, when)
+        if i <= 0:
+            return dict(self.samples[0])
+        if i >= len(self.times):
+            return dict(self.samples[-1])
+        t0, t1 = self.times[i - 1], self.times[i]
+        f = (when - t0) / (t1 - t0) if t1 > t0 else 0.0
+        a, b = self.samples[i - 1], self.samples[i]
+        return {role: a[role] + f * (b[role] - a[role]) for role in a}

@@ -70,19 +70,9 @@ def flat_numbers(result: dict, prefix: str = "", depth: int = 0) -> list[tuple[s
 
 def summary_lines(results: dict[str, dict]) -> list[str]:
     lines = peers_lines(results.get("peers"))
-    for name, title in (
-        ("configs", "Lock-server configurations (bench.configs; ratios to ZooKeeper per round)"),
-        ("scale", "Scale curve (bench.configs; processes, replicas, etcd members)"),
-        ("scale_payouts", "Scale curve, payouts/s (bench.scale_payouts; ratios to 1 process)"),
-    ):
-        chosen = results.get(name, {}).get("result")
-        if chosen:
-            lines += _section(title)
-            lines += [f"  {line}" for line in chosen.get("table", [])]
     lines += lock_lines(results)
     lines += goals_lines(results)
     lines += part_lines(results)
-    lines += settlement_lines(results.get("settlement"))
     lines += compare_lines(results.get("compare"))
     lines += goal_lines(goals(results))
     return lines
@@ -93,16 +83,15 @@ def _section(title: str) -> list[str]:
 
 
 def lock_lines(results: dict[str, dict]) -> list[str]:
-    """Every lock-shaped row (bench.lockserver, bench.redis_lock), its ratio to dlock's
-    PostgreSQL backend over HTTP at the same clients, and to the disk's fsync floor."""
+    """Every lock-shaped row of bench.lockserver, its ratio to dlock's PostgreSQL backend over
+    HTTP at the same clients, and to the disk's fsync floor."""
     fsync = results.get("fsync", {}).get("result") or {}
     floor = fsync.get("fdatasync_ops_per_s")
     lines = _section("Lock: acquire+release pairs/s (p50 / p99 ms)")
     all_lock: list[dict] = []
-    for name in ("lockserver", "redis_lock"):
-        result = results.get(name, {}).get("result")
-        if result:
-            all_lock += lock_rows(name, result)
+    result = results.get("lockserver", {}).get("result")
+    if result:
+        all_lock += lock_rows("lockserver", result)
     if not all_lock:
         lines.append("  (no lock results)")
     for row in sorted(all_lock, key=lambda r: (str(r["label"]), r["clients"])):
@@ -133,7 +122,7 @@ def lock_lines(results: dict[str, dict]) -> list[str]:
             f"Durable locks against the disk's fsync floor ({floor:.0f} flushes/s, one writer)"
         )
         for row in all_lock:
-            if "redis (no fsync)" in row["label"] or not row["pairs_per_s"]:
+            if not row["pairs_per_s"]:
                 continue
             lines.append(
                 f"  {row['label']:<42} {row['clients']:>3} clients  "
@@ -143,11 +132,10 @@ def lock_lines(results: dict[str, dict]) -> list[str]:
 
 
 def part_lines(results: dict[str, dict]) -> list[str]:
-    """The e2e, payments and fsync parts: their own summary rows, else their numbers."""
+    """The e2e and fsync parts: their own summary rows, else their numbers."""
     lines: list[str] = []
     for name, title in (
-        ("e2e", "Payouts end to end (durable PostgreSQL; issue 17 matrix + processes at rail 0)"),
-        ("payments", "Payments: claim+post via HTTP vs direct SQL"),
+        ("e2e", "Payouts end to end (durable PostgreSQL)"),
         ("fsync", "Disk"),
     ):
         if name not in results:
@@ -159,9 +147,6 @@ def part_lines(results: dict[str, dict]) -> list[str]:
             continue
         result = entry["result"]
         summary = result.get("summary")
-        if name == "payments" and isinstance(result.get("levels"), list):
-            lines += _payments_lines(result["levels"])
-            continue
         if isinstance(summary, list) and summary:
             for item in summary:
                 value = item.get("value")
@@ -171,66 +156,6 @@ def part_lines(results: dict[str, dict]) -> list[str]:
         else:
             for label, value in flat_numbers(result)[:24]:
                 lines.append(f"  {label:<60} {value}")
-        if name == "e2e":
-            lines += e2e_scaling_lines(result.get("rows", []))
-    return lines
-
-
-def _payments_lines(levels: list[dict]) -> list[str]:
-    lines = []
-    for level in levels:
-        http = (level.get("http") or {}).get("pairs_per_s")
-        sql = (level.get("direct") or {}).get("pairs_per_s")
-        lines.append(
-            f"  claim+post, {level.get('clients'):>2} clients: HTTP {http}/s,"
-            f" direct SQL {sql}/s, HTTP/SQL {level.get('http_over_direct')}×"
-            f"  (p99 HTTP {(level.get('http') or {}).get('p99_ms')} ms,"
-            f" SQL {(level.get('direct') or {}).get('p99_ms')} ms)"
-        )
-    return lines
-
-
-def e2e_scaling_lines(rows: list[dict]) -> list[str]:
-    """Per rail latency: each point's rate against the first one (one process, lowest N)."""
-    lines = []
-    for latency in sorted({r.get("rail_latency_ms", 0) for r in rows}):
-        same = [r for r in rows if r.get("rail_latency_ms", 0) == latency and r["payouts_per_s"]]
-        if len(same) > 1:
-            base = same[0]["payouts_per_s"]
-            lines.append(
-                f"  rail {latency} ms, vs {same[0].get('processes', 1)}×"
-                f"{same[0].get('concurrency', 1)}: "
-                + ", ".join(
-                    f"{r.get('processes', r.get('executors'))}×{r.get('concurrency', 1)}"
-                    f" {r['payouts_per_s'] / base:.2f}×"
-                    for r in same
-                )
-            )
-    return lines
-
-
-def issue17_lines(e2e: dict) -> list[str]:
-    """Issue 17's goals: one process at rail 200 ms, and one process vs the best at rail 0."""
-    verdict = e2e.get("verdict_17")
-    if not verdict:
-        return ["  (no issue-17 e2e matrix in this result)"]
-    goals = e2e.get("goals_17", {})
-    lines = []
-    one = verdict.get("one_process_200ms")
-    if one:
-        lines.append(
-            f"  one process, rail 200 ms (concurrency {one['concurrency']}):"
-            f" {one['payouts_per_s']} payouts/s | >= {goals.get('one_process_200ms')} | 4.1 |"
-            f" busiest role {one['busiest_role']}"
-        )
-    best, mine = verdict.get("any_processes_0ms"), verdict.get("one_process_0ms")
-    if best and mine:
-        lines.append(
-            f"  one process / best of any at rail 0: {verdict['one_over_best_0ms']}×"
-            f" ({mine['payouts_per_s']}/s at N={mine['concurrency']} vs {best['payouts_per_s']}/s"
-            f" with {best['processes']}×{best['concurrency']})"
-            f" | >= {goals.get('one_over_best_0ms')}×"
-        )
     return lines
 
 
@@ -288,7 +213,6 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
         )
     else:
         lines.append("  (no e2e result: run `python -m bench --only e2e lockserver`)")
-    lines += issue17_lines(e2e)
     lines += _lockserver_floor_lines((results.get("lockserver") or {}).get("result") or {})
     return lines
 
@@ -419,27 +343,6 @@ def peers_lines(entry: dict | None) -> list[str]:
             )
         )
     lines.append(f"  load average before → after: {peers.get('loadavg_1m_before_after')}")
-    return lines
-
-
-def settlement_lines(entry: dict | None) -> list[str]:
-    if not entry:
-        return []
-    lines = ["", "Settlement row: posts only (bench.settlement)", "-" * 46]
-    if entry.get("status") != "ok":
-        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
-    result = entry["result"]
-    for level in result.get("levels", []):
-        lines.append(
-            f"  {level['accounts']:>3} accounts,"
-            f" PAY_SETTLEMENT_BUCKETS={level.get('buckets', level.get('settlement_rows', 1))}:"
-            f" {level['posts_per_s']} posts/s,"
-            f" post p50 {level['post_p50_ms']} ms p99 {level['post_p99_ms']} ms;"
-            f" row-lock wait {level['lock_wait_share']:.0%} of post time;"
-            f" ceiling 1/(statement + commit) = {level['ceiling_posts_per_s']}/s"
-        )
-    if result.get("verdict"):
-        lines.append(f"  {result['verdict']}")
     return lines
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 from devstack import proxy
 from devstack.common import PROJECT, PYTHON, StackError, ready, wait_until
+from devstack.pod import LOG_MAX_BYTES
+from devstack.secrets_env import caller_environment
 
 # Pod directories live here, not under the run or test directory: a unix socket's path must
 # stay under 108 bytes. Sticky and world-writable like /tmp; each pod's own directory is private.
@@ -63,7 +65,8 @@ class RoleProcess:
     `process` is the pod (devstack.pod): signal it as the role, its process group reaches
     gunicorn and nginx. `tls` = (certificate, key) paths: the proxy speaks https on the port.
 
-    `env` is laid over this process's environment unless `inherit_environ` is false (a role
+    `env` is laid over the allow-listed part of this process's environment
+    (devstack.secrets_env.caller_environment) unless `inherit_environ` is false (a role
     restarted from its record gets exactly its recorded environment and argv)."""
 
     role: str
@@ -118,6 +121,11 @@ class RoleProcess:
             str(self.proxy_log),
             "--drain-timeout",
             str(proxy.shutdown_timeout_s(self.role, env)),
+            # the role's log capped: rotated by the pod (DLOCK_LOG_MAX_BYTES, 3 older files)
+            "--log",
+            str(self.logfile),
+            "--log-max-bytes",
+            str(env.get("DLOCK_LOG_MAX_BYTES") or LOG_MAX_BYTES),
             "--",
             *(self.server or self.gunicorn()),
         ]
@@ -126,7 +134,7 @@ class RoleProcess:
         return [PYTHON, "-m", "gunicorn", "-c", str(PROJECT / "settings" / "gunicorn.py"), self.app]
 
     def environment(self) -> dict[str, str]:
-        base = dict(os.environ) if self.inherit_environ else {}
+        base = caller_environment() if self.inherit_environ else {}
         assert self.pod_dir is not None
         return {
             **base,

@@ -1,30 +1,33 @@
-"""One HTTP exchange for dlock's own hops, on urllib3: budgeted timeouts, trace and owner
+"""dlock's HTTP requests, on urllib3's documented surface: budgeted timeouts, trace and owner
 headers, no retries, and a `sent` verdict a payments caller can act on.
 
-urllib3 (the transport `requests` is built on) frames and parses HTTP; this module only decides
-what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG row "clients on urllib3"):
+urllib3 (the transport `requests` is built on) frames and parses HTTP and keeps the pools; this
+module only decides what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG rows
+"clients on urllib3" and "urllib3's documented surface"):
 
-- **No retry, no redirect** inside the library: every pool is made with `retries=False`, so a
-  POST is presented at most once per call (urllib3's default would silently re-send a request
-  whose pooled connection dropped). Retries are the caller's decision (`dlock.client.RetryPolicy`,
-  or an explicit loop that reads `dlock.budgets`).
+- **One request function** (`request`): `pool.urlopen(..., retries=False, redirect=False,
+  preload_content=False)` and the body read, for exchanges (`exchange`), one-shot sends
+  (`send_once`) and streams (`dlock.http_stream.open_stream`) alike.
+- **No retry, no redirect** inside the library: a POST is presented at most once per call
+  (urllib3's default would silently re-send a request whose pooled connection dropped). Retries
+  are the caller's decision (`dlock.client.RetryPolicy`, or an explicit loop over
+  `dlock.budgets`).
 - **`sent`** on a TransportError is False only when no request byte can have left this process:
-  the request could not be written as valid HTTP, or the connection could not be opened —
-  urllib3's `connect()` raised (NewConnectionError, NameResolutionError, ConnectTimeoutError, or
-  the TLS handshake's ssl error). One place decides it (`_round_trip`, streams included): the
-  connect is its own step, before the request, on a connection taken from urllib3's pool;
-  anything raised after it — a reused keep-alive connection the server had just closed
-  included — is `sent=True`, outcome unknown.
-- **One read deadline per response**: `read_s` bounds the whole answer (head and body), not each
-  read, so a peer that trickles its answer cannot stretch it (`_DeadlineIO`, the reader of the
-  socket `_round_trip` wraps when it connects; urllib3's connection classes are used as they are).
+  the request could not be written as valid HTTP, or urllib3 raised one of its connect-phase
+  types (`ConnectTimeoutError` and its subclasses `NewConnectionError`,
+  `NameResolutionError`; a closed pool). dlock's connection classes (`dlock.http_connection`,
+  through the pools' `ConnectionCls` hook) raise those types for every failure of their
+  `connect()`, the TLS handshake included, so the verdict is the exception's type. Anything
+  raised after the connect (a reused keep-alive connection the server had just closed
+  included) is `sent=True`, outcome unknown.
+- **One read deadline per response** for the whole answer, and **no reuse of a connection idle
+  for longer than MAX_IDLE_S** (the servers close idle keep-alive connections after a few
+  seconds, and a request racing that close could not tell whether it was received): the
+  connection classes of `dlock.http_connection`.
 - **Pools per origin**, shared by the process's threads and sized by the caller
-  (`pool_for(url, size=N)`); a thread never waits for a connection. A connection idle for longer
-  than MAX_IDLE_S is closed, not reused: the servers close idle keep-alive connections after a few
-  seconds, and a request racing that close could not tell whether it was received.
+  (`pool_for(url, size=N)`); a thread never waits for a connection. One-shot connections
+  (`send_once`, streams) come from a pool whose connections serve one request each.
 - **Limits**: an answer larger than MAX_BODY_BYTES is a transport failure, not a memory blow-up.
-- **Streams** (`dlock.http_stream.open_stream`): an answer read line by line as it arrives
-  (etcd's watches), on a new connection made by the origin's pool, closed when the reader is done.
 - **TLS**: `https://` peers are verified against the PEM bundle named by `DLOCK_CA_BUNDLE`
   when it is set, else against the system store; verification is never turned off. A process
   given `DLOCK_CLIENT_CERT` and `DLOCK_CLIENT_KEY` presents that certificate (etcd's
@@ -34,24 +37,23 @@ what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG row "clients 
 from __future__ import annotations
 
 import http.client
-import io
 import json
 import os
 import re
 import threading
-import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
-from urllib3 import BaseHTTPResponse, HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3 import BaseHTTPResponse, HTTPConnectionPool, Timeout
+from urllib3.exceptions import ClosedPoolError, ConnectTimeoutError, ProtocolError, SSLError
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from dlock.budgets import Budget
+from dlock.http_connection import Pool, TLSPool, idle_connections
 from dlock.tracing import traceparent
 
 # Idle connections kept per origin unless a caller asks for more (`pool_for(url, size=N)`).
@@ -71,19 +73,34 @@ _TARGET_UNSAFE = re.compile(r"[^A-Za-z0-9/%:@!$&'()*+,;=\-._~?]")
 # A header name is an RFC 9110 token; a value has no control characters but tab.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_TRANSPORT_ERRORS = (Urllib3Error, http.client.HTTPException, OSError, ValueError)
+# What a request can fail with once urllib3 has it. Of these, NOT_SENT_ERRORS are urllib3's
+# connect-phase types (and a pool closed under the caller): no request byte was written.
+TRANSPORT_ERRORS = (Urllib3Error, http.client.HTTPException, OSError, ValueError)
+NOT_SENT_ERRORS = (ConnectTimeoutError, ClosedPoolError)
 
 
 class TransportError(Exception):
-    """No HTTP response: `sent` is False only when nothing can have reached the server."""
+    """No HTTP response: `sent` is False only when nothing can have reached the server. `cause`
+    is what failed underneath urllib3's wrapping (a refused connect, an ssl error, a timeout)."""
 
     def __init__(self, method: str, url: str, *, sent: bool, cause: BaseException) -> None:
         self.method = method
         self.url = url
         self.sent = sent
-        self.cause = cause
+        self.cause = _underneath(cause)
         what = "read failed after sending" if sent else "could not connect"
         super().__init__(f"{method} {url}: {what}: {cause.__class__.__name__}: {cause}")
+
+
+def _underneath(exc: BaseException) -> BaseException:
+    """The failure urllib3 wrapped: ProtocolError("Connection aborted.", error), SSLError(error),
+    or a connect-phase error raised from the handshake's own."""
+    if isinstance(exc, (ProtocolError, SSLError)):
+        inner = [arg for arg in exc.args if isinstance(arg, BaseException)]
+        return inner[-1] if inner else exc
+    if isinstance(exc, ConnectTimeoutError) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
 
 
 @dataclass
@@ -98,110 +115,6 @@ class Reply:
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
-
-
-# -- connections: the one read deadline, the idle limit --------------------------------------
-
-
-class _BoundedSocket:
-    """A connected socket as urllib3 and http.client see it, except that the reader http.client
-    makes from it (`makefile`) keeps the current request's deadline; `used_at` is when the
-    connection last finished an exchange (an idle one past MAX_IDLE_S is not reused)."""
-
-    __slots__ = ("_sock", "deadline", "used_at")
-
-    def __init__(self, sock: Any) -> None:
-        self._sock = sock
-        self.deadline: float | None = None  # monotonic: the whole response must be in by then
-        self.used_at = time.monotonic()
-
-    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
-        raw = self._sock.makefile("rb", buffering=0)  # counts as a reference, like http.client's
-        return io.BufferedReader(_DeadlineIO(raw, self))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-
-class _DeadlineIO(io.RawIOBase):
-    """The socket's reader with the request's deadline: every read waits at most for what is
-    left of it, and none starts after it. http.client reads the head and body through this."""
-
-    def __init__(self, raw: io.RawIOBase, bounded: _BoundedSocket) -> None:
-        self._raw = raw
-        self._bounded = bounded
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int | None:
-        deadline = self._bounded.deadline
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the response did not complete within the read budget")
-            self._bounded._sock.settimeout(left)
-        return self._raw.readinto(buffer)
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-
-def _connected(conn: HTTPConnection, connect_s: float) -> _BoundedSocket:
-    """`conn`'s socket, connected now unless it is a kept-alive one used within MAX_IDLE_S (the
-    servers close idle keep-alive connections after a few seconds, and a request racing that
-    close could not tell whether it was received)."""
-    sock = conn.sock
-    if isinstance(sock, _BoundedSocket) and time.monotonic() - sock.used_at <= MAX_IDLE_S:
-        return sock
-    conn.close()
-    conn.timeout = connect_s
-    try:
-        conn.connect()
-    except BaseException:
-        conn.close()
-        raise
-    bounded = _BoundedSocket(conn.sock)
-    conn.sock = bounded
-    return bounded
-
-
-def _round_trip(
-    conn: HTTPConnection,
-    method: str,
-    url: str,
-    *,
-    target: str,
-    body: bytes | None,
-    headers: dict[str, str],
-    connect_s: float,
-    read_s: float,
-    whole: bool = True,
-) -> tuple[BaseHTTPResponse, bytes, _BoundedSocket]:
-    """One request and its answer on `conn` (the whole body, or with `whole` False the head only,
-    the body left to read from the socket returned): the one place `sent` is decided, for
-    exchanges and streams alike. A failure to connect sent nothing; whatever fails after it may
-    have reached the server."""
-    try:
-        sock = _connected(conn, connect_s)
-    except _TRANSPORT_ERRORS as exc:
-        raise TransportError(method, url, sent=False, cause=exc) from exc
-    sock.deadline = time.monotonic() + read_s
-    try:
-        conn.timeout = connect_s  # the writes; the reads keep the one deadline
-        try:
-            conn.request(method, target, body=body, headers=headers, preload_content=False)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server may have answered before it closed (a 413, say): read it
-        conn.timeout = read_s
-        response = conn.getresponse()
-        raw = _read_body(response) if whole else b""
-    except _TRANSPORT_ERRORS as exc:
-        conn.close()
-        raise TransportError(method, url, sent=True, cause=exc) from exc
-    sock.used_at = time.monotonic()
-    return response, raw, sock
 
 
 def ca_bundle() -> str | None:
@@ -237,11 +150,37 @@ def _origin(url: str) -> tuple[str, str, int]:
     return scheme, parts.hostname, parts.port or (443 if scheme == "https" else 80)
 
 
+def _urllib3_pool(
+    scheme: str,
+    host: str,
+    port: int,
+    *,
+    size: int,
+    keep_alive_s: float | None,
+    tls: Mapping[str, Any],
+    registry: weakref.WeakSet[Any] | None = None,
+) -> HTTPConnectionPool:
+    """A pool that never re-sends, never follows a redirect and never makes a thread wait for a
+    connection; `keep_alive_s` and `registry` go to each connection it makes (urllib3's
+    `conn_kw`)."""
+    return (TLSPool if scheme == "https" else Pool)(
+        host,
+        port,
+        maxsize=size,
+        block=False,
+        retries=False,
+        registry=registry,
+        keep_alive_s=keep_alive_s,
+        **tls,
+    )
+
+
 class ConnectionPool:
     """Keep-alive connections to one origin (a urllib3 pool), shared by the process's threads.
 
     `size` bounds the idle connections kept, not the connections in use: a thread never waits for
     a connection, it opens one when none is idle, and one returned to a full pool is closed.
+    `one_shot()` is the origin's pool of connections that serve one request each (streams).
     """
 
     def __init__(self, scheme: str, host: str, port: int, *, size: int = DEFAULT_POOL_SIZE) -> None:
@@ -249,23 +188,30 @@ class ConnectionPool:
         self.host = host
         self.port = port
         self.size = size
+        self.tls: dict[str, Any] = {}
         self._mutex = threading.Lock()
         self.urllib3 = self._new(size)
         _every_pool.add(self)
 
     def _new(self, size: int) -> HTTPConnectionPool:
-        cls = HTTPSConnectionPool if self.scheme == "https" else HTTPConnectionPool
-        return cls(
+        """A new urllib3 pool, with the TLS settings of the environment as it is now."""
+        self.tls = _tls_options(self.scheme)
+        self._registry: weakref.WeakSet[Any] = weakref.WeakSet()
+        return _urllib3_pool(
+            self.scheme,
             self.host,
             self.port,
-            maxsize=size,
-            block=False,
-            retries=False,  # never re-send, never follow a redirect
-            **_tls_options(self.scheme),
+            size=size,
+            keep_alive_s=MAX_IDLE_S,
+            tls=self.tls,
+            registry=self._registry,
         )
 
     def __repr__(self) -> str:
         return f"<ConnectionPool {self.scheme}://{self.host}:{self.port} size={self.size}>"
+
+    def one_shot(self) -> HTTPConnectionPool:
+        return one_shot_pool(self.scheme, self.host, self.port, self.tls)
 
     def grow(self, size: int) -> None:
         """Keep at least `size` idle connections (done when a caller is set up, not per call)."""
@@ -278,8 +224,7 @@ class ConnectionPool:
 
     def idle(self) -> int:
         """Idle connections kept right now (for tests and diagnostics)."""
-        queue = self.urllib3.pool
-        return 0 if queue is None else sum(1 for conn in list(queue.queue) if conn is not None)
+        return idle_connections(self._registry)
 
     def close(self) -> None:
         with self._mutex:
@@ -291,6 +236,22 @@ class ConnectionPool:
 _pools: dict[tuple[str, str, int], ConnectionPool] = {}
 _pools_mutex = threading.Lock()
 _every_pool: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
+_one_shot: dict[tuple[Any, ...], HTTPConnectionPool] = {}
+
+
+def one_shot_pool(scheme: str, host: str, port: int, tls: Mapping[str, Any]) -> HTTPConnectionPool:
+    """The process's pool of one-shot connections to an origin with these TLS settings: each
+    connection serves one request and is closed before it could serve another."""
+    key = (scheme, host, port, *sorted(tls.items()))
+    pool = _one_shot.get(key)
+    if pool is None:
+        with _pools_mutex:
+            pool = _one_shot.get(key)
+            if pool is None:
+                pool = _one_shot[key] = _urllib3_pool(
+                    scheme, host, port, size=1, keep_alive_s=None, tls=tls
+                )
+    return pool
 
 
 def _forget_after_fork() -> None:
@@ -298,6 +259,7 @@ def _forget_after_fork() -> None:
     The parent's sockets are dropped, not closed: closing them here could end its requests."""
     global _pools_mutex
     _pools_mutex = threading.Lock()
+    _one_shot.clear()
     for pool in list(_every_pool):
         pool._mutex = threading.Lock()
         pool.urllib3 = pool._new(pool.size)
@@ -322,8 +284,12 @@ def close_pools() -> None:
     """Close every idle connection of this process."""
     with _pools_mutex:
         pools = list(_pools.values())
+        one_shot = list(_one_shot.values())
     for pool in pools:
         pool.close()
+    for urllib3_pool in one_shot:
+        urllib3_pool.close()
+    _one_shot.clear()
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -371,7 +337,7 @@ def _merge(into: dict[str, str], extra: Mapping[str, str | None]) -> None:
             into[name] = value
 
 
-def _checked(headers: dict[str, str]) -> dict[str, str]:
+def _checked(headers: Mapping[str, str]) -> dict[str, str]:
     """The headers as sent; ValueError for a name or value HTTP cannot carry (never written)."""
     out = {}
     for name, value in headers.items():
@@ -383,7 +349,8 @@ def _checked(headers: dict[str, str]) -> dict[str, str]:
 
 
 def _read_body(response: BaseHTTPResponse) -> bytes:
-    """The whole body, within MAX_BODY_BYTES (the connection's deadline bounds the reads)."""
+    """The whole body, within MAX_BODY_BYTES (the connection's deadline bounds the reads).
+    Once it is in, urllib3 hands the connection back to its pool."""
     length = response.headers.get("content-length")
     if length is not None and length.strip().isdigit():
         if int(length) > MAX_BODY_BYTES:
@@ -399,6 +366,59 @@ def _read_body(response: BaseHTTPResponse) -> bytes:
         if size > MAX_BODY_BYTES:
             raise ValueError("response body too large")
         chunks.append(chunk)
+
+
+def discard(response: BaseHTTPResponse) -> None:
+    """Close a response read only in part, and its connection (which goes back to its pool
+    closed: a slot, never a half-read connection)."""
+    response.close()
+    response.release_conn()
+
+
+def request(
+    pool: HTTPConnectionPool,
+    method: str,
+    url: str,
+    *,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    connect_s: float,
+    read_s: float,
+    params: dict[str, Any] | None = None,
+    stream: bool = False,
+) -> tuple[BaseHTTPResponse, bytes]:
+    """One request to `url` on a connection of `pool`, and its whole answer (with `stream`, the
+    head only: the body is the caller's to read, then to `discard` or read to its end). The one
+    place `sent` is decided, for exchanges, sends and streams: a header HTTP cannot carry or a
+    connect-phase error sent nothing; whatever fails after the connect may have reached the
+    server. Never retried, never redirected."""
+    try:
+        checked = _checked(headers)
+        target = _target(url, params)
+    except ValueError as exc:  # never written: nothing was sent
+        raise TransportError(method, url, sent=False, cause=exc) from exc
+    try:
+        response = pool.urlopen(
+            method,
+            target,
+            body=body,
+            headers=checked,
+            retries=False,
+            redirect=False,
+            timeout=Timeout(connect=connect_s, read=read_s),
+            preload_content=False,
+        )
+    except NOT_SENT_ERRORS as exc:
+        raise TransportError(method, url, sent=False, cause=exc) from exc
+    except TRANSPORT_ERRORS as exc:
+        raise TransportError(method, url, sent=True, cause=exc) from exc
+    if stream:
+        return response, b""
+    try:
+        return response, _read_body(response)
+    except TRANSPORT_ERRORS as exc:
+        discard(response)
+        raise TransportError(method, url, sent=True, cause=exc) from exc
 
 
 def exchange(
@@ -431,31 +451,20 @@ def exchange(
         sent_headers["Content-Type"] = "application/json; charset=utf-8"
     elif method not in ("GET", "HEAD"):
         data = b""  # Content-Length: 0
-    read_s = read_timeout_s if read_timeout_s is not None else hop.read_s
     try:
-        checked = _checked(sent_headers)
-        target = _target(url, params)
         origin = (pool or pool_for(url)).urllib3
-        # urllib3's pool lends an idle kept-alive connection, or a new unconnected one; what
-        # `urlopen` does with it is done here in two steps, so the connect stands apart.
-        conn = cast(HTTPConnection, origin._get_conn())
-    except (ValueError, Urllib3Error) as exc:  # never written: nothing was sent
+    except ValueError as exc:
         raise TransportError(method, url, sent=False, cause=exc) from exc
-    try:
-        response, raw, _ = _round_trip(
-            conn,
-            method,
-            url,
-            target=target,
-            body=data,
-            headers=checked,
-            connect_s=hop.connect_s,
-            read_s=read_s,
-        )
-    except TransportError:
-        origin._put_conn(None)  # a slot back; the connection is closed
-        raise
-    origin._put_conn(conn)
+    response, raw = request(
+        origin,
+        method,
+        url,
+        body=data,
+        headers=sent_headers,
+        params=params,
+        connect_s=hop.connect_s,
+        read_s=read_timeout_s if read_timeout_s is not None else hop.read_s,
+    )
     return Reply(response.status, decode_json(raw) if raw else None, response.headers)
 
 
@@ -468,33 +477,21 @@ def send_once(
     body: bytes,
     headers: Mapping[str, str],
 ) -> tuple[int, Mapping[str, str], bytes]:
-    """One request on a fresh connection that is closed after it, never pooled or reused (the
-    rail forward: a kept-alive connection could have died before the send). `read_s` is ONE
-    deadline for sending the request and reading the whole answer.
-
-    A bare urllib3 connection, not a one-connection pool: a pool made and closed per call (its
-    queue, its retry and redirect bookkeeping) costs CPU for nothing a single exchange uses
-    (docs/CHANGELOG.md)."""
+    """One request on a new connection that serves it alone (the rail forward: a kept-alive
+    connection could have died before the send), with `Connection: close`. The TLS settings
+    are read per call. `read_s` is one deadline for the whole answer."""
     try:
         scheme, host, port = _origin(url)
-        checked = _checked({"Accept-Encoding": "identity", **headers, "Connection": "close"})
-        target = _target(url, None)
-        cls = HTTPSConnection if scheme == "https" else HTTPConnection
-        conn = cls(host, port, timeout=connect_s, **_tls_options(scheme))
+        pool = one_shot_pool(scheme, host, port, _tls_options(scheme))
     except ValueError as exc:
         raise TransportError(method, url, sent=False, cause=exc) from exc
-    try:
-        response, raw, _ = _round_trip(
-            conn,
-            method,
-            url,
-            target=target,
-            body=body,
-            headers=checked,
-            connect_s=connect_s,
-            read_s=read_s,
-        )
-        response.close()
-        return response.status, response.headers, raw
-    finally:
-        conn.close()
+    response, raw = request(
+        pool,
+        method,
+        url,
+        body=body,
+        headers={"Accept-Encoding": "identity", **headers, "Connection": "close"},
+        connect_s=connect_s,
+        read_s=read_s,
+    )
+    return response.status, response.headers, raw

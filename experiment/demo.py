@@ -84,7 +84,7 @@ Where to look next
                                      a finding for a human, not a fencing failure; each finding
                                      prints its own reference, the transfers that need a rail
                                      recovery and the exact next commands)
-  Close the books (docs/operations.md "Rail recoveries"):
+  Close the books (docs/books.md):
     1. the duplicates, as one reviewed plan:
          {ops} record_rail_recovery --all-from-reconcile --dry-run --operator YOU
          {apply} --operator YOU

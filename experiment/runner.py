@@ -14,8 +14,9 @@ from pathlib import Path
 
 from experiment import ha
 from experiment.armrun import ArmRun, Progress, _quiet, landed_pauses, lock_backend
-from experiment.arms import Arm, arm_named
-from experiment.arms.fenced import fenced_out_in_logs, seed_fenced
+from experiment.arms import Arm
+from experiment.arms.fenced import FencedArm, fenced_out_in_logs, seed_fenced
+from experiment.arms.naive import NaiveArm
 from experiment.config import CI_PRESET, ExperimentConfig
 from experiment.rail import HOLD_MS
 from experiment.schedule import FaultEvent, build_schedule, recovery_schedule
@@ -36,6 +37,12 @@ __all__ = [
     "seed_fenced",
     "verdict",
 ]
+
+
+def arm_named(name: str) -> Arm:
+    """The arm called `name` (one of `experiment.config.ARMS`)."""
+    arms: dict[str, Arm] = {"fenced": FencedArm(), "naive": NaiveArm()}
+    return arms[name]
 
 
 def check_commands(stack: StackHandle, arm: Arm) -> None:

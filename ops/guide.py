@@ -1,5 +1,5 @@
 """What the on-call does next about one reconciler finding: the payout's own transfer, the ones
-that need a rail recovery (oldest first), and the exact commands (docs/operations.md runbooks).
+that need a rail recovery (oldest first), and the exact commands (docs/books.md runbooks).
 
 The payout's own transfer is the one its POSTED row names; for a quarantined payout, the oldest
 booked transfer no recovery accounts for (the first the rail accepted: the later ones are the
@@ -48,7 +48,7 @@ def guide(p: Payout) -> tuple[str | None, list[str], list[str]]:
         return None, [], []  # still on the automated path: the executor or the sweep settles it
     # RAIL_AMBIGUOUS
     if p.classification == "NO_SUBMISSION":
-        return None, [], [f"see docs/operations.md, quarantine class NO_SUBMISSION ({pid})"]
+        return None, [], [f"see docs/books.md, quarantine class NO_SUBMISSION ({pid})"]
     if not left:
         return (
             None,

@@ -45,26 +45,12 @@ from dlock.dbrouter import alias_for
 from dlock.timefmt import rfc3339_ms
 from ops.guide import guide
 from ops.invariants import CHECKS, Books, Payout, classify
-from ops.report import CLASSIFICATIONS, Report, metrics_text, render_text
+from ops.report import Report
 from payments.operator import record_reconcile_run
 from payments.selectors import account_books, payouts_for_reconcile, rail_recoveries
 
 if TYPE_CHECKING:
     import datetime as dt
-
-# The checks and the report live beside this module; these names stay importable from here.
-__all__ = [
-    "CHECKS",
-    "CLASSIFICATIONS",
-    "Books",
-    "Payout",
-    "Report",
-    "classify",
-    "finding",
-    "metrics_text",
-    "reconcile",
-    "render_text",
-]
 
 FORWARDED_OUTCOMES = ("PENDING", "ACKED", "TIMEOUT", "DECLINED")
 

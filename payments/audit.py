@@ -1,5 +1,6 @@
-"""The operator audit, in one place: what a resolution, a rail recovery, a reversal and the ops
-commands leave behind when an operator acts or is refused.
+"""The operator audit, in one place: what a resolution, a rail recovery, a reversal (all three
+through payments/operator_action.py) and the ops commands leave behind when an operator acts or
+is refused.
 
   * done: a Django LogEntry on each object the step touched (their admin History pages show
     it), in the step's own transaction, and one JSON log event after its commit;

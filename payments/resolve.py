@@ -1,46 +1,48 @@
 """Guarded, audited operator resolution of a RAIL_AMBIGUOUS payout (the admin's only write).
 
 The money-moving part is `payments.services.resolve_quarantined` (state machine + ledger); this
-module decides whether the operator may call it, and records who did what:
+module is its guard, plugged into the operators' one pipeline (payments/operator_action.py:
+locks in claim/post's order, one audit of what was done or refused):
 
-  1. lock the account row, then the payout's reconciliation row (claim/post's lock order);
-  2. check the latest reconciliation, taken after the payout entered quarantine, and the rail
-     recoveries recorded for the payout's transfers (payments/recovery.py): POSTED needs the
-     transfers on the rail's statement that no recovery accounts for to be exactly one, with
-     the given reference (BOOKED_ONCE; or BOOKED_MULTIPLE once every duplicate is a recovery);
-     FAILED needs NOT_BOOKED, or every booked transfer accounted for by a recovery. Anything
-     else (no or stale reconciliation, NO_SUBMISSION, a reference mismatch, an unrecorded
-     transfer) is refused unless the operator overrides with a reason of at least
-     OVERRIDE_REASON_MIN characters (logged at WARNING);
-  3. resolve through the service, write a Django LogEntry on the payout in the same
-     transaction, and log one `payout_resolved` JSON event after the commit.
+  1. the request's own rules (`check_request`: POSTED or FAILED, an override's reason of at
+     least OVERRIDE_REASON_MIN characters), before any row is read;
+  2. under the account and payout row locks, the payout's reconciliation row too: the payout
+     must be RAIL_AMBIGUOUS; the latest reconciliation, taken after it entered quarantine, and
+     the rail recoveries recorded for its transfers (payments/recovery.py) must back the
+     resolution: POSTED needs the transfers on the rail's statement that no recovery accounts
+     for to be exactly one, with the given reference (BOOKED_ONCE; or BOOKED_MULTIPLE once every
+     duplicate is a recovery); FAILED needs NOT_BOOKED, or every booked transfer accounted for
+     by a recovery. Anything else (no or stale reconciliation, NO_SUBMISSION, a reference
+     mismatch, an unrecorded transfer) is refused unless the operator overrides with a reason
+     (the `payout_resolved` event is then a WARNING);
+  3. resolve through the service; the pipeline writes the LogEntry on the payout in the same
+     transaction and logs one `payout_resolved` JSON event after the commit.
 
 The rail's statement is the truth (ARCHITECTURE decision 20): POSTED needs its reference on
 the statement, booked for this payout with its amount, and not already a rail recovery, and no
 override lifts that. The ops command reads the statement now (`statement_read`); the admin,
 which has no raildb, checks the reconciler's latest finding instead.
 
-A refusal changes nothing and is audited too: a `payout_resolution_refused` WARNING event
-(operator, reason) and a LogEntry on the payout.
+A refusal changes nothing and is audited by the pipeline: a `payout_resolution_refused`
+WARNING event, an `operator_refusal` row and a LogEntry on the payout.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
-from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, transaction
-
 from dlock.dbrouter import alias_for
-from dlock.errors import ApiError, Code, not_found, validation_error
-from payments import audit, fenced_sql, services
+from dlock.errors import Code, validation_error
+from payments import operator_action, services
 from payments.models import Payout, PayoutEvent, PayoutReconciliation
+from payments.operator_action import Action, Done, History, Refused, find_payout
 from payments.recovery import StatementTransfer, recovered_references
 
 if TYPE_CHECKING:
     import datetime as dt
+    import uuid
     from collections.abc import Callable
 
     from django.contrib.auth.base_user import AbstractBaseUser
@@ -49,36 +51,6 @@ OVERRIDE_REASON_MIN = 20
 # The classification each resolution needs from the reconciler (once recoveries are counted).
 REQUIRED_CLASSIFICATION = {"POSTED": "BOOKED_ONCE", "FAILED": "NOT_BOOKED"}
 BOOKED = ("BOOKED_ONCE", "BOOKED_MULTIPLE")
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """What an operator did to one payout (the `payout_resolved` event's fields)."""
-
-    payout_id: str
-    operator: str
-    from_state: str
-    to_state: str
-    reference: str | None
-    note: str
-    override: bool
-    classification: str | None
-    refusal: str | None  # why the guard would have refused; set only when overridden
-
-    def as_dict(self) -> dict[str, object]:
-        """camelCase, as the API and the other commands' --json."""
-        return {
-            "ok": True,
-            "payoutId": self.payout_id,
-            "operator": self.operator,
-            "fromState": self.from_state,
-            "toState": self.to_state,
-            "reference": self.reference,
-            "note": self.note,
-            "override": self.override,
-            "classification": self.classification,
-            "refusal": self.refusal,
-        }
 
 
 def unaccounted_references(
@@ -193,92 +165,59 @@ def resolve_payout(
     rail_reference: str | None = None,
     override: bool = False,
     read_statement: Callable[[str], StatementTransfer | None] | None = None,
-) -> Resolution:
+) -> Done:
     """Resolve one quarantined payout as POSTED or FAILED, only the safe way (module docstring).
 
     `rail_reference` defaults, for POSTED, to the single reference the reconciler found. A
     caller with raildb passes `read_statement` (reference → the statement's row, or None when
     the statement lacks it): POSTED is then checked against the statement read now.
-    Raises ApiError (VALIDATION_FAILED with details.reason) when the guard refuses, and the
-    service's errors (PAYOUT_NOT_CLAIMABLE, NOT_FOUND) unchanged; nothing is written then.
+    Raises ApiError VALIDATION_FAILED for a bad input and NOT_FOUND for a payout that exists
+    nowhere (neither recorded), and Refused (recorded: payments.operator_action) when a guard
+    refuses or the payout is not RAIL_AMBIGUOUS (code PAYOUT_NOT_CLAIMABLE); nothing is
+    written then but the refusal's audit.
     """
     note = (note or "").strip()
     rail_reference = (rail_reference or "").strip() or None
-    operator = user.get_username()
-    alias = alias_for("payments")
-    try:
-        _check_request(resolution=resolution, note=note, override=override)
-        with transaction.atomic(using=alias), connections[alias].cursor() as cur:
-            payout, recon = _lock_quarantined(cur, payout_id=payout_id, alias=alias)
-            recovered = recovered_references(payout_id, alias=alias)
-            if resolution == "POSTED" and rail_reference is None:
-                left = unaccounted_references(recon, recovered)
-                rail_reference = left[0] if len(left) == 1 else None
-            refusal = guard_refusal(
+    check_request(resolution=resolution, note=note, override=override)
+
+    return operator_action.run(
+        Action(
+            name=f"resolve as {resolution}",
+            refused_event="payout_resolution_refused",
+            target=partial(find_payout, payout_id),
+            apply=partial(
+                _apply,
                 resolution=resolution,
-                rail_reference=rail_reference,
-                recon=recon,
-                quarantined_at=_quarantined_at(payout_id, alias),
-                recovered=recovered,
-            )
-            if refusal and not override:
-                raise _refused_error(refusal, payout_id)
-            truth = (
-                statement_refusal(
-                    payout=payout,
-                    rail_reference=rail_reference,
-                    recon=recon,
-                    recovered=recovered,
-                    statement=_read(read_statement, rail_reference),
-                )
-                if resolution == "POSTED"
-                else None
-            )
-            if truth:  # the statement is the truth: no override posts money that never left
-                raise _refused_error(truth, payout_id)
-            services.resolve_quarantined(
-                payout_id=payout_id,
-                resolution=resolution,
-                operator=operator,
-                note=note if not refusal else f"OVERRIDE ({refusal}): {note}",
-                rail_reference=rail_reference if resolution == "POSTED" else None,
-            )
-            done = Resolution(
-                payout_id=str(payout_id),
-                operator=operator,
-                from_state="RAIL_AMBIGUOUS",
-                to_state=resolution,
-                reference=rail_reference if resolution == "POSTED" else None,
                 note=note,
-                override=bool(refusal),
-                classification=recon.classification if recon else None,
-                refusal=refusal,
-            )
-            _audit_done(done, user=user, alias=alias)
-    except ApiError as exc:
-        _refused(exc, payout_id=payout_id, resolution=resolution, user=user, note=note)
-        raise
-    return done
-
-
-def _refused_error(reason: str, payout_id: uuid.UUID) -> ApiError:
-    return ApiError(
-        Code.VALIDATION_FAILED,
-        f"refused: {reason}",
-        details={"reason": reason, "payoutId": str(payout_id)},
+                rail_reference=rail_reference,
+                override=override,
+                read_statement=read_statement,
+            ),
+            note=note,
+            object_model=Payout,
+            object_id=str(payout_id),
+            ids={"payoutId": str(payout_id)},
+            extra={"to": resolution},
+        ),
+        user=user,
     )
 
 
-def _lock_quarantined(
-    cur: Any, *, payout_id: uuid.UUID, alias: str
-) -> tuple[Payout, PayoutReconciliation | None]:
-    """The payout and its finding, locked in the resolve/post order (the account row, then the
-    payout row); refused unless the payout is RAIL_AMBIGUOUS."""
-    payout = Payout.objects.using(alias).filter(payout_id=payout_id).first()
-    if payout is None:
-        raise not_found("payout", str(payout_id))
-    fenced_sql.lock_account(cur, account_id=payout.account_id)
-    payout = Payout.objects.using(alias).select_for_update().get(payout_id=payout_id)
+def _apply(
+    cursor: Any,
+    payout: Payout | None,
+    operator: str,
+    *,
+    resolution: str,
+    note: str,
+    rail_reference: str | None,
+    override: bool,
+    read_statement: Callable[[str], StatementTransfer | None] | None,
+) -> Done:
+    """The guards and the resolution, under the account and payout row locks."""
+    assert payout is not None  # find_payout found it
+    alias = alias_for("payments")
+    payout_id = payout.payout_id
     recon = (
         PayoutReconciliation.objects.using(alias)
         .select_for_update()
@@ -286,12 +225,89 @@ def _lock_quarantined(
         .first()
     )
     if payout.state != "RAIL_AMBIGUOUS":
-        raise ApiError(
-            Code.PAYOUT_NOT_CLAIMABLE,
+        raise Refused(
             f"payout {payout_id} is {payout.state}, not RAIL_AMBIGUOUS",
-            details={"payoutId": str(payout_id), "state": payout.state},
+            str(payout_id),
+            code=Code.PAYOUT_NOT_CLAIMABLE,
+            details={"state": payout.state},
         )
-    return payout, recon
+    recovered = recovered_references(payout_id, alias=alias)
+    if resolution == "POSTED" and rail_reference is None:
+        left = unaccounted_references(recon, recovered)
+        rail_reference = left[0] if len(left) == 1 else None
+    refusal = guard_refusal(
+        resolution=resolution,
+        rail_reference=rail_reference,
+        recon=recon,
+        quarantined_at=_quarantined_at(payout_id, alias),
+        recovered=recovered,
+    )
+    if refusal and not override:
+        raise Refused(refusal, str(payout_id))
+    truth = (
+        statement_refusal(
+            payout=payout,
+            rail_reference=rail_reference,
+            recon=recon,
+            recovered=recovered,
+            statement=_read(read_statement, rail_reference),
+        )
+        if resolution == "POSTED"
+        else None
+    )
+    if truth:  # the statement is the truth: no override posts money that never left
+        raise Refused(truth, str(payout_id))
+    reference = rail_reference if resolution == "POSTED" else None
+    services.resolve_quarantined(
+        payout_id=payout_id,
+        resolution=resolution,
+        operator=operator,
+        note=note if not refusal else f"OVERRIDE ({refusal}): {note}",
+        rail_reference=reference,
+    )
+    return _resolved(
+        payout_id=str(payout_id),
+        resolution=resolution,
+        operator=operator,
+        reference=reference,
+        note=note,
+        classification=recon.classification if recon else None,
+        refusal=refusal,
+    )
+
+
+def _resolved(
+    *,
+    payout_id: str,
+    resolution: str,
+    operator: str,
+    reference: str | None,
+    note: str,
+    classification: str | None,
+    refusal: str | None,  # why the guard would have refused; set only when overridden
+) -> Done:
+    """A resolution's fields, its `payout_resolved` event and its History row on the payout."""
+    detail = f"reference {reference}, " if reference else ""
+    history = (
+        f"resolved RAIL_AMBIGUOUS → {resolution} ({detail}reconciler "
+        f"{classification or 'none'}){' OVERRIDE: ' + refusal if refusal else ''}: {note}"
+    )
+    common = {
+        "payoutId": payout_id,
+        "operator": operator,
+        "reference": reference,
+        "note": note,
+        "override": bool(refusal),
+        "classification": classification,
+        "refusal": refusal,
+    }
+    return Done(
+        event="payout_resolved",
+        level=logging.WARNING if refusal else logging.INFO,
+        fields={**common, "fromState": "RAIL_AMBIGUOUS", "toState": resolution},
+        event_fields={**common, "from": "RAIL_AMBIGUOUS", "to": resolution},
+        history=(History(Payout, payout_id, history),),
+    )
 
 
 def _read(
@@ -303,47 +319,7 @@ def _read(
     return read_statement(rail_reference)
 
 
-def _audit_done(done: Resolution, *, user: AbstractBaseUser, alias: str) -> None:
-    _log_entry(done, user=user, alias=alias)
-    audit.done(
-        "payout_resolved",
-        level=logging.WARNING if done.override else logging.INFO,
-        alias=alias,
-        payoutId=done.payout_id,
-        operator=done.operator,
-        **{"from": done.from_state, "to": done.to_state},
-        reference=done.reference,
-        note=done.note,
-        override=done.override,
-        classification=done.classification,
-        refusal=done.refusal,
-    )
-
-
-def _refused(
-    exc: ApiError, *, payout_id: uuid.UUID, resolution: str, user: AbstractBaseUser, note: str
-) -> None:
-    """Audit a refusal (nothing else was written): payments.audit.refused, with a LogEntry on
-    the payout when it exists."""
-    reason = str((exc.details or {}).get("reason") or exc.message)
-    exists = Payout.objects.using(alias_for("payments")).filter(payout_id=payout_id).exists()
-    audit.refused(
-        "payout_resolution_refused",
-        operator=user.get_username(),
-        user=user,
-        action=f"resolve as {resolution}",
-        reason=reason,
-        model=Payout if exists else None,
-        object_type="payout",
-        object_id=str(payout_id),
-        note=note,
-        payoutId=str(payout_id),
-        to=resolution,
-        code=exc.code.value if hasattr(exc.code, "value") else str(exc.code),
-    )
-
-
-def _check_request(*, resolution: str, note: str, override: bool) -> None:
+def check_request(*, resolution: str, note: str, override: bool) -> None:
     """The form's own rules, before any row is read: a known resolution, a reasoned override."""
     if resolution not in REQUIRED_CLASSIFICATION:
         raise validation_error(
@@ -355,18 +331,6 @@ def _check_request(*, resolution: str, note: str, override: bool) -> None:
             f"an override needs a reason of at least {OVERRIDE_REASON_MIN} characters",
             [{"field": "note", "message": f">= {OVERRIDE_REASON_MIN} characters"}],
         )
-
-
-def _log_entry(done: Resolution, *, user: AbstractBaseUser, alias: str) -> None:
-    """The admin history row for the resolution, on the payout itself (its History page shows
-    it), in the resolving transaction; plain text, shown as written."""
-    detail = f"reference {done.reference}, " if done.reference else ""
-    text = (
-        f"resolved {done.from_state} → {done.to_state} ({detail}reconciler "
-        f"{done.classification or 'none'}){' OVERRIDE: ' + done.refusal if done.refusal else ''}"
-        f": {done.note}"
-    )
-    audit.log_entry(user=user, model=Payout, object_id=done.payout_id, text=text, alias=alias)
 
 
 def _quarantined_at(payout_id: uuid.UUID, alias: str) -> dt.datetime | None:

@@ -15,34 +15,29 @@ Guarded by evidence, both required: the reconciler's latest finding for the payo
 it was POSTED, does not list its reference; and the statement, read now by the caller (the ops
 command), lacks it or books it for another payout or amount. A reason of at least REASON_MIN
 characters. One paydb transaction (the account row, then the payout row: the resolve/post lock
-order), audited like every operator step (payments/audit.py); a refusal writes nothing but its
-audit.
+order), run and audited by the operators' one pipeline (payments/operator_action.py); a
+refusal writes nothing but its audit.
 """
 
 from __future__ import annotations
 
-import logging
 import uuid
-from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.admin.models import ADDITION
-from django.db import connections, transaction
-from django.db.models import F
-from django.db.models.functions import Now
 
 from dlock.dbrouter import alias_for
-from dlock.errors import ApiError, Code
-from payments import audit, fenced_sql
+from dlock.errors import validation_error
+from payments import fenced_sql, operator_action
 from payments.models import (
-    Account,
     AccountKind,
-    LedgerEntry,
     Payout,
     PayoutEvent,
     PayoutReconciliation,
     PayoutReversal,
 )
+from payments.operator_action import Action, Done, History, Refused, book, find_payout
 from payments.services import settlement_account_id
 
 if TYPE_CHECKING:
@@ -55,44 +50,13 @@ if TYPE_CHECKING:
 REASON_MIN = 8
 
 
-@dataclass(frozen=True)
-class Reversal:
-    """What the operator did (the log event's and --json's fields)."""
-
-    reversal_id: str
-    payout_id: str
-    account_id: str
-    rail_reference: str | None
-    amount_minor: int
-    currency: str
-    operator: str
-    reason: str
-    classification: str
-    statement_references: list[str]
-    entries: list[dict[str, Any]]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "action": "REVERSED",
-            "reversalId": self.reversal_id,
-            "payoutId": self.payout_id,
-            "accountId": self.account_id,
-            "railReference": self.rail_reference,
-            "amountMinor": self.amount_minor,
-            "currency": self.currency,
-            "fromState": "POSTED",
-            "toState": "FAILED",
-            "operator": self.operator,
-            "reason": self.reason,
-            "classification": self.classification,
-            "statementReferences": self.statement_references,
-            "entries": self.entries,
-        }
-
-
-class _Refused(Exception):
-    pass
+def check_reason(reason: str) -> None:
+    """The reversal's own rule, before any row is read (VALIDATION_FAILED, not audited)."""
+    if len(reason) < REASON_MIN:
+        raise validation_error(
+            f"a reason of at least {REASON_MIN} characters is required",
+            [{"field": "reason", "message": f">= {REASON_MIN} characters"}],
+        )
 
 
 def reverse_payout(
@@ -101,87 +65,45 @@ def reverse_payout(
     reason: str,
     user: AbstractBaseUser,
     read_statement: Callable[[str], StatementTransfer | None],
-) -> Reversal:
-    """Reverse one POSTED payout the statement contradicts (module docstring). Refused
-    (ApiError VALIDATION_FAILED, details.reason; audited) otherwise."""
+) -> Done:
+    """Reverse one POSTED payout the statement contradicts (module docstring), through the
+    operators' pipeline (payments/operator_action.py). A short reason is VALIDATION_FAILED and
+    a payout that exists nowhere NOT_FOUND, neither audited; otherwise Refused (recorded)."""
     reason = (reason or "").strip()
-    operator = user.get_username()
-    alias = alias_for("payments")
-    try:
-        with transaction.atomic(using=alias):
-            done = _reverse(payout_id, reason, operator, read_statement, alias)
-            audit.log_entry(
-                user=user,
-                model=Payout,
-                object_id=done.payout_id,
-                text=(
-                    f"reversed POSTED → FAILED (reference {done.rail_reference} not on the "
-                    f"rail's statement; reconciler {done.classification}): {done.amount_minor} "
-                    f"{done.currency} back to {done.account_id}; {reason}"
-                ),
-                alias=alias,
-            )
-            audit.log_entry(
-                user=user,
-                model=PayoutReversal,
-                object_id=done.reversal_id,
-                object_repr=f"reversal of {done.payout_id}",
-                text=f"reversal of payout {done.payout_id}: {reason}",
-                flag=ADDITION,
-                alias=alias,
-            )
-            audit.done(
-                "payout_reversed",
-                level=logging.WARNING,
-                alias=alias,
-                reversalId=done.reversal_id,
-                payoutId=done.payout_id,
-                railReference=done.rail_reference,
-                amountMinor=done.amount_minor,
-                currency=done.currency,
-                operator=operator,
-                reason=reason,
-                classification=done.classification,
-            )
-        return done
-    except _Refused as exc:
-        exists = Payout.objects.using(alias).filter(payout_id=payout_id).exists()
-        audit.refused(
-            "payout_reversal_refused",
-            operator=operator,
-            user=user,
-            action="reverse POSTED",
-            reason=str(exc),
-            model=Payout if exists else None,
-            object_type="payout",
-            object_id=str(payout_id),
+    check_reason(reason)
+    return operator_action.run(
+        Action(
+            name="reverse POSTED",
+            refused_event="payout_reversal_refused",
+            target=partial(find_payout, payout_id),
+            apply=partial(_reverse, reason=reason, read_statement=read_statement),
             note=reason,
-            payoutId=str(payout_id),
-        )
-        raise ApiError(
-            Code.VALIDATION_FAILED,
-            f"refused: {exc}",
-            details={"reason": str(exc), "payoutId": str(payout_id)},
-        ) from None
+            object_model=Payout,
+            object_id=str(payout_id),
+            ids={"payoutId": str(payout_id)},
+        ),
+        user=user,
+    )
 
 
 def _reverse(
-    payout_id: uuid.UUID,
-    reason: str,
+    cursor: Any,
+    payout: Payout | None,
     operator: str,
+    *,
+    reason: str,
     read_statement: Callable[[str], StatementTransfer | None],
-    alias: str,
-) -> Reversal:
-    if len(reason) < REASON_MIN:
-        raise _Refused(f"a reason of at least {REASON_MIN} characters is required")
-    payout = Payout.objects.using(alias).filter(payout_id=payout_id).first()
-    if payout is None:
-        raise _Refused(f"no payout {payout_id}")
-    with connections[alias].cursor() as cur:
-        fenced_sql.lock_account(cur, account_id=payout.account_id)
-    payout = Payout.objects.using(alias).select_for_update().get(payout_id=payout_id)
+) -> Done:
+    """Under the account and payout row locks: the guards, the reversal row, its two legs and
+    the move POSTED → FAILED."""
+    assert payout is not None  # find_payout found it
+    alias = alias_for("payments")
+    payout_id = payout.payout_id
     if payout.state != "POSTED":
-        raise _Refused(f"payout {payout_id} is {payout.state}; only a POSTED payout is reversed")
+        raise Refused(
+            f"payout {payout_id} is {payout.state}; only a POSTED payout is reversed",
+            str(payout_id),
+        )
     reference = payout.rail_reference
     recon, on_statement = _contradicted(payout, read_statement, alias)
     reversal = PayoutReversal.objects.using(alias).create(
@@ -194,31 +116,71 @@ def _reverse(
         reason=reason,
         reversed_by=operator,
     )
-    entries = _book(alias, reversal=reversal, account_id=payout.account_id)
-    with connections[alias].cursor() as cur:
-        moved = fenced_sql.transition_payout(
-            cur,
-            payout_id=payout_id,
-            from_states=("POSTED",),
-            to_state="FAILED",
-            token=None,
-            owner_id=f"operator:{operator}"[:64],
-            note=f"REVERSED ({reference} not on the rail's statement): {reason}",
-        )
+    amount, currency = int(payout.amount_minor), payout.currency
+    entries = book(
+        alias,
+        owner={"reversal": reversal},
+        amount_minor=amount,
+        currency=currency,
+        debit=(settlement_account_id(currency), AccountKind.SETTLEMENT),
+        credit=(payout.account_id, AccountKind.CUSTOMER),
+    )
+    moved = fenced_sql.transition_payout(
+        cursor,
+        payout_id=payout_id,
+        from_states=("POSTED",),
+        to_state="FAILED",
+        token=None,
+        owner_id=f"operator:{operator}"[:64],
+        note=f"REVERSED ({reference} not on the rail's statement): {reason}",
+    )
     if not moved:  # pragma: no cover - the payout row is locked above
-        raise _Refused(f"payout {payout_id} is no longer POSTED")
-    return Reversal(
-        reversal_id=str(reversal.reversal_id),
-        payout_id=str(payout_id),
-        account_id=payout.account_id,
-        rail_reference=reference,
-        amount_minor=int(payout.amount_minor),
-        currency=payout.currency,
-        operator=operator,
-        reason=reason,
-        classification=recon.classification,
-        statement_references=on_statement,
-        entries=entries,
+        raise Refused(f"payout {payout_id} is no longer POSTED", str(payout_id))
+    return _reversed(payout, reversal, operator=operator, entries=entries)
+
+
+def _reversed(
+    payout: Payout, reversal: PayoutReversal, *, operator: str, entries: list[dict[str, Any]]
+) -> Done:
+    """A reversal's fields, its `payout_reversed` event and its History rows (on the payout and
+    on the reversal)."""
+    payout_id, reference = str(payout.payout_id), reversal.rail_reference
+    amount, currency = int(reversal.amount_minor), reversal.currency
+    fields = {
+        "action": "REVERSED",
+        "reversalId": str(reversal.reversal_id),
+        "payoutId": payout_id,
+        "accountId": payout.account_id,
+        "railReference": reference,
+        "amountMinor": amount,
+        "currency": currency,
+        "fromState": "POSTED",
+        "toState": "FAILED",
+        "operator": operator,
+        "reason": reversal.reason,
+        "classification": reversal.classification,
+        "statementReferences": reversal.statement_references,
+    }
+    return Done(
+        event="payout_reversed",
+        fields={**fields, "entries": entries},
+        event_fields=fields,
+        history=(
+            History(
+                Payout,
+                payout_id,
+                f"reversed POSTED → FAILED (reference {reference} not on the rail's statement; "
+                f"reconciler {reversal.classification}): {amount} {currency} back to "
+                f"{payout.account_id}; {reversal.reason}",
+            ),
+            History(
+                PayoutReversal,
+                str(reversal.reversal_id),
+                f"reversal of payout {payout_id}: {reversal.reason}",
+                f"reversal of {payout_id}",
+                ADDITION,
+            ),
+        ),
     )
 
 
@@ -238,13 +200,13 @@ def _contradicted(
     )
     recon = PayoutReconciliation.objects.using(alias).filter(payout_id=payout_id).first()
     if recon is None or (posted is not None and recon.checked_at < posted.at):
-        raise _Refused(
+        raise Refused(
             "the reconciler has no finding for this payout since it was POSTED "
             "(run manage.py reconcile; a POSTED payout it finds contradicted gets one)"
         )
     on_statement = [str(r) for r in recon.rail_references or []]
     if reference in on_statement:
-        raise _Refused(
+        raise Refused(
             f"the reconciler found reference {reference} on the rail's statement for this "
             "payout: the money left; a transfer beyond it is a rail recovery "
             "(manage.py record_rail_recovery), not a reversal"
@@ -259,35 +221,8 @@ def _contradicted(
         )
         == (payout.amount_minor, payout.currency)
     ):
-        raise _Refused(
+        raise Refused(
             f"the rail's statement, read now, has reference {reference} for this payout "
             "(the reconciler's finding is older): run manage.py reconcile"
         )
     return recon, on_statement
-
-
-def _book(alias: str, *, reversal: PayoutReversal, account_id: str) -> list[dict[str, Any]]:
-    """DEBIT settlement (its row: an operator step, like a recovery's), CREDIT the account;
-    both balances move (balance = Σ CREDIT − Σ DEBIT)."""
-    amount, currency = int(reversal.amount_minor), reversal.currency
-    settlement = settlement_account_id(currency)
-    Account.objects.using(alias).get_or_create(
-        account_id=settlement, defaults={"currency": currency, "kind": AccountKind.SETTLEMENT}
-    )
-    entries = []
-    for target, direction, sign in ((settlement, "DEBIT", -1), (account_id, "CREDIT", 1)):
-        Account.objects.using(alias).filter(account_id=target).update(
-            balance_minor=F("balance_minor") + sign * amount, updated_at=Now()
-        )
-        entry = LedgerEntry.objects.using(alias).create(
-            reversal=reversal, account_id=target, direction=direction, amount_minor=amount, fence=0
-        )
-        entries.append(
-            {
-                "entryId": str(entry.entry_id),
-                "accountId": target,
-                "direction": direction,
-                "amountMinor": amount,
-            }
-        )
-    return entries

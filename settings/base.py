@@ -159,6 +159,18 @@ CSRF_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DLOCK_SECURE_COOKIES", False)
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Strict"
 SESSION_COOKIE_AGE = 8 * 3600
+# Staff passwords (the admin moves money): Django's four validators, at least 12 characters.
+# The admin's password forms, `changepassword` and an interactive `createsuperuser` refuse a
+# password they reject; `createsuperuser --noinput` sets no password at all (docs/operations.md).
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
@@ -232,13 +244,32 @@ DB_PREPARE_THRESHOLD = 1
 DB_ENGINE = "dlock.pgbackend"
 
 
+# In production every database connection is TLS with the server's certificate verified
+# (sslmode=verify-full, as k8s/ gives it); a URL without it is refused at start-up. A test of
+# the production image against a local cluster without TLS sets this to true, nothing else.
+DLOCK_ALLOW_UNVERIFIED_DATABASE = env_bool("DLOCK_ALLOW_UNVERIFIED_DATABASE", False)
+
+
 def database(url_env: str) -> dict:
     """One pooled PostgreSQL alias with the request deadline applied server-side; Django's
     PostgreSQL backend as django-prometheus wraps it (the django_db_* metrics)."""
     config = env_database(url_env)
+    if (
+        DLOCK_ENVIRONMENT == "production"
+        and not DLOCK_ALLOW_UNVERIFIED_DATABASE
+        and config["OPTIONS"].get("sslmode") != "verify-full"
+    ):
+        raise ImproperlyConfigured(
+            f"{url_env} must carry sslmode=verify-full (and sslrootcert) when "
+            "DLOCK_ENVIRONMENT=production: the database's certificate is verified"
+        )
     config["ENGINE"] = DB_ENGINE
     config["CONN_MAX_AGE"] = 0
-    config["CONN_HEALTH_CHECKS"] = False
+    # With a pool, Django passes this on as psycopg_pool's `check`
+    # (ConnectionPool.check_connection): every connection is checked (one empty query) before
+    # the pool hands it out, so after a database restart the pool discards its dead connections
+    # and connects anew instead of handing each out once more and failing that request.
+    config["CONN_HEALTH_CHECKS"] = True
     options = config["OPTIONS"]
     options["options"] = (
         f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS} -c lock_timeout={DB_STATEMENT_TIMEOUT_MS}"
@@ -313,6 +344,9 @@ LOCK_NOT_LEADER_RETRY_MS = env_int("LOCK_NOT_LEADER_RETRY_MS", 1_000, minimum=10
 # `settlement:<currency>` into one of this many bucket rows, chosen from the payout id, so the
 # posts of one currency do not queue on one row lock held through their commits' fsync; a
 # settlement balance reads as the account row plus its buckets. 1 = one row takes every credit.
+# Idempotency records are kept this long (and while their payout has not ended), then
+# `manage.py purge_idempotency` deletes them (payments/retention.py, docs/operations.md).
+IDEMPOTENCY_RETENTION_DAYS = env_int("IDEMPOTENCY_RETENTION_DAYS", 7, minimum=1)
 PAY_SETTLEMENT_BUCKETS = env_int("PAY_SETTLEMENT_BUCKETS", 8, minimum=1, maximum=256)
 
 # Service URLs for clients of our own hops (executor, revoke_lock, experiment).
@@ -328,6 +362,11 @@ RAIL_READ_TIMEOUT_MS = env_int("RAIL_READ_TIMEOUT_MS", 8_000, minimum=1, maximum
 RAIL_SWEEP_INTERVAL_MS = env_int("RAIL_SWEEP_INTERVAL_MS", 5_000, minimum=100)
 RAIL_SWEEP_MARGIN_MS = env_int("RAIL_SWEEP_MARGIN_MS", 2_000, minimum=0)
 RAIL_SWEEP_ENABLED = env_bool("RAIL_SWEEP_ENABLED", True)
+# A rail answer that arrives while paydb cannot be reached (a restart, a failover): its
+# recording (never the rail call) is tried again for this long before the intent is left to the
+# sweep. 5 s: a fast restart takes about one; the forward (≤ 9 s) plus this stays within the
+# proxy's longest request (dlock.budgets.LONGEST_REQUEST_S, 15 s).
+RAIL_RECORD_RETRY_MS = env_int("RAIL_RECORD_RETRY_MS", 5_000, minimum=0, maximum=6_000)
 
 # etcd lock backend (LOCK_BACKEND=etcd, docs/lockserver-etcd.md). Short timeouts: an unreachable
 # or leaderless member answers 503 NOT_LEADER within about a second, never a hang.

@@ -91,7 +91,7 @@ worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingTh
 # The lock server's 64: LOCK_MAX_WAITS_PER_PROCESS (40) parked waits leave 24 for the fast path,
 # and every thread has a place in the slot queue too (at 32 clients the default 16 places shed a
 # fifth of the requests with 503 and their retries made the p99 half a second); chosen by
-# `python -m bench --only configs` (docs/performance.md).
+# measurement (docs/performance.md, "Retired studies").
 _THREADS = {"lockserver": 64, "railproxy": 64, "railstub": 64}
 threads = _int("GUNICORN_THREADS", _THREADS.get(_role, 16))
 raw_env = (

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from dlock.budgets import BACKOFF_INITIAL_S, BUDGETS
@@ -19,15 +20,30 @@ from dlock.client.errors import (
     SessionUnknown,
 )
 from dlock.client.retry import retry_delay_s
+from dlock.http import Reply
 from dlock.logs import log_event
-
-if TYPE_CHECKING:
-    from dlock.client.lock import LockSession
 
 OnLost = Callable[["Grant", LockLost], None]
 
 
-def _parse_time(raw: Any) -> datetime | None:
+@dataclass(frozen=True)
+class SessionLink:
+    """What a grant uses of the session it hangs off (`LockSession` makes one): its ids, its
+    clock and safety margin, why it was lost (if it was), a request on its client, and a way to
+    let go of the grant."""
+
+    session_id: str
+    owner_id: str
+    margin: float
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+    lost: Callable[[], DlockError | None]
+    request: Callable[..., Reply]
+    forget: Callable[[Grant], None]
+
+
+def parse_time(raw: Any) -> datetime | None:
+    """An RFC 3339 timestamp of the lock server's answers, or None."""
     if not isinstance(raw, str):
         return None
     try:
@@ -36,7 +52,8 @@ def _parse_time(raw: Any) -> datetime | None:
         return None
 
 
-def _key_path(key: str) -> str:
+def key_path(key: str) -> str:
+    """A lock key as a path segment of /v1/locks/."""
     return quote(key, safe=":._-")
 
 
@@ -48,7 +65,7 @@ class Grant:
 
     def __init__(
         self,
-        session: LockSession,
+        session: SessionLink,
         body: dict[str, Any],
         *,
         ttl_ms: int,
@@ -62,7 +79,7 @@ class Grant:
         self.proof: str = body.get("fencingProof", "")
         self.owner_id: str = body.get("ownerId", session.owner_id)
         self.session_id: str = body.get("sessionId", session.session_id)
-        self.acquired_at: datetime | None = _parse_time(body.get("acquiredAt"))
+        self.acquired_at: datetime | None = parse_time(body.get("acquiredAt"))
         self._on_lost = on_lost
         self._lost: LockLost | None = None
         self._released = False
@@ -74,8 +91,8 @@ class Grant:
         return {"X-Fencing-Token": str(self.token), "X-Fencing-Proof": self.proof}
 
     def _apply(self, body: dict[str, Any], *, ttl_ms: int, sent_at: float) -> None:
-        expires = _parse_time(body.get("expiresAt"))
-        acquired = _parse_time(body.get("acquiredAt"))
+        expires = parse_time(body.get("expiresAt"))
+        acquired = parse_time(body.get("acquiredAt"))
         granted_ms = ttl_ms
         if expires and acquired and expires > acquired:
             # The server may clamp the TTL down; its own two timestamps say by how much.
@@ -102,10 +119,10 @@ class Grant:
     def ensure_valid(self) -> None:
         """Raise LockLost unless this process may still act as the holder. Call before writes."""
         if self._lost is None:
-            if self._session.lost is not None:
-                self._mark_lost("session", self._session.lost)
+            if self._session.lost() is not None:
+                self.mark_lost("session", self._session.lost())
             elif self._session.clock() >= self.deadline:
-                self._mark_lost("deadline")
+                self.mark_lost("deadline")
         if self._lost is not None:
             raise self._lost
 
@@ -118,15 +135,16 @@ class Grant:
         while True:
             sent_at = self._session.clock()
             try:
-                reply = self._session._post(
-                    f"/v1/locks/{_key_path(self.key)}/renew",
-                    {"sessionId": self.session_id, "ttlMillis": ttl},
+                reply = self._session.request(
+                    "POST",
+                    f"/v1/locks/{key_path(self.key)}/renew",
+                    json_body={"sessionId": self.session_id, "ttlMillis": ttl},
                     hop=hop,
                     headers=self.fence_headers(),
                 )
                 break
             except (LockLost, SessionUnknown, SessionExpired) as exc:
-                self._mark_lost("renew", exc)
+                self.mark_lost("renew", exc)
                 raise self._lost from exc  # type: ignore[misc]
             except (NotLeader, ServiceUnreachable) as exc:
                 if attempts >= hop.retries or not exc.retry_safe:
@@ -143,16 +161,16 @@ class Grant:
         if self._released:
             return False
         self._released = True
-        self._session._forget(self)
+        self._session.forget(self)
         already_lost = self._lost is not None
         if self._lost is None:
             self._lost = LockLost("released", details={"key": self.key, "reason": "released"})
-        if self._session.lost is not None:
+        if self._session.lost() is not None:
             return False
         try:
-            self._session._request(
+            self._session.request(
                 "DELETE",
-                f"/v1/locks/{_key_path(self.key)}",
+                f"/v1/locks/{key_path(self.key)}",
                 hop=BUDGETS["lock.release"],
                 params={"sessionId": self.session_id},
                 headers=self.fence_headers(),
@@ -171,7 +189,9 @@ class Grant:
             return False
         return True
 
-    def _mark_lost(self, reason: str, cause: BaseException | None = None) -> None:
+    def mark_lost(self, reason: str, cause: BaseException | None = None) -> None:
+        """Stop trusting the grant (its session does this when the session is lost or closed);
+        `on_lost` runs once."""
         with self._mutex:
             if self._lost is not None:
                 return

@@ -21,7 +21,7 @@ from dlock.client.errors import (
     SessionExpired,
     SessionUnknown,
 )
-from dlock.client.grant import Grant, OnLost, _key_path, _parse_time
+from dlock.client.grant import Grant, OnLost, SessionLink, key_path, parse_time
 from dlock.client.retry import RetryPolicy, retry_delay_s
 from dlock.client.transport import Endpoints
 from dlock.http import Reply
@@ -36,7 +36,7 @@ class LockSession:
         self.session_id: str = body["sessionId"]
         self.owner_id: str = body.get("ownerId", client.owner_id)
         self.ttl_ms: int = int(body.get("ttlMillis", ttl_ms))
-        self.expires_at: datetime | None = _parse_time(body.get("expiresAt"))
+        self.expires_at: datetime | None = parse_time(body.get("expiresAt"))
         self.clock = client.clock
         self.sleep = client.sleep
         self.margin = client.safety_margin
@@ -47,6 +47,16 @@ class LockSession:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._link = SessionLink(
+            session_id=self.session_id,
+            owner_id=self.owner_id,
+            margin=self.margin,
+            clock=self.clock,
+            sleep=self.sleep,
+            lost=lambda: self.lost,
+            request=self._request,
+            forget=self._forget,
+        )
 
     def __repr__(self) -> str:
         return f"<LockSession {self.session_id} owner={self.owner_id!r} ttl={self.ttl_ms}ms>"
@@ -78,7 +88,7 @@ class LockSession:
             sent_at = self.clock()
             try:
                 reply = self._post(
-                    f"/v1/locks/{_key_path(key)}/acquire",
+                    f"/v1/locks/{key_path(key)}/acquire",
                     {"sessionId": self.session_id, "ttlMillis": ttl, "waitMillis": wait_ms},
                     hop=hop,
                     read_timeout_s=hop.read_s + wait_ms / 1000.0,
@@ -86,7 +96,7 @@ class LockSession:
             except (SessionUnknown, SessionExpired) as exc:
                 self._mark_lost(exc)
                 raise
-            grant = Grant(self, reply.body, ttl_ms=ttl, sent_at=sent_at, on_lost=on_lost)
+            grant = Grant(self._link, reply.body, ttl_ms=ttl, sent_at=sent_at, on_lost=on_lost)
             with self._mutex:
                 self._grants.add(grant)
             return grant
@@ -147,7 +157,7 @@ class LockSession:
                 self._stop.wait(min(pause, max(0.0, window_ends - self.clock())))
                 continue
             self.heartbeats += 1
-            self.expires_at = _parse_time(reply.body.get("expiresAt")) or self.expires_at
+            self.expires_at = parse_time(reply.body.get("expiresAt")) or self.expires_at
             return
         lost = last or ServiceUnreachable("heartbeat window elapsed", sent=True)
         self._mark_lost(lost)
@@ -185,7 +195,7 @@ class LockSession:
             error=str(cause),
         )
         for grant in grants:
-            grant._mark_lost("heartbeat", cause)
+            grant.mark_lost("heartbeat", cause)
 
     def _forget(self, grant: Grant) -> None:
         with self._mutex:
@@ -202,7 +212,7 @@ class LockSession:
         with self._mutex:
             grants = list(self._grants)
         for grant in grants:
-            grant._mark_lost("session closed")
+            grant.mark_lost("session closed")
         if self.lost is not None:
             return
         try:
@@ -304,9 +314,7 @@ class LockClient:
 
     def info(self, key: str) -> dict[str, Any]:
         """L7, advisory only: never decide "safe to write" from it (C3 §3.1)."""
-        return self._request(
-            "GET", f"/v1/locks/{_key_path(key)}", hop=BUDGETS["advisory.read"]
-        ).body
+        return self._request("GET", f"/v1/locks/{key_path(key)}", hop=BUDGETS["advisory.read"]).body
 
     def revoke(
         self, key: str, *, operator: str, reason: str, expected_token: int | None = None
@@ -317,7 +325,7 @@ class LockClient:
             body["expectedToken"] = expected_token
         return self._request(
             "POST",
-            f"/v1/locks/{_key_path(key)}/revoke",
+            f"/v1/locks/{key_path(key)}/revoke",
             hop=BUDGETS["lock.revoke"],
             json_body=body,
             headers=authorization_header("operator"),  # L8 needs the operator scope

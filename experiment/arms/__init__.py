@@ -67,14 +67,3 @@ class Arm(Protocol):
     def summarise(self, ctx: ArmContext, *, truth: dict, faults: list[Fault], kills: int) -> dict:
         """The arm's own rows of the report (reconciler, fenced-outs and their classification)."""
         ...
-
-
-def arm_named(name: str) -> Arm:
-    from experiment.arms.fenced import FencedArm
-    from experiment.arms.naive import NaiveArm
-
-    arms: dict[str, Arm] = {"fenced": FencedArm(), "naive": NaiveArm()}
-    return arms[name]
-
-
-ARMS = ("fenced", "naive")

@@ -220,11 +220,11 @@ class QuarantineAdmin(ObjectPages, DeclaredPermissions, admin.ModelAdmin):
         except ApiError as exc:
             self.message_user(request, f"payout {payout.payout_id}: {exc.message}", messages.ERROR)
             return False
-        suffix = " (override)" if done.override else ""
+        suffix = " (override)" if done["override"] else ""
         self.message_user(
             request,
-            f"payout {payout.payout_id} resolved as {done.to_state}{suffix}",
-            messages.WARNING if done.override else messages.SUCCESS,
+            f"payout {payout.payout_id} resolved as {done['toState']}{suffix}",
+            messages.WARNING if done["override"] else messages.SUCCESS,
         )
         return True
 

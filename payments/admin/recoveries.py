@@ -148,12 +148,12 @@ class RailRecoveryAdmin(ObjectPages, DeclaredPermissions, admin.ModelAdmin):
             else:
                 self.message_user(
                     request,
-                    f"rail recovery recorded for transfer {step.rail_reference} (payout "
-                    f"{step.payout_id}, {step.amount_minor} {step.currency}): OPEN",
+                    f"rail recovery recorded for transfer {step['railReference']} (payout "
+                    f"{step['payoutId']}, {step['amountMinor']} {step['currency']}): OPEN",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(
-                    reverse("admin:payments_railrecovery_change", args=[step.recovery_id])
+                    reverse("admin:payments_railrecovery_change", args=[step["recoveryId"]])
                 )
         return self._page(request, "Record a rail recovery", form, submit="Record recovery")
 
@@ -179,7 +179,7 @@ class RailRecoveryAdmin(ObjectPages, DeclaredPermissions, admin.ModelAdmin):
             else:
                 self.message_user(
                     request,
-                    f"rail recovery of transfer {step.rail_reference} closed {step.status}",
+                    f"rail recovery of transfer {step['railReference']} closed {step['status']}",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(

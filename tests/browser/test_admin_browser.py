@@ -25,10 +25,10 @@ def seed_quarantine(live_stack, classification: str | None, refs: list[str]) -> 
     code = textwrap.dedent(
         f"""
         import json
-        from payments import services
+        from payments import seeding
         from payments.models import Payout, PayoutReconciliation
-        services.create_account(account_id={account_id!r}, opening_balance_minor=5000)
-        p = services.create_payout(account_id={account_id!r}, amount_minor=700)
+        seeding.create_account(account_id={account_id!r}, opening_balance_minor=5000)
+        p = seeding.create_payout(account_id={account_id!r}, amount_minor=700)
         Payout.objects.filter(payout_id=p.payout_id).update(state="RAIL_AMBIGUOUS")
         if {classification!r}:
             PayoutReconciliation.objects.create(

@@ -136,7 +136,7 @@ def test_a_timed_out_release_never_becomes_a_false_fenced_out(exec_stack, monkey
             # server still holds the grant for this session.
             timed_out.append(grant.token)
             grant._released = True
-            grant._session._forget(grant)
+            grant._session.forget(grant)
             return False
         return real_release(grant)
 

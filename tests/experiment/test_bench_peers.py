@@ -56,7 +56,8 @@ def _arm(pairs: float, p99: float) -> dict:
 
 
 def test_the_summary_ends_with_issue_28s_goal_lines_judged_on_per_round_ratios():
-    from bench.__main__ import goals, summary_lines
+    from bench.goals import goals
+    from bench.report import summary_lines
 
     # Two rounds: the goal ratio is the median of the per-round ratios against the round's
     # best peer (round 1: zookeeper is best, round 2: etcd-lock).
@@ -154,7 +155,8 @@ def test_a_roles_cpu_is_its_pod_when_a_proxy_holds_the_port():
 
 
 def test_the_summary_prints_issue_39s_goal_lines_against_zookeeper():
-    from bench.__main__ import goals, summary_lines
+    from bench.goals import goals
+    from bench.report import summary_lines
 
     def point(workload: str, clients: int, pg: float, zk: float, pg_p99: float, zk_p99: float):
         rounds = [

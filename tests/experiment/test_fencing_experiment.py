@@ -308,7 +308,7 @@ def test_make_demo_without_a_stack_fails_loudly_and_says_what_to_do(tmp_path):
 
 
 def test_the_bench_summary_puts_every_lock_backend_beside_the_reference():
-    from bench.__main__ import lock_rows, summary_lines
+    from bench.report import lock_rows, summary_lines
 
     lockserver = {
         "name": "lockserver",
@@ -321,7 +321,6 @@ def test_the_bench_summary_puts_every_lock_backend_beside_the_reference():
             ],
         },
     }
-    redis = {"rows": [{"backend": "redis (no fsync)", "clients": 8, "pairs_per_s": 800.0}]}
     rows = {(r["label"], r["clients"]): r["pairs_per_s"] for r in lock_rows("x", lockserver)}
     assert rows == {
         ("pg http", 8): 80.0,
@@ -333,19 +332,18 @@ def test_the_bench_summary_puts_every_lock_backend_beside_the_reference():
         summary_lines(
             {
                 "lockserver": {"status": "ok", "result": lockserver},
-                "redis_lock": {"status": "ok", "result": redis},
                 "e2e": {"status": "missing", "error": "bench.e2e is not built yet"},
             }
         )
     )
-    assert "10.00×" in text  # redis vs dlock-pg-http at 8 clients
+    assert "0.50×" in text  # the etcd backend over HTTP vs dlock-pg-http at 8 clients
     assert "3.00×" in text  # direct SQL vs HTTP
     assert "missing: bench.e2e is not built yet" in text
 
 
 def test_the_bench_summary_puts_the_payout_floor_and_every_interleaved_lock_round_beside_dlock():
-    from bench.__main__ import summary_lines
     from bench.payout_floor import layers
+    from bench.report import summary_lines
 
     by_role = {"lockserver": 3.6, "payments": 5.5, "railproxy": 4.3, "railstub": 2.3}
     dlock_row = {

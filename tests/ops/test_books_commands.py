@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from io import StringIO
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -17,10 +18,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from ops.reconciler import reconcile
-from payments import fenced_sql, selectors, services
+from payments import fenced_sql, seeding, selectors, services
 from payments.models import (
     Account,
     LedgerEntry,
+    OperatorRefusal,
     Payout,
     PayoutEvent,
     RailRecovery,
@@ -41,13 +43,13 @@ def staff():
 
 
 def _account(balance: int = 10_000) -> Account:
-    return services.create_account(
+    return seeding.create_account(
         account_id=f"acct-{uuid.uuid4().hex[:12]}", opening_balance_minor=balance
     )
 
 
 def _quarantined(account: Account, amount: int = 1_000) -> Payout:
-    payout = services.create_payout(account_id=account.account_id, amount_minor=amount)
+    payout = seeding.create_payout(account_id=account.account_id, amount_minor=amount)
     RailSubmission.objects.create(
         submission_id=uuid.uuid4(),
         payout_id=payout.payout_id,
@@ -103,7 +105,7 @@ def _acked_submission(payout: Payout, ref: str) -> uuid.UUID:
 
 def _posted_with_duplicate(account: Account) -> tuple[Payout, str, str]:
     """A payout the executor POSTED from its ACKED submission while the rail booked it twice."""
-    payout = services.create_payout(account_id=account.account_id, amount_minor=1_000)
+    payout = seeding.create_payout(account_id=account.account_id, amount_minor=1_000)
     ref, dup = _booked(payout), _booked(payout)
     _acked_submission(payout, ref)
     settlement = Account.objects.get_or_create(
@@ -121,7 +123,7 @@ def _posted_with_duplicate(account: Account) -> tuple[Payout, str, str]:
 def _posted_by_p3_with_duplicate(account: Account) -> tuple[Payout, str, str]:
     """As `_posted_with_duplicate`, but through P2 and P3 themselves: the settlement credit
     lands in the payout's settlement bucket, not on the account row."""
-    payout = services.create_payout(account_id=account.account_id, amount_minor=1_000)
+    payout = seeding.create_payout(account_id=account.account_id, amount_minor=1_000)
     ref, dup = _booked(payout), _booked(payout)
     services.claim_payout(
         payout_id=payout.payout_id,
@@ -156,6 +158,16 @@ def refused(*args: str) -> str:
     with pytest.raises(CommandError) as caught:
         run(*args)
     assert caught.value.returncode == 1
+    return str(caught.value)
+
+
+def bad_input(*args: str) -> str:
+    """Exit 2: the input broke a flag's rules or named nothing; nothing recorded."""
+    before = OperatorRefusal.objects.count()
+    with pytest.raises(CommandError) as caught:
+        run(*args)
+    assert caught.value.returncode == 2
+    assert OperatorRefusal.objects.count() == before
     return str(caught.value)
 
 
@@ -254,15 +266,15 @@ def test_unsafe_recoveries_are_refused_audited_and_book_nothing():
     assert "the one payout" in refused(
         "record_rail_recovery", "--transfer", ref, "--reason", "the payout's own transfer"
     )
-    assert "at least 8" in refused("record_rail_recovery", "--transfer", dup, "--reason", "dup")
+    assert "at least 8" in bad_input("record_rail_recovery", "--transfer", dup, "--reason", "dup")
     run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
     assert "already has a recovery" in refused(
         "record_rail_recovery", "--transfer", dup, "--reason", "the same one again"
     )
-    assert "no rail recovery" in refused(
+    assert "no rail recovery" in bad_input(
         "close_rail_recovery", "--transfer", ref, "--recovered", "--reference", "r"
     )
-    assert "needs the rail's reference" in refused(
+    assert "needs the rail's reference" in bad_input(
         "close_rail_recovery", "--transfer", dup, "--recovered"
     )
 
@@ -270,7 +282,7 @@ def test_unsafe_recoveries_are_refused_audited_and_book_nothing():
     assert RailRecovery.objects.count() == 1
     assert len([m for m in log_messages(RailRecovery, "rail-nosuch") if "refused" in m]) == 1
     refusals = [m for m in log_messages(Payout, str(payout.payout_id)) if "refused" in m]
-    assert len(refusals) == 3  # own transfer, the second recovery, the close without reference
+    assert len(refusals) == 2  # own transfer, the second recovery (bad input is no refusal)
 
 
 def test_written_off_moves_the_receivable_to_the_loss_account():
@@ -278,7 +290,7 @@ def test_written_off_moves_the_receivable_to_the_loss_account():
     reconcile()
     run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
 
-    assert "at least 8" in refused(
+    assert "at least 8" in bad_input(
         "close_rail_recovery", "--transfer", dup, "--written-off", "--reason", "no"
     )
     closed = run(
@@ -433,7 +445,7 @@ def test_without_operator_an_os_user_with_no_staff_account_is_refused_recorded_a
             "--transfer",
             "absent-ref",
             "--reason",
-            "dup ack",
+            "duplicate ack",
             "--json",
             stdout=out,
         )
@@ -573,3 +585,147 @@ def test_exit_zero_reports_broken_books_as_the_verdict_row_not_the_exit_code():
     with pytest.raises(SystemExit) as caught:
         call_command("reconcile", "--metrics-file", os.devnull, stdout=open(os.devnull, "w"))
     assert caught.value.code == 1
+
+
+def _recorded_duplicates(n: int) -> list[str]:
+    account = _account(100_000)
+    dups = [_posted_with_duplicate(account)[2] for _ in range(n)]
+    reconcile()
+    run("record_rail_recovery", "--all-from-reconcile", "--reason", "rail duplicate acks 12-04")
+    return dups
+
+
+def test_a_bad_rail_day_closes_its_recoveries_from_a_reviewed_plan_file(tmp_path):
+    dups = _recorded_duplicates(3)
+    plan = tmp_path / "plan.txt"
+    plan.write_text(
+        "# rail returns of 12-05, ticket 4411\n"
+        f"{dups[0]} RECOVERED RET-0 came back on the 12-05 statement\n"
+        "\n"
+        f"{dups[1]}   RECOVERED   RET-1\n"
+        f"{dups[2]} WRITTEN_OFF beneficiary bank closed the account\n"
+    )
+
+    planned = run("close_rail_recovery", "--all-from-file", str(plan), "--dry-run")
+
+    assert planned["dryRun"] is True
+    assert [(r["railReference"], r["outcome"], r["status"]) for r in planned["plan"]] == [
+        (dups[0], "RECOVERED", "OPEN"),
+        (dups[1], "RECOVERED", "OPEN"),
+        (dups[2], "WRITTEN_OFF", "OPEN"),
+    ]
+    assert set(RailRecovery.objects.values_list("status", flat=True)) == {"OPEN"}
+
+    applied = run("close_rail_recovery", "--all-from-file", str(plan))
+
+    assert applied["ok"] and [r["status"] for r in applied["results"]] == [
+        "RECOVERED",
+        "RECOVERED",
+        "WRITTEN_OFF",
+    ]
+    rows = {r.rail_reference: r for r in RailRecovery.objects.filter(rail_reference__in=dups)}
+    assert (rows[dups[0]].close_reference, rows[dups[0]].closed_by) == ("RET-0", OPERATOR)
+    assert rows[dups[1]].close_reference == "RET-1"
+    assert rows[dups[2]].close_reason == "beneficiary bank closed the account"
+    for dup in dups:  # each step audited: its event row and its History on the recovery
+        assert RailRecoveryEvent.objects.filter(recovery=rows[dup]).count() == 2
+        assert any("closed" in m for m in log_messages(RailRecovery, str(rows[dup].pk)))
+    assert balance("loss:rail:EUR") == -1_000 and balance("recoverable:rail:EUR") == 0
+    assert reconcile().ok
+
+
+def test_a_plan_step_closed_already_is_refused_and_recorded_and_the_rest_go_on(tmp_path):
+    dups = _recorded_duplicates(2)
+    run("close_rail_recovery", "--transfer", dups[0], "--recovered", "--reference", "RET-A")
+    plan = tmp_path / "plan.txt"
+    plan.write_text(f"{dups[0]} RECOVERED RET-A\n{dups[1]} RECOVERED RET-B\n")
+
+    planned = run("close_rail_recovery", "--all-from-file", str(plan), "--dry-run")
+    assert [r["status"] for r in planned["plan"]] == ["RECOVERED", "OPEN"]
+    out = StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command(
+            "close_rail_recovery", "--all-from-file", str(plan), "--operator", OPERATOR, stdout=out
+        )
+
+    assert caught.value.returncode == 1
+    assert "closed 1 of 2 rail recoveries" in out.getvalue()
+    assert f"{dups[0]}: refused: the recovery of transfer {dups[0]} is already RECOVERED" in (
+        out.getvalue()
+    )
+    assert RailRecovery.objects.get(rail_reference=dups[1]).status == "RECOVERED"
+    assert OperatorRefusal.objects.filter(action=f"close rail recovery {dups[0]}").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("plan", "why"),
+    [
+        ("RR-1 RECOVERED\n", ":1: expected"),
+        ("RR-1 CLOSED RET-1\n", ":1: expected"),
+        ("RR-1 RECOVERED RET-1\nRR-1 RECOVERED RET-2\n", "already planned on line 1"),
+        ("RR-1 WRITTEN_OFF gone\n", "at least 8 characters"),
+        ("# nothing\n\n", "no recovery to close"),
+    ],
+)
+def test_a_bad_plan_file_is_exit_2_and_closes_nothing(tmp_path, plan, why):
+    path = tmp_path / "plan.txt"
+    path.write_text(plan)
+    assert why in bad_input("close_rail_recovery", "--all-from-file", str(path))
+
+
+def test_a_plan_naming_a_transfer_with_no_recovery_closes_nothing(tmp_path):
+    (dup,) = _recorded_duplicates(1)
+    path = tmp_path / "plan.txt"
+    path.write_text(f"{dup} RECOVERED RET-1\nrail-nowhere RECOVERED RET-2\n")
+
+    assert "no rail recovery for transfer 'rail-nowhere'" in bad_input(
+        "close_rail_recovery", "--all-from-file", str(path)
+    )
+    assert RailRecovery.objects.get(rail_reference=dup).status == "OPEN"
+
+
+def test_a_plan_with_single_close_flags_is_a_bad_argument(tmp_path):
+    path = tmp_path / "plan.txt"
+    path.write_text("RR-1 RECOVERED RET-1\n")
+    assert "takes each outcome from its PLAN" in bad_input(
+        "close_rail_recovery", "--all-from-file", str(path), "--recovered"
+    )
+
+
+def test_each_money_actions_refusal_is_recorded_logged_and_evented_once(caplog):
+    """One pipeline: whichever action is refused, exactly one operator_refusal row, one
+    "refused: …" LogEntry and one WARNING *_refused event, and nothing else written."""
+    import logging
+
+    account = _account()
+    posted, ref, dup = _posted_with_duplicate(account)
+    pending = seeding.create_payout(account_id=account.account_id, amount_minor=500)
+    reconcile()
+    run("record_rail_recovery", "--transfer", dup, "--reason", "rail duplicate ack")
+    run("close_rail_recovery", "--transfer", dup, "--recovered", "--reference", "RET-1")
+    cases = [
+        (("resolve_payout", str(pending.payout_id), "--to", "FAILED", "--note", "looked"),
+         "payout_resolution_refused", str(pending.payout_id)),
+        (("record_rail_recovery", "--transfer", dup, "--reason", "the same one again"),
+         "rail_recovery_refused", str(posted.payout_id)),
+        (("close_rail_recovery", "--transfer", dup, "--recovered", "--reference", "RET-2"),
+         "rail_recovery_refused", str(posted.payout_id)),
+        (("reverse_payout", str(pending.payout_id), "--reason", "not on the statement"),
+         "payout_reversal_refused", str(pending.payout_id)),
+    ]  # fmt: skip
+    for args, event, payout_id in cases:
+        rows, entries, ledger = (
+            OperatorRefusal.objects.count(),
+            LogEntry.objects.count(),
+            LedgerEntry.objects.count(),
+        )
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dlock.events"):
+            refused(*args)
+        assert OperatorRefusal.objects.count() == rows + 1, args
+        assert LogEntry.objects.count() == entries + 1, args
+        (entry,) = LogEntry.objects.order_by("-id")[:1]
+        assert entry.object_id == payout_id and entry.change_message.startswith("refused: ")
+        logged = [r for r in caplog.records if getattr(r, "event", None)]
+        assert [(r.event, r.levelno) for r in logged] == [(event, logging.WARNING)], args
+        assert LedgerEntry.objects.count() == ledger

@@ -167,7 +167,7 @@ def test_an_unknown_operator_is_refused_with_a_record(env):
     assert count(env, "operator_refusal") == before + 1 and rows == [("mallory", False)]
 
 
-def test_written_off_with_a_reference_is_refused_not_dropped(env):
+def test_written_off_with_a_reference_is_a_bad_argument_not_dropped(env):
     before = count(env, "operator_refusal")
     result = run(
         env,
@@ -182,9 +182,8 @@ def test_written_off_with_a_reference_is_refused_not_dropped(env):
         "--operator",
         "oncall",
     )
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "WRITTEN_OFF takes no reference" in result.stderr.strip().splitlines()[-1]
-    assert count(env, "operator_refusal") == before + 1
+    assert "WRITTEN_OFF takes no reference" in one_line_exit_2(result)
+    assert count(env, "operator_refusal") == before  # a flag's rule broken: no audit row
 
 
 def test_repair_fence_without_lockdb(env):
@@ -242,3 +241,134 @@ def test_rail_statement_json_is_camel_case_and_list_rail_recoveries_runs(env):
     assert set(json.loads(statement.stdout)["summary"]) >= {"transferCount", "clientRefCount"}
     listed = run(env, "list_rail_recoveries")
     assert listed.returncode == 0 and listed.stdout.startswith("0 rail recoveries, 0 OPEN")
+
+
+def is_json(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def pending_payout(env: dict[str, str]) -> str:
+    seeded = run(
+        env,
+        "seed_payouts",
+        "--accounts", "1",
+        "--payouts-per-account", "1",
+        "--balance-minor", "1000",
+        "--amount-minor", "100",
+        "--json",
+        role="payments",
+    )  # fmt: skip
+    assert seeded.returncode == 0, seeded.stderr
+    return json.loads(seeded.stdout)["payouts"][0]
+
+
+def test_resolve_payout_of_a_payout_that_exists_nowhere_is_exit_2_without_an_audit_row(env):
+    before = count(env, "operator_refusal")
+    nowhere = str(uuid.uuid4())
+    result = run(
+        env, "resolve_payout", nowhere, "--to", "FAILED", "--note", "n", "--operator", "oncall"
+    )
+    assert f"no payout {nowhere}" in one_line_exit_2(result)
+    assert count(env, "operator_refusal") == before
+
+
+def test_reverse_payout_of_a_payout_that_exists_nowhere_is_exit_2_without_an_audit_row(env):
+    before = count(env, "operator_refusal")
+    result = run(
+        env,
+        "reverse_payout", str(uuid.uuid4()),
+        "--reason", "statement lacks it",
+        "--operator", "oncall",
+    )  # fmt: skip
+    assert "no payout" in one_line_exit_2(result)
+    assert count(env, "operator_refusal") == before
+
+
+def test_close_recovered_without_a_reference_is_exit_2_without_an_audit_row(env):
+    before = count(env, "operator_refusal")
+    result = run(
+        env, "close_rail_recovery", "--transfer", "RR-7", "--recovered", "--operator", "oncall"
+    )
+    assert "--reference" in one_line_exit_2(result)
+    assert count(env, "operator_refusal") == before
+
+
+def test_close_of_a_transfer_with_no_recovery_is_exit_2_without_an_audit_row(env):
+    before = count(env, "operator_refusal")
+    result = run(
+        env,
+        "close_rail_recovery", "--transfer", "RR-nowhere",
+        "--recovered", "--reference", "RET-1",
+        "--operator", "oncall",
+    )  # fmt: skip
+    assert "no rail recovery for transfer 'RR-nowhere'" in one_line_exit_2(result)
+    assert count(env, "operator_refusal") == before
+
+
+def test_a_short_reason_is_exit_2_without_an_audit_row_even_for_an_unknown_operator(env):
+    before = count(env, "operator_refusal")
+    result = run(
+        env, "record_rail_recovery", "--transfer", "RR-8", "--reason", "dup", "--operator", "eve"
+    )
+    assert "at least 8 characters" in one_line_exit_2(result)
+    assert count(env, "operator_refusal") == before
+
+
+def test_a_plan_with_a_bad_line_closes_nothing_and_records_nothing(env, tmp_path):
+    before = count(env, "operator_refusal")
+    plan = tmp_path / "plan.txt"
+    plan.write_text("# bad day\nRR-1 RECOVERED RET-1\nRR-2 RECOVERED\n")
+    result = run(env, "close_rail_recovery", "--all-from-file", str(plan), "--operator", "oncall")
+    assert f"{plan}:3" in one_line_exit_2(result)
+    assert count(env, "operator_refusal") == before
+
+
+def test_a_refusal_prints_only_human_lines_and_its_event_goes_to_the_events_log(env, tmp_path):
+    """The terminal gets the command's one human line; the JSON event goes to the events log,
+    or to the terminal when --log-json asks."""
+    payout = pending_payout(env)
+    log = tmp_path / "events.log"
+    args = ("resolve_payout", payout, "--to", "FAILED", "--note", "checked the statement")
+
+    result = run(env, *args, "--operator", "oncall", DLOCK_EVENTS_LOG=str(log))
+
+    assert result.returncode == 1, result.stderr
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert lines == [f"CommandError: refused: payout {payout} is PENDING, not RAIL_AMBIGUOUS"]
+    (event,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (event["event"], event["payoutId"], event["level"]) == (
+        "payout_resolution_refused",
+        payout,
+        "WARNING",
+    )
+
+    asked = run(env, *args, "--operator", "oncall", "--log-json", DLOCK_EVENTS_LOG=str(log))
+
+    assert asked.returncode == 1
+    events = [json.loads(x) for x in asked.stderr.splitlines() if is_json(x)]
+    assert [e["event"] for e in events] == ["payout_resolution_refused"]
+    assert len(log.read_text().splitlines()) == 1  # this run's event went to the terminal
+
+
+def test_an_unknown_operators_refusal_is_one_human_line_too(env, tmp_path):
+    result = run(
+        env,
+        "reverse_payout", str(uuid.uuid4()),
+        "--reason", "statement lacks it",
+        "--operator", "mallory",
+        DLOCK_EVENTS_LOG=str(tmp_path / "events.log"),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert not [x for x in (result.stdout + result.stderr).splitlines() if is_json(x)]
+    assert "operator_refused" in (tmp_path / "events.log").read_text()
+
+
+def test_an_ops_command_under_another_role_is_named_before_any_setting_check(env):
+    line = one_line_exit_2(
+        run(env, "reconcile", role="payments", DLOCK_PROOF_KEYS=None, DJANGO_SECRET_KEY=None)
+    )
+    assert "ROLE=ops" in line
+    assert "DLOCK_PROOF_KEYS" not in line and "DJANGO_SECRET_KEY" not in line

@@ -12,8 +12,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from devstack import free_port, manage
-from ops.reconciler import metrics_text, reconcile, render_text
-from payments import services
+from ops.reconciler import reconcile
+from ops.report import metrics_text, render_text
+from payments import seeding, services
 from payments.models import (
     Account,
     LedgerEntry,
@@ -28,13 +29,13 @@ pytestmark = pytest.mark.django_db(databases=["default", "raildb"])
 
 
 def _account(balance: int = 10_000) -> Account:
-    return services.create_account(
+    return seeding.create_account(
         account_id=f"acct-{uuid.uuid4().hex[:12]}", opening_balance_minor=balance
     )
 
 
 def _payout(account: Account, state: str, amount: int = 1_000) -> Payout:
-    payout = services.create_payout(account_id=account.account_id, amount_minor=amount)
+    payout = seeding.create_payout(account_id=account.account_id, amount_minor=amount)
     Payout.objects.filter(payout_id=payout.payout_id).update(state=state)
     payout.refresh_from_db()
     return payout

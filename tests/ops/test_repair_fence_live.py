@@ -99,6 +99,7 @@ def test_a_runaway_fence_is_lowered_to_the_issued_bound_audited_and_the_payout_t
         "--reason", "fence raised by a forged token before #12",
         "--operator", "alice",
         "--json",
+        "--log-json",  # its events on the terminal (stderr), not in the events log
     )  # fmt: skip
 
     assert result.returncode == 0, result.stdout + result.stderr

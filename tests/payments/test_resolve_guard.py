@@ -117,7 +117,7 @@ def test_booked_once_with_the_statement_reference_posts_and_is_audited_three_way
 def test_posted_defaults_to_the_single_reference_the_reconciler_found(staff):
     acct, p = quarantined("BOOKED_ONCE", ["RR-10"])
     done = resolve_payout(payout_id=p.payout_id, resolution="POSTED", user=staff, note="ok")
-    assert done.reference == "RR-10"
+    assert done["reference"] == "RR-10"
     assert Payout.objects.get(payout_id=p.payout_id).rail_reference == "RR-10"
     assert books_balanced(acct)[0] == 4_300
 

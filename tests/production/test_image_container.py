@@ -241,7 +241,10 @@ def _migrate_job() -> dict:
 def migrate_job_env(stack_env: dict[str, str]) -> dict[str, str]:
     """What the Job's manifest gives its container: its literal values, and each secret it
     names (secretKeyRef) with this stack's value; DLOCK_ENVIRONMENT=production is the image's."""
-    env = {"DJANGO_ALLOWED_HOSTS": stack_env["DJANGO_ALLOWED_HOSTS"]}
+    env = {
+        "DJANGO_ALLOWED_HOSTS": stack_env["DJANGO_ALLOWED_HOSTS"],
+        "DLOCK_ALLOW_UNVERIFIED_DATABASE": stack_env["DLOCK_ALLOW_UNVERIFIED_DATABASE"],
+    }
     for var in _migrate_job()["env"]:
         env[var["name"]] = var["value"] if "value" in var else stack_env[var["name"]]
     return env
@@ -276,6 +279,8 @@ def stack_env(ports) -> dict[str, str]:
         "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
         "DLOCK_EXECUTOR_CREDENTIAL": credentials.EXECUTOR,
         "DLOCK_OPERATOR_CREDENTIAL": credentials.OPERATOR,
+        # the suite's PostgreSQL speaks no TLS; production refuses such a URL otherwise
+        "DLOCK_ALLOW_UNVERIFIED_DATABASE": "true",
         **create_live_databases("container"),
         **{URL_ENV[role]: f"http://127.0.0.1:{port}" for role, (port, _) in ports.items()},
     }

@@ -201,6 +201,8 @@ def image(tmp_path_factory) -> Image:
         "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
         "DLOCK_EXECUTOR_CREDENTIAL": credentials.EXECUTOR,
         "DLOCK_OPERATOR_CREDENTIAL": credentials.OPERATOR,
+        # the suite's PostgreSQL speaks no TLS; production refuses such a URL otherwise
+        "DLOCK_ALLOW_UNVERIFIED_DATABASE": "true",
         **create_live_databases("image"),
     }
     return Image(venv, app, env, logdir)

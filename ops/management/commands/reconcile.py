@@ -20,7 +20,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from ops.reconciler import metrics_text, reconcile, render_text
+from ops.reconciler import reconcile
+from ops.report import metrics_text, render_text
 
 if TYPE_CHECKING:
     import argparse

@@ -15,7 +15,8 @@ the rest go on).
 
 Exit 0 recorded (or planned); 1 refused (why on stderr, and as JSON with --json; only the
 refusal's audit is written; with --all-from-reconcile: at least one was refused); 2 bad
-arguments or a database could not be reached.
+arguments (a reason under 8 characters, --dry-run without --all-from-reconcile: nothing
+recorded) or a database could not be reached.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import CommandError
 
-from dlock.errors import ApiError
-from ops.books import BooksCommand, answer, fresh_statement
+from ops.books import BooksCommand, fresh_statement, plan_text, run_plan
 from ops.reconciler import reconcile
-from payments.recovery import REASON_MIN, record_recovery
+from payments.recovery import check_reason, check_record, record_recovery
 
 if TYPE_CHECKING:
     import argparse
@@ -73,83 +73,61 @@ class Command(BooksCommand):
         parser.add_argument("--reason", default=None, help="why (at least 8 characters)")
         self.add_operator_arguments(parser)
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def check_input(self, options: dict[str, Any]) -> None:
         if options["dry_run"] and not options["all_from_reconcile"]:
             raise CommandError("--dry-run goes with --all-from-reconcile", returncode=2)
-        if not options["dry_run"] and not options["reason"]:
-            raise CommandError("--reason is required (at least 8 characters)", returncode=2)
-        super().handle(*args, **options)
+        if not options["dry_run"]:
+            if not options["reason"]:
+                raise CommandError("--reason is required (at least 8 characters)", returncode=2)
+            reason = options["reason"].strip()
+            if options["all_from_reconcile"]:
+                check_reason(reason)
+            else:
+                check_record(rail_reference=options["transfer"].strip(), reason=reason)
 
     def step(self, user: AbstractBaseUser, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
         if options["all_from_reconcile"]:
             return self._all(user, options)
-        step = record_recovery(
-            rail_reference=options["transfer"],
-            reason=options["reason"],
+        done = self._record(options["transfer"].strip(), options["reason"], user)
+        return done.as_dict(), (
+            f"rail recovery recorded for transfer {done['railReference']} (payout "
+            f"{done['payoutId']}, {done['amountMinor']} {done['currency']}) by "
+            f"{done['operator']}: OPEN"
+        )
+
+    def _record(self, ref: str, reason: str, user: AbstractBaseUser) -> Any:
+        return record_recovery(
+            rail_reference=ref,
+            reason=reason,
             user=user,
             statement_read=True,
-            statement=fresh_statement(options["transfer"].strip()),
-        )
-        return step.as_dict(), (
-            f"rail recovery recorded for transfer {step.rail_reference} (payout "
-            f"{step.payout_id}, {step.amount_minor} {step.currency}) by {step.operator}: OPEN"
+            statement=fresh_statement(ref),
         )
 
     def _all(self, user: AbstractBaseUser, options: dict[str, Any]) -> tuple[dict, str]:
         rows = plan()
-        lines = [
-            f"{n}. {r['railReference']}  payout {r['payoutId']} ({r['state']}, own "
-            f"{r['ownReference'] or '-'})  {r['amountMinor']} {r['currency']}"
-            for n, r in enumerate(rows, 1)
-        ]
         if options["dry_run"]:
-            text = "\n".join(
+            return {"ok": True, "dryRun": True, "plan": rows}, plan_text(
+                f"plan: {len(rows)} transfer(s) need a rail recovery (nothing recorded)",
                 [
-                    f"plan: {len(rows)} transfer(s) need a rail recovery (nothing recorded)",
-                    *lines,
-                    "apply: ROLE=ops manage.py record_rail_recovery --all-from-reconcile "
-                    '--reason "…" --operator YOUR_ADMIN_USER',
-                ]
+                    f"{r['railReference']}  payout {r['payoutId']} ({r['state']}, own "
+                    f"{r['ownReference'] or '-'})  {r['amountMinor']} {r['currency']}"
+                    for r in rows
+                ],
+                "apply: ROLE=ops manage.py record_rail_recovery --all-from-reconcile "
+                '--reason "…" --operator YOUR_ADMIN_USER',
             )
-            return {"ok": True, "dryRun": True, "plan": rows}, text
-        reason = (options["reason"] or "").strip()
-        if len(reason) < REASON_MIN:
-            raise CommandError(f"--reason needs at least {REASON_MIN} characters", returncode=2)
-        results, refused = [], 0
-        for row in rows:
-            ref = row["railReference"]
-            try:
-                step = record_recovery(
-                    rail_reference=ref,
-                    reason=reason,
-                    user=user,
-                    statement_read=True,
-                    statement=fresh_statement(ref),
-                )
-                results.append({**row, "recorded": True, "recoveryId": step.recovery_id})
-            except ApiError as exc:
-                refused += 1
-                why = str((exc.details or {}).get("reason") or exc.message)
-                results.append({**row, "recorded": False, "reason": why})
-        body = {"ok": not refused, "dryRun": False, "results": results}
-        text = "\n".join(
-            [
-                f"recorded {len(rows) - refused} of {len(rows)} rail recoveries by "
-                f"{user.get_username()}",
-                *(
-                    f"  {r['railReference']}: "
-                    + ("OPEN" if r["recorded"] else f"refused: {r['reason']}")
-                    for r in results
-                ),
-                "next: ROLE=ops manage.py reconcile",
-            ]
+        return run_plan(
+            self,
+            rows,
+            lambda row: {
+                "recoveryId": self._record(row["railReference"], options["reason"], user)[
+                    "recoveryId"
+                ]
+            },
+            done_key="recorded",
+            done_text=lambda _: "OPEN",
+            summary=f"recorded {{done}} of {{total}} rail recoveries by {user.get_username()}",
+            next_step="next: ROLE=ops manage.py reconcile",
+            as_json=options["json"],
         )
-        if refused:
-            answer(self, body, text, as_json=options["json"])
-            raise _Partial(refused, len(rows))
-        return body, text
-
-
-class _Partial(CommandError):
-    def __init__(self, refused: int, total: int) -> None:
-        super().__init__(f"refused: {refused} of {total} transfers (see above)", returncode=1)

@@ -5,9 +5,11 @@ The admin's quarantine resolve as a command, with the same guard and audit
 (payments/resolve.py): POSTED needs its reference on the rail's statement, read now, booked for
 this payout with its amount (no override lifts that), and the reconciler's BOOKED_ONCE
 (duplicates recorded as rail recoveries); FAILED needs NOT_BOOKED (or every booked transfer a
-recovery). Exit 0 resolved; 1 refused (the reason on stderr, and as JSON with --json): nothing
-changed but the refusal's audit (`payout_resolution_refused` event, LogEntry, `operator_refusal`
-row); 2 bad arguments or a database could not be reached.
+recovery). Exit 0 resolved; 1 refused (the payout is not RAIL_AMBIGUOUS, a guard refuses, an
+unknown operator; the reason on stderr, and as JSON with --json): nothing changed but the
+refusal's audit (`payout_resolution_refused` event, LogEntry, `operator_refusal` row); 2 bad
+arguments (an override's note under 20 characters, a payout id that is no uuid or exists
+nowhere: nothing recorded) or a database could not be reached.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ops.books import PayoutCommand, fresh_statement
-from payments.resolve import resolve_payout
+from payments.resolve import check_request, resolve_payout
 
 if TYPE_CHECKING:
     import argparse
@@ -34,6 +36,11 @@ class Command(PayoutCommand):
             "--override", action="store_true", help="resolve against the reconciler (reasoned)"
         )
 
+    def check_input(self, options: dict[str, Any]) -> None:
+        check_request(
+            resolution=options["to"], note=options["note"].strip(), override=options["override"]
+        )
+
     def step(self, user: AbstractBaseUser, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
         done = resolve_payout(
             payout_id=options["payout_uuid"],
@@ -44,8 +51,9 @@ class Command(PayoutCommand):
             override=options["override"],
             read_statement=fresh_statement,
         )
-        suffix = " (override)" if done.override else ""
-        ref = f" with reference {done.reference}" if done.reference else ""
+        suffix = " (override)" if done["override"] else ""
+        ref = f" with reference {done['reference']}" if done["reference"] else ""
         return done.as_dict(), (
-            f"payout {done.payout_id} resolved as {done.to_state}{ref}{suffix} by {done.operator}"
+            f"payout {done['payoutId']} resolved as {done['toState']}{ref}{suffix} by "
+            f"{done['operator']}"
         )

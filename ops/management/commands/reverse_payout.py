@@ -5,7 +5,8 @@ settlement, CREDIT the payout's account (new ledger rows owned by a `payout_reve
 posting's rows stay), and the payout moves POSTED → FAILED. Guarded by the reconciler's latest
 finding (taken after the payout was POSTED, without its reference) and by the statement read
 now. Exit 0 reversed; 1 refused (why on stderr, and as JSON with --json; only the refusal's
-audit is written); 2 bad arguments or a database could not be reached: nothing changed.
+audit is written); 2 bad arguments (a reason under 8 characters, a payout id that is no uuid or
+exists nowhere: nothing recorded) or a database could not be reached: nothing changed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ops.books import PayoutCommand, fresh_statement
-from payments.reversal import reverse_payout
+from payments.reversal import check_reason, reverse_payout
 
 if TYPE_CHECKING:
     import argparse
@@ -27,6 +28,9 @@ class Command(PayoutCommand):
     def add_payout_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--reason", required=True, help="why (at least 8 characters)")
 
+    def check_input(self, options: dict[str, Any]) -> None:
+        check_reason(options["reason"].strip())
+
     def step(self, user: AbstractBaseUser, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
         done = reverse_payout(
             payout_id=options["payout_uuid"],
@@ -35,7 +39,7 @@ class Command(PayoutCommand):
             read_statement=fresh_statement,
         )
         return done.as_dict(), (
-            f"payout {done.payout_id} reversed POSTED → FAILED: {done.amount_minor} "
-            f"{done.currency} back to {done.account_id} (reversal {done.reversal_id}) by "
-            f"{done.operator}; next: ROLE=ops manage.py reconcile"
+            f"payout {done['payoutId']} reversed POSTED → FAILED: {done['amountMinor']} "
+            f"{done['currency']} back to {done['accountId']} (reversal {done['reversalId']}) "
+            f"by {done['operator']}; next: ROLE=ops manage.py reconcile"
         )

@@ -1,0 +1,196 @@
+"""dlock's connections under urllib3's pools (the pools' documented `ConnectionCls` hook): the
+connect phase, one read deadline per response, and how long an idle connection may be reused.
+
+- **Connect phase**: every failure of `connect()` is raised as one of urllib3's connect-phase
+  types (`ConnectTimeoutError`, `NewConnectionError`), the TLS handshake's ssl errors and
+  timeouts included, so `dlock.http.request` can tell "nothing was written" by type alone.
+- **One read deadline per response**: `read_s` (urllib3's read timeout, which it sets on the
+  connection before it asks for the response) bounds the whole answer, head and body, from the
+  moment the request is written, not each read: a peer that trickles its answer cannot stretch
+  it (`DeadlineSocket`, the socket wrapped when the connection connects).
+- **Reuse**: `keep_alive_s` is how long after its last answer a connection may serve another
+  request (urllib3 asks `is_connected` before it reuses one; False makes it close the
+  connection and connect anew); None makes a one-shot connection, whose socket is closed as
+  soon as its answer has been read.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from urllib3 import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+
+class DeadlineSocket:
+    """A connected socket as urllib3 and http.client see it, except that the reader http.client
+    makes from it (`makefile`) keeps the current response's `deadline`. `busy` is True from a
+    request's answer until it has been read; `used_at` is when the last answer ended."""
+
+    __slots__ = ("sock", "keep_alive_s", "deadline", "used_at", "busy")
+
+    def __init__(self, sock: Any, *, keep_alive_s: float | None) -> None:
+        self.sock = sock
+        self.keep_alive_s = keep_alive_s
+        self.deadline: float | None = None  # monotonic: the whole response must be in by then
+        self.used_at = time.monotonic()
+        self.busy = False
+
+    def reusable(self) -> bool:
+        """Whether the connection may serve another request now (idle for no longer than its
+        keep-alive; never, for a one-shot connection)."""
+        limit = self.keep_alive_s
+        return limit is not None and time.monotonic() - self.used_at <= limit
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        raw = self.sock.makefile("rb", buffering=0)  # counts as a reference, like http.client's
+        return io.BufferedReader(_DeadlineIO(raw, self))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+class _DeadlineIO(io.RawIOBase):
+    """The socket's reader with the response's deadline: every read waits at most for what is
+    left of it, and none starts after it. http.client reads the head and body through this, and
+    closes it when the answer is complete."""
+
+    def __init__(self, raw: io.RawIOBase, owner: DeadlineSocket) -> None:
+        self._raw = raw
+        self._owner = owner
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        deadline = self._owner.deadline
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the response did not complete within the read budget")
+            self._owner.sock.settimeout(left)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._owner.busy = False
+            self._owner.used_at = time.monotonic()
+        self._raw.close()
+        if self._owner.keep_alive_s is None:
+            self._owner.sock.close()  # one-shot: the answer is in, no idle socket is left
+        super().close()
+
+
+def _connect(conn: HTTPConnection, connect: Callable[[], None], keep_alive_s: float | None) -> None:
+    """`connect` (urllib3's), every failure raised as a urllib3 connect-phase type (nothing was
+    written yet), and the socket wrapped for the read deadline."""
+    try:
+        connect()
+    except ConnectTimeoutError:
+        conn.close()
+        raise
+    except TimeoutError as exc:  # the TLS handshake's
+        conn.close()
+        raise ConnectTimeoutError(conn, f"TLS handshake with {conn.host} timed out") from exc
+    except (OSError, ValueError, Urllib3Error) as exc:
+        conn.close()
+        raise NewConnectionError(conn, f"connection to {conn.host} failed: {exc}") from exc
+    conn.sock = DeadlineSocket(conn.sock, keep_alive_s=keep_alive_s)
+
+
+def _answer_due(conn: HTTPConnection) -> DeadlineSocket | None:
+    """Start the response's deadline: urllib3 has set the connection's timeout to the read
+    budget by the time it asks for the response."""
+    sock = conn.sock
+    if not isinstance(sock, DeadlineSocket):
+        return None
+    sock.busy = True
+    if isinstance(conn.timeout, (int, float)):
+        sock.deadline = time.monotonic() + conn.timeout
+    return sock
+
+
+class Connection(HTTPConnection):
+    """urllib3's HTTP connection with dlock's connect phase, read deadline and reuse limit.
+    Each connection joins the `registry` its pool was given, if any; `reader` is the socket the
+    last response is read from (a stream moves its deadline)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        keep_alive_s: float | None,
+        registry: weakref.WeakSet[Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.keep_alive_s = keep_alive_s
+        self.reader: DeadlineSocket | None = None
+        if registry is not None:
+            registry.add(self)
+
+    def connect(self) -> None:
+        _connect(self, super().connect, self.keep_alive_s)
+
+    def getresponse(self) -> Any:
+        self.reader = _answer_due(self)
+        return super().getresponse()
+
+    @property
+    def is_connected(self) -> bool:
+        sock = self.sock
+        return isinstance(sock, DeadlineSocket) and sock.reusable() and super().is_connected
+
+
+class TLSConnection(HTTPSConnection):
+    """`Connection` for https origins: urllib3's verified TLS connection, the same changes."""
+
+    def __init__(
+        self,
+        *args: Any,
+        keep_alive_s: float | None,
+        registry: weakref.WeakSet[Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.keep_alive_s = keep_alive_s
+        self.reader: DeadlineSocket | None = None
+        if registry is not None:
+            registry.add(self)
+
+    def connect(self) -> None:
+        _connect(self, super().connect, self.keep_alive_s)
+
+    def getresponse(self) -> Any:
+        self.reader = _answer_due(self)
+        return super().getresponse()
+
+    @property
+    def is_connected(self) -> bool:
+        sock = self.sock
+        return isinstance(sock, DeadlineSocket) and sock.reusable() and super().is_connected
+
+
+class Pool(HTTPConnectionPool):
+    """urllib3's pool of dlock's `Connection`s."""
+
+    ConnectionCls = Connection
+
+
+class TLSPool(HTTPSConnectionPool):
+    """urllib3's verified-TLS pool of dlock's `TLSConnection`s."""
+
+    ConnectionCls = TLSConnection
+
+
+def idle_connections(registry: weakref.WeakSet[Any]) -> int:
+    """Connections of a pool's `registry` open and not serving a request right now (for tests
+    and diagnostics; a connection still writing its request counts as idle)."""
+    return sum(
+        1 for conn in list(registry) if isinstance(conn.sock, DeadlineSocket) and not conn.sock.busy
+    )
