@@ -14,10 +14,10 @@ from collections import Counter
 import pytest
 
 from lockserver.backends.pg import PgLockBackend
-from lockserver.etcd_ops import writes
 from lockserver.backends.pg_sql.acquire import ACQUIRE_SQL
 from lockserver.backends.pg_sql.release import RELEASE_SQL
 from lockserver.backends.pg_store import PreparingCursor
+from lockserver.etcd_ops import writes
 from tests.lockserver.test_etcd_tokens_and_outage import backend_on
 
 
