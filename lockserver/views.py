@@ -31,7 +31,7 @@ from dlock.serializers import (
 from dlock.timefmt import rfc3339_ms
 from lockserver import openapi, services
 from lockserver.backends.base import GrantRecord
-from lockserver.ownership import check_owner, record_owner  # issue 15: session ownership
+from lockserver.ownership import check_owner, record_owner  # session ownership
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse

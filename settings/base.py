@@ -324,7 +324,7 @@ def service_name(role: str) -> str:
     return SERVICE_NAMES[role]
 
 
-# Lock server (issue 3; docs/lockserver.md). Both backends read these.
+# Lock server (docs/lockserver.md). Both backends read these.
 # Tokens handed out by this deployment are always > LOCK_TOKEN_FLOOR (checked at start-up).
 LOCK_TOKEN_FLOOR = env_int("LOCK_TOKEN_FLOOR", 0, minimum=0)
 # Expired session records are kept this long so L2 can answer 410 (not 404) for them.
@@ -343,7 +343,7 @@ LOCK_HOUSEKEEPING_MS = env_int("LOCK_HOUSEKEEPING_MS", 1_000, minimum=50)
 # retryAfterMillis of 503 NOT_LEADER when the etcd store is unreachable or has no leader.
 LOCK_NOT_LEADER_RETRY_MS = env_int("LOCK_NOT_LEADER_RETRY_MS", 1_000, minimum=10, maximum=60_000)
 
-# Payment resource (issue 28 item 3; docs/performance.md "The settlement row"). P3 credits
+# Payment resource (CHANGELOG row 75; docs/performance.md "The settlement row"). P3 credits
 # `settlement:<currency>` into one of this many bucket rows, chosen from the payout id, so the
 # posts of one currency do not queue on one row lock held through their commits' fsync; a
 # settlement balance reads as the account row plus its buckets. 1 = one row takes every credit.
@@ -352,7 +352,7 @@ LOCK_NOT_LEADER_RETRY_MS = env_int("LOCK_NOT_LEADER_RETRY_MS", 1_000, minimum=10
 IDEMPOTENCY_RETENTION_DAYS = env_int("IDEMPOTENCY_RETENTION_DAYS", 7, minimum=1)
 PAY_SETTLEMENT_BUCKETS = env_int("PAY_SETTLEMENT_BUCKETS", 8, minimum=1, maximum=256)
 
-# Service URLs for clients of our own hops (executor, revoke_lock, experiment; issue 7).
+# Service URLs for clients of our own hops (executor, revoke_lock, experiment).
 LOCK_SERVER_URL = env_str("LOCK_SERVER_URL", "http://127.0.0.1:8081")
 PAYMENTS_URL = env_str("PAYMENTS_URL", "http://127.0.0.1:8082")
 RAIL_PROXY_URL = env_str("RAIL_PROXY_URL", "http://127.0.0.1:8083")
@@ -379,7 +379,7 @@ ETCD_REQUEST_TIMEOUT_MS = env_int("ETCD_REQUEST_TIMEOUT_MS", 400, minimum=10, ma
 # On etcd, the PostgreSQL backend's last token (lockdb's fencing_token_seq, when present) is a
 # floor too, so a pg → etcd switch keeps tokens increasing even without LOCK_TOKEN_FLOOR.
 LOCK_TOKEN_FLOOR_FROM_PG = env_bool("LOCK_TOKEN_FLOOR_FROM_PG", True)
-# etcd: tokens reserved in lockdb per write (issue 27 item 3). At least half a block is always
+# etcd: tokens reserved in lockdb per write. At least half a block is always
 # reserved ahead, which is how many tokens (etcd revisions) the lock-server can issue while
 # lockdb is unreachable; a switch of backend or cluster skips at most one block.
 LOCK_TOKEN_RESERVE_BLOCK = env_int("LOCK_TOKEN_RESERVE_BLOCK", 10_000, minimum=10)

@@ -78,7 +78,7 @@ worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingTh
 # The rail proxy holds a thread (never a database slot: it hands its connection back first) for
 # the whole forward, and the rail stub sleeps its latency in one: at rail latency L, T threads
 # cap the pipeline at T / L payouts/s (16 threads at 200 ms is 80/s, at 1 s 16/s), so they get
-# 64 (issue 17: one executor process keeps up to 64 payouts in flight). Those threads come back
+# 64 (one executor process keeps up to 64 payouts in flight). Those threads come back
 # from the rail together and each needs a database slot to record what the rail answered: a
 # refusal there ("too many waiting") would leave a submission the rail may have booked
 # RAIL_AMBIGUOUS, so in these two roles every thread has a place in the slot queue (the queue

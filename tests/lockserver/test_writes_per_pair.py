@@ -13,8 +13,10 @@ from collections import Counter
 
 import pytest
 
-from lockserver.backends import pg as pg_backend
 from lockserver.backends.pg import PgLockBackend
+from lockserver.backends.pg_sql.acquire import ACQUIRE_SQL
+from lockserver.backends.pg_sql.release import RELEASE_SQL
+from lockserver.backends.pg_store import PreparingCursor
 from lockserver.etcd_ops import writes
 from tests.lockserver.test_etcd_tokens_and_outage import backend_on
 
@@ -32,19 +34,19 @@ def test_pg_one_statement_per_acquire_and_one_per_release(monkeypatch):
         key = f"k-{uuid.uuid4().hex[:8]}"
         pair(backend, session.session_id, key)  # the token floor, the key's first row
         statements: list[str] = []
-        execute = pg_backend._PreparingCursor.execute
+        execute = PreparingCursor.execute
 
         def counted(self, query, params=None):
             statements.append(query)
             return execute(self, query, params)
 
-        monkeypatch.setattr(pg_backend._PreparingCursor, "execute", counted)
+        monkeypatch.setattr(PreparingCursor, "execute", counted)
         grant = backend.acquire(
             key=key, session_id=session.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
         )
-        assert statements == [pg_backend.sql.ACQUIRE_SQL]
+        assert statements == [ACQUIRE_SQL]
         backend.release(key=key, session_id=session.session_id, token=grant.fencing_token)
-        assert statements == [pg_backend.sql.ACQUIRE_SQL, pg_backend.sql.RELEASE_SQL]
+        assert statements == [ACQUIRE_SQL, RELEASE_SQL]
     finally:
         backend.close()
 
