@@ -9,7 +9,7 @@ import uuid
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port
+from devstack import RoleProcess, free_port, manage
 from devstack.secrets_env import role_environment
 from devstack.tls import ensure_tls
 from tests.conftest import migrated_db
@@ -147,3 +147,27 @@ def test_under_tls_the_proxy_marks_cookies_secure_whatever_the_role_sets(paydb, 
 def test_without_tls_there_is_no_hsts(admin):
     login = requests.get(f"{admin.url}/admin/login/", timeout=30)
     assert login.status_code == 200 and "Strict-Transport-Security" not in login.headers
+
+
+@pytest.mark.parametrize(
+    ("env", "secure"),
+    [
+        ({}, False),
+        ({"DLOCK_TLS": "1"}, True),  # what `make up TLS=1` gives every role
+        ({"DLOCK_TLS": "1", "DLOCK_SECURE_COOKIES": "false"}, False),  # an explicit choice
+        ({"DLOCK_SECURE_COOKIES": "true"}, True),  # k8s
+    ],
+)
+def test_django_sets_secure_cookies_whenever_the_stack_runs_tls(paydb, env, secure):
+    shown = manage(
+        [
+            "shell",
+            "-c",
+            "from django.conf import settings; "
+            "print(settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE)",
+        ],
+        {**role_environment("admin", paydb), "DLOCK_TLS": "", "DLOCK_SECURE_COOKIES": "", **env},
+        role="admin",
+        capture=True,
+    )
+    assert shown.stdout.split()[-2:] == [str(secure), str(secure)]
