@@ -28,7 +28,7 @@ import time
 from types import FrameType
 from typing import IO
 
-from devstack.proxy import NGINX
+from devstack.proxy import NGINX, worker_user
 
 PR_SET_PDEATHSIG = 1
 DRAIN_MARGIN_S = 5.0  # beyond nginx's own worker_shutdown_timeout before it is killed
@@ -50,6 +50,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:  # not glibc: the pod's own stop path still ends both children
         pass
+
+
+def _main_directives() -> str:
+    """nginx in the foreground; started as root, its worker runs as `worker_user()`."""
+    user = worker_user()
+    return "daemon off;" + (f" user {user};" if user else "")
 
 
 class Pod:
@@ -92,7 +98,7 @@ class Pod:
                 "-e",
                 self.args.nginx_log,
                 "-g",
-                "daemon off;",
+                _main_directives(),
             ],
             preexec_fn=_die_with_parent,
         )

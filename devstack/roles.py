@@ -3,7 +3,7 @@ dlock's own code.
 
 Every started role is "a pod" (devstack.pod): gunicorn on a unix socket in the pod's directory
 (no port to race for) and an nginx on the role's public port in front of it (devstack.proxy,
-deploy/nginx/dlock.conf.tmpl), as each server pod in k8s/ runs an nginx sidecar.
+deploy/nginx/), as each server pod in k8s/ runs an nginx sidecar.
 
 A started role can be written down (`record()`: its argv, its whole environment, its port and
 log) and started again from that record, so a restart reproduces exactly what was started.
@@ -152,13 +152,11 @@ class RoleProcess:
             role=self.role,
             listen=f"127.0.0.1:{self.port}",
             upstream=f"unix:{self.socket_path}",
-            prefix=self.pod_dir,
             error_log=str(self.proxy_log),
             env=env,
             metrics_listen=f"127.0.0.1:{metrics}" if metrics else None,
             tls_certificate=self.tls[0] if self.tls else None,
             tls_key=self.tls[1] if self.tls else None,
-            user=proxy.worker_user(),
         )
 
     def start(self, *, wait: bool = True, timeout: float = 60) -> RoleProcess:
@@ -170,7 +168,7 @@ class RoleProcess:
             make_pod_dir(self.pod_dir)
         if not self.started_env or self.inherit_environ:
             self.started_env = self.environment()
-        (self.pod_dir / "nginx.conf").write_text(proxy.render(self.proxy_config(self.started_env)))
+        proxy.fill(self.pod_dir, self.proxy_config(self.started_env))
         self.argv = self.command()
         self.process = subprocess.Popen(
             self.argv,

@@ -154,9 +154,12 @@ SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
-# The admin role's staff login: session + CSRF cookies. Behind TLS set
-# DLOCK_SECURE_COOKIES=true (k8s does) so they never travel in clear text.
-SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DLOCK_SECURE_COOKIES", False)
+# The admin role's staff login: session + CSRF cookies, Secure behind TLS so they never travel
+# in clear text: by default whenever the stack runs TLS (`make up TLS=1` sets DLOCK_TLS=1; k8s
+# sets DLOCK_SECURE_COOKIES=true). The proxy marks them Secure under TLS as well.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool(
+    "DLOCK_SECURE_COOKIES", env_bool("DLOCK_TLS", False)
+)
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Strict"
 SESSION_COOKIE_AGE = 8 * 3600
 # Staff passwords (the admin moves money): Django's four validators, at least 12 characters.
