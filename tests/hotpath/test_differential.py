@@ -317,7 +317,7 @@ LOCK_ROWS: dict[str, Callable[[Arm], requests.Response]] = {
     "release forged proof": lambda a: release(
         a, headers={"X-Fencing-Proof": proof.sign(key="other", token=1)}
     ),
-    "release unknown kid": lambda a: release(a, headers={"X-Fencing-Proof": "v1.zz." + "A" * 43}),
+    "release unknown kid": lambda a: release(a, headers={"X-Fencing-Proof": "v2.zz." + "A" * 86}),
     "release expired grant": expired_release,
     "release missing owner": lambda a: release(a, headers={"X-Owner-Id": None}),
     "release no credential": lambda a: release(a, headers={"Authorization": ""}),

@@ -23,7 +23,7 @@ def _refused(rail, payout, response, reason: str) -> None:
 
 @pytest.mark.parametrize(
     "forged, reason",
-    [(None, "missing"), ("v1.t1." + "B" * 43, "mismatch"), ("v1.t1.B", "malformed")],
+    [(None, "missing"), ("v2.t1." + "B" * 86, "mismatch"), ("v1.t1.B", "malformed")],
 )
 def test_a_forged_max_token_cannot_raise_the_rail_high_water_mark(rail, forged, reason):
     payout = rail.claimed_payout(token=5)
@@ -64,6 +64,6 @@ def test_a_proof_for_another_token_reaches_no_rail(rail):
 
 def test_a_proof_with_an_unknown_kid_reaches_no_rail(rail):
     payout = rail.claimed_payout(token=9)
-    unknown = "v1.retired." + "C" * 43
+    unknown = "v2.retired." + "C" * 86
     response = rail.submit(payout, headers={"X-Fencing-Proof": unknown})
     _refused(rail, payout, response, "unknown_kid")
