@@ -111,8 +111,11 @@ def _dev_keys() -> SigningKeys:
 
 
 def public_keys() -> PublicKeys:
-    """The keys this process verifies with: DLOCK_FENCING_PUBLIC_KEYS, else (the lock server)
-    the public halves of DLOCK_PROOF_KEYS."""
+    """The keys this process verifies with: the public halves of DLOCK_PROOF_KEYS where they
+    are set (the lock server checks its own proofs, whatever a shared ConfigMap says), else
+    DLOCK_FENCING_PUBLIC_KEYS (a verifier), else the development key (DJANGO_DEBUG only)."""
+    if settings.DLOCK_PROOF_KEYS:
+        return _public_of(settings.DLOCK_PROOF_KEYS)
     configured: PublicKeys = settings.DLOCK_FENCING_PUBLIC_KEYS
     if configured:
         return configured

@@ -115,3 +115,19 @@ def test_a_migration_needs_no_keys_and_every_other_command_does(role, settings):
     for command in (None, "check", "runserver", "shell", "revoke_lock"):
         with pytest.raises(ImproperlyConfigured, match="DLOCK_"):
             proof.check_configured(role, command)
+
+
+def test_the_fencing_keys_command_makes_a_key_and_prints_only_its_public_half():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    made = StringIO()
+    call_command("fencing_keys", "--new", "k9", stdout=made)
+    private = made.getvalue().strip()
+    shown = StringIO()
+    call_command("fencing_keys", "--public", private, stdout=shown)
+
+    assert proof.parse_key_ring(private).kids() == ("k9",)
+    assert shown.getvalue().strip() == public_keys_of(private)
+    assert private.partition(":")[2] not in shown.getvalue()

@@ -183,7 +183,9 @@ def test_rotation_signs_with_the_new_key_and_old_proofs_verify_while_the_old_kid
         new_proof = renewed.json()["fencingProof"]
         assert new_proof.startswith("v2.t2.") and new_proof != old["fencingProof"]
         verifier_keys = proof.parse_public_keys(public_keys_of(rotated))
-        with override_settings(DLOCK_FENCING_PUBLIC_KEYS=verifier_keys):
+        with override_settings(
+            DLOCK_PROOF_KEYS=proof.parse_key_ring(""), DLOCK_FENCING_PUBLIC_KEYS=verifier_keys
+        ):
             proof.verify(new_proof, key=key, token=old["fencingToken"])
             proof.verify(old["fencingProof"], key=key, token=old["fencingToken"])
         fresh = lock_server.acquire(key + ".2", lock_server.session()).json()
