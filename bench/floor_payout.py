@@ -46,7 +46,10 @@ from psycopg_pool import ConnectionPool  # noqa: E402
 
 from dlock import idempotency, proof  # noqa: E402
 from dlock.timefmt import rfc3339_ms, utcnow  # noqa: E402
-from payments import fenced_sql as pay_sql  # noqa: E402
+from payments.fenced_sql import claim as claim_sql  # noqa: E402
+from payments.fenced_sql import fences as fences_sql  # noqa: E402
+from payments.fenced_sql import payout as payout_sql  # noqa: E402
+from payments.fenced_sql import post as post_sql  # noqa: E402
 from payments.proofs import ACCOUNT_OF_PAYOUT_SQL  # noqa: E402
 from railproxy import fenced_sql as rail_sql  # noqa: E402
 from railstub import services as stub  # noqa: E402
@@ -107,11 +110,11 @@ def _claim(conn, environ, payout_id: uuid.UUID) -> dict:
         _check_proof(cursor, environ, payout_id, token)
         with conn.transaction():
             idempotency.lock_identity(cursor, operation="claim", key=key, token=token)
-            step = pay_sql.record_or_fence(
+            step = fences_sql.record_or_fence(
                 cursor, operation="claim", payout_id=payout_id, token=token, idempotency_key=key
             )
             assert step.account is not None, "the floor serves fresh, unfenced claims only"
-            check = pay_sql.claim_check(cursor, payout_id=payout_id)
+            check = claim_sql.claim_check(cursor, payout_id=payout_id)
             answer = {
                 "payoutId": str(payout_id),
                 "state": "CLAIMED",
@@ -121,7 +124,7 @@ def _claim(conn, environ, payout_id: uuid.UUID) -> dict:
                 "idempotencyKey": key,
                 "beneficiaryRef": check.beneficiary_ref,
             }
-            assert pay_sql.claim_transition(
+            assert claim_sql.claim_transition(
                 cursor,
                 payout_id=payout_id,
                 expected_state=body["expectedState"],
@@ -149,7 +152,7 @@ def _post(conn, environ, payout_id: uuid.UUID) -> dict:
         _check_proof(cursor, environ, payout_id, token)
         with conn.transaction():
             idempotency.lock_identity(cursor, operation="post", key=key, token=token)
-            step = pay_sql.record_or_fence(
+            step = fences_sql.record_or_fence(
                 cursor, operation="post", payout_id=payout_id, token=token, idempotency_key=key
             )
             assert step.account is not None, "the floor serves fresh posts only"
@@ -164,7 +167,7 @@ def _post(conn, environ, payout_id: uuid.UUID) -> dict:
                 ],
                 "balanceMinor": step.account.balance_minor - amount,
             }
-            posted = pay_sql.post(
+            posted = post_sql.post(
                 cursor,
                 payout_id=payout_id,
                 token=token,
@@ -176,7 +179,7 @@ def _post(conn, environ, payout_id: uuid.UUID) -> dict:
                 idempotency_key=key,
                 request_hash=request_hash,
                 body_json=json.dumps(answer, separators=(",", ":")),
-                settlement_bucket=pay_sql.settlement_bucket(
+                settlement_bucket=post_sql.settlement_bucket(
                     payout_id, buckets=settings.PAY_SETTLEMENT_BUCKETS
                 ),
             )
@@ -227,7 +230,7 @@ def _submit(environ) -> dict:
                 cursor, account_id=account, token=token, payout_id=payout_id
             )
             assert rail_sql.live_submission(cursor, payout_id=payout_id) is None
-            assert pay_sql.transition_payout(
+            assert payout_sql.transition_payout(
                 cursor,
                 payout_id=payout_id,
                 from_states=("CLAIMED",),
@@ -272,7 +275,7 @@ def _submit(environ) -> dict:
             stamped=True,
         )
         assert stamps is not None
-        assert pay_sql.transition_payout(
+        assert payout_sql.transition_payout(
             cursor,
             payout_id=payout_id,
             from_states=("SUBMITTING",),

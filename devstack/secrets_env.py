@@ -30,7 +30,7 @@ SECRET_USERS: dict[str, frozenset[str]] = {
     "DLOCK_CLIENT_KEY": frozenset({"lockserver", "ops"}),
 }
 # `.run/stack.env` is what executors, ops commands and scripts source: the callers' credentials,
-# URLs and database URLs, never the private keys (any holder could mint a proof for any token) nor the
+# URLs and database URLs, never the private keys (any holder could mint any proof) nor the
 # hash list (a server's, rotated with the roles).
 STACK_FILE_OMITS = ("DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS")
 

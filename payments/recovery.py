@@ -29,7 +29,7 @@ from django.db.models.functions import Now
 
 from dlock.dbrouter import alias_for
 from dlock.timefmt import rfc3339_ms
-from payments import fenced_sql
+from payments.fenced_sql import account as account_sql
 from payments.models import (
     AccountKind,
     Payout,
@@ -182,7 +182,7 @@ def _record(
     payout = Payout.objects.using(alias).get(payout_id=recon.payout_id)
     with cursor_on(alias) as cur:
         # The resolve/post lock order: the account row, then the payout row.
-        fenced_sql.lock_account(cur, account_id=payout.account_id)
+        account_sql.lock_account(cur, account_id=payout.account_id)
     payout = Payout.objects.using(alias).select_for_update().get(payout_id=recon.payout_id)
     if payout.state in IN_FLIGHT_STATES:
         raise Refused(

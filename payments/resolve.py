@@ -35,7 +35,8 @@ from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found, validation_error
-from payments import audit, fenced_sql, services
+from payments import audit, services
+from payments.fenced_sql import account as account_sql
 from payments.models import Payout, PayoutEvent, PayoutReconciliation
 from payments.recovery import StatementTransfer, recovered_references
 
@@ -277,7 +278,7 @@ def _lock_quarantined(
     payout = Payout.objects.using(alias).filter(payout_id=payout_id).first()
     if payout is None:
         raise not_found("payout", str(payout_id))
-    fenced_sql.lock_account(cur, account_id=payout.account_id)
+    account_sql.lock_account(cur, account_id=payout.account_id)
     payout = Payout.objects.using(alias).select_for_update().get(payout_id=payout_id)
     recon = (
         PayoutReconciliation.objects.using(alias)

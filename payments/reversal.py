@@ -33,7 +33,9 @@ from django.db.models.functions import Now
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
-from payments import audit, fenced_sql
+from payments import audit
+from payments.fenced_sql import account as account_sql
+from payments.fenced_sql import payout as payout_sql
 from payments.models import (
     Account,
     AccountKind,
@@ -178,7 +180,7 @@ def _reverse(
     if payout is None:
         raise _Refused(f"no payout {payout_id}")
     with connections[alias].cursor() as cur:
-        fenced_sql.lock_account(cur, account_id=payout.account_id)
+        account_sql.lock_account(cur, account_id=payout.account_id)
     payout = Payout.objects.using(alias).select_for_update().get(payout_id=payout_id)
     if payout.state != "POSTED":
         raise _Refused(f"payout {payout_id} is {payout.state}; only a POSTED payout is reversed")
@@ -196,7 +198,7 @@ def _reverse(
     )
     entries = _book(alias, reversal=reversal, account_id=payout.account_id)
     with connections[alias].cursor() as cur:
-        moved = fenced_sql.transition_payout(
+        moved = payout_sql.transition_payout(
             cur,
             payout_id=payout_id,
             from_states=("POSTED",),

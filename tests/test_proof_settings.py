@@ -61,7 +61,9 @@ def test_a_bad_key_set_is_improperly_configured(raw):
         proof.parse_public_keys(raw)
 
 
-def _check(role: str, private: str | None, public: str | None = None) -> subprocess.CompletedProcess:
+def _check(
+    role: str, private: str | None, public: str | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "ROLE": role, "DJANGO_DEBUG": "false"}
     env.pop("DLOCK_PROOF_KEYS", None)
     env.pop("DLOCK_FENCING_PUBLIC_KEYS", None)

@@ -27,11 +27,13 @@ import binascii
 import re
 import secrets
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import requests
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -40,7 +42,7 @@ from dlock.errors import ApiError, Code
 from dlock.headers import parse_token_value
 
 HEADER = "X-Fencing-Proof"
-TOKEN_HEADER = "X-Fencing-Token"
+TOKEN_HEADER = "X-Fencing-Token"  # noqa: S105 - a header name
 VERSION = "v2"
 ALGORITHM = "Ed25519"
 KID_MAX = 32
@@ -130,7 +132,10 @@ class PublicKeys:
             raise KeyFormatError("a fencing-keys document has a list under 'keys'")
         parts = []
         for jwk in keys:
-            if not isinstance(jwk, Mapping) or (jwk.get("kty"), jwk.get("crv")) != ("OKP", ALGORITHM):
+            if not isinstance(jwk, Mapping) or (jwk.get("kty"), jwk.get("crv")) != (
+                "OKP",
+                ALGORITHM,
+            ):
                 raise KeyFormatError("each key must be a JWK with kty OKP and crv Ed25519")
             kid, x = jwk.get("kid"), jwk.get("x")
             if not isinstance(kid, str) or not isinstance(x, str):
@@ -245,25 +250,55 @@ class Verifier:
     holder's repeated calls with one grant cost a dictionary lookup instead of a signature check.
     The memory holds only (key, token, proof) triples that verified, so it can never make a bad
     proof pass.
+
+    `refresh` (e.g. `lambda: fetch_public_keys(url)`) is called when a proof names a kid the
+    keys lack — the lock server rotated — at most once per `min_refresh_s` of `clock`.
     """
 
-    def __init__(self, keys: PublicKeys, *, cache_size: int = 4096) -> None:
+    def __init__(
+        self,
+        keys: PublicKeys,
+        *,
+        cache_size: int = 4096,
+        refresh: Callable[[], PublicKeys] | None = None,
+        min_refresh_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.keys = keys
         self._cache_size = cache_size
         self._verified: OrderedDict[tuple[str, int, str], None] = OrderedDict()
         self._lock = threading.Lock()
+        self._refresh = refresh
+        self._min_refresh_s = min_refresh_s
+        self._clock = clock
+        self._refreshed_at: float | None = None
+
+    def _public(self, kid: str) -> Ed25519PublicKey | None:
+        public = self.keys.get(kid)
+        if public is not None or self._refresh is None:
+            return public
+        with self._lock:
+            now = self._clock()
+            due = self._refreshed_at is None or now - self._refreshed_at >= self._min_refresh_s
+            if due:
+                self._refreshed_at = now
+        if due:
+            fresh = self._refresh()
+            with self._lock:
+                self.keys = fresh
+        return self.keys.get(kid)
 
     def verify(self, raw: str | None, *, key: str, token: int) -> None:
         """Return if `raw` is a proof the lock server issued for exactly (key, token); raise
         InvalidToken (reason missing, malformed, unknown_kid, mismatch) otherwise."""
         kid, signature = split(raw)
-        assert raw is not None  # split refused None  # noqa: S101
+        assert raw is not None  # split refused None
         entry = (key, token, raw)
         with self._lock:
             if entry in self._verified:
                 self._verified.move_to_end(entry)
                 return
-        public = self.keys.get(kid)
+        public = self._public(kid)
         if public is None:
             raise InvalidToken(
                 "unknown_kid", f"{HEADER} was signed with a key this verifier does not hold"
@@ -280,6 +315,27 @@ class Verifier:
                 self._verified.popitem(last=False)
 
 
+def fetch_public_keys(
+    lock_server_url: str, *, timeout: float = 5.0, session: requests.Session | None = None
+) -> PublicKeys:
+    """The lock server's current public keys from `GET /v1/fencing-keys` (no credential; the
+    first of a comma-separated URL list that answers). Raises requests' errors or
+    KeyFormatError; call it at start-up and as a Verifier's `refresh`."""
+    http = session or requests
+    failure: Exception | None = None
+    for url in (part.strip().rstrip("/") for part in lock_server_url.split(",")):
+        if not url:
+            continue
+        try:
+            answer = http.get(f"{url}/v1/fencing-keys", timeout=timeout)
+        except requests.ConnectionError as exc:  # not reached: the next endpoint may answer
+            failure = exc
+            continue
+        answer.raise_for_status()
+        return PublicKeys.from_document(answer.json())
+    raise failure or ValueError("no lock server URL given")
+
+
 def verified_token(headers: Mapping[str, str], *, key: str, verifier: Verifier) -> int:
     """Headers in, token out: X-Fencing-Token (a decimal int64 > 0) and X-Fencing-Proof must
     bind that token to `key`, the lock key of the row or call the request is about to touch.
@@ -293,4 +349,3 @@ def verified_token(headers: Mapping[str, str], *, key: str, verifier: Verifier) 
         raise InvalidToken(reason, exc.message, field=TOKEN_HEADER) from None
     verifier.verify(headers.get(HEADER), key=key, token=token)
     return token
-

@@ -94,7 +94,7 @@ def test_up_on_etcd_then_up_then_a_lockserver_restart_stays_on_etcd(run_dir, sta
     with client.session(5_000) as session, session.lock(key, 3_000) as grant:
         assert _etcd_key_count(etcd_url) > before  # the restarted server's grants live in etcd
     # The stack's proof signing keys: generated once (.run/proof_keys), in the lock server only
-    # and not in stack.env; the verifiers hold the public keys (tests/devstack/test_stack_secrets.py).
+    # and not in stack.env; the verifiers hold public keys (tests/devstack/test_stack_secrets.py).
     ring_value = (run_dir / "proof_keys").read_text().strip()
     assert "DLOCK_PROOF_KEYS" not in read_env(run_dir / "stack.env")
     lockserver_pid = int((run_dir / "pids" / "lockserver.pid").read_text())
