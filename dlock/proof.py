@@ -5,8 +5,8 @@ The format, the key sets and the verifier are the fence kit's (`dlock.fence`); t
 only binds them to the settings of a dlock role:
 
 * `DLOCK_PROOF_KEYS` — the lock server's Ed25519 private keys, `kid:<key>[,kid:<key>…]`, the
-  first signs, every one verifies. Only the lockserver role may hold it: a payment resource
-  or rail proxy started with it refuses to start.
+  first signs, every one verifies. Only the lockserver role holds it (make up, k8s): a payment
+  resource or rail proxy never signs, and in production refuses to start with it.
 * `DLOCK_FENCING_PUBLIC_KEYS` — a verifier's public keys, `kid:<key>[,…]` (what
   `GET /v1/fencing-keys` publishes, in `manage.py fencing_keys`' form). Required by the
   payments and railproxy roles; the lock server derives its own from its private keys.
@@ -73,8 +73,9 @@ def parse_public_keys(raw: str, *, setting: str = "DLOCK_FENCING_PUBLIC_KEYS") -
 
 def check_configured(role: str, command: str | None = None) -> None:
     """Start-up check (dlock.apps): the lock server needs private keys; a verifier needs public
-    keys and must not hold private ones; unless the process only runs one of RING_FREE_COMMANDS
-    (`manage.py <command>`)."""
+    keys, and in production must not hold private ones (elsewhere a harness that hands one
+    environment to every role may leave them: the verifier then never signs, and checks with
+    their public halves); unless the process only runs one of RING_FREE_COMMANDS."""
     if command in RING_FREE_COMMANDS:
         return
     if role in SIGNING_ROLES and not settings.DLOCK_PROOF_KEYS and not settings.DEBUG:
@@ -83,12 +84,12 @@ def check_configured(role: str, command: str | None = None) -> None:
             "manage.py fencing_keys --new <kid> makes one)"
         )
     if role in VERIFYING_ROLES:
-        if settings.DLOCK_PROOF_KEYS:
+        if settings.DLOCK_PROOF_KEYS and settings.DLOCK_ENVIRONMENT == "production":
             raise ImproperlyConfigured(
                 f"DLOCK_PROOF_KEYS is the lock server's private key set; the {role} role "
                 "verifies with DLOCK_FENCING_PUBLIC_KEYS only"
             )
-        if not settings.DLOCK_FENCING_PUBLIC_KEYS and not settings.DEBUG:
+        if not (settings.DLOCK_FENCING_PUBLIC_KEYS or settings.DLOCK_PROOF_KEYS or settings.DEBUG):
             raise ImproperlyConfigured(
                 f"DLOCK_FENCING_PUBLIC_KEYS must be set for the {role} role "
                 "(kid:<Ed25519 public key>[,…], as GET /v1/fencing-keys publishes them)"
@@ -96,7 +97,10 @@ def check_configured(role: str, command: str | None = None) -> None:
 
 
 def signing_keys() -> SigningKeys:
-    """The configured private keys (development: the fixed DEV key, DJANGO_DEBUG only)."""
+    """The configured private keys (development: the fixed DEV key, DJANGO_DEBUG only). A
+    verifying role never signs, whatever its environment holds."""
+    if settings.ROLE in VERIFYING_ROLES:
+        raise ImproperlyConfigured(f"the {settings.ROLE} role verifies proofs; it never signs")
     keys: SigningKeys = settings.DLOCK_PROOF_KEYS
     if keys:
         return keys
@@ -111,15 +115,18 @@ def _dev_keys() -> SigningKeys:
 
 
 def public_keys() -> PublicKeys:
-    """The keys this process verifies with: the public halves of DLOCK_PROOF_KEYS where they
-    are set (the lock server checks its own proofs, whatever a shared ConfigMap says), else
-    DLOCK_FENCING_PUBLIC_KEYS (a verifier), else the development key (DJANGO_DEBUG only)."""
-    if settings.DLOCK_PROOF_KEYS:
-        return _public_of(settings.DLOCK_PROOF_KEYS)
+    """The keys this process verifies with: a verifier's DLOCK_FENCING_PUBLIC_KEYS; the lock
+    server's own (the public halves of DLOCK_PROOF_KEYS, whatever a shared ConfigMap says);
+    else the development key (DJANGO_DEBUG only)."""
     configured: PublicKeys = settings.DLOCK_FENCING_PUBLIC_KEYS
+    own: SigningKeys = settings.DLOCK_PROOF_KEYS
+    if own and (settings.ROLE not in VERIFYING_ROLES or not configured):
+        return _public_of(own)
     if configured:
         return configured
-    return _public_of(signing_keys())
+    if settings.DEBUG:
+        return _public_of(_dev_keys())
+    raise ImproperlyConfigured("DLOCK_FENCING_PUBLIC_KEYS must be set (kid:<public key>[,…])")
 
 
 @lru_cache(maxsize=4)

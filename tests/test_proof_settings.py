@@ -62,9 +62,11 @@ def test_a_bad_key_set_is_improperly_configured(raw):
 
 
 def _check(
-    role: str, private: str | None, public: str | None = None
+    role: str, private: str | None, public: str | None = None, *, production: bool = False
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "ROLE": role, "DJANGO_DEBUG": "false"}
+    if production:
+        env["DLOCK_ENVIRONMENT"] = "production"
     env.pop("DLOCK_PROOF_KEYS", None)
     env.pop("DLOCK_FENCING_PUBLIC_KEYS", None)
     if private is not None:
@@ -86,17 +88,26 @@ def test_the_lock_server_refuses_to_start_without_or_with_bad_private_keys():
 
 
 @pytest.mark.parametrize("role", ["payments", "railproxy"])
-def test_a_verifier_starts_with_public_keys_only_and_refuses_private_ones(role):
+def test_a_verifier_starts_with_public_keys_only_and_in_production_refuses_private_ones(role):
     private = new_proof_keys()
     public = public_keys_of(private)
 
     assert _check(role, None, public).returncode == 0, _check(role, None, public).stderr
+    started = _check(role, None, public, production=True)
+    assert started.returncode == 0, started.stderr
     missing = _check(role, None, None)
     assert missing.returncode != 0 and "DLOCK_FENCING_PUBLIC_KEYS" in missing.stderr
-    holding = _check(role, private, public)
+    holding = _check(role, private, public, production=True)
     assert holding.returncode != 0 and "DLOCK_PROOF_KEYS" in holding.stderr
     bad = _check(role, None, "k1:short")
     assert bad.returncode != 0 and "DLOCK_FENCING_PUBLIC_KEYS" in bad.stderr
+
+
+@pytest.mark.parametrize("role", ["payments", "railproxy"])
+def test_a_verifying_role_never_signs_whatever_its_environment_holds(role, settings):
+    settings.ROLE = role
+    with pytest.raises(ImproperlyConfigured, match="never signs"):
+        proof.sign(key="payout:x", token=7)
 
 
 def test_production_refuses_the_development_key_and_other_roles_need_no_keys():
@@ -117,6 +128,9 @@ def test_a_migration_needs_no_keys_and_every_other_command_does(role, settings):
     for command in (None, "check", "runserver", "shell", "revoke_lock"):
         with pytest.raises(ImproperlyConfigured, match="DLOCK_"):
             proof.check_configured(role, command)
+    settings.DLOCK_FENCING_PUBLIC_KEYS = proof.parse_public_keys(public_keys_of(NEW))
+    if role != "lockserver":
+        proof.check_configured(role, "check")
 
 
 def test_the_fencing_keys_command_makes_a_key_and_prints_only_its_public_half():
