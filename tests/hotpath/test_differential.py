@@ -39,7 +39,7 @@ _MASKS = [
     (re.compile(r'"fencingToken":\d+'), '"fencingToken":"<token>"'),
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
     (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z"), "<time>"),
-    (re.compile(r"v1\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]{43}"), "<proof>"),
+    (re.compile(r"v2\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]{86}"), "<proof>"),
     (re.compile(r"acct-[0-9a-f]{16}"), "<account>"),
     (re.compile(r"ben-[0-9a-f]{12}"), "<beneficiary>"),  # payments.seeding's, per payout
     (re.compile(r"diff\.[0-9a-f]{12}"), "<key>"),
