@@ -285,8 +285,18 @@ class Verifier:
         if due:
             fresh = self._refresh()
             with self._lock:
+                if fresh != self.keys:  # a retired kid's proofs must stop passing
+                    self._verified.clear()
                 self.keys = fresh
         return self.keys.get(kid)
+
+    def remember(self, raw: str, *, key: str, token: int) -> None:
+        """Record a proof known good without checking it: the lock server's own signature,
+        just made with one of this verifier's keys, so its L5/L6 check is a lookup."""
+        with self._lock:
+            self._verified[(key, token, raw)] = None
+            if len(self._verified) > self._cache_size:
+                self._verified.popitem(last=False)
 
     def verify(self, raw: str | None, *, key: str, token: int) -> None:
         """Return if `raw` is a proof the lock server issued for exactly (key, token); raise
@@ -309,10 +319,7 @@ class Verifier:
             raise InvalidToken(
                 "mismatch", f"{HEADER} was not issued for this lock key and token"
             ) from None
-        with self._lock:
-            self._verified[entry] = None
-            if len(self._verified) > self._cache_size:
-                self._verified.popitem(last=False)
+        self.remember(raw, key=key, token=token)
 
 
 def fetch_public_keys(

@@ -157,6 +157,10 @@ def test_a_rotation_reaches_a_verifier_that_refreshes_on_an_unknown_kid():
     with pytest.raises(InvalidToken) as refused:  # a kid nobody has: refreshed at most once
         verifier.verify("v2.nobody." + "A" * 86, key="k", token=3)
     assert refused.value.reason == "unknown_kid" and calls == [0.0]
+    # The refreshed set lacks `old`: its proof, verified (and remembered) before, stops passing.
+    with pytest.raises(InvalidToken) as retired:
+        verifier.verify(old.sign(key="k", token=1), key="k", token=1)
+    assert retired.value.reason == "unknown_kid"
 
 
 def test_the_verifier_is_thread_safe_and_its_memory_is_bounded():
