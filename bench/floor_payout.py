@@ -29,7 +29,6 @@ NOT a server, only what gunicorn + psycopg + the same SQL cost per payout on thi
 
 from __future__ import annotations
 
-import hmac
 import http.client
 import json
 import os
@@ -44,7 +43,8 @@ django.setup()
 from django.conf import settings  # noqa: E402 - after django.setup()
 from psycopg_pool import ConnectionPool  # noqa: E402
 
-from dlock import idempotency, proof  # noqa: E402
+from dlock import idempotency  # noqa: E402
+from dlock.fence.proofs import PublicKeys, Verifier  # noqa: E402
 from dlock.timefmt import rfc3339_ms, utcnow  # noqa: E402
 from payments.fenced_sql import claim as claim_sql  # noqa: E402
 from payments.fenced_sql import fences as fences_sql  # noqa: E402
@@ -68,7 +68,9 @@ _pool = ConnectionPool(
     },
     open=True,
 )
-_RING = proof.parse_key_ring(os.environ["DLOCK_PROOF_KEYS"])
+# The verifiers hold public keys only (decision 25); the kit's verifier, as payments and the
+# rail proxy use it (its memory of verified proofs included).
+_VERIFIER = Verifier(PublicKeys.parse(os.environ.get("DLOCK_FENCING_PUBLIC_KEYS", "")))
 _RAIL = urlsplit(os.environ.get("FLOOR_RAIL_URL", "http://127.0.0.1:1"))
 _JSON = [("Content-Type", "application/json; charset=utf-8")]
 _accounts: dict[uuid.UUID, str] = {}  # payout → account, read once per process (payments.proofs)
@@ -94,8 +96,7 @@ def _check_proof(cursor, environ, payout_id: uuid.UUID, token: int) -> str:
     elif account is None:  # payments.proofs
         cursor.execute(ACCOUNT_OF_PAYOUT_SQL, [payout_id])
         account = _accounts.setdefault(payout_id, cursor.fetchone()[0])
-    expected = proof.sign(key=f"payout:{account}", token=token, ring=_RING)
-    assert hmac.compare_digest(expected, environ["HTTP_X_FENCING_PROOF"]), "proof mismatch"
+    _VERIFIER.verify(environ.get("HTTP_X_FENCING_PROOF"), key=f"payout:{account}", token=token)
     return account
 
 
