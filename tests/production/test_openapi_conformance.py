@@ -178,6 +178,8 @@ def test_every_documented_success_body_is_what_the_services_answer(live_stack):
     )
     assert outcome["revokedToken"] == regrant["fencingToken"]
     call("closeSession", 204, path_parameters={"session_id": sid}, headers=as_owner)
+    published = call("fencingKeys", 200)  # open: the public keys the proofs above verify with
+    assert published["signingKid"] in {k["kid"] for k in published["keys"]}
 
     # payment resource and rail proxy, P1–P5 and the submission, along one payout's life
     seeded = _seed(live_stack)
