@@ -28,6 +28,8 @@ PLANTED = {
     "the executor is HTTP-only": [("executor", "psycopg")],
     "nothing but tooling imports the experiment or the dev stack": [("settings", "experiment")],
     "the kernel imports no app and no settings module": [("dlock", "settings")],
+    "an adopter's example is written against dlock's public APIs only": [("examples", "payments")],
+    "nothing imports the examples": [("ops", "examples")],
 }
 
 
