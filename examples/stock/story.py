@@ -140,8 +140,8 @@ def play(lock_url: str, base: str, database_url: str) -> bool:
         )
     else:
         say(
-            f"UNEXPECTED: the resource is {final} (B {answer_b.status_code}, A "
-            f"{answer_a.status_code}): the stale write was not refused"
+            f"UNEXPECTED: the resource is {final} (forged {answer_forged.status_code}, "
+            f"B {answer_b.status_code}, A {answer_a.status_code}): a write was not refused"
         )
     return changed_once
 
