@@ -14,6 +14,9 @@ Write your row only if the token is the newest it has seen (else FencedOut):
                   owner_id=owner, resource_type="stock", resource_id=sku)
 
 Call a third party at most once per operation, fenced (SideEffectGate.run).
+
+Every FencedOut the kit raises counts `lock_fenced_out_total{resource}` on `fenced_out_counter`
+(a prometheus_client Counter in no registry: register it with yours to export it).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dlock.fence.proofs import (
 )
 from dlock.fence.refusals import FencedOut, fenced_out
 from dlock.fence.sql import NEWER, SAME_GRANT, fence_predicate, fenced_update
+from dlock.metrics import lock_fenced_out as fenced_out_counter
 
 PROOF_HEADER = HEADER
 
@@ -67,6 +71,7 @@ __all__ = [
     "Verifier",
     "fence_predicate",
     "fenced_out",
+    "fenced_out_counter",
     "fenced_update",
     "fetch_public_keys",
     "verified_token",
