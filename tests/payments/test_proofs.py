@@ -154,3 +154,24 @@ def test_a_verifier_holding_only_public_keys_claims_with_the_lock_servers_proof(
         with pytest.raises(ImproperlyConfigured):
             proof.sign(key=proof.payout_key(acct.account_id), token=token)  # nothing to sign with
         assert f.claim(client, p, token, fproof=signed).status_code == 200
+
+
+def test_truncated_other_key_and_lower_token_proofs_claim_nothing_and_the_books_stay(client):
+    acct = f.account(10_000)
+    p = f.payout(acct)
+    before = f.snapshot(p)
+    token = f.next_token()
+    key = proof.payout_key(acct.account_id)
+    genuine = proof.sign(key=key, token=token)
+    impostor = proof.parse_key_ring(new_signing_key("t1")).sign(key=key, token=token)
+    cases = [
+        (genuine[:-1], "malformed"),
+        (genuine[:50], "malformed"),
+        (impostor, "mismatch"),  # the server's kid, another private key
+        (proof.sign(key=key, token=token - 1), "mismatch"),  # a lower token's genuine proof
+    ]
+    for forged, reason in cases:
+        assert _invalid(f.claim(client, p, token, fproof=forged)) == reason
+        assert f.snapshot(p) == before
+    _books_balanced(acct)
+    assert f.claim(client, p, token, fproof=genuine).status_code == 200
