@@ -51,8 +51,9 @@ VERIFYING_ROLES = frozenset({"payments", "railproxy"})
 # The roles that sign or verify proofs: they refuse to start without their key material.
 PROOF_ROLES = SIGNING_ROLES | VERIFYING_ROLES
 # Management commands that sign and verify nothing, so a process running one needs no keys: the
-# migrate Job holds only database credentials (secrets where they are used, docs/security.md).
-RING_FREE_COMMANDS = frozenset({"migrate"})
+# migrate Job holds only database credentials (secrets where they are used, docs/security.md);
+# fencing_keys makes the first key (it refuses by itself what needs keys it was not given).
+RING_FREE_COMMANDS = frozenset({"migrate", "fencing_keys"})
 
 
 def parse_key_ring(raw: str, *, setting: str = "DLOCK_PROOF_KEYS") -> SigningKeys:
