@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dlock.errors import ApiError
@@ -62,7 +63,8 @@ def fenced_view(
     """Verify X-Fencing-Token and X-Fencing-Proof for the lock key `key(request, *args,
     **kwargs)` names, then call the view with `fencing_token=<token>`. A refusal from the check
     (400 INVALID_TOKEN) or from the view (409 FENCED_OUT, or any ApiError) is answered with the
-    C3 envelope; the view's transaction, if ATOMIC_REQUESTS or its own, rolls back with it."""
+    C3 envelope; the view's own transaction rolls back as the exception leaves it, and an
+    enclosing one (ATOMIC_REQUESTS) is marked to roll back."""
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @functools.wraps(view)
@@ -73,6 +75,11 @@ def fenced_view(
                 )
                 return view(request, *args, fencing_token=token, **kwargs)
             except ApiError as error:
+                # Answered, not raised: an enclosing atomic block (ATOMIC_REQUESTS) must still
+                # roll back what the view wrote before it was refused (as DRF's handler does).
+                for connection in connections.all(initialized_only=True):
+                    if connection.in_atomic_block:
+                        connection.set_rollback(True)
                 return error_response(error)
 
         return wrapper

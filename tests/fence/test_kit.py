@@ -12,6 +12,7 @@ import uuid
 
 import psycopg
 import pytest
+from django.db import connection, transaction
 from django.http import JsonResponse
 from django.test import RequestFactory, override_settings
 from psycopg import sql
@@ -404,3 +405,34 @@ def test_the_decorator_hands_the_view_its_token_and_answers_refusals_with_the_c3
     stale = post(4, LOCK_SERVER.sign(key="stock:a", token=4))
     assert stale.status_code == 409 and json.loads(stale.content)["code"] == "FENCED_OUT"
     assert json.loads(stale.content)["details"]["highestToken"] == 5
+
+
+@fenced_view(key=lambda request, sku: f"stock:{sku}")
+def _write_then_refused(request, sku, *, fencing_token):
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO fence_probe VALUES (%s)", [fencing_token])
+    raise FencedOut(
+        presented_token=fencing_token,
+        highest_token=9,
+        resource_type="stock",
+        resource_id=sku,
+        owner_id="w",
+    )
+
+
+@pytest.mark.django_db
+@override_settings(DLOCK_FENCING_PUBLIC_KEYS=PUBLIC.setting_value())
+def test_a_refusal_answered_by_the_decorator_rolls_back_an_enclosing_atomic_request():
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TEMP TABLE fence_probe (token bigint)")
+    request = RequestFactory().post(
+        "/stock/a",
+        HTTP_X_FENCING_TOKEN="6",
+        HTTP_X_FENCING_PROOF=LOCK_SERVER.sign(key="stock:a", token=6),
+    )
+    with transaction.atomic():  # what ATOMIC_REQUESTS wraps a view in
+        answer = _write_then_refused(request, "a")
+    assert answer.status_code == 409
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM fence_probe")
+        assert cursor.fetchone() == (0,)
