@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from devstack.common import PROJECT
+from dlock.fence.proofs import SigningKeys, new_signing_key
 
 
 def run_dir(path: Path | str | None = None) -> Path:
@@ -52,12 +53,17 @@ def write_env(path: Path, env: dict[str, str]) -> None:
 
 
 def new_proof_keys() -> str:
-    """A fresh DLOCK_PROOF_KEYS value: one signing key, named by the day it was made."""
-    return f"k{time.strftime('%Y%m%d', time.gmtime())}:{secrets.token_urlsafe(32)}"
+    """A fresh DLOCK_PROOF_KEYS value: one Ed25519 signing key, named by the day it was made."""
+    return new_signing_key(f"k{time.strftime('%Y%m%d', time.gmtime())}")
+
+
+def public_keys_of(proof_keys_value: str) -> str:
+    """The DLOCK_FENCING_PUBLIC_KEYS value (what verifiers get) for a DLOCK_PROOF_KEYS value."""
+    return SigningKeys.parse(proof_keys_value).public().setting_value()
 
 
 def proof_keys(run: Path) -> str:
-    """The stack's fencing-proof key ring (`.run/proof_keys`), made once like the secret key;
+    """The stack's fencing-proof private keys (`.run/proof_keys`), made once like the secret key;
     an operator may edit the file to rotate (docs/operations.md), then restart the roles."""
     path = run / "proof_keys"
     if not path.exists():

@@ -25,6 +25,7 @@ from typing import Any
 
 from devstack import proxy
 from devstack.common import PROJECT, PYTHON, StackError, ready, wait_until
+from devstack.envfile import public_keys_of
 from devstack.pod import LOG_MAX_BYTES
 from devstack.secrets_env import caller_environment
 
@@ -55,6 +56,18 @@ def make_pod_dir(path: Path) -> Path:
         os.chown(path, 0, grp.getgrnam("nogroup").gr_gid)
         path.chmod(0o750)
     return path
+
+
+def fencing_keys_for(role: str, env: dict[str, str]) -> dict[str, str]:
+    """`env` as `role` may hold it: the fencing-proof private keys (DLOCK_PROOF_KEYS) for the
+    lock server alone; every other role gets the public keys (DLOCK_FENCING_PUBLIC_KEYS),
+    derived from the private ones when a harness hands one environment to every role."""
+    private = env.get("DLOCK_PROOF_KEYS")
+    if not private or role == "lockserver":
+        return env
+    out = {k: v for k, v in env.items() if k != "DLOCK_PROOF_KEYS"}
+    out.setdefault("DLOCK_FENCING_PUBLIC_KEYS", public_keys_of(private))
+    return out
 
 
 @dataclass
@@ -137,8 +150,7 @@ class RoleProcess:
         base = caller_environment() if self.inherit_environ else {}
         assert self.pod_dir is not None
         return {
-            **base,
-            **self.env,
+            **fencing_keys_for(self.role, {**base, **self.env}),
             "ROLE": self.role,
             "PORT": str(self.port),
             "GUNICORN_BIND": f"unix:{self.socket_path}",

@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 
 # Each secret reaches only the roles that use it (docs/security.md "Secrets"), as in k8s: the
-# proof ring signs (lock server) and verifies (payment resource, rail proxy); the credential
+# fencing proofs' private keys sign (the lock server alone; the payment resource and the rail
+# proxy verify with DLOCK_FENCING_PUBLIC_KEYS, which is no secret); the credential
 # hashes are checked by every role but the rail stub, which stands in for a third party and
 # verifies no bearer. The plaintext credentials are the callers' (executor, operator): no
 # server gets them. DJANGO_SECRET_KEY: every Django process (settings refuse to start without).
 SECRET_USERS: dict[str, frozenset[str]] = {
-    "DLOCK_PROOF_KEYS": frozenset({"lockserver", "payments", "railproxy"}),
+    "DLOCK_PROOF_KEYS": frozenset({"lockserver"}),
     "DLOCK_CREDENTIALS": frozenset({"lockserver", "payments", "railproxy"}),
     "DLOCK_EXECUTOR_CREDENTIAL": frozenset({"executor", "ops"}),
     "DLOCK_OPERATOR_CREDENTIAL": frozenset({"ops"}),
@@ -29,7 +30,7 @@ SECRET_USERS: dict[str, frozenset[str]] = {
     "DLOCK_CLIENT_KEY": frozenset({"lockserver", "ops"}),
 }
 # `.run/stack.env` is what executors, ops commands and scripts source: the callers' credentials,
-# URLs and database URLs, never the ring (any holder could mint a proof for any token) nor the
+# URLs and database URLs, never the private keys (any holder could mint any proof) nor the
 # hash list (a server's, rotated with the roles).
 STACK_FILE_OMITS = ("DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS")
 

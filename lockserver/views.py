@@ -121,6 +121,23 @@ def grant_body(grant: GrantRecord) -> dict:
     }
 
 
+# How long a verifier may use a copy of GET /v1/fencing-keys: a rotation publishes the new key
+# at least this long before it signs (docs/operations.md "Fencing-proof keys").
+FENCING_KEYS_MAX_AGE_S = 300
+
+
+class FencingKeysView(APIView):
+    """GET /v1/fencing-keys: the public keys proofs are checked with (open; decision 25)."""
+
+    @openapi.fencing_keys
+    def get(self, request: Request) -> Response:
+        keys = proof.signing_keys()
+        body = keys.public().document(signing_kid=keys.signing_kid)
+        return Response(
+            body, headers={"Cache-Control": f"public, max-age={FENCING_KEYS_MAX_AGE_S}"}
+        )
+
+
 class OpenSessionInput(StrictSerializer):
     ownerId = StrictCharField(required=False, allow_blank=True, trim_whitespace=False)
     ttlMillis = StrictIntegerField(required=False, min_value=TTL_MIN_MS, max_value=TTL_MAX_MS)

@@ -23,7 +23,7 @@ from dlock.errors import ApiError, Code
 from dlock.logs import log_event
 from dlock.prepared import prepared_cursor
 from dlock.timefmt import rfc3339_ms
-from payments.fenced_sql import transition_payout
+from payments.fenced_sql.payout import transition_payout
 from railproxy import fenced_sql
 from railproxy.models import Outcome
 from railproxy.submission import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from dlock.proof import DEV_PROOF_KEYS, parse_key_ring
+from dlock.proof import DEV_KID, parse_key_ring, parse_public_keys
 from dlock.roles import SERVICE_NAMES
 from settings.env import env_bool, env_credentials, env_database, env_int, env_str
 
@@ -30,13 +30,16 @@ else:
             "(or set DJANGO_DEBUG=true for development)"
         )
 
-# Fencing proofs (ARCHITECTURE decision 15, docs/security.md): `kid:secret[,kid:secret…]`, the
-# first signs, every one verifies. Required by lockserver, payments and railproxy (dlock.apps).
-DLOCK_PROOF_KEYS = parse_key_ring(env_str("DLOCK_PROOF_KEYS", DEV_PROOF_KEYS if DEBUG else ""))
-if not DEBUG and any(
-    secret == DEV_PROOF_KEYS.partition(":")[2].encode() for _, secret in DLOCK_PROOF_KEYS
+# Fencing proofs (ARCHITECTURE decision 25, docs/security.md): Ed25519. The lock server signs
+# with DLOCK_PROOF_KEYS (`kid:<private key>[,…]`, the first signs); payments and railproxy verify
+# with DLOCK_FENCING_PUBLIC_KEYS (`kid:<public key>[,…]`) and refuse private keys (dlock.apps).
+# Neither set: the fixed development key, with DJANGO_DEBUG=true only.
+DLOCK_PROOF_KEYS = parse_key_ring(env_str("DLOCK_PROOF_KEYS", ""))
+DLOCK_FENCING_PUBLIC_KEYS = parse_public_keys(env_str("DLOCK_FENCING_PUBLIC_KEYS", ""))
+if not DEBUG and (
+    DEV_KID in DLOCK_PROOF_KEYS.kids() or DEV_KID in DLOCK_FENCING_PUBLIC_KEYS.kids()
 ):
-    raise ImproperlyConfigured("DLOCK_PROOF_KEYS holds the development key; generate real ones")
+    raise ImproperlyConfigured("the fencing keys hold the development key; generate real ones")
 
 ALLOWED_HOSTS = [
     h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")

@@ -93,13 +93,15 @@ def test_up_on_etcd_then_up_then_a_lockserver_restart_stays_on_etcd(run_dir, sta
     key = f"payout:acct-{uuid.uuid4().hex}"
     with client.session(5_000) as session, session.lock(key, 3_000) as grant:
         assert _etcd_key_count(etcd_url) > before  # the restarted server's grants live in etcd
-    # The stack's proof key ring: generated once (.run/proof_keys), in the three roles that use
-    # it and not in stack.env (tests/devstack/test_stack_secrets.py).
+    # The stack's proof signing keys: generated once (.run/proof_keys), in the lock server only
+    # and not in stack.env; the verifiers hold public keys (tests/devstack/test_stack_secrets.py).
     ring_value = (run_dir / "proof_keys").read_text().strip()
     assert "DLOCK_PROOF_KEYS" not in read_env(run_dir / "stack.env")
-    for role in ("lockserver", "payments", "railproxy"):
+    lockserver_pid = int((run_dir / "pids" / "lockserver.pid").read_text())
+    assert _process_env(lockserver_pid)["DLOCK_PROOF_KEYS"] == ring_value
+    for role in ("payments", "railproxy"):
         role_pid = int((run_dir / "pids" / f"{role}.pid").read_text())
-        assert _process_env(role_pid)["DLOCK_PROOF_KEYS"] == ring_value, role
+        assert "DLOCK_PROOF_KEYS" not in _process_env(role_pid), role
     ring = proof.parse_key_ring(ring_value)
     assert grant.proof == proof.sign(key=key, token=grant.token, ring=ring)
     # the admin role: its own pod on ADMIN_URL, with neither the ring nor the credential hashes

@@ -39,7 +39,7 @@ _MASKS = [
     (re.compile(r'"fencingToken":\d+'), '"fencingToken":"<token>"'),
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
     (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z"), "<time>"),
-    (re.compile(r"v1\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]{43}"), "<proof>"),
+    (re.compile(r"v2\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]{86}"), "<proof>"),
     (re.compile(r"acct-[0-9a-f]{16}"), "<account>"),
     (re.compile(r"ben-[0-9a-f]{12}"), "<beneficiary>"),  # payments.seeding's, per payout
     (re.compile(r"diff\.[0-9a-f]{12}"), "<key>"),
@@ -317,7 +317,7 @@ LOCK_ROWS: dict[str, Callable[[Arm], requests.Response]] = {
     "release forged proof": lambda a: release(
         a, headers={"X-Fencing-Proof": proof.sign(key="other", token=1)}
     ),
-    "release unknown kid": lambda a: release(a, headers={"X-Fencing-Proof": "v1.zz." + "A" * 43}),
+    "release unknown kid": lambda a: release(a, headers={"X-Fencing-Proof": "v2.zz." + "A" * 86}),
     "release expired grant": expired_release,
     "release missing owner": lambda a: release(a, headers={"X-Owner-Id": None}),
     "release no credential": lambda a: release(a, headers={"Authorization": ""}),

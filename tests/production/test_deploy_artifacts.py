@@ -819,11 +819,13 @@ def test_the_docs_state_the_minimum_kubectl_and_kustomize_versions():
     assert re.search(r"kustomize\s*(>=|≥)\s*v?4\.5\.7", docs)
 
 
-PROOF_ROLES = {"lock-server", "payment-resource", "rail-proxy"}
+VERIFYING_ROLES = {"payment-resource", "rail-proxy"}
 
 
-def test_only_the_roles_that_sign_or_verify_proofs_mount_the_proof_key_ring():
+def test_only_the_lock_server_mounts_private_keys_and_the_verifiers_get_public_ones():
     assert "DLOCK_PROOF_KEYS" in named("Secret", "dlock-secrets")["stringData"]
+    assert "DLOCK_FENCING_PUBLIC_KEYS" not in named("Secret", "dlock-secrets")["stringData"]
+    assert "DLOCK_FENCING_PUBLIC_KEYS" in named("ConfigMap", "dlock-fencing-keys")["data"]
     for workload in WORKLOADS:
         for container in pod_template(workload)["spec"]["containers"]:
             env = env_of(container)
@@ -831,11 +833,15 @@ def test_only_the_roles_that_sign_or_verify_proofs_mount_the_proof_key_ring():
             if container["name"] == "proxy":  # the nginx sidecar: its config's values only
                 assert all(n.startswith(("EDGE_", "NGINX_")) for n in env), name
                 assert all(set(e) == {"name", "value"} for e in env.values()), name
-            elif name in PROOF_ROLES:
+                continue
+            if name == "lock-server":
                 ref = env["DLOCK_PROOF_KEYS"]["valueFrom"]["secretKeyRef"]
                 assert ref == {"name": "dlock-secrets", "key": "DLOCK_PROOF_KEYS"}, name
             else:
                 assert "DLOCK_PROOF_KEYS" not in env, name
+            if name in VERIFYING_ROLES:
+                ref = env["DLOCK_FENCING_PUBLIC_KEYS"]["valueFrom"]["configMapKeyRef"]
+                assert ref == {"name": "dlock-fencing-keys", "key": "DLOCK_FENCING_PUBLIC_KEYS"}
 
 
 REPAIR_JOB = PROJECT / "k8s" / "operator" / "repair-fence" / "job.yaml"

@@ -35,7 +35,7 @@ import yaml
 
 from devstack import PROJECT, RoleProcess, free_port
 from devstack.common import URL_ENV
-from devstack.envfile import new_proof_keys
+from devstack.envfile import new_proof_keys, public_keys_of
 from devstack.proxy import ProxyConfig
 from devstack.secrets_env import role_environment
 from dlock.roles import SERVICE_NAMES
@@ -61,6 +61,8 @@ POD_SECURITY = [
     "--security-opt",
     "no-new-privileges",
 ]
+
+PROOF_KEYS = new_proof_keys()
 
 
 def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -273,7 +275,8 @@ def ports() -> dict[str, tuple[int, int]]:
 def stack_env(ports) -> dict[str, str]:
     return {
         "DJANGO_SECRET_KEY": os.urandom(32).hex(),
-        "DLOCK_PROOF_KEYS": new_proof_keys(),  # production refuses the development ring
+        "DLOCK_PROOF_KEYS": PROOF_KEYS,  # production refuses the development key
+        "DLOCK_FENCING_PUBLIC_KEYS": public_keys_of(PROOF_KEYS),  # the verifiers'
         "LOCK_BACKEND": "pg",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
