@@ -26,7 +26,10 @@ import requests
 
 from bench import credentials
 from bench.proc import tree_cpu_seconds
-from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
+from devstack.common import free_port
+from devstack.etcd import EtcdServer
+from devstack.postgres import PgCluster
+from devstack.roles import RoleProcess, manage
 
 DURATION_S = float(os.environ.get("BENCH_LOCK_ETCD_SECONDS", "5"))
 WARMUP_S = 0.5
@@ -163,7 +166,7 @@ def _direct_pair_factory(backend) -> Callable[[int], Callable[[], None]]:
     return make
 
 
-def _etcd_version(url: str) -> str:
+def etcd_version(url: str) -> str:
     try:
         return requests.get(f"{url}/version", timeout=2).json().get("etcdserver", "?")
     except requests.RequestException:
@@ -233,7 +236,7 @@ def run(
         result = {
             "name": "lock_etcd",
             "backend": "etcd",
-            "etcd_version": _etcd_version(etcd.url),
+            "etcd_version": etcd_version(etcd.url),
             "seconds_per_level": seconds,
             "workload": "per client: one session, loop acquire+release on its own key",
             "direct": "the same etcd transactions from an in-process EtcdLockBackend, no HTTP",

@@ -44,7 +44,10 @@ from prometheus_client import CollectorRegistry
 
 from bench import credentials
 from bench.rounds import rotated
-from devstack import EtcdServer, PgCluster, free_port, manage
+from devstack.common import free_port
+from devstack.etcd import EtcdServer
+from devstack.postgres import PgCluster
+from devstack.roles import manage
 
 PAIRS = int(os.environ.get("BENCH_LOCKPATH_PAIRS", "2000"))
 ARM_ROUNDS = int(os.environ.get("BENCH_LOCKPATH_ROUNDS", "8"))

@@ -35,7 +35,9 @@ from pathlib import Path
 
 from bench import credentials
 from bench.proc import cpu_seconds
-from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
+from devstack.common import PROJECT, free_port
+from devstack.postgres import PgCluster
+from devstack.roles import RoleProcess, manage
 from lockserver.backends.pg_sql import acquire as acquire_sql
 from lockserver.backends.pg_sql import release as release_sql
 from lockserver.backends.pg_sql import sessions as sessions_sql

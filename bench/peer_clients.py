@@ -25,7 +25,7 @@ LEASE_TTL_S = 60
 KEEPALIVE_S = 15.0
 
 
-class _Http:
+class Http:
     """One keep-alive HTTP/1.1 connection (stdlib), JSON in and out. Between rounds a client sits
     idle while the other arms run; a connection idle longer than IDLE_REOPEN_S (below gunicorn's
     5 s keep-alive) is replaced before the next request instead of being written into after the
@@ -68,7 +68,7 @@ class _Http:
 
 class DlockClient:
     def __init__(self, base_url: str, key: str, index: int, hot: bool) -> None:
-        self.http = _Http(base_url)
+        self.http = Http(base_url)
         self.key, self.hot = key, hot
         self.owner = f"peer-{index}-{uuid.uuid4().hex[:6]}"
         self.headers = {"X-Owner-Id": self.owner, **credentials.headers()}
@@ -148,7 +148,7 @@ class EtcdLockClient:
     """etcd's lock API through the JSON gateway, bound to this client's own lease."""
 
     def __init__(self, etcd_url: str, key: str, keepalive: EtcdKeepalive) -> None:
-        self.http = _Http(etcd_url)
+        self.http = Http(etcd_url)
         status, body = self.http.call("POST", "/v3/lease/grant", {"TTL": LEASE_TTL_S})
         if status != 200 or "ID" not in body:
             raise RuntimeError(f"lease grant {status} {body}")
@@ -272,7 +272,7 @@ class EtcdKeepalive:
         self.leases.discard(lease)
 
     def _loop(self) -> None:
-        conn = _Http(self.url)
+        conn = Http(self.url)
         while not self._stop.wait(KEEPALIVE_S):
             for lease in list(self.leases):
                 try:
@@ -284,7 +284,7 @@ class EtcdKeepalive:
                 except (OSError, http.client.HTTPException):
                     self.failed += 1
                     conn.close()
-                    conn = _Http(self.url)
+                    conn = Http(self.url)
         conn.close()
 
     def stop(self) -> None:
@@ -315,8 +315,8 @@ class ZkLockClient:
         self.zk.close()
 
 
-def _etcd_version(url: str) -> str:
-    conn = _Http(url)
+def etcd_version(url: str) -> str:
+    conn = Http(url)
     try:
         status, body = conn.call("GET", "/version")
         return str(body.get("etcdserver", "?")) if status == 200 else "?"

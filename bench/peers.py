@@ -77,23 +77,17 @@ from pathlib import Path
 
 from bench import credentials
 from bench.peer_clients import (
-    HOT_WAIT_MS,
-    KEEPALIVE_S,
-    LEASE_TTL_S,
     DlockClient,
     EtcdGrpcLockClient,
     EtcdKeepalive,
     EtcdLockClient,
     EtcdRecipeClient,
     ZkLockClient,
-    _etcd_version,
-    _Http,
+    etcd_version,
+    Http,
 )
 from bench.peer_rounds import (
-    PEERS,
-    WARMUP_S,
     TokenLog,
-    TokenOrderError,
     assert_tokens_increase,
     check_tokens,
     drive,
@@ -104,30 +98,12 @@ from bench.rounds import median, rotated
 from bench.zookeeper import ZooKeeperServer
 from bench.zookeeper import version as zk_version
 from bench.zookeeper import write_count as zk_write_count
-from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
+from devstack.common import free_port
+from devstack.etcd import EtcdServer
+from devstack.postgres import PgCluster
+from devstack.roles import RoleProcess, manage
 
-__all__ = [
-    "ARMS",
-    "HOT_WAIT_MS",
-    "KEEPALIVE_S",
-    "LEASE_TTL_S",
-    "PEERS",
-    "POINTS",
-    "ROUNDS",
-    "ROUND_S",
-    "WARMUP_S",
-    "DlockClient",
-    "EtcdKeepalive",
-    "EtcdLockClient",
-    "TokenLog",
-    "TokenOrderError",
-    "ZkLockClient",
-    "assert_tokens_increase",
-    "check_tokens",
-    "drive",
-    "ratios",
-    "run",
-]
+__all__ = ["ARMS", "POINTS", "ROUNDS", "ROUND_S", "run"]
 
 
 ROUNDS = int(os.environ.get("BENCH_PEERS_ROUNDS", "3"))
@@ -246,7 +222,7 @@ class _Stack:
         return int(found.group()) if found else None
 
     def _etcd_metrics(self) -> str:
-        conn = _Http(self.etcd.url)
+        conn = Http(self.etcd.url)
         try:
             conn.conn.request("GET", "/metrics")
             return conn.conn.getresponse().read().decode()
@@ -405,7 +381,7 @@ def run(
             )
         versions = {
             "postgres": stack.pg.psql("SHOW server_version").split("'")[1],
-            "etcd": _etcd_version(stack.etcd.url),
+            "etcd": etcd_version(stack.etcd.url),
             "zookeeper": zk_version(stack.zk.port),
         }
     finally:

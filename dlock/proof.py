@@ -29,7 +29,6 @@ from django.http import HttpRequest
 
 from dlock.errors import not_found
 from dlock.fence.proofs import (
-    HEADER,
     PublicKeys,
     SigningKeys,
     Verifier,
@@ -201,7 +200,6 @@ def require_for_payout(
 
 __all__ = [
     "DEV_PROOF_KEYS",
-    "HEADER",
     "PROOF_ROLES",
     "RING_FREE_COMMANDS",
     "check_configured",

@@ -28,21 +28,13 @@ from payments.fenced_sql import ledger as ledger_sql
 from payments.fenced_sql import payout as payout_sql
 from payments.fenced_sql import post as post_sql
 from payments.models import CLAIMABLE_STATES, RESOLUTION_STATES, AccountKind, Payout
-from payments.seeding import create_account, create_payout, funding_account_id, seed
 
-# Seeding lives in payments/seeding.py; these names stay importable from here for its callers.
 __all__ = [
-    "CLAIMABLE_STATES",
-    "CommandResult",
     "claim_payout",
     "claim_steps",
-    "create_account",
-    "create_payout",
-    "funding_account_id",
     "post_payout",
     "post_steps",
     "resolve_quarantined",
-    "seed",
     "settlement_account_id",
 ]
 

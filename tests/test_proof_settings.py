@@ -12,7 +12,7 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 from devstack.envfile import new_proof_keys, public_keys_of
 from dlock import proof
 from dlock.fence.proofs import InvalidToken, Verifier, new_signing_key

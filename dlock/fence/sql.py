@@ -20,7 +20,7 @@ from typing import Any
 
 from psycopg import sql
 
-from dlock.fence.refusals import FencedOut, fenced_out
+from dlock.fence.refusals import fenced_out
 
 NEWER = "<"  # a write under a newer grant: strictly greater than any token seen
 SAME_GRANT = "<="  # a later step of the grant that already holds the row (claim, then post)
@@ -120,4 +120,4 @@ def fenced_update(
     )
 
 
-__all__ = ["NEWER", "SAME_GRANT", "FencedOut", "fence_predicate", "fenced_update"]
+__all__ = ["NEWER", "SAME_GRANT", "fence_predicate", "fenced_update"]

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from devstack import PROJECT, free_port, write_env
+from devstack.common import PROJECT, free_port
+from devstack.envfile import write_env
 
 pytestmark = [pytest.mark.live]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devstack import RoleProcess
+from devstack.roles import RoleProcess
 from devstack.secrets_env import caller_environment, role_environment
 
 SHELL = {

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 from tests.conftest import migrated_db
 
 pytestmark = [pytest.mark.live]

@@ -8,8 +8,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from devstack import write_env
-from devstack.envfile import read_env
+from devstack.envfile import read_env, write_env
 from devstack.secrets_env import stack_file_env
 
 CA = "/tmp/dlock run/tls/ca.crt"

@@ -13,16 +13,10 @@ import psycopg
 import pytest
 import requests
 
-from devstack import (
-    DB_URL_ENV,
-    PROJECT,
-    TopologyMismatch,
-    clean,
-    port_open,
-    read_env,
-    state_root,
-    up,
-)
+from devstack.common import DB_URL_ENV, PROJECT, port_open
+from devstack.envfile import read_env
+from devstack.postgres import state_root
+from devstack.stack import TopologyMismatch, clean, up
 from dlock import proof
 from dlock.client import LockClient
 from experiment.stack import from_stack_env
@@ -162,7 +156,9 @@ def test_clean_removes_a_cluster_kept_in_the_run_directory_as_a_non_root_up_keep
     import tempfile
     from pathlib import Path
 
-    from devstack import PgCluster, free_port, write_env
+    from devstack.common import free_port
+    from devstack.envfile import write_env
+    from devstack.postgres import PgCluster
 
     run = Path(tempfile.mkdtemp(prefix="dlock-nonroot-")) / "run"
     run.mkdir(parents=True)

@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from devstack import up
 from devstack.envfile import new_proof_keys, public_keys_of, read_env
 from devstack.secrets_env import SECRET_USERS, role_environment, stack_file_env
+from devstack.stack import up
 from dlock.auth import credentials_entry
 
 SERVERS_THAT_VERIFY = {"lockserver", "payments", "railproxy"}

@@ -8,8 +8,8 @@ import psycopg
 import pytest
 import requests
 
-from devstack import up
 from devstack.envfile import read_env
+from devstack.stack import up
 from tests.devstack.test_stack_env_file import sourced
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from bench import peers
+from bench.peer_rounds import TokenOrderError
 from bench.zookeeper import ZooKeeperServer
-from devstack import free_port
+from devstack.common import free_port
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_the_zookeeper_arm_token_check_catches_a_token_that_does_not_increase(zo
     assert report["zookeeper"] == {"keys": 1, "grants": 4, "violations": []}
 
     log.record("zookeeper", "tokens.k1", grants[-1])  # a grant that does not exceed the last one
-    with pytest.raises(peers.TokenOrderError, match="tokens.k1"):
+    with pytest.raises(TokenOrderError, match="tokens.k1"):
         peers.assert_tokens_increase(log.by_key)
     violations = peers.check_tokens(log.by_key)["zookeeper"]["violations"]
     assert violations == [

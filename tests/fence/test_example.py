@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from devstack import PROJECT, free_port
+from devstack.common import PROJECT, free_port
 
 pytestmark = [pytest.mark.live]
 

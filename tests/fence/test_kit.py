@@ -17,7 +17,7 @@ from django.http import JsonResponse
 from django.test import RequestFactory, override_settings
 from psycopg import sql
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 from dlock.fence import (
     GATE_SCHEMA_SQL,
     Ambiguous,

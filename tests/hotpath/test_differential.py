@@ -23,7 +23,8 @@ import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, stop_all
+from devstack.common import free_port
+from devstack.roles import RoleProcess, stop_all
 from dlock import proof
 from tests import credentials
 from tests.rail.conftest import stub_config_statement

@@ -14,7 +14,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from devstack import free_port
+from devstack.common import free_port
 from lockserver import etcd_client
 from lockserver.etcd_client import EtcdClient, EtcdUnavailable
 from lockserver.etcd_ops import compare, get, put

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from devstack import free_port
+from devstack.common import free_port
 from tests.lockserver.conftest import new_key, start_lock_server
 from tests.loopback import LoopbackServer
 

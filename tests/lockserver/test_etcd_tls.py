@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from devstack import EtcdServer, free_port
+from devstack.common import free_port
+from devstack.etcd import EtcdServer
 from devstack.tls import ensure_tls
 from dlock.http import close_pools
 from lockserver.etcd_client import EtcdClient, EtcdUnavailable

@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from devstack import EtcdServer, free_port, wait_until
+from devstack.common import free_port, wait_until
+from devstack.etcd import EtcdServer
 from dlock.errors import ApiError, Code
 from lockserver.backends.etcd.backend import EtcdLockBackend
 from lockserver.backends.etcd.tokens import TokenFloorError

@@ -13,7 +13,7 @@ import uuid
 import pytest
 import requests
 
-from devstack import free_port
+from devstack.common import free_port
 from lockserver.etcd_client import EtcdClient, EtcdUnavailable
 from lockserver.etcd_ops import delete, put
 from tests.conftest import fresh_etcd

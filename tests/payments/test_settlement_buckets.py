@@ -14,7 +14,7 @@ import pytest
 from django.contrib.admin.utils import quote
 from django.urls import reverse
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 from payments import services
 from payments.fenced_sql import post as post_sql
 from payments.models import Account, LedgerEntry, Payout, SettlementBucket

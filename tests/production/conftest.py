@@ -13,7 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from devstack import RoleProcess, free_port, manage
+from devstack.common import free_port
+from devstack.roles import RoleProcess, manage
 from tests.conftest import _create_db, migrated_db
 from tests.production.probe_urls import SCHEMA
 

@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from devstack import manage, write_env
+from devstack.envfile import write_env
+from devstack.roles import manage
 from devstack.secrets_env import role_environment, stack_file_env
 from tests.production import test_admin_role
 from tests.production.test_admin_role import (

@@ -21,8 +21,9 @@ from collections.abc import Callable
 import pytest
 import requests
 
-from devstack import free_port, manage
+from devstack.common import free_port
 from devstack.postgres import PgCluster, private_datadir
+from devstack.roles import manage
 from tests.conftest import LiveStack, start_stack, stop_stack
 from tests.production.test_admin_role import csrf_session, log_in, make_staff
 from tests.rail.conftest import Rail

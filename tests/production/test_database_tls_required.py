@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 
 URL = "postgres://dlock@paydb.internal:5432/paydb"
 

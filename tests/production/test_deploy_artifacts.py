@@ -15,7 +15,7 @@ import pytest
 import yaml
 from django.urls import Resolver404, resolve
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 from dlock import lifecycle
 from dlock.budgets import BUDGETS, RAIL_READ_TIMEOUT_S
 from dlock.roles import ROLES

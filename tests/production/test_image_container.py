@@ -33,10 +33,10 @@ import pytest
 import requests
 import yaml
 
-from devstack import PROJECT, RoleProcess, free_port
-from devstack.common import URL_ENV
+from devstack.common import PROJECT, URL_ENV, free_port
 from devstack.envfile import new_proof_keys, public_keys_of
 from devstack.proxy import ProxyConfig
+from devstack.roles import RoleProcess
 from devstack.secrets_env import role_environment
 from dlock.roles import SERVICE_NAMES
 from tests import credentials

@@ -28,9 +28,9 @@ import psycopg
 import pytest
 import requests
 
-from devstack import PROJECT, RoleProcess, free_port, stop_all
-from devstack.common import URL_ENV
+from devstack.common import PROJECT, URL_ENV, free_port
 from devstack.envfile import new_proof_keys, public_keys_of
+from devstack.roles import RoleProcess, stop_all
 from devstack.secrets_env import role_environment
 from tests import credentials
 from tests.conftest import create_live_databases

@@ -23,7 +23,8 @@ import uuid
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 from devstack.tls import ensure_tls
 from tests import credentials
 from tests.conftest import migrated_db

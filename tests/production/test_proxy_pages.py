@@ -9,7 +9,8 @@ import uuid
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, manage
+from devstack.common import free_port
+from devstack.roles import RoleProcess, manage
 from devstack.secrets_env import role_environment
 from devstack.tls import ensure_tls
 from tests.conftest import migrated_db
