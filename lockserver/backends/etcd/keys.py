@@ -13,7 +13,8 @@ Layout under settings.ETCD_PREFIX (default `dlock/`); lock keys match [a-zA-Z0-9
   held/{sid}/{key}    index of a session's grants (same lease, same txn as the grant)
   seen/{key}          the key was granted at least once (L7 answers 404 otherwise): written
                       by the first grant of the key only (a nested txn guarded by
-                      CREATE == 0), never again
+                      CREATE == 0), never again; left out of the create txn of a key this
+                      process has seen granted (SeenKeys)
   glease/{id}         marks lease {id} as a grant lease of this backend: put with the first
                       grant on the lease, on the lease, never deleted by anything but the
                       lease's end, so its deletion (watched by every replica: one event per
