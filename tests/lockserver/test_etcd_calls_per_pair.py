@@ -13,7 +13,7 @@ import pytest
 
 from lockserver.backends.etcd import leases
 from lockserver.backends.etcd.common import LEASE_SLACK_S
-from lockserver.etcd_ops import writes
+from lockserver.etcd_ops import put, writes
 from tests.lockserver.test_etcd_tokens_and_outage import backend_on
 
 pytestmark = [pytest.mark.etcd]
@@ -170,66 +170,105 @@ def test_a_kept_lease_revoked_behind_the_servers_back_is_replaced_not_an_error(
 
 def _store_work(requests) -> Counter[str]:
     """Keys written (puts, deletes: a prefix delete counts as one) and compares, over the
-    write transactions sent, nested transactions included only where their compares held."""
+    write transactions sent; a nested transaction's compares count, its writes only where
+    they ran (`ran`: the nested ops etcd answered with a TxnResponse that succeeded)."""
     work: Counter[str] = Counter()
-    for request in requests:
+    for request, answer in requests:
         work["compares"] += len(request.compare)
-        for op in request.success:
+        for op, response in zip(request.success, answer.responses, strict=True):
             kind = op.WhichOneof("request")
             if kind in ("request_put", "request_delete_range"):
                 work["key writes"] += 1
             elif kind == "request_txn":
                 work["compares"] += len(op.request_txn.compare)
+                if response.response_txn.succeeded:
+                    work["key writes"] += len(op.request_txn.success)
     return work
+
+
+def _recording(backend) -> list:
+    """(request, answer) of every write transaction the backend sends from now on."""
+    sent: list = []
+    call = backend.client.call
+
+    def recorded(method, request, *args, **kwargs):
+        answer = call(method, request, *args, **kwargs)
+        if method == "kv.Txn" and writes([*request.success, *request.failure]):
+            sent.append((request, answer))
+        return answer
+
+    backend.client.call = recorded
+    return sent
 
 
 def test_an_uncontended_pair_writes_the_recipes_keys_and_the_sessions_index_only(
     own_etcd, monkeypatch
 ):
     """The recipe: a put and a delete. dlock adds the session's index entry (`held/`: L2's
-    heldLockCount and L3 without scanning every grant); the `seen/` marker is written by a
-    key's first grant only and a release re-puts nothing. The queue's prefix delete is no
-    key at all when nobody queued (etcd deletes nothing), listed apart."""
+    heldLockCount and L3 without scanning every grant). The `seen/` marker is checked by the
+    first grant of a key this process makes and written by a key's first grant only; a
+    release re-puts nothing and deletes the queue's prefix only when a compare finds an
+    entry under it (none when nobody queued: etcd deletes nothing and counts no delete)."""
     now = [1_000.0]
     monkeypatch.setattr(leases, "monotonic", lambda: now[0])
     backend = backend_on(own_etcd)
     try:
         session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
         key = f"k-{uuid.uuid4().hex[:8]}"
+        sent = _recording(backend)
         first = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
         backend.release(key=key, session_id=session, token=first.fencing_token)
-        sent: list = []
-        call = backend.client.call
-
-        def recorded(method, request, *args, **kwargs):
-            if method == "kv.Txn" and writes([*request.success, *request.failure]):
-                sent.append(request)
-            return call(method, request, *args, **kwargs)
-
-        backend.client.call = recorded
+        first_acquire, _ = sent
+        # seen/ and the fresh lease's glease/ marker too
+        assert _store_work([first_acquire]) == {"key writes": 4, "compares": 5}
+        sent.clear()
         before = backend.client.read().revision
         grant = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
         backend.release(key=key, session_id=session, token=grant.fencing_token)
         acquire, release = sent
-        assert [op.WhichOneof("request") for op in acquire.success] == [
+        assert [op.WhichOneof("request") for op in acquire[0].success] == [
             "request_put",  # lock/{key}
             "request_put",  # held/{sid}/{key}
-            "request_txn",  # seen/{key} only if never granted: no write here
             "request_range",  # the session, for its deadline
-        ]
-        assert [op.WhichOneof("request") for op in release.success] == [
+        ]  # no first-grant check: this process saw seen/{key} stand
+        assert [op.WhichOneof("request") for op in release[0].success] == [
             "request_delete_range",  # lock/{key}
             "request_delete_range",  # held/{sid}/{key}
             "request_range",
-            "request_delete_range",  # the queue prefix: nothing under it
+            "request_txn",  # the session's queue entries, only if there are any
         ]
-        assert _store_work([acquire]) == {"key writes": 2, "compares": 5}
-        assert _store_work([release]) == {"key writes": 3, "compares": 3}
+        assert _store_work([acquire]) == {"key writes": 2, "compares": 4}
+        assert _store_work([release]) == {"key writes": 2, "compares": 4}
         # what etcd did: two revisions, each the pair's own keys only
         after = backend.client.read().revision
         assert after == before + 2
         seen = backend.client.range(f"dlock/seen/{key}").first()
         assert seen is not None and seen.mod_revision < before  # written by the first grant
+    finally:
+        backend.close()
+
+
+def test_a_release_deletes_the_sessions_queue_entries_when_there_are_some(own_etcd):
+    """The queue prefix delete runs in a branch: a grant handed off from the queue carries its
+    entry (`held`), and a second parked acquire of the same session has one too; the release
+    deletes both (the parked one then wakes, Withdrawn), and another session's entry stays."""
+    backend = backend_on(own_etcd)
+    try:
+        session = backend.open_session(owner_id="w", ttl_ms=10_000).session_id
+        other = backend.open_session(owner_id="o", ttl_ms=10_000).session_id
+        key = f"k-{uuid.uuid4().hex[:8]}"
+        grant = backend.acquire(key=key, session_id=session, owner_id=None, ttl_ms=5_000, wait_ms=0)
+        lease = backend.client.lease_grant(30)[0]
+        mine = [backend.keys.k("wait", key, str(session), name) for name in ("a", "b")]
+        theirs = backend.keys.k("wait", key, str(other), "c")
+        for entry in [*mine, theirs]:
+            backend.client.txn([], [put(entry, "", lease)])
+        sent = _recording(backend)
+        backend.release(key=key, session_id=session, token=grant.fencing_token)
+        (release,) = sent
+        assert _store_work([release]) == {"key writes": 3, "compares": 4}
+        left = backend.client.range(backend.keys.wait_prefix(key), prefix=True).kvs
+        assert [kv.key for kv in left] == [theirs]
     finally:
         backend.close()
 

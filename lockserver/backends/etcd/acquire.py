@@ -25,6 +25,7 @@ from lockserver.backends.etcd.grants import Grants
 from lockserver.backends.etcd.keys import (
     HELD,
     KeySpace,
+    SeenKeys,
     deadline_passed,
     dump_json,
     epoch_ms,
@@ -66,6 +67,7 @@ class Acquirer:
         self.grants = grants
         self.waiters = waiters
         self.budget = budget
+        self.seen = SeenKeys()
 
     def _try_grant(
         self, *, key: str, session_id: uuid.UUID, ttl_ms: int, queue: tuple[str, int] | None
@@ -212,8 +214,8 @@ class Acquirer:
             [
                 put(lock_key, dump_json(value), lease),
                 put(self.keys.held_key(session_id, key), key, lease),
-                self.keys.first_grant(key),
                 get(self.keys.sess_key(session_id)),
+                *([] if self.seen.known(key) else [self.keys.first_grant(key)]),
                 *moved,
                 *self.leases.unmarked(lease),
             ],
@@ -228,13 +230,14 @@ class Acquirer:
             stored = result.responses[2].first() if result.responses[2] else None
             return None, result, stored is None or stored.value != str(offset).encode()
         self.leases.marked(lease)
-        if deadline_passed(result.responses[3].first()):
+        if deadline_passed(result.responses[2].first()):
             self._undo_if_session_lapsed(key, session_id, result.revision)
         try:
             self.tokens.reserve(offset + result.revision)
         except TokenFloorUnavailable:
             self._withdraw(key, session_id, result.revision)  # nobody saw it
             raise
+        self.seen.add(key)  # the grant stands: seen/{key} stays
         grant = GrantRecord(
             key=key,
             owner_id=owner,
@@ -341,10 +344,14 @@ class Acquirer:
             self.sessions.live(session_id)
         except ApiError:
             self._withdraw(key, session_id, revision)
-            # ... and the "ever seen" mark, if this grant is what created it (L7 answers 404
-            # for a key never granted, as pg does when the acquire is refused)
+            # ... and the "ever seen" mark, if this grant is what created it and nobody has
+            # been granted the key since (L7 answers 404 for a key never granted, as pg does
+            # when the acquire is refused)
             self.client.txn(
-                [compare(self.keys.k("seen", key), "CREATE", "EQUAL", revision)],
+                [
+                    compare(self.keys.k("seen", key), "CREATE", "EQUAL", revision),
+                    compare(self.keys.lock_key(key), "CREATE", "EQUAL", 0),
+                ],
                 [delete(self.keys.k("seen", key))],
             )
             raise
