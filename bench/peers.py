@@ -82,9 +82,9 @@ from bench.peer_clients import (
     EtcdKeepalive,
     EtcdLockClient,
     EtcdRecipeClient,
+    Http,
     ZkLockClient,
     etcd_version,
-    Http,
 )
 from bench.peer_rounds import (
     TokenLog,

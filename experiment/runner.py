@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from experiment import ha
-from experiment.armrun import ArmRun, Progress, quiet, lock_backend
+from experiment.armrun import ArmRun, Progress, lock_backend, quiet
 from experiment.arms import Arm
 from experiment.arms.fenced import FencedArm
 from experiment.arms.naive import NaiveArm

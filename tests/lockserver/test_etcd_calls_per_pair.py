@@ -230,14 +230,15 @@ def test_an_uncontended_pair_writes_the_recipes_keys_and_the_sessions_index_only
             "request_put",  # lock/{key}
             "request_put",  # held/{sid}/{key}
             "request_range",  # the session, for its deadline
-        ]  # no first-grant check: this process saw seen/{key} stand
+            "request_txn",  # seen/{key} only if never granted: no write here
+        ]
         assert [op.WhichOneof("request") for op in release[0].success] == [
             "request_delete_range",  # lock/{key}
             "request_delete_range",  # held/{sid}/{key}
             "request_range",
             "request_txn",  # the session's queue entries, only if there are any
         ]
-        assert _store_work([acquire]) == {"key writes": 2, "compares": 4}
+        assert _store_work([acquire]) == {"key writes": 2, "compares": 5}
         assert _store_work([release]) == {"key writes": 2, "compares": 4}
         # what etcd did: two revisions, each the pair's own keys only
         after = backend.client.read().revision

@@ -25,7 +25,6 @@ from lockserver.backends.etcd.grants import Grants
 from lockserver.backends.etcd.keys import (
     HELD,
     KeySpace,
-    SeenKeys,
     deadline_passed,
     dump_json,
     epoch_ms,
@@ -67,7 +66,6 @@ class Acquirer:
         self.grants = grants
         self.waiters = waiters
         self.budget = budget
-        self.seen = SeenKeys()
 
     def _try_grant(
         self, *, key: str, session_id: uuid.UUID, ttl_ms: int, queue: tuple[str, int] | None
@@ -215,7 +213,7 @@ class Acquirer:
                 put(lock_key, dump_json(value), lease),
                 put(self.keys.held_key(session_id, key), key, lease),
                 get(self.keys.sess_key(session_id)),
-                *([] if self.seen.known(key) else [self.keys.first_grant(key)]),
+                self.keys.first_grant(key),
                 *moved,
                 *self.leases.unmarked(lease),
             ],
@@ -237,7 +235,6 @@ class Acquirer:
         except TokenFloorUnavailable:
             self._withdraw(key, session_id, result.revision)  # nobody saw it
             raise
-        self.seen.add(key)  # the grant stands: seen/{key} stays
         grant = GrantRecord(
             key=key,
             owner_id=owner,

@@ -13,8 +13,7 @@ Layout under settings.ETCD_PREFIX (default `dlock/`); lock keys match [a-zA-Z0-9
   held/{sid}/{key}    index of a session's grants (same lease, same txn as the grant)
   seen/{key}          the key was granted at least once (L7 answers 404 otherwise): written
                       by the first grant of the key only (a nested txn guarded by
-                      CREATE == 0), never again; left out of the create txn of a key this
-                      process has seen granted (SeenKeys)
+                      CREATE == 0), never again
   glease/{id}         marks lease {id} as a grant lease of this backend: put with the first
                       grant on the lease, on the lease, never deleted by anything but the
                       lease's end, so its deletion (watched by every replica: one event per
@@ -111,9 +110,8 @@ class KeySpace:
         return self.k("held", str(sid)) + "/"
 
     def first_grant(self, key: str) -> RequestOp:
-        """In a create txn of a key this process has not seen granted: `seen/{key}` written
-        when the key was never granted, else no write at all (L7's 404 for a key never
-        granted). Once a grant of the key stands, `seen/{key}` exists for good (`SeenKeys`)."""
+        """In every create txn: `seen/{key}` written when the key was never granted, else no
+        write at all (L7's 404 for a key never granted)."""
         seen = self.k("seen", key)
         return nested_txn([compare(seen, "CREATE", "EQUAL", 0)], [put(seen, "1")])
 
@@ -139,24 +137,3 @@ class KeySpace:
     @property
     def offset_key(self) -> str:
         return self.k("meta", "token_offset")
-
-
-class SeenKeys:
-    """The keys this process knows `seen/{key}` exists for: a grant it made stood (the create
-    txn wrote the marker or found it). The marker is never deleted once a grant of the key
-    stands (only a grant withdrawn before anyone saw it takes back the marker it wrote, while
-    the key is free), so a create txn for a known key leaves the first-grant check out: one
-    compare less per acquire. Thread-safe (set operations under the GIL); bounded."""
-
-    LIMIT = 65_536
-
-    def __init__(self) -> None:
-        self._keys: set[str] = set()
-
-    def known(self, key: str) -> bool:
-        return key in self._keys
-
-    def add(self, key: str) -> None:
-        if len(self._keys) >= self.LIMIT:
-            self._keys.clear()
-        self._keys.add(key)
