@@ -53,6 +53,17 @@ def test_a_verifier_without_the_signing_kid_refuses_its_proofs():
         f"{'k' * 33}:{NEW.partition(':')[2]}",
         "k1:" + "a" * 32,  # an HMAC-era secret is no Ed25519 key
     ],
+    # fixed ids: the keys are random per process, and xdist's workers must collect one list
+    ids=[
+        "no-colon",
+        "no-kid",
+        "short",
+        "trailing-comma",
+        "kid-twice",
+        "bad-kid",
+        "long-kid",
+        "hmac",
+    ],
 )
 def test_a_bad_key_set_is_improperly_configured(raw):
     with pytest.raises(ImproperlyConfigured, match="DLOCK_PROOF_KEYS"):
