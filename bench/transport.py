@@ -33,11 +33,12 @@ ARMS = ("exchange", "send_once")
 WORKER = r"""
 import json, sys, time
 from dlock.budgets import Budget
-from dlock.http import exchange, send_once
+from dlock.http import exchange, pool_for, send_once
 url, hop = sys.argv[1], Budget(1.0, 2.0, 0, "bench")
+pool = pool_for(url)  # as dlock's clients call it: each origin's pool held by the caller
 arms = {
     "exchange": lambda: exchange("POST", url + "/v1/locks/k", hop=hop, owner_id="bench",
-                                 json_body={"ttl_s": 5}),
+                                 json_body={"ttl_s": 5}, pool=pool),
     "send_once": lambda: send_once("POST", url + "/rail", connect_s=1.0, read_s=2.0,
                                    body=b'{"amount": 1}',
                                    headers={"Content-Type": "application/json"}),

@@ -48,7 +48,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
-from urllib3 import BaseHTTPResponse, HTTPConnectionPool, Timeout
+from urllib3 import BaseHTTPResponse, HTTPConnectionPool, Retry, Timeout
 from urllib3.exceptions import ClosedPoolError, ConnectTimeoutError, ProtocolError, SSLError
 from urllib3.exceptions import HTTPError as Urllib3Error
 
@@ -73,10 +73,21 @@ _TARGET_UNSAFE = re.compile(r"[^A-Za-z0-9/%:@!$&'()*+,;=\-._~?]")
 # A header name is an RFC 9110 token; a value has no control characters but tab.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# Header names already found to be tokens (a process sends a handful).
+_header_names: set[str] = set()
+# `scheme://authority` of a URL (what urlsplit reads the origin from), and the origins read.
+_ORIGIN_PREFIX = re.compile(r"[^:/?#]*://[^/?#]*")
+_origins: dict[str, tuple[str, str, int]] = {}
 # What a request can fail with once urllib3 has it. Of these, NOT_SENT_ERRORS are urllib3's
 # connect-phase types (and a pool closed under the caller): no request byte was written.
 TRANSPORT_ERRORS = (Urllib3Error, http.client.HTTPException, OSError, ValueError)
 NOT_SENT_ERRORS = (ConnectTimeoutError, ClosedPoolError)
+# What every request passes to `urlopen`: no retry, no redirect (the object urllib3 would build
+# from `retries=False, redirect=False` on each call; it never changes one it is given).
+NO_RETRY = Retry(total=False, redirect=False)
+# One urllib3 Timeout per (connect, read) pair a caller uses (the budgets are a handful), made
+# once: urllib3 copies the one it is given and never changes it.
+_timeouts: dict[tuple[float, float], Timeout] = {}
 
 
 class TransportError(Exception):
@@ -143,11 +154,21 @@ def _tls_options(scheme: str) -> dict[str, Any]:
 
 
 def _origin(url: str) -> tuple[str, str, int]:
-    parts = urlsplit(url)
-    scheme = parts.scheme or "http"
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    return scheme, parts.hostname, parts.port or (443 if scheme == "https" else 80)
+    """(scheme, host, port) of `url`, parsed once per origin (`scheme://authority`)."""
+    prefix = _ORIGIN_PREFIX.match(url)
+    key = prefix.group() if prefix else url
+    found = _origins.get(key)
+    if found is None:
+        parts = urlsplit(key)
+        scheme = parts.scheme or "http"
+        if scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        found = (scheme, parts.hostname, parts.port or (443 if scheme == "https" else 80))
+        if prefix:
+            if len(_origins) >= 1024:
+                _origins.clear()
+            _origins[key] = found
+    return found
 
 
 def _urllib3_pool(
@@ -339,12 +360,16 @@ def _merge(into: dict[str, str], extra: Mapping[str, str | None]) -> None:
 
 def _checked(headers: Mapping[str, str]) -> dict[str, str]:
     """The headers as sent; ValueError for a name or value HTTP cannot carry (never written)."""
-    out = {}
-    for name, value in headers.items():
-        text = str(value)
-        if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(text):
-            raise ValueError(f"header {name!r} cannot be sent as is")
-        out[name] = text
+    out = {name: str(value) for name, value in headers.items()}
+    if _BAD_VALUE.search("\t".join(out.values())):  # tab is allowed: one search for all
+        bad = next(name for name, text in out.items() if _BAD_VALUE.search(text))
+        raise ValueError(f"header {bad!r} cannot be sent as is")
+    for name in out:
+        if name not in _header_names:
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"header {name!r} cannot be sent as is")
+            if len(_header_names) < 1024:
+                _header_names.add(name)
     return out
 
 
@@ -366,6 +391,16 @@ def _read_body(response: BaseHTTPResponse) -> bytes:
         if size > MAX_BODY_BYTES:
             raise ValueError("response body too large")
         chunks.append(chunk)
+
+
+def _timeout(connect_s: float, read_s: float) -> Timeout:
+    """urllib3's Timeout for a (connect, read) pair, made once per pair."""
+    found = _timeouts.get((connect_s, read_s))
+    if found is None:
+        if len(_timeouts) >= 256:  # budgets computed per call (a deadline's rest): keep it small
+            _timeouts.clear()
+        found = _timeouts[connect_s, read_s] = Timeout(connect=connect_s, read=read_s)
+    return found
 
 
 def discard(response: BaseHTTPResponse) -> None:
@@ -403,9 +438,9 @@ def request(
             target,
             body=body,
             headers=checked,
-            retries=False,
+            retries=NO_RETRY,
             redirect=False,
-            timeout=Timeout(connect=connect_s, read=read_s),
+            timeout=_timeout(connect_s, read_s),
             preload_content=False,
         )
     except NOT_SENT_ERRORS as exc:
@@ -438,7 +473,6 @@ def exchange(
     TransportError when no response came. Never retried, never redirected."""
     sent_headers: dict[str, str] = {
         "Accept": "application/json",
-        "Accept-Encoding": "identity",
         "traceparent": traceparent(trace_id),
     }
     if owner_id is not None:
@@ -490,7 +524,7 @@ def send_once(
         method,
         url,
         body=body,
-        headers={"Accept-Encoding": "identity", **headers, "Connection": "close"},
+        headers={**headers, "Connection": "close"},
         connect_s=connect_s,
         read_s=read_s,
     )
