@@ -263,7 +263,7 @@ _one_shot: dict[tuple[Any, ...], HTTPConnectionPool] = {}
 def one_shot_pool(scheme: str, host: str, port: int, tls: Mapping[str, Any]) -> HTTPConnectionPool:
     """The process's pool of one-shot connections to an origin with these TLS settings: each
     connection serves one request and is closed before it could serve another."""
-    key = (scheme, host, port, *sorted(tls.items()))
+    key = (scheme, host, port, *sorted(tls.items())) if tls else (scheme, host, port)
     pool = _one_shot.get(key)
     if pool is None:
         with _pools_mutex:

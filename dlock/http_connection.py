@@ -28,22 +28,33 @@ from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 
-# The socket's methods urllib3 and http.client call on every request (the rest go through
-# DeadlineSocket.__getattr__).
-_PER_REQUEST = ("sendall", "settimeout", "fileno", "shutdown", "close")
-
-
 class DeadlineSocket:
     """A connected socket as urllib3 and http.client see it, except that the reader http.client
     makes from it (`makefile`) keeps the current response's `deadline`. `busy` is True from a
     request's answer until it has been read; `used_at` is when the last answer ended."""
 
-    __slots__ = ("sock", "keep_alive_s", "deadline", "used_at", "busy", *_PER_REQUEST)
+    __slots__ = (
+        "sock",
+        "keep_alive_s",
+        "deadline",
+        "used_at",
+        "busy",
+        "sendall",
+        "settimeout",
+        "fileno",
+        "shutdown",
+        "close",
+    )
 
     def __init__(self, sock: Any, *, keep_alive_s: float | None) -> None:
         self.sock = sock
-        for name in _PER_REQUEST:  # bound once, not looked up through __getattr__ per request
-            setattr(self, name, getattr(sock, name))
+        # What urllib3 and http.client call on every request, bound once (the rest of the
+        # socket is reached through __getattr__).
+        self.sendall = sock.sendall
+        self.settimeout = sock.settimeout
+        self.fileno = sock.fileno
+        self.shutdown = sock.shutdown
+        self.close = sock.close
         self.keep_alive_s = keep_alive_s
         self.deadline: float | None = None  # monotonic: the whole response must be in by then
         self.used_at = time.monotonic()
