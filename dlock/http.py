@@ -5,9 +5,13 @@ urllib3 (the transport `requests` is built on) frames and parses HTTP and keeps 
 module only decides what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG rows
 "clients on urllib3" and "urllib3's documented surface"):
 
-- **One request function** (`request`): `pool.urlopen(..., retries=False, redirect=False,
+- **One request function** (`request`): `pool.urlopen(..., retries=NO_RETRY, redirect=False,
   preload_content=False)` and the body read, for exchanges (`exchange`), one-shot sends
-  (`send_once`) and streams (`dlock.http_stream.open_stream`) alike.
+  (`send_once`) and streams (`dlock.http_stream.open_stream`) alike. What does not change
+  between calls is made once (the Retry, a Timeout per budget, an origin's parse, a header
+  name's check): the hot path pays only urlopen's own per-request work. A request asks for an
+  identity body (`Accept-Encoding: identity`, written by http.client unless the caller sends
+  its own).
 - **No retry, no redirect** inside the library: a POST is presented at most once per call
   (urllib3's default would silently re-send a request whose pooled connection dropped). Retries
   are the caller's decision (`dlock.client.RetryPolicy`, or an explicit loop over

@@ -7,7 +7,8 @@ connect phase, one read deadline per response, and how long an idle connection m
 - **One read deadline per response**: `read_s` (urllib3's read timeout, which it sets on the
   connection before it asks for the response) bounds the whole answer, head and body, from the
   moment the request is written, not each read: a peer that trickles its answer cannot stretch
-  it (`DeadlineSocket`, the socket wrapped when the connection connects).
+  it (`DeadlineSocket`, the socket wrapped when the connection connects; each read sets the
+  socket's timeout to what is left, so urllib3's own read-timeout call is not passed on).
 - **Reuse**: `keep_alive_s` is how long after its last answer a connection may serve another
   request (urllib3 asks `is_connected` before it reuses one; False makes it close the
   connection and connect anew); None makes a one-shot connection, whose socket is closed as
