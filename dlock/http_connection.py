@@ -99,7 +99,9 @@ class _DeadlineIO(io.RawIOBase):
             if left <= 0:
                 raise TimeoutError("the response did not complete within the read budget")
             self._owner.sock.settimeout(left)
-        return self._raw.readinto(buffer)
+        # Straight from the socket; `_raw` (the socket's own reader) is held for what its
+        # close does: the socket is really closed only once no reader is open on it.
+        return self._owner.sock.recv_into(buffer)
 
     def close(self) -> None:
         if not self.closed:
