@@ -11,7 +11,11 @@ WORKDIR /src
 COPY requirements.lock ./
 # The runtime lock only (requirements-dev.lock, pytest, ruff, ... stay out): every package pinned
 # with its hashes, nothing resolved here (--no-deps), a file whose hash differs is refused.
-# All runtime dependencies ship wheels (psycopg[binary]), so no compiler is needed even here.
+# Every runtime dependency but one ships wheels (psycopg[binary]); gunicorn_h1c (gunicorn's C
+# request parser) is an sdist, compiled here: the compiler stays in this stage.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-compile --require-hashes --no-deps -r requirements.lock \
  && /opt/venv/bin/pip uninstall -y pip setuptools wheel

@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # leases running out), 1.3 cores busy on average; a fresh clone ran 581 s with two, 438–507 s with three.
 TEST_WORKERS ?= 3
 
-.PHONY: help venv lock sysdeps image test test-shuffled up down status demo monitor bench experiment experiment-ha experiment-ha-recovery lint format clean
+.PHONY: help venv lock etcd-stubs sysdeps image test test-shuffled up down status demo monitor bench example experiment experiment-ha experiment-ha-recovery lint format clean
 
 help:
 	@echo "make help   - this list"
@@ -33,6 +33,7 @@ help:
 	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make monitor - Prometheus (Debian's) on the running stack with monitoring/ rules (MONITOR_PORT=9090)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
+	@echo "make example - the fence kit in an adopter's service (examples/stock) on the running stack"
 	@echo "make experiment [EXPERIMENT_ARGS=...] - the fencing experiment (fenced vs naive) on the running stack"
 	@echo "make experiment-ha - the fencing experiment on 3 etcd members and 2 replicas per role"
 	@echo "make experiment-ha-recovery - HA faults one at a time; recovery per fault and replica"
@@ -40,6 +41,7 @@ help:
 	@echo "make format - ruff format, then ruff check --fix"
 	@echo "make venv   - the virtualenv from requirements-dev.lock (hash-checked)"
 	@echo "make sysdeps - the system packages the stack and the suite need (PostgreSQL, etcd, nginx, ...)"
+	@echo "make etcd-stubs - regenerate lockserver/etcd_proto/ from third_party/etcd/'s .proto files"
 	@echo "make lock   - recompile requirements.lock / requirements-dev.lock (hashes, from PyPI)"
 	@echo "make image  - build the container image with podman (IMAGE=localhost/dlock:dev)"
 
@@ -67,6 +69,10 @@ lock:
 
 sysdeps:
 	@bash scripts/sysdeps.sh
+
+# etcd's gRPC stubs (lockserver/etcd_proto/) from its .proto files in third_party/etcd/
+etcd-stubs: venv
+	$(BIN)/python scripts/etcd_stubs.py
 
 # The image, with podman. scripts/base-image.sh first: the Dockerfile's base is pulled, or, where
 # no registry answers, a STAND-IN is built under its name (Debian's python; it says so). The
@@ -105,9 +111,21 @@ status: venv
 demo: up
 	$(BIN)/python -m devstack.demo
 
+# An adopter's service fenced with dlock.fence (docs/fence-kit.md): a stock counter on the
+# running stack's PostgreSQL (its own database), the stale holder refused with 409 FENCED_OUT.
+example: up
+	set -a; . .run/stack.env; set +a; \
+	EXAMPLE_PORT=$${EXAMPLE_PORT:-$$($(BIN)/python -c 'from devstack import free_port; print(free_port())')} \
+	$(BIN)/python -m examples.stock.story
+
 # Debian's prometheus (scripts/sysdeps.sh) against the running stack: monitoring/prometheus.yml
 # and monitoring/alerts.yml, targets from .run/stack.env, data in .run/monitor/.
+# DLOCK_EXECUTOR_METRICS (host:port,… of executors' /metrics) and MONITOR_PORT: from the make
+# command line or the environment.
+DLOCK_EXECUTOR_METRICS ?=
+MONITOR_PORT ?=
 monitor: venv sysdeps
+	DLOCK_EXECUTOR_METRICS='$(DLOCK_EXECUTOR_METRICS)' MONITOR_PORT='$(MONITOR_PORT)' \
 	$(BIN)/python -m devstack.monitor
 
 # The redis-server package is needed only here (python-redis-lock's baseline).

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.goals import goals
 from bench.report import summary_lines
-from devstack import PROJECT
+from devstack.common import PROJECT
 
 PARTS = ("fsync", "peers", "lockserver", "e2e")
 OPTIONAL = ("compare", "lockpath", "transport")  # compare needs --before

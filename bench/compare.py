@@ -39,7 +39,7 @@ import threading
 from pathlib import Path
 
 from bench.rounds import median
-from devstack import PROJECT, PYTHON
+from devstack.common import PROJECT, PYTHON
 
 ROUNDS = int(os.environ.get("BENCH_COMPARE_ROUNDS", "9"))
 POINT_S = os.environ.get("BENCH_COMPARE_POINT_S", "20")

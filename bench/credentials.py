@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from devstack import new_proof_keys
+from devstack.envfile import new_proof_keys
 from dlock.auth import CREDENTIAL_ENV, authorization_header, credentials_entry, new_credential
 
 PROOF_KEYS_ENV = "DLOCK_PROOF_KEYS"

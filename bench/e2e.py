@@ -42,7 +42,8 @@ import psycopg
 
 from bench import e2e_pg
 from bench.proc import STATES, CpuSampler, proc_status_kib, py_spy_recorders, role_pids
-from experiment.runner import ExperimentConfig, seed_fenced
+from experiment.arms.fenced import seed_fenced
+from experiment.config import ExperimentConfig
 from experiment.stack import private_stack
 from experiment.workers import spawn_executor
 

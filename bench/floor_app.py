@@ -19,7 +19,9 @@ import uuid
 from psycopg_pool import ConnectionPool
 
 from dlock import proof
-from lockserver.backends import pg_sql as fenced_sql
+from lockserver.backends.pg_sql import acquire as acquire_sql
+from lockserver.backends.pg_sql import release as release_sql
+from lockserver.backends.pg_sql import sessions as sessions_sql
 
 # The grant's proof is signed as the lock server signs it (decision 15): part of L4's cost.
 _RING = proof.parse_key_ring(os.environ["DLOCK_PROOF_KEYS"])
@@ -53,13 +55,13 @@ def application(environ, start_response):
     with _pool.connection() as conn, conn.cursor() as cursor:
         if method == "POST" and path == "/v1/sessions":
             session_id = uuid.uuid4()
-            fenced_sql.open_session(
+            sessions_sql.open_session(
                 cursor, session_id=session_id, owner_id=owner, ttl_ms=body["ttlMillis"]
             )
             return _answer(start_response, "201 Created", {"sessionId": str(session_id)})
         key = path.removeprefix("/v1/locks/").removesuffix("/acquire")
         if method == "POST":
-            acquired = fenced_sql.try_acquire(
+            acquired = acquire_sql.try_acquire(
                 cursor,
                 key=key,
                 session_id=uuid.UUID(body["sessionId"]),
@@ -75,5 +77,5 @@ def application(environ, start_response):
                 {"fencingToken": grant.fencing_token, "fencingProof": signed},
             )
         token = int(environ["HTTP_X_FENCING_TOKEN"])
-        assert fenced_sql.release(cursor, key=key, token=token) is not None
+        assert release_sql.release(cursor, key=key, token=token) is not None
         return _answer(start_response, "204 No Content", None)

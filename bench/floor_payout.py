@@ -29,7 +29,6 @@ NOT a server, only what gunicorn + psycopg + the same SQL cost per payout on thi
 
 from __future__ import annotations
 
-import hmac
 import http.client
 import json
 import os
@@ -44,9 +43,13 @@ django.setup()
 from django.conf import settings  # noqa: E402 - after django.setup()
 from psycopg_pool import ConnectionPool  # noqa: E402
 
-from dlock import idempotency, proof  # noqa: E402
+from dlock import idempotency  # noqa: E402
+from dlock.fence.proofs import PublicKeys, Verifier  # noqa: E402
 from dlock.timefmt import rfc3339_ms, utcnow  # noqa: E402
-from payments import fenced_sql as pay_sql  # noqa: E402
+from payments.fenced_sql import claim as claim_sql  # noqa: E402
+from payments.fenced_sql import fences as fences_sql  # noqa: E402
+from payments.fenced_sql import payout as payout_sql  # noqa: E402
+from payments.fenced_sql import post as post_sql  # noqa: E402
 from payments.proofs import ACCOUNT_OF_PAYOUT_SQL  # noqa: E402
 from railproxy import fenced_sql as rail_sql  # noqa: E402
 from railstub import services as stub  # noqa: E402
@@ -65,7 +68,9 @@ _pool = ConnectionPool(
     },
     open=True,
 )
-_RING = proof.parse_key_ring(os.environ["DLOCK_PROOF_KEYS"])
+# The verifiers hold public keys only (decision 25); the kit's verifier, as payments and the
+# rail proxy use it (its memory of verified proofs included).
+_VERIFIER = Verifier(PublicKeys.parse(os.environ.get("DLOCK_FENCING_PUBLIC_KEYS", "")))
 _RAIL = urlsplit(os.environ.get("FLOOR_RAIL_URL", "http://127.0.0.1:1"))
 _JSON = [("Content-Type", "application/json; charset=utf-8")]
 _accounts: dict[uuid.UUID, str] = {}  # payout → account, read once per process (payments.proofs)
@@ -91,8 +96,7 @@ def _check_proof(cursor, environ, payout_id: uuid.UUID, token: int) -> str:
     elif account is None:  # payments.proofs
         cursor.execute(ACCOUNT_OF_PAYOUT_SQL, [payout_id])
         account = _accounts.setdefault(payout_id, cursor.fetchone()[0])
-    expected = proof.sign(key=f"payout:{account}", token=token, ring=_RING)
-    assert hmac.compare_digest(expected, environ["HTTP_X_FENCING_PROOF"]), "proof mismatch"
+    _VERIFIER.verify(environ.get("HTTP_X_FENCING_PROOF"), key=f"payout:{account}", token=token)
     return account
 
 
@@ -107,11 +111,11 @@ def _claim(conn, environ, payout_id: uuid.UUID) -> dict:
         _check_proof(cursor, environ, payout_id, token)
         with conn.transaction():
             idempotency.lock_identity(cursor, operation="claim", key=key, token=token)
-            step = pay_sql.record_or_fence(
+            step = fences_sql.record_or_fence(
                 cursor, operation="claim", payout_id=payout_id, token=token, idempotency_key=key
             )
             assert step.account is not None, "the floor serves fresh, unfenced claims only"
-            check = pay_sql.claim_check(cursor, payout_id=payout_id)
+            check = claim_sql.claim_check(cursor, payout_id=payout_id)
             answer = {
                 "payoutId": str(payout_id),
                 "state": "CLAIMED",
@@ -121,7 +125,7 @@ def _claim(conn, environ, payout_id: uuid.UUID) -> dict:
                 "idempotencyKey": key,
                 "beneficiaryRef": check.beneficiary_ref,
             }
-            assert pay_sql.claim_transition(
+            assert claim_sql.claim_transition(
                 cursor,
                 payout_id=payout_id,
                 expected_state=body["expectedState"],
@@ -149,7 +153,7 @@ def _post(conn, environ, payout_id: uuid.UUID) -> dict:
         _check_proof(cursor, environ, payout_id, token)
         with conn.transaction():
             idempotency.lock_identity(cursor, operation="post", key=key, token=token)
-            step = pay_sql.record_or_fence(
+            step = fences_sql.record_or_fence(
                 cursor, operation="post", payout_id=payout_id, token=token, idempotency_key=key
             )
             assert step.account is not None, "the floor serves fresh posts only"
@@ -164,7 +168,7 @@ def _post(conn, environ, payout_id: uuid.UUID) -> dict:
                 ],
                 "balanceMinor": step.account.balance_minor - amount,
             }
-            posted = pay_sql.post(
+            posted = post_sql.post(
                 cursor,
                 payout_id=payout_id,
                 token=token,
@@ -176,7 +180,7 @@ def _post(conn, environ, payout_id: uuid.UUID) -> dict:
                 idempotency_key=key,
                 request_hash=request_hash,
                 body_json=json.dumps(answer, separators=(",", ":")),
-                settlement_bucket=pay_sql.settlement_bucket(
+                settlement_bucket=post_sql.settlement_bucket(
                     payout_id, buckets=settings.PAY_SETTLEMENT_BUCKETS
                 ),
             )
@@ -227,7 +231,7 @@ def _submit(environ) -> dict:
                 cursor, account_id=account, token=token, payout_id=payout_id
             )
             assert rail_sql.live_submission(cursor, payout_id=payout_id) is None
-            assert pay_sql.transition_payout(
+            assert payout_sql.transition_payout(
                 cursor,
                 payout_id=payout_id,
                 from_states=("CLAIMED",),
@@ -272,7 +276,7 @@ def _submit(environ) -> dict:
             stamped=True,
         )
         assert stamps is not None
-        assert pay_sql.transition_payout(
+        assert payout_sql.transition_payout(
             cursor,
             payout_id=payout_id,
             from_states=("SUBMITTING",),

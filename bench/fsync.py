@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from devstack import pg_bindir
+from devstack.postgres import pg_bindir
 
 LINE = re.compile(
     r"^\s*(?P<method>[a-z_]+(?: [a-z_]+)*)\*?\s+(?P<ops>[0-9.]+) ops/sec\s+(?P<us>[0-9]+) usecs/op"

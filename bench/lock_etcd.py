@@ -25,7 +25,11 @@ from pathlib import Path
 import requests
 
 from bench import credentials
-from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
+from bench.proc import tree_cpu_seconds
+from devstack.common import free_port
+from devstack.etcd import EtcdServer
+from devstack.postgres import PgCluster
+from devstack.roles import RoleProcess, manage
 
 DURATION_S = float(os.environ.get("BENCH_LOCK_ETCD_SECONDS", "5"))
 WARMUP_S = 0.5
@@ -40,9 +44,13 @@ def _percentile(samples: list[float], q: float) -> float:
 
 
 def _drive(
-    clients: int, make_pair: Callable[[int], Callable[[], None]], seconds: float
+    clients: int,
+    make_pair: Callable[[int], Callable[[], None]],
+    seconds: float,
+    etcd_pid: int | None = None,
 ) -> dict[str, float]:
-    """Run `clients` threads, each calling its pair function in a loop; latency per pair."""
+    """Run `clients` threads, each calling its pair function in a loop; latency per pair, and
+    the etcd process's CPU per pair over the measured window (`etcd_pid`)."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors = [0] * clients
     start = threading.Barrier(clients + 1)
@@ -76,12 +84,21 @@ def _drive(
     start.wait()
     time.sleep(WARMUP_S)
     measured_from = time.monotonic()
+    etcd_cpu_from = tree_cpu_seconds(etcd_pid) if etcd_pid else None
     stop_at[0] = measured_from + seconds
     for thread in threads:
         thread.join(seconds + 30)
     elapsed = time.monotonic() - measured_from
+    etcd_cpu = (
+        tree_cpu_seconds(etcd_pid) - etcd_cpu_from
+        if etcd_pid and etcd_cpu_from is not None
+        else None
+    )
     flat = [x for per in latencies for x in per]
     return {
+        "etcd_cpu_ms_per_pair": round(etcd_cpu * 1000 / len(flat), 3)
+        if etcd_cpu is not None and flat
+        else None,
         "pairs": len(flat),
         "errors": sum(errors),
         "pairs_per_s": round(len(flat) / elapsed, 1),
@@ -149,7 +166,7 @@ def _direct_pair_factory(backend) -> Callable[[int], Callable[[], None]]:
     return make
 
 
-def _etcd_version(url: str) -> str:
+def etcd_version(url: str) -> str:
     try:
         return requests.get(f"{url}/version", timeout=2).json().get("etcdserver", "?")
     except requests.RequestException:
@@ -193,15 +210,16 @@ def run(
         os.environ.setdefault("DJANGO_SECRET_KEY", env["DJANGO_SECRET_KEY"])
         for name in ("LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"):
             os.environ.setdefault(name, lock_database_url)  # settings.ops wants all three URLs
-        from lockserver.backends.etcd import EtcdLockBackend
+        from lockserver.backends.etcd.backend import EtcdLockBackend
 
         direct = EtcdLockBackend(
             url=etcd.url, prefix="direct/", adopt_pg_sequence=False, housekeeping=False
         )
         levels = []
         for n in clients:
-            http_row = _drive(n, _http_pair_factory(server.url), seconds)
-            direct_row = _drive(n, _direct_pair_factory(direct), seconds)
+            assert etcd.process is not None
+            http_row = _drive(n, _http_pair_factory(server.url), seconds, etcd.process.pid)
+            direct_row = _drive(n, _direct_pair_factory(direct), seconds, etcd.process.pid)
             levels.append(
                 {
                     "clients": n,
@@ -218,7 +236,7 @@ def run(
         result = {
             "name": "lock_etcd",
             "backend": "etcd",
-            "etcd_version": _etcd_version(etcd.url),
+            "etcd_version": etcd_version(etcd.url),
             "seconds_per_level": seconds,
             "workload": "per client: one session, loop acquire+release on its own key",
             "direct": "the same etcd transactions from an in-process EtcdLockBackend, no HTTP",

@@ -8,9 +8,12 @@ function's own time summed by the package it lives in.
 default 8; BENCH_LOCKPATH_BACKEND=etcd runs the etcd backend on a private etcd, into
 `lockpath-etcd.json`). Writes `<out>/lockpath.json`: CPU per pair without the profiler; arms
 in blocks of pairs/8 alternated in one process (order rotated per round) — the role at the
-bench's WARNING and at the default INFO, and with each of dlock's per-request cuts undone
-(django-prometheus' stock request metrics; log records that collect caller and thread) — with
-what each cut saves (the median per-round difference); and the share of each layer.
+bench's WARNING and at the default INFO, and with each per-request cut undone (django-prometheus'
+stock request metrics; log records that collect caller and thread; the pair's two event lines
+written, as at DEBUG; the request parsed by gunicorn's Python parser rather than gunicorn_h1c,
+the C parser gunicorn's default `http_parser` picks up) — with what each cut saves (the median
+per-round difference); and the share of each layer. The parser arms parse each request's bytes
+with gunicorn's own RequestParser before the application is called (gunicorn's only part here).
 """
 
 from __future__ import annotations
@@ -35,11 +38,16 @@ from django_prometheus.middleware import (
     PrometheusAfterMiddleware,
     PrometheusBeforeMiddleware,
 )
+from gunicorn.config import Config as GunicornConfig
+from gunicorn.http.parser import RequestParser
 from prometheus_client import CollectorRegistry
 
 from bench import credentials
 from bench.rounds import rotated
-from devstack import EtcdServer, PgCluster, free_port, manage
+from devstack.common import free_port
+from devstack.etcd import EtcdServer
+from devstack.postgres import PgCluster
+from devstack.roles import manage
 
 PAIRS = int(os.environ.get("BENCH_LOCKPATH_PAIRS", "2000"))
 ARM_ROUNDS = int(os.environ.get("BENCH_LOCKPATH_ROUNDS", "8"))
@@ -66,6 +74,7 @@ class _App:
         from settings.wsgi import application
 
         self.application = application
+        self.parser: GunicornConfig | None = None  # parse each request with gunicorn's parser
         self.headers = {**credentials.headers(), "X-Owner-Id": "lockpath"}
         status, body = self.call(
             "POST", "/v1/sessions", {"ownerId": "lockpath", "ttlMillis": 60_000}
@@ -74,8 +83,21 @@ class _App:
         self.session = body["sessionId"]
         self.count = 0
 
+    def parse(self, method: str, path: str, raw: bytes, headers: dict) -> None:
+        """What gunicorn does with the request's bytes before the application is called."""
+        assert self.parser is not None
+        head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(raw)}"]
+        head += [f"{name}: {value}" for name, value in headers.items()]
+        if raw:
+            head.append("Content-Type: application/json")
+        data = ("\r\n".join(head) + "\r\n\r\n").encode() + raw
+        request = next(RequestParser(self.parser, iter([data]), ("127.0.0.1", 40000)))
+        assert request.path == path.partition("?")[0] and request.body.read() == raw
+
     def call(self, method: str, path: str, body: dict | None = None, extra: dict | None = None):
         raw = json.dumps(body).encode() if body is not None else b""
+        if self.parser is not None:
+            self.parse(method, path, raw, {**self.headers, **(extra or {})})
         path, _, query = path.partition("?")
         environ = {
             "REQUEST_METHOD": method,
@@ -145,11 +167,19 @@ _STOCK_METRICS = {
 }
 
 
+def _parser(mode: str) -> GunicornConfig:
+    config = GunicornConfig()
+    config.set("http_parser", mode)  # "python", or "fast": gunicorn_h1c (an error without it)
+    return config
+
+
 def _arms(app: _App) -> dict[str, tuple]:
-    """Each arm: (WSGI application, log level, collect caller and thread info in records).
-    The shipped role at the bench's WARNING and at the default INFO, and each cut undone:
-    django-prometheus' stock request metrics (dlock.prometheus), and log records that collect
-    the caller and thread (dlock.logs)."""
+    """Each arm: (WSGI application, log level, collect caller and thread info in records, the
+    level of dlock's events, gunicorn's request parser or None). The shipped role at the bench's
+    WARNING and at the default INFO, and each cut undone: django-prometheus' stock request
+    metrics (dlock.prometheus), log records that collect the caller and thread (dlock.logs),
+    the pair's two event lines (lockserver.services, DEBUG), gunicorn_h1c (gunicorn's Python
+    parser instead)."""
     from django.conf import settings
     from django.core.handlers.wsgi import WSGIHandler
     from django.test import override_settings
@@ -157,11 +187,45 @@ def _arms(app: _App) -> dict[str, tuple]:
     stock = [_STOCK_METRICS.get(name, name) for name in settings.MIDDLEWARE]
     with override_settings(MIDDLEWARE=stock):
         stock_metrics = WSGIHandler()
+    python, fast = _parser("python"), _parser("fast")
     return {
-        "WARNING": (app.application, logging.WARNING, False),
-        "INFO": (app.application, logging.INFO, False),
-        "WARNING, stock request metrics": (stock_metrics, logging.WARNING, False),
-        "INFO, records with caller and thread": (app.application, logging.INFO, True),
+        "WARNING": (app.application, logging.WARNING, False, logging.NOTSET, None),
+        "INFO": (app.application, logging.INFO, False, logging.NOTSET, None),
+        "WARNING, stock request metrics": (
+            stock_metrics,
+            logging.WARNING,
+            False,
+            logging.NOTSET,
+            None,
+        ),
+        "INFO, records with caller and thread": (
+            app.application,
+            logging.INFO,
+            True,
+            logging.NOTSET,
+            None,
+        ),
+        "INFO, the pair's event lines written (DEBUG)": (
+            app.application,
+            logging.INFO,
+            False,
+            logging.DEBUG,
+            None,
+        ),
+        "INFO, gunicorn's Python request parser": (
+            app.application,
+            logging.INFO,
+            False,
+            logging.NOTSET,
+            python,
+        ),
+        "INFO, gunicorn_h1c request parser": (
+            app.application,
+            logging.INFO,
+            False,
+            logging.NOTSET,
+            fast,
+        ),
     }
 
 
@@ -175,13 +239,21 @@ _CUTS = {
         "INFO, records with caller and thread",
         "INFO",
     ),
-    "the two event lines at INFO (lock_acquired, lock_released)": ("INFO", "WARNING"),
+    "the pair's two event lines at DEBUG, not written at INFO (lockserver.services)": (
+        "INFO, the pair's event lines written (DEBUG)",
+        "INFO",
+    ),
+    "gunicorn_h1c: gunicorn's C request parser, not its Python one (2 requests)": (
+        "INFO, gunicorn's Python request parser",
+        "INFO, gunicorn_h1c request parser",
+    ),
 }
 
 
 def _set_arm(app: _App, arm: tuple) -> None:
-    app.application, level, caller = arm
+    app.application, level, caller, events, app.parser = arm
     logging.getLogger().setLevel(level)
+    logging.getLogger("dlock.events").setLevel(events)
     logging._srcfile = _SRCFILE if caller else None  # type: ignore[attr-defined]
     logging.logThreads = logging.logMultiprocessing = caller
 

@@ -4,7 +4,7 @@ same SQL statements issued directly with psycopg, in the same run, at 1/8/32 cli
 Starts its own durable PostgreSQL cluster (fsync on) and one lock-server (ROLE=lockserver,
 LOCK_BACKEND=pg, gunicorn defaults) on free ports. Each client holds one session and loops
 acquire → release on a key of its own (no contention: this measures the path, not queueing).
-"direct" sends `lockserver.backends.pg_sql.ACQUIRE_SQL` and `RELEASE_SQL` (the statements the
+"direct" sends `ACQUIRE_SQL` and `RELEASE_SQL` of `lockserver.backends.pg_sql` (the statements the
 backend sends on the granted path) on one autocommit psycopg connection per client.
 "floor_no_django" sends the HTTP clients to bench/floor_app.py (the same SQL behind the same
 gunicorn config, without Django/DRF): the floor of the HTTP path on this machine. At each level
@@ -35,8 +35,12 @@ from pathlib import Path
 
 from bench import credentials
 from bench.proc import cpu_seconds
-from devstack import PROJECT, PgCluster, RoleProcess, free_port, manage
-from lockserver.backends import pg_sql as fenced_sql
+from devstack.common import PROJECT, free_port
+from devstack.postgres import PgCluster
+from devstack.roles import RoleProcess, manage
+from lockserver.backends.pg_sql import acquire as acquire_sql
+from lockserver.backends.pg_sql import release as release_sql
+from lockserver.backends.pg_sql import sessions as sessions_sql
 
 DURATION_S = float(os.environ.get("BENCH_LOCKSERVER_SECONDS", "5"))
 # dlock's HTTP arm and the floor arm alternate, ROUNDS times ROUND_S each (dlock, floor, dlock,
@@ -186,17 +190,17 @@ def _direct_pair_factory(db_url: str) -> Callable[[int], Callable[[], None]]:
         owner = f"bench-direct-{index}"
         session_id = uuid.uuid4()
         with conn.cursor() as cur:
-            fenced_sql.open_session(cur, session_id=session_id, owner_id=owner, ttl_ms=60_000)
+            sessions_sql.open_session(cur, session_id=session_id, owner_id=owner, ttl_ms=60_000)
         key = f"bench:direct:{index}:{uuid.uuid4().hex[:8]}"
 
         def pair() -> None:
             with conn.cursor() as cur:
-                acquired = fenced_sql.try_acquire(
+                acquired = acquire_sql.try_acquire(
                     cur, key=key, session_id=session_id, owner_id=owner, ttl_ms=10_000
                 )
                 if acquired is None:
                     raise RuntimeError("direct acquire refused")
-                if fenced_sql.release(cur, key=key, token=acquired.grant.fencing_token) is None:
+                if release_sql.release(cur, key=key, token=acquired.grant.fencing_token) is None:
                     raise RuntimeError("direct release refused")
 
         return pair
@@ -323,7 +327,7 @@ def run(out_dir: str | Path = ".run/bench", clients: tuple[int, ...] = CLIENTS) 
             "interleaved": f"dlock HTTP and floor alternate, {ROUNDS} rounds × {ROUND_S} s each;"
             " http_over_floor is the median of the rounds' ratios",
             "workload": "per client: one session, loop acquire+release on its own key",
-            "direct": "fenced_sql ACQUIRE_SQL + RELEASE_SQL via psycopg, one connection/client",
+            "direct": "pg_sql ACQUIRE_SQL + RELEASE_SQL via psycopg, one connection/client",
             "floor_no_django": "bench/floor_app.py: the same SQL over a psycopg pool behind the "
             "same gunicorn config, without Django/DRF/middleware/validation/logs/metrics (not a "
             "lock server; the floor of this machine's HTTP path)",

@@ -44,7 +44,8 @@ import psycopg
 
 from bench import payout_path
 from bench.proc import STATES, CpuSampler, role_pids, tree_cpu_seconds
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 
 CONCURRENCY = int(os.environ.get("BENCH_FLOOR_CONCURRENCY", "32"))
 EXPECTED_PER_S = 80.0  # planning only: payouts = POINT_S × this, at least 8 per client
@@ -347,7 +348,8 @@ def run(
 
 def _floor_once(stack, *, logdir: Path, payouts_s: float) -> dict:
     """Seed fresh payouts and drive them through the floor servers at CONCURRENCY."""
-    from experiment.runner import ExperimentConfig, seed_fenced
+    from experiment.arms.fenced import seed_fenced
+    from experiment.config import ExperimentConfig
 
     result = stack.manage("railstub_config", "--reset", "--latency-ms", "0")
     if result.returncode != 0:

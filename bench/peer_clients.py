@@ -1,6 +1,7 @@
 """bench.peers' lock clients, one per arm: dlock over HTTP (both backends), etcd's v3 lock API
-through its JSON gateway (leases kept alive by one thread), and kazoo's Lock recipe on ZooKeeper.
-Each has acquire() -> token, release() and close().
+through its JSON gateway and over gRPC (leases kept alive by one thread), etcd's lock recipe over
+gRPC (one create-if-absent transaction, one delete), and kazoo's Lock recipe on ZooKeeper. Each
+has acquire() -> token, release() and close().
 """
 
 from __future__ import annotations
@@ -12,14 +13,19 @@ import threading
 import time
 import uuid
 
+import grpc
+
 from bench import credentials
+from lockserver.etcd_client import EtcdClient
+from lockserver.etcd_ops import compare, delete, get, put
+from lockserver.etcd_proto import rpc_pb2, rpc_pb2_grpc, v3lock_pb2, v3lock_pb2_grpc
 
 HOT_WAIT_MS = 5_000
 LEASE_TTL_S = 60
 KEEPALIVE_S = 15.0
 
 
-class _Http:
+class Http:
     """One keep-alive HTTP/1.1 connection (stdlib), JSON in and out. Between rounds a client sits
     idle while the other arms run; a connection idle longer than IDLE_REOPEN_S (below gunicorn's
     5 s keep-alive) is replaced before the next request instead of being written into after the
@@ -62,7 +68,7 @@ class _Http:
 
 class DlockClient:
     def __init__(self, base_url: str, key: str, index: int, hot: bool) -> None:
-        self.http = _Http(base_url)
+        self.http = Http(base_url)
         self.key, self.hot = key, hot
         self.owner = f"peer-{index}-{uuid.uuid4().hex[:6]}"
         self.headers = {"X-Owner-Id": self.owner, **credentials.headers()}
@@ -142,7 +148,7 @@ class EtcdLockClient:
     """etcd's lock API through the JSON gateway, bound to this client's own lease."""
 
     def __init__(self, etcd_url: str, key: str, keepalive: EtcdKeepalive) -> None:
-        self.http = _Http(etcd_url)
+        self.http = Http(etcd_url)
         status, body = self.http.call("POST", "/v3/lease/grant", {"TTL": LEASE_TTL_S})
         if status != 200 or "ID" not in body:
             raise RuntimeError(f"lease grant {status} {body}")
@@ -173,6 +179,80 @@ class EtcdLockClient:
         self.http.close()
 
 
+def _grpc_target(etcd_url: str) -> str:
+    return etcd_url.split("://", 1)[-1].rstrip("/")
+
+
+class EtcdGrpcLockClient:
+    """etcd's lock API (the v3lock service's Lock/Unlock) over grpcio with the stubs generated
+    from etcd's .proto files, on a channel of its own, bound to this client's own lease (kept
+    alive by the same thread as the gateway arm's)."""
+
+    def __init__(self, etcd_url: str, key: str, keepalive: EtcdKeepalive) -> None:
+        self.channel = grpc.insecure_channel(
+            _grpc_target(etcd_url), (("grpc.use_local_subchannel_pool", 1),)
+        )
+        self.lock = v3lock_pb2_grpc.LockStub(self.channel)
+        self.leases = rpc_pb2_grpc.LeaseStub(self.channel)
+        self.lease = self.leases.LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=LEASE_TTL_S)).ID
+        self.name = f"peers/{key}".encode()
+        self.owned: bytes | None = None
+        self.keepalive = keepalive
+        keepalive.add(str(self.lease))
+
+    def acquire(self) -> int:
+        answer = self.lock.Lock(
+            v3lock_pb2.LockRequest(name=self.name, lease=self.lease), timeout=30
+        )
+        self.owned = answer.key
+        return int(answer.header.revision)
+
+    def release(self) -> None:
+        self.lock.Unlock(v3lock_pb2.UnlockRequest(key=self.owned), timeout=30)
+        self.owned = None
+
+    def close(self) -> None:
+        self.keepalive.remove(str(self.lease))
+        self.leases.LeaseRevoke(rpc_pb2.LeaseRevokeRequest(ID=self.lease), timeout=10)
+        self.channel.close()
+
+
+class EtcdRecipeClient:
+    """etcd's lock recipe at its barest, over gRPC (dlock's own etcd client, one channel per
+    client): acquire is one transaction creating `recipe/{key}` on the client's lease only if
+    it does not exist (else the holder is watched until it is deleted, then again), release
+    deletes it. The token is the create revision. The floor dlock's etcd backend is held to:
+    one key put, one delete per pair."""
+
+    def __init__(self, etcd_url: str, key: str, keepalive: EtcdKeepalive) -> None:
+        self.client = EtcdClient(etcd_url, read_timeout=30.0)
+        self.lease, _ = self.client.lease_grant(LEASE_TTL_S)
+        self.key = f"recipe/{key}"
+        self.keepalive = keepalive
+        keepalive.add(str(self.lease))
+
+    def acquire(self) -> int:
+        while True:
+            result = self.client.txn(
+                [compare(self.key, "CREATE", "EQUAL", 0)],
+                [put(self.key, "", self.lease)],
+                [get(self.key)],
+            )
+            if result.succeeded:
+                return result.revision
+            self.client.wait_for_change(
+                [self.key], after_revision=result.revision, timeout_s=30, deletions_only=True
+            )
+
+    def release(self) -> None:
+        self.client.txn([], [delete(self.key)])
+
+    def close(self) -> None:
+        self.keepalive.remove(str(self.lease))
+        self.client.lease_revoke(self.lease)
+        self.client.close()
+
+
 class EtcdKeepalive:
     """One thread keeps every etcd-lock client's lease alive (every KEEPALIVE_S)."""
 
@@ -192,7 +272,7 @@ class EtcdKeepalive:
         self.leases.discard(lease)
 
     def _loop(self) -> None:
-        conn = _Http(self.url)
+        conn = Http(self.url)
         while not self._stop.wait(KEEPALIVE_S):
             for lease in list(self.leases):
                 try:
@@ -204,7 +284,7 @@ class EtcdKeepalive:
                 except (OSError, http.client.HTTPException):
                     self.failed += 1
                     conn.close()
-                    conn = _Http(self.url)
+                    conn = Http(self.url)
         conn.close()
 
     def stop(self) -> None:
@@ -235,8 +315,8 @@ class ZkLockClient:
         self.zk.close()
 
 
-def _etcd_version(url: str) -> str:
-    conn = _Http(url)
+def etcd_version(url: str) -> str:
+    conn = Http(url)
     try:
         status, body = conn.call("GET", "/version")
         return str(body.get("etcdserver", "?")) if status == 200 else "?"

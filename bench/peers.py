@@ -15,6 +15,11 @@ fenced resource can check:
   (`/v3/lease/grant`, TTL 60 s, kept alive every 15 s by one thread, revoked at the end). The
   token is the revision in the Lock answer's header: the store's revision once the caller
   holds the lock, above the previous holder's delete, so strictly increasing per key.
+- `etcd-lock-grpc`: the same lock API over grpcio (stubs generated from etcd's .proto files,
+  `lockserver.etcd_proto`), a channel and a lease per client: etcd's lock on its best client.
+- `etcd-recipe-grpc`: the lock recipe at its barest over gRPC (dlock's own etcd client): one
+  transaction creating the key on the client's lease if it is absent, one delete; token = the
+  create revision. The store work dlock's etcd backend is measured against.
 
 Workloads: `own` (each client loops acquire+release on a key of its own: the path, no queueing)
 at 1, 8 and 32 clients, and `hot` (every client on one shared key: the queue) at 8 and 32. A
@@ -37,6 +42,16 @@ none), dlock-etcd and etcd-lock etcd's committed raft proposals
 (`etcd_server_proposals_committed_total`; a lease keepalive is not one), zookeeper the zxids
 (`srvr`). Each store's own background writes in the window (the lock servers' housekeeping)
 are included, so the figure is an upper bound.
+
+Per etcd arm and round, from etcd's own counters over the window, per pair: the CPU of the etcd
+process alone (`etcd_cpu_ms_per_pair`), the key writes it executed (`etcd_put_delete_ops_per_pair`:
+`etcd_mvcc_put_total` + `etcd_mvcc_delete_total`, one per put and per delete operation, a delete
+that matched no key included; etcd counts no finer) and the watch events it sent
+(`etcd_debugging_mvcc_events_total`; the lock servers' watchers and the recipes' waiters). The
+compares a dlock-etcd pair sends are fixed by its code and tested
+(tests/lockserver/test_etcd_calls_per_pair.py), not counted here. `etcd_ratios` are the issue's
+etcd goals: dlock-etcd's etcd CPU per pair ÷ etcd-lock-grpc's, and dlock-etcd's pairs/s ÷
+dlock-pg's and ÷ etcd-lock's (gateway), medians of per-round ratios.
 
 Every grant's token is logged per key while it is held; `check_tokens` asserts strictly
 increasing per key (a violation fails the run). Writes `<out>/peers.json`.
@@ -62,61 +77,53 @@ from pathlib import Path
 
 from bench import credentials
 from bench.peer_clients import (
-    HOT_WAIT_MS,
-    KEEPALIVE_S,
-    LEASE_TTL_S,
     DlockClient,
+    EtcdGrpcLockClient,
     EtcdKeepalive,
     EtcdLockClient,
+    EtcdRecipeClient,
+    Http,
     ZkLockClient,
-    _etcd_version,
-    _Http,
+    etcd_version,
 )
 from bench.peer_rounds import (
-    PEERS,
-    WARMUP_S,
     TokenLog,
-    TokenOrderError,
     assert_tokens_increase,
     check_tokens,
     drive,
     median_row,
     ratios,
 )
-from bench.rounds import rotated
+from bench.rounds import median, rotated
 from bench.zookeeper import ZooKeeperServer
 from bench.zookeeper import version as zk_version
 from bench.zookeeper import write_count as zk_write_count
-from devstack import EtcdServer, PgCluster, RoleProcess, free_port, manage
+from devstack.common import free_port
+from devstack.etcd import EtcdServer
+from devstack.postgres import PgCluster
+from devstack.roles import RoleProcess, manage
 
-__all__ = [
-    "ARMS",
-    "HOT_WAIT_MS",
-    "KEEPALIVE_S",
-    "LEASE_TTL_S",
-    "PEERS",
-    "POINTS",
-    "ROUNDS",
-    "ROUND_S",
-    "WARMUP_S",
-    "DlockClient",
-    "EtcdKeepalive",
-    "EtcdLockClient",
-    "TokenLog",
-    "TokenOrderError",
-    "ZkLockClient",
-    "assert_tokens_increase",
-    "check_tokens",
-    "drive",
-    "ratios",
-    "run",
-]
+__all__ = ["ARMS", "POINTS", "ROUNDS", "ROUND_S", "run"]
 
 
 ROUNDS = int(os.environ.get("BENCH_PEERS_ROUNDS", "3"))
 ROUND_S = float(os.environ.get("BENCH_PEERS_ROUND_S", "2"))
 ALL_POINTS = (("own", 1), ("own", 8), ("own", 32), ("hot", 8), ("hot", 32))
-ALL_ARMS = ("dlock-pg", "dlock-etcd", "zookeeper", "etcd-lock")
+ALL_ARMS = (
+    "dlock-pg",
+    "dlock-etcd",
+    "zookeeper",
+    "etcd-lock",
+    "etcd-lock-grpc",
+    "etcd-recipe-grpc",
+)
+# arms whose store is etcd: etcd's own CPU, keys written and watch events per pair
+ETCD_ARMS = ("dlock-etcd", "etcd-lock", "etcd-lock-grpc", "etcd-recipe-grpc")
+ETCD_COUNTERS = {
+    "put": "etcd_mvcc_put_total",
+    "delete": "etcd_mvcc_delete_total",
+    "events": "etcd_debugging_mvcc_events_total",
+}
 
 
 def _chosen_points(text: str) -> tuple[tuple[str, int], ...]:
@@ -189,7 +196,7 @@ class _Stack:
         assert self.etcd.process is not None and self.zk.process is not None
         if arm == "zookeeper":
             return {"zookeeper": self.zk.process.pid}
-        if arm == "etcd-lock":
+        if arm in ETCD_ARMS and arm not in self.servers:
             return {"etcd": self.etcd.process.pid}
         server = self.servers[arm]
         assert server.process is not None
@@ -214,17 +221,23 @@ class _Stack:
         found = re.search(r"\d+", self.pg.psql("SELECT pg_snapshot_xmax(pg_current_snapshot())"))
         return int(found.group()) if found else None
 
-    def _etcd_proposals(self) -> int | None:
-        conn = _Http(self.etcd.url)
+    def _etcd_metrics(self) -> str:
+        conn = Http(self.etcd.url)
         try:
             conn.conn.request("GET", "/metrics")
-            text = conn.conn.getresponse().read().decode()
+            return conn.conn.getresponse().read().decode()
         except (OSError, http.client.HTTPException):
-            return None
+            return ""
         finally:
             conn.close()
-        found = re.search(r"^etcd_server_proposals_committed_total (\S+)$", text, re.M)
-        return int(float(found.group(1))) if found else None
+
+    def _etcd_proposals(self) -> int | None:
+        return _counter(self._etcd_metrics(), "etcd_server_proposals_committed_total")
+
+    def etcd_counters(self) -> dict[str, int | None]:
+        """etcd's keys-written and watch-event counters now (ETCD_COUNTERS)."""
+        text = self._etcd_metrics()
+        return {name: _counter(text, metric) for name, metric in ETCD_COUNTERS.items()}
 
     def client_factory(
         self, arm: str, keepalive: EtcdKeepalive
@@ -233,6 +246,10 @@ class _Stack:
             return lambda index, key, hot: ZkLockClient(self.zk.hosts, key)
         if arm == "etcd-lock":
             return lambda index, key, hot: EtcdLockClient(self.etcd.url, key, keepalive)
+        if arm == "etcd-lock-grpc":
+            return lambda index, key, hot: EtcdGrpcLockClient(self.etcd.url, key, keepalive)
+        if arm == "etcd-recipe-grpc":
+            return lambda index, key, hot: EtcdRecipeClient(self.etcd.url, key, keepalive)
         url = self.servers[arm].url
         return lambda index, key, hot: DlockClient(url, key, index, hot)
 
@@ -242,6 +259,64 @@ class _Stack:
         self.zk.stop()
         self.etcd.stop()
         self.pg.stop("immediate")
+
+
+def _counter(text: str, metric: str) -> int | None:
+    found = re.search(rf"^{metric} (\S+)$", text, re.M)
+    return int(float(found.group(1))) if found else None
+
+
+def _with_etcd_work(row: dict, before: dict, after: dict) -> dict:
+    """An etcd arm's round row with etcd's own CPU, keys written and watch events per pair."""
+    pairs = row["pairs"]
+    delta = {
+        name: None if before[name] is None or after[name] is None else after[name] - before[name]
+        for name in ETCD_COUNTERS
+    }
+    written = (
+        None if delta["put"] is None or delta["delete"] is None else delta["put"] + delta["delete"]
+    )
+    etcd_cpu = (row.get("server_cpu_ms_per_pair_by_process") or {}).get("etcd")
+    return {
+        **row,
+        "etcd_cpu_ms_per_pair": etcd_cpu,
+        "etcd_put_delete_ops_per_pair": round(written / pairs, 2)
+        if pairs and written is not None
+        else None,
+        "etcd_watch_events_per_pair": round(delta["events"] / pairs, 2)
+        if pairs and delta["events"] is not None
+        else None,
+    }
+
+
+def etcd_ratios(rounds: list[dict]) -> dict:
+    """The etcd goals per round and their medians: dlock-etcd's etcd CPU per pair ÷
+    etcd-lock-grpc's, dlock-etcd's pairs/s ÷ dlock-pg's and ÷ etcd-lock's (gateway)."""
+
+    def ratio(one: dict, top: str, bottom: str, field: str) -> float | None:
+        a, b = one["arms"].get(top), one["arms"].get(bottom)
+        if not a or not b or not a.get(field) or not b.get(field):
+            return None
+        return round(a[field] / b[field], 3)
+
+    per = {
+        "etcd_cpu_over_etcd_lock_grpc": [
+            ratio(one, "dlock-etcd", "etcd-lock-grpc", "etcd_cpu_ms_per_pair") for one in rounds
+        ],
+        "etcd_over_pg": [ratio(one, "dlock-etcd", "dlock-pg", "pairs_per_s") for one in rounds],
+        "etcd_over_etcd_lock": [
+            ratio(one, "dlock-etcd", "etcd-lock", "pairs_per_s") for one in rounds
+        ],
+        "etcd_over_etcd_lock_grpc": [
+            ratio(one, "dlock-etcd", "etcd-lock-grpc", "pairs_per_s") for one in rounds
+        ],
+    }
+    return {**{name: median(values) for name, values in per.items()}, "rounds": per}
+
+
+def _etcd_medians(rows: list[dict]) -> dict:
+    fields = ("etcd_cpu_ms_per_pair", "etcd_put_delete_ops_per_pair", "etcd_watch_events_per_pair")
+    return {field: median([r.get(field) for r in rows]) for field in fields}
 
 
 def _open(factory, n: int, keys: list[str], hot: bool) -> list:
@@ -306,7 +381,7 @@ def run(
             )
         versions = {
             "postgres": stack.pg.psql("SHOW server_version").split("'")[1],
-            "etcd": _etcd_version(stack.etcd.url),
+            "etcd": etcd_version(stack.etcd.url),
             "zookeeper": zk_version(stack.zk.port),
         }
     finally:
@@ -362,7 +437,8 @@ def _run_point(
             order = rotated(arms, index)
             one = {"round": index + 1, "order": list(order), "arms": {}}
             for arm in order:
-                one["arms"][arm] = drive(
+                etcd_before = stack.etcd_counters() if arm in ETCD_ARMS else None
+                row = drive(
                     arm,
                     opened[arm],
                     keys[arm],
@@ -371,6 +447,9 @@ def _run_point(
                     tokens,
                     stack.write_counter(arm),
                 )
+                if etcd_before is not None:
+                    row = _with_etcd_work(row, etcd_before, stack.etcd_counters())
+                one["arms"][arm] = row
             one["loadavg_1m"] = round(os.getloadavg()[0], 2)
             done.append(one)
     finally:
@@ -380,8 +459,15 @@ def _run_point(
     point = {
         "workload": workload,
         "clients": n,
-        "arms": {arm: median_row([r["arms"][arm] for r in done]) for arm in arms},
+        "arms": {
+            arm: {
+                **median_row([r["arms"][arm] for r in done]),
+                **(_etcd_medians([r["arms"][arm] for r in done]) if arm in ETCD_ARMS else {}),
+            }
+            for arm in arms
+        },
         "ratios": ratios(done),
+        "etcd_ratios": etcd_ratios(done),
         "rounds": done,
     }
     print(
@@ -406,6 +492,10 @@ def _arm_notes(stack: _Stack) -> dict[str, str]:
         " (token: lock znode sequence)",
         "etcd-lock": "etcd v3lock Lock/Unlock via the JSON gateway, one lease per client"
         " (token: Lock answer's header revision)",
+        "etcd-lock-grpc": "etcd v3lock Lock/Unlock over grpcio, a channel and a lease per client"
+        " (token: Lock answer's header revision)",
+        "etcd-recipe-grpc": "create-if-absent txn on the client's lease + delete, over grpcio"
+        " (token: the create revision)",
     }
 
 

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack import wait_until
+from devstack.common import wait_until
 
 JAR = Path("/usr/share/java/zookeeper.jar")
 MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"

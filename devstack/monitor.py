@@ -1,10 +1,12 @@
 """`make monitor`: Debian's Prometheus against the running local stack, with the shipped scrape
 configuration (monitoring/prometheus.yml) and rules (monitoring/alerts.yml).
 
-Steps: read .run/stack.env (the running stack's URLs) → write .run/monitor/: the shipped config
-(https and the stack's CA added under TLS), the rules, and targets/<job>.json per scrape job →
-exec `prometheus` in the foreground on 127.0.0.1:MONITOR_PORT (default 9090), its data in
-.run/monitor/data. Ctrl-C stops it; the stack keeps running.
+Steps: read .run/stack.env (the running stack's URLs), DLOCK_EXECUTOR_METRICS from the
+environment (`make monitor DLOCK_EXECUTOR_METRICS=…` or an exported variable) over the file's →
+write .run/monitor/: the shipped config (https and the stack's CA added under TLS), the rules,
+and targets/<job>.json per scrape job → exec `prometheus` in the foreground on
+127.0.0.1:MONITOR_PORT (default 9090), its data in .run/monitor/data. Ctrl-C stops it; the stack
+keeps running.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def main() -> None:
         sys.stderr.write("dlock: no running stack (.run/stack.env): make up first\n")
         raise SystemExit(2)
     env = read_env(run / "stack.env")
+    if os.environ.get(EXECUTOR_ENV):  # the caller's executors, given on the command line
+        env[EXECUTOR_ENV] = os.environ[EXECUTOR_ENV]
     workdir = run / "monitor"
     config = prepare(env, workdir)
     port = int(os.environ.get("MONITOR_PORT") or 9090)

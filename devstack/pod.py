@@ -7,22 +7,41 @@ or SIGINT drains (nginx first: its listener closes at once and the requests it h
 then gunicorn stops), `killpg(SIGSTOP/SIGCONT/SIGKILL)` reaches both, and the exit status is
 gunicorn's. If either child dies on its own the other is stopped and the pod exits. Development
 tooling: the image runs gunicorn and nginx as two containers (k8s/), never this.
+
+With `--log FILE`, gunicorn's output (the role's JSON lines) goes through a pipe into
+logging's RotatingFileHandler on FILE: at most `--log-max-bytes` per file and `--log-backups`
+older files (FILE.1, …), so a long-running local stack's logs stay capped. One writer per file:
+the pod, never the role's worker processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import logging
+import logging.handlers
 import signal
 import subprocess
 import sys
+import threading
 import time
 from types import FrameType
+from typing import IO
 
-from devstack.proxy import NGINX
+from devstack.proxy import NGINX, worker_user
 
 PR_SET_PDEATHSIG = 1
 DRAIN_MARGIN_S = 5.0  # beyond nginx's own worker_shutdown_timeout before it is killed
+LOG_MAX_BYTES = 64 * 1024 * 1024  # per file, FILE and each of its backups
+LOG_BACKUPS = 3
+
+
+def copy_lines(source: IO[bytes], handler: logging.Handler) -> None:
+    """Every line of `source` (until EOF) into `handler`, as written (no format of ours)."""
+    for raw in iter(source.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
+    handler.close()
 
 
 def _die_with_parent() -> None:
@@ -33,15 +52,42 @@ def _die_with_parent() -> None:
         pass
 
 
+def _main_directives() -> str:
+    """nginx in the foreground; started as root, its worker runs as `worker_user()`."""
+    user = worker_user()
+    return "daemon off;" + (f" user {user};" if user else "")
+
+
 class Pod:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.stopping = False
         self.gunicorn: subprocess.Popen | None = None
         self.nginx: subprocess.Popen | None = None
+        self.copier: threading.Thread | None = None
 
     def start(self) -> None:
-        self.gunicorn = subprocess.Popen(self.args.gunicorn, preexec_fn=_die_with_parent)
+        if not self.args.log:
+            self.gunicorn = subprocess.Popen(self.args.gunicorn, preexec_fn=_die_with_parent)
+        else:
+            handler = logging.handlers.RotatingFileHandler(
+                self.args.log,
+                maxBytes=self.args.log_max_bytes,
+                backupCount=self.args.log_backups,
+                encoding="utf-8",
+            )
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            self.gunicorn = subprocess.Popen(
+                self.args.gunicorn,
+                preexec_fn=_die_with_parent,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            assert self.gunicorn.stdout is not None
+            self.copier = threading.Thread(
+                target=copy_lines, args=(self.gunicorn.stdout, handler), daemon=True
+            )
+            self.copier.start()
         self.nginx = subprocess.Popen(
             [
                 NGINX,
@@ -52,7 +98,7 @@ class Pod:
                 "-e",
                 self.args.nginx_log,
                 "-g",
-                "daemon off;",
+                _main_directives(),
             ],
             preexec_fn=_die_with_parent,
         )
@@ -81,7 +127,10 @@ class Pod:
                 return 1
             time.sleep(0.1)
         self._stop_nginx(graceful=True)
-        return self._stop_gunicorn()
+        code = self._stop_gunicorn()
+        if self.copier is not None:
+            self.copier.join(5)  # gunicorn's last lines
+        return code
 
     def _stop_nginx(self, *, graceful: bool) -> None:
         """SIGQUIT: nginx closes its listener at once and lets requests in flight finish
@@ -113,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nginx-prefix", required=True)
     parser.add_argument("--nginx-log", required=True)
     parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument("--log", help="gunicorn's output into this file, rotated")
+    parser.add_argument("--log-max-bytes", type=int, default=LOG_MAX_BYTES)
+    parser.add_argument("--log-backups", type=int, default=LOG_BACKUPS)
     parser.add_argument("gunicorn", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.gunicorn[:1] == ["--"]:

@@ -168,6 +168,11 @@ class PgCluster:
             return
         self._pg_ctl("-m", mode, "-w", "stop", check=False)
 
+    def restart(self, mode: str = "fast") -> None:
+        """`pg_ctl restart -m mode`: every session is closed, the server is back (same options)
+        when this returns."""
+        self._pg_ctl("-m", mode, "-w", "-t", "60", "-l", str(self.logfile), "restart", check=True)
+
     def psql(self, sql: str, dbname: str = "postgres") -> str:
         import psycopg
 

@@ -1,55 +1,63 @@
 """The VALUES of the nginx in front of every server role; its configuration is deploy/nginx/.
 
-`deploy/nginx/dlock.conf.tmpl` (with `roles/<role>.conf` and the pieces it includes) is the whole
-configuration as nginx text; `values()` computes what fills its placeholders (ports, timeouts,
-sizes, names, paths, the envelopes) and `render()` fills it (devstack/proxy_template.py) for a
-role instance (`make up`, the tests, the bench: `devstack.pod` runs it beside the role's gunicorn)
-and for Kubernetes (`python -m devstack.proxy k8s` writes k8s/nginx/<component>.conf, which
-kustomize's configMapGenerator turns into the `<component>-nginx` ConfigMaps; checked current by
-tests/production/test_deploy_artifacts.py). The proxy's own error answers are C3 envelopes built
-by dlock's error catalogue (`dlock.errors.ApiError`), with nginx's request id (or the client's
-traceparent trace id) as traceId. docs/operations.md "Serving topology".
+deploy/nginx/*.conf.template are the whole configuration as plain nginx text (nginx's own
+`include`) with `${EDGE_*}` placeholders. `values()` computes what fills them for one role
+instance from the role's settings (ports, timeouts, sizes, names, paths, switches) and `fill()`
+writes the filled files beside each other for `make up`, the tests and the bench (`devstack.pod`
+runs nginx on them beside the role's gunicorn): `string.Template` over the same files the
+official nginx image fills with envsubst in Kubernetes, where the values are the proxy
+container's EDGE_* environment in k8s/<component>.yaml (`kubernetes_values()` is what the
+parity test expects there). docs/operations.md "Serving topology".
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devstack import proxy_admin, proxy_template
+from devstack import proxy_admin
 from devstack.common import PROJECT
 from dlock.budgets import BUDGETS, LONGEST_REQUEST_S, RAIL_READ_TIMEOUT_S
-from dlock.errors import ApiError, Code
 from dlock.roles import SERVICE_NAMES
-from dlock.wire import JSON_SECURITY_HEADERS, KNOWN_METHODS, SECURITY_HEADERS
 
-TEMPLATE = proxy_template.DIRECTORY / "dlock.conf.tmpl"
+DIRECTORY = PROJECT / "deploy" / "nginx"
+SUFFIX = ".template"  # the official nginx image's NGINX_ENVSUBST_TEMPLATE_SUFFIX
 NGINX = "/usr/sbin/nginx"
 # nginx cuts a request this long after the role's own deadline would have answered it.
 READ_TIMEOUT_MARGIN_MS = 250
 # A third party's proxy knows nothing of our budgets: the rail-proxy's own RAIL_READ_TIMEOUT_MS
 # decides when the rail took too long, exactly as when the stub had no proxy.
 RAILSTUB_READ_TIMEOUT_MS = 60_000
-# Requests in progress per client address (limit_conn), far below what one proxy holds
-# (worker_connections 8192): one address cannot take the role's connections. Locally every
+# Requests in progress per client address (limit_conn), well below the proxy's bound on all of
+# them (PROXY_CONN_PER_PROXY): one address cannot take the role's connections. Locally every
 # executor, test and bench driver is 127.0.0.1, so the default is four times one executor's 64
 # in flight; Kubernetes (one address per executor pod) sets it lower (K8S_CONN_PER_CLIENT).
 # Behind SNAT or a mesh sidecar every caller shares one address and so this cap:
 # docs/operations.md "Serving topology".
 DEFAULT_CONN_PER_CLIENT = 256
+# Connections one proxy holds (worker_connections), and requests in progress in all
+# (limit_conn per_proxy): a forwarded request holds two connections (client and gunicorn), so
+# the sum stays below half of them; the rest is headroom for idle keep-alives, heads being read
+# and refusals, so an honest caller meets a 503 envelope at worst, never a reset. The count
+# bounds the sidecar's memory too (docs/operations.md "Serving topology").
+DEFAULT_WORKER_CONNECTIONS = 2048
+DEFAULT_CONN_PER_PROXY = 768
 # Between two reads of a request body (client_body_timeout). nginx has no timer on a whole body,
 # only this one per read, so it is short: an honest client writes its body (< 4 KiB, one
 # segment) right behind the head; a trickle slower than one byte a second is closed at its
 # first gap. The whole body's bound is this times the route's size limit
-# (deploy/nginx/roles/<role>.conf).
+# (deploy/nginx/role-<role>.conf.template).
 DEFAULT_BODY_TIMEOUT_MS = 1_000
-# What an envelope's traceId is on the proxy's own answers (an nginx variable, see template).
-TRACE = "$dlock_trace_id"
-UPSTREAM_KEEPALIVE_S = 4  # below gunicorn's keepalive (5 s, settings/gunicorn.py)
+# The largest body of a page route (`location /`: everything but /v1, probes and the rail's
+# /submit): the admin's forms (a bulk action's 100 selected ids is about 6 KiB), nothing on the
+# other roles (their pages are GET: API docs, schema).
+PAGE_MAX_BODY_BYTES = {"admin": 16 * 1024}
+# Strict-Transport-Security under TLS: a year, this host only.
+HSTS = "max-age=31536000"
 
 
 def _ms(env: Mapping[str, str], name: str, default: int) -> int:
@@ -128,13 +136,11 @@ class ProxyConfig:
     role: str
     listen: str  # "127.0.0.1:8082" or "8080"
     upstream: str  # "unix:/path/role.sock" or "127.0.0.1:8081"
-    prefix: Path  # nginx's prefix: pid file and temp directories
     error_log: str  # a path or "stderr"
     env: Mapping[str, str] = field(default_factory=dict)
     metrics_listen: str | None = None  # a listener answering /metrics and /health/* only
     tls_certificate: str | None = None
     tls_key: str | None = None
-    user: str | None = None  # the worker's user when nginx starts as root ("nobody nogroup")
 
     @property
     def names(self) -> list[str]:
@@ -145,23 +151,6 @@ class ProxyConfig:
         return bool(self.tls_certificate)
 
 
-def envelope(code: Code, message: str, *, status: int | None = None, field_name: str = "") -> str:
-    """The C3 envelope (the same six fields dlock writes) as an nginx `return` text."""
-    details = None
-    if field_name:
-        details = {"fields": [{"field": field_name, "message": message}]}
-    error = ApiError(code, message, http_status=status, details=details)
-    body = json.dumps(error.envelope("TRACE"), separators=(",", ":"))
-    if "'" in body or "\\" in body or "$" in body:  # nginx would read them in a quoted text
-        raise ValueError(f"envelope text nginx cannot quote: {body}")
-    return body.replace('"TRACE"', f'"{TRACE}"')
-
-
-def _retry_after_s() -> int:
-    overloaded = ApiError(Code.OVERLOADED)
-    return max(1, -(-(overloaded.retry_after_ms or 0) // 1000))
-
-
 def passes_drops(config: ProxyConfig) -> bool:
     """A forwarded request whose answer was cut is dropped (no answer) rather than 502: the rail
     stub's default (PROXY_PASS_DROPS=1), so its injected drops stay drops."""
@@ -169,60 +158,16 @@ def passes_drops(config: ProxyConfig) -> bool:
     return config.env.get("PROXY_PASS_DROPS", default) == "1"
 
 
-def envelopes(config: ProxyConfig) -> dict[str, str]:
-    """ENVELOPE_<name>: the body of every answer the proxy writes itself (errors.conf)."""
-    vf = Code.VALIDATION_FAILED
-    request = {  # name -> (status, message) of a malformed request, field "request"
-        "400": (None, "the request could not be parsed"),
-        "400_TLS": (None, "this port speaks TLS: use https://"),
-        "405": (405, "method not allowed"),
-        "408": (408, "the request did not arrive in time"),
-        "411": (411, "chunked request bodies are not accepted; send Content-Length"),
-        "413": (413, "request body exceeds the limit of this route"),
-        "414": (414, "the request line is too long"),
-        "431": (431, "a request header is too large"),
-        "505": (None, "only HTTP/1.0 and HTTP/1.1 are spoken here"),
-    }
-    bodies = {
-        name: envelope(vf, message, status=status, field_name="request")
-        for name, (status, message) in request.items()
-    }
-    service = SERVICE_NAMES.get(config.role, config.role)
-    outcome = "the request was forwarded and its outcome is unknown"
-    bodies |= {
-        "404": envelope(Code.NOT_FOUND, "no such resource or route"),
-        "500": envelope(Code.INTERNAL, "the proxy failed to handle the request"),
-        "503": envelope(Code.OVERLOADED, "too many requests in progress; nothing was forwarded"),
-        "FOREIGN_HOST": envelope(
-            vf, "this server does not answer for that Host", field_name="Host"
-        ),
-        "HEADER_CTL": envelope(
-            vf, "a request header holds a control character", field_name="headers"
-        ),
-        "UPSTREAM_NOT_SENT": envelope(
-            Code.OVERLOADED, f"the {service} server could not be reached; nothing was forwarded"
-        ),
-        "UPSTREAM_TIMEOUT": envelope(
-            Code.UPSTREAM_TIMEOUT, f"the {service} server did not answer in time; {outcome}"
-        ),
-        "UPSTREAM_FAILED": envelope(
-            Code.UPSTREAM_FAILED,
-            f"the answer of the {service} server was cut or malformed; {outcome}",
-        ),
-    }
-    return {f"ENVELOPE_{name}": body for name, body in bodies.items()}
-
-
-def host_pattern(names: list[str]) -> str | None:
+def host_pattern(names: list[str]) -> str:
     """A PCRE for the Host header values DJANGO_ALLOWED_HOSTS admits, with an optional port, in
-    nginx's map syntax (case-insensitive); None when any host is allowed (`*`).
+    nginx's map syntax (case-insensitive); any Host when `*` is allowed.
 
     nginx picks a server by the request line's host when the request line is absolute
     (`GET http://127.0.0.1:8082/v1/...`) and by the part of Host before its first `:` otherwise,
     so `Host: evil.example` beside an absolute URI, or `Host: 127.0.0.1:8081@evil.example`,
     reach the role's server: the whole header is checked against this in every location."""
     if "*" in names:
-        return None
+        return "~."
     alternatives = []
     for name in names:
         if name.startswith("."):  # Django's subdomain form: the domain and any subdomain
@@ -236,66 +181,64 @@ def _pcre_escape(text: str) -> str:
     return "".join("\\" + c if not (c.isalnum() or c in "-_") else c for c in text)
 
 
-def check_templates() -> None:
-    """What two places must say alike: envelope-headers.conf and dlock.wire (Django's answers
-    carry the same headers); the client headers machine-headers.conf forwards and the ones
-    $dlock_header_ctl's map checks for control bytes (dlock.conf.tmpl)."""
-    text = (proxy_template.DIRECTORY / "envelope-headers.conf").read_text()
-    written = re.findall(r'^add_header (\S+) "(.*)" always;$', text, re.MULTILINE)
-    if dict(written) != {**SECURITY_HEADERS, **JSON_SECURITY_HEADERS}:
-        raise ValueError("deploy/nginx/envelope-headers.conf differs from dlock.wire's headers")
-    forwarded = re.findall(
-        r"^proxy_set_header \S+ (\$(?:http_\w+|content_type));$",
-        (proxy_template.DIRECTORY / "machine-headers.conf").read_text(),
-        re.MULTILINE,
-    )
-    checked = re.search(r'map "(.*)" \$dlock_header_ctl', TEMPLATE.read_text())
-    if not checked or checked.group(1).split("|") != forwarded:
-        raise ValueError("$dlock_header_ctl's map differs from machine-headers.conf's headers")
-
-
-def values(config: ProxyConfig) -> dict[str, str | bool]:
-    """What fills deploy/nginx/dlock.conf.tmpl for `config`: values and yes/no section switches."""
+def values(config: ProxyConfig) -> dict[str, str]:
+    """What fills deploy/nginx/*.conf.template for `config` (each an EDGE_* name)."""
     names = config.names
-    any_host = "*" in names
     env = config.env
+    tls = config.tls
     return {
-        "USER": bool(config.user),
-        "WORKER_USER": config.user or "",
-        "PREFIX": str(config.prefix),
-        "ERROR_LOG": config.error_log,
-        "SHUTDOWN_TIMEOUT_S": str(shutdown_timeout_s(config.role, env)),
-        "HEADER_TIMEOUT_MS": str(_ms(env, "SERVER_HEADER_TIMEOUT_MS", 3_000)),
-        "BODY_TIMEOUT_MS": str(_ms(env, "PROXY_BODY_TIMEOUT_MS", DEFAULT_BODY_TIMEOUT_MS)),
-        "MAX_BODY_BYTES": str(_ms(env, "DLOCK_MAX_BODY_BYTES", 64 * 1024)),
-        "UPSTREAM": config.upstream,
-        "UPSTREAM_KEEPALIVE_S": str(UPSTREAM_KEEPALIVE_S),
-        "READ_TIMEOUT_MS": str(read_timeout_ms(config.role, env)),
-        "ROLE": config.role,
-        "ANY_HOST": any_host,
-        "HOST_PATTERN": host_pattern(names) or "",
+        "EDGE_ROLE": config.role,
+        "EDGE_SERVICE": SERVICE_NAMES.get(config.role, config.role),
+        "EDGE_ERROR_LOG": config.error_log,
+        "EDGE_SHUTDOWN_TIMEOUT_S": str(shutdown_timeout_s(config.role, env)),
+        "EDGE_WORKER_CONNECTIONS": str(
+            _ms(env, "PROXY_WORKER_CONNECTIONS", DEFAULT_WORKER_CONNECTIONS)
+        ),
+        "EDGE_HEADER_TIMEOUT_MS": str(_ms(env, "SERVER_HEADER_TIMEOUT_MS", 3_000)),
+        "EDGE_BODY_TIMEOUT_MS": str(_ms(env, "PROXY_BODY_TIMEOUT_MS", DEFAULT_BODY_TIMEOUT_MS)),
+        "EDGE_MAX_BODY_BYTES": str(_ms(env, "DLOCK_MAX_BODY_BYTES", 64 * 1024)),
+        "EDGE_PAGE_MAX_BODY_BYTES": str(PAGE_MAX_BODY_BYTES.get(config.role, 1024)),
+        "EDGE_CONN_PER_CLIENT": str(_ms(env, "PROXY_CONN_PER_CLIENT", DEFAULT_CONN_PER_CLIENT)),
+        "EDGE_CONN_PER_PROXY": str(_ms(env, "PROXY_CONN_PER_PROXY", DEFAULT_CONN_PER_PROXY)),
+        "EDGE_UPSTREAM": config.upstream,
+        "EDGE_READ_TIMEOUT_MS": str(read_timeout_ms(config.role, env)),
+        "EDGE_PASS_DROPS": "1" if passes_drops(config) else "0",
+        "EDGE_HOST_PATTERN": host_pattern(names),
         # "" also takes requests without a Host header (HTTP/1.0)
-        "SERVER_NAME": "_" if any_host else " ".join([*names, '""']),
-        "LISTEN": config.listen,
-        "MAIN_DEFAULT": " default_server" if any_host else "",
-        "METRICS": bool(config.metrics_listen),
-        "METRICS_LISTEN": config.metrics_listen or "",
-        "TLS": config.tls,
-        "SSL": " ssl" if config.tls else "",
-        "TLS_CERTIFICATE": config.tls_certificate or "",
-        "TLS_KEY": config.tls_key or "",
-        "CONN_PER_CLIENT": str(_ms(env, "PROXY_CONN_PER_CLIENT", DEFAULT_CONN_PER_CLIENT)),
-        "KNOWN_METHODS": "|".join(sorted(KNOWN_METHODS)),
-        "RETRY_AFTER_S": str(_retry_after_s()),
-        "PASS_DROPS": passes_drops(config),
-        **envelopes(config),
-        **proxy_admin.values(config),
+        "EDGE_SERVER_NAME": " ".join([*names, '""']) if "*" not in names else '~. ""',
+        "EDGE_LISTEN": config.listen,
+        "EDGE_TLS": "on" if tls else "off",
+        "EDGE_SSL": "ssl" if tls else "",
+        "EDGE_TLS_CERTIFICATE": config.tls_certificate or "",
+        "EDGE_TLS_KEY": config.tls_key or "",
+        "EDGE_HSTS": HSTS if tls else "",
+        "EDGE_METRICS": "on" if config.metrics_listen else "off",
+        "EDGE_METRICS_LISTEN": config.metrics_listen or "",
+        **(proxy_admin.values(env) if config.role == "admin" else {}),
     }
 
 
-def render(config: ProxyConfig) -> str:
-    check_templates()
-    return proxy_template.render(TEMPLATE, values(config))
+class EdgeTemplate(string.Template):
+    """What the nginx image's envsubst fills: `${EDGE_NAME}` (and `$EDGE_NAME`); nginx's own
+    `$variables` are left alone."""
+
+    idpattern = r"EDGE_[A-Z0-9_]+"
+    flags = re.NOFLAG
+
+
+def fill(directory: Path, config: ProxyConfig) -> Path:
+    """deploy/nginx/*.conf.template filled for `config` as directory/*.conf (nginx -p directory
+    -c directory/nginx.conf); the path of nginx.conf. A placeholder left unfilled in a file the
+    role includes is an error (another role's role-*.conf may keep its own)."""
+    filled = values(config)
+    for template in sorted(DIRECTORY.glob(f"*{SUFFIX}")):
+        text = EdgeTemplate(template.read_text()).safe_substitute(filled)
+        name = template.name.removesuffix(SUFFIX)
+        left = re.search(r"\$\{?EDGE_\w+", text)
+        if left and not (name.startswith("role-") and not name.startswith(f"role-{config.role}")):
+            raise ValueError(f"{template.name}: no value for {left.group(0)}")
+        (directory / name).write_text(text)
+    return directory / "nginx.conf"
 
 
 def worker_user() -> str | None:
@@ -308,7 +251,6 @@ def worker_user() -> str | None:
 K8S = PROJECT / "k8s"
 _K8S_SERVERS = ("lockserver", "payments", "railproxy", "railstub", "admin")
 K8S_ROLES = {SERVICE_NAMES[r]: r for r in _K8S_SERVERS}  # Deployment / component name -> ROLE
-K8S_PREFIX = Path("/tmp/nginx")  # noqa: S108 - the sidecar's own emptyDir
 K8S_UPSTREAM = "127.0.0.1:8081"  # gunicorn inside the pod (GUNICORN_BIND)
 K8S_CONN_PER_CLIENT = "128"  # one address per executor pod (64 in flight each)
 K8S_TLS = Path("/etc/dlock-tls")  # the dlock-tls Secret in the proxy sidecar
@@ -335,7 +277,6 @@ def kubernetes_config(component: str) -> ProxyConfig:
         role=K8S_ROLES[component],
         listen="8080",
         upstream=K8S_UPSTREAM,
-        prefix=K8S_PREFIX,
         error_log="stderr",
         env=env,
         metrics_listen="9100",
@@ -344,23 +285,7 @@ def kubernetes_config(component: str) -> ProxyConfig:
     )
 
 
-def kubernetes_files() -> dict[Path, str]:
-    """k8s/nginx/<component>.conf: each server role's rendered config, which kustomize's
-    configMapGenerator (k8s/kustomization.yaml) turns into its `<component>-nginx` ConfigMap."""
-    header = (
-        "# Generated by `python -m devstack.proxy k8s` from deploy/nginx/ and the role manifests'\n"
-        "# settings; tests/production/test_deploy_artifacts.py checks it is current. Do not edit.\n"
-    )
-    return {K8S / "nginx" / f"{c}.conf": header + render(kubernetes_config(c)) for c in K8S_ROLES}
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["k8s"]:
-        for path, text in kubernetes_files().items():
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(text)
-            print(f"wrote {path.relative_to(PROJECT)}")
-    else:
-        sys.exit("usage: python -m devstack.proxy k8s")
+def kubernetes_values(component: str) -> dict[str, str]:
+    """The EDGE_* environment the proxy container of k8s/<component>.yaml must carry: what
+    `make up` would fill for the same settings (tests/production/test_deploy_artifacts.py)."""
+    return values(kubernetes_config(component))

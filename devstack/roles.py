@@ -3,7 +3,7 @@ dlock's own code.
 
 Every started role is "a pod" (devstack.pod): gunicorn on a unix socket in the pod's directory
 (no port to race for) and an nginx on the role's public port in front of it (devstack.proxy,
-deploy/nginx/dlock.conf.tmpl), as each server pod in k8s/ runs an nginx sidecar.
+deploy/nginx/), as each server pod in k8s/ runs an nginx sidecar.
 
 A started role can be written down (`record()`: its argv, its whole environment, its port and
 log) and started again from that record, so a restart reproduces exactly what was started.
@@ -25,6 +25,9 @@ from typing import Any
 
 from devstack import proxy
 from devstack.common import PROJECT, PYTHON, StackError, ready, wait_until
+from devstack.envfile import public_keys_of
+from devstack.pod import LOG_MAX_BYTES
+from devstack.secrets_env import caller_environment
 
 # Pod directories live here, not under the run or test directory: a unix socket's path must
 # stay under 108 bytes. Sticky and world-writable like /tmp; each pod's own directory is private.
@@ -55,6 +58,18 @@ def make_pod_dir(path: Path) -> Path:
     return path
 
 
+def fencing_keys_for(role: str, env: dict[str, str]) -> dict[str, str]:
+    """`env` as `role` may hold it: the fencing-proof private keys (DLOCK_PROOF_KEYS) for the
+    lock server alone; every other role gets the public keys (DLOCK_FENCING_PUBLIC_KEYS),
+    derived from the private ones when a harness hands one environment to every role."""
+    private = env.get("DLOCK_PROOF_KEYS")
+    if not private or role == "lockserver":
+        return env
+    out = {k: v for k, v in env.items() if k != "DLOCK_PROOF_KEYS"}
+    out.setdefault("DLOCK_FENCING_PUBLIC_KEYS", public_keys_of(private))
+    return out
+
+
 @dataclass
 class RoleProcess:
     """One role under gunicorn behind its nginx on 127.0.0.1:port (`app`: the WSGI module, for
@@ -63,7 +78,8 @@ class RoleProcess:
     `process` is the pod (devstack.pod): signal it as the role, its process group reaches
     gunicorn and nginx. `tls` = (certificate, key) paths: the proxy speaks https on the port.
 
-    `env` is laid over this process's environment unless `inherit_environ` is false (a role
+    `env` is laid over the allow-listed part of this process's environment
+    (devstack.secrets_env.caller_environment) unless `inherit_environ` is false (a role
     restarted from its record gets exactly its recorded environment and argv)."""
 
     role: str
@@ -118,6 +134,11 @@ class RoleProcess:
             str(self.proxy_log),
             "--drain-timeout",
             str(proxy.shutdown_timeout_s(self.role, env)),
+            # the role's log capped: rotated by the pod (DLOCK_LOG_MAX_BYTES, 3 older files)
+            "--log",
+            str(self.logfile),
+            "--log-max-bytes",
+            str(env.get("DLOCK_LOG_MAX_BYTES") or LOG_MAX_BYTES),
             "--",
             *(self.server or self.gunicorn()),
         ]
@@ -126,11 +147,10 @@ class RoleProcess:
         return [PYTHON, "-m", "gunicorn", "-c", str(PROJECT / "settings" / "gunicorn.py"), self.app]
 
     def environment(self) -> dict[str, str]:
-        base = dict(os.environ) if self.inherit_environ else {}
+        base = caller_environment() if self.inherit_environ else {}
         assert self.pod_dir is not None
         return {
-            **base,
-            **self.env,
+            **fencing_keys_for(self.role, {**base, **self.env}),
             "ROLE": self.role,
             "PORT": str(self.port),
             "GUNICORN_BIND": f"unix:{self.socket_path}",
@@ -144,13 +164,11 @@ class RoleProcess:
             role=self.role,
             listen=f"127.0.0.1:{self.port}",
             upstream=f"unix:{self.socket_path}",
-            prefix=self.pod_dir,
             error_log=str(self.proxy_log),
             env=env,
             metrics_listen=f"127.0.0.1:{metrics}" if metrics else None,
             tls_certificate=self.tls[0] if self.tls else None,
             tls_key=self.tls[1] if self.tls else None,
-            user=proxy.worker_user(),
         )
 
     def start(self, *, wait: bool = True, timeout: float = 60) -> RoleProcess:
@@ -162,7 +180,7 @@ class RoleProcess:
             make_pod_dir(self.pod_dir)
         if not self.started_env or self.inherit_environ:
             self.started_env = self.environment()
-        (self.pod_dir / "nginx.conf").write_text(proxy.render(self.proxy_config(self.started_env)))
+        proxy.fill(self.pod_dir, self.proxy_config(self.started_env))
         self.argv = self.command()
         self.process = subprocess.Popen(
             self.argv,

@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 
 # Each secret reaches only the roles that use it (docs/security.md "Secrets"), as in k8s: the
-# proof ring signs (lock server) and verifies (payment resource, rail proxy); the credential
+# fencing proofs' private keys sign (the lock server alone; the payment resource and the rail
+# proxy verify with DLOCK_FENCING_PUBLIC_KEYS, which is no secret); the credential
 # hashes are checked by every role but the rail stub, which stands in for a third party and
 # verifies no bearer. The plaintext credentials are the callers' (executor, operator): no
 # server gets them. DJANGO_SECRET_KEY: every Django process (settings refuse to start without).
 SECRET_USERS: dict[str, frozenset[str]] = {
-    "DLOCK_PROOF_KEYS": frozenset({"lockserver", "payments", "railproxy"}),
+    "DLOCK_PROOF_KEYS": frozenset({"lockserver"}),
     "DLOCK_CREDENTIALS": frozenset({"lockserver", "payments", "railproxy"}),
     "DLOCK_EXECUTOR_CREDENTIAL": frozenset({"executor", "ops"}),
     "DLOCK_OPERATOR_CREDENTIAL": frozenset({"ops"}),
@@ -29,18 +30,49 @@ SECRET_USERS: dict[str, frozenset[str]] = {
     "DLOCK_CLIENT_KEY": frozenset({"lockserver", "ops"}),
 }
 # `.run/stack.env` is what executors, ops commands and scripts source: the callers' credentials,
-# URLs and database URLs, never the ring (any holder could mint a proof for any token) nor the
+# URLs and database URLs, never the private keys (any holder could mint any proof) nor the
 # hash list (a server's, rotated with the roles).
 STACK_FILE_OMITS = ("DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS")
+
+# What a role takes from the caller's shell: the system basics and dlock's own settings (the
+# prefixes of every variable settings/, gunicorn and devstack read), nothing else. A cloud
+# token, an SSH agent or a password exported in the caller's shell never reaches a role (nor
+# the role's record under .run/roles/).
+CALLER_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM"}
+    | {"PORT", "BIND_HOST", "METRICS_PORT", "PROMETHEUS_MULTIPROC_DIR", "ADMIN_URL", "PAYMENTS_URL"}
+)
+CALLER_PREFIXES = (
+    "LC_",
+    "DJANGO_",
+    "DLOCK_",
+    "DB_",
+    "LOCK_",
+    "PAY_",
+    "RAIL_",
+    "ETCD_",
+    "SERVER_",
+    "GUNICORN_",
+    "PROXY_",
+    "EXECUTOR_",
+    "IDEMPOTENCY_",
+)
+
+
+def caller_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed part of `environ` (default: this process's environment)."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if k in CALLER_NAMES or k.startswith(CALLER_PREFIXES)}
 
 
 def role_environment(
     role: str, env: dict[str, str], *, base: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """The whole environment a `role` process starts with: `base` (default: this process's
-    environment, which may hold a sourced stack.env or a ring exported by hand) without any
-    secret, then `env` with only the secrets `role` uses."""
-    inherited = dict(os.environ if base is None else base)
+    """The whole environment a `role` process starts with: the allow-listed part of `base`
+    (default: this process's environment, which may hold a sourced stack.env or a ring exported
+    by hand; `caller_environment`) without any secret, then `env` with only the secrets `role`
+    uses."""
+    inherited = caller_environment(dict(os.environ if base is None else base))
     merged = {k: v for k, v in inherited.items() if k not in SECRET_USERS} | env
     return {k: v for k, v in merged.items() if k not in SECRET_USERS or role in SECRET_USERS[k]}
 

@@ -32,7 +32,14 @@ from devstack.common import (
     terminate_all,
     wait_until,
 )
-from devstack.envfile import proof_keys, read_env, run_dir, secret_key, write_env
+from devstack.envfile import (
+    proof_keys,
+    public_keys_of,
+    read_env,
+    run_dir,
+    secret_key,
+    write_env,
+)
 from devstack.etcd import etcd_cluster, etcd_healthy
 from devstack.liveness import plan, wait_alive
 from devstack.postgres import PgCluster, private_datadir, state_root
@@ -346,6 +353,8 @@ def up(
     env |= {
         "DJANGO_SECRET_KEY": secret_key(run),
         "DLOCK_PROOF_KEYS": proof_keys(run),
+        # no secret: the verifiers' (payment resource, rail proxy, an adopter's) and stack.env's
+        "DLOCK_FENCING_PUBLIC_KEYS": public_keys_of(proof_keys(run)),
         "LOCK_BACKEND": topology.backend,
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DLOCK_REPLICAS": str(topology.replicas),

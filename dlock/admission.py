@@ -4,7 +4,7 @@ Before Django runs, a request waits in the proxy's upstream connection, gunicorn
 its main loop and its thread pool's queue; no database deadline can see any of it, and under
 overload it grows without bound (docs/CHANGELOG.md). The role's proxy stamps every request with
 the time it took it, `X-Request-Start: t=<seconds.milliseconds>` (nginx's `$msec`; a client's
-own copy is replaced, never passed on: deploy/nginx/dlock.conf.tmpl); a request older than
+own copy is replaced, never passed on: deploy/nginx/nginx.conf.template); a request older than
 SERVER_QUEUE_DEADLINE_MS when a worker thread picks it up has spent most of its caller's budget
 (C3 3.8), so it is answered 503 OVERLOADED (retrySafe, retryAfterMillis, Retry-After) at once,
 without entering Django: shedding must cost a small fraction of serving, or the work of refusing

@@ -11,7 +11,8 @@ id is the first 12 hex digits of its hash: safe to log and to store with a sessi
 Missing or unknown credential: 401 UNAUTHENTICATED; known but without the endpoint's scope: 403
 FORBIDDEN. The operator scope may also read payouts (GET P1, P4: `OPERATOR_READ_ROUTES`), so an
 on-call can look at them with its own credential. Health, metrics, the schema and the docs
-pages stay open (`OPEN_ROUTES`). The middleware that applies this is
+pages stay open (`OPEN_ROUTES`), and so does the lock server's `GET /v1/fencing-keys`
+(public keys only). The middleware that applies this is
 `dlock.middleware.ApiMiddleware`.
 """
 
@@ -41,7 +42,8 @@ OPERATOR_ROUTES = frozenset({"lock-revoke"})
 # Reads an on-call needs (P1, P4): the operator scope may GET them too; writes stay executor-only.
 OPERATOR_READ_ROUTES = frozenset({"payouts-list", "payout-detail"})
 READ_METHODS = frozenset({"GET", "HEAD"})
-OPEN_ROUTES = frozenset({"schema", "swagger-ui", "redoc"})
+# The lock server's public fencing keys carry no secret: open like the schema (decision 25).
+OPEN_ROUTES = frozenset({"schema", "swagger-ui", "redoc", "fencing-keys"})
 CREDENTIAL_ENV = {"executor": "DLOCK_EXECUTOR_CREDENTIAL", "operator": "DLOCK_OPERATOR_CREDENTIAL"}
 CREDENTIAL_PREFIX = "dlk_"
 CHALLENGE = 'Bearer realm="dlock", Basic realm="dlock"'

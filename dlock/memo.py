@@ -5,6 +5,7 @@ an unknown key is read again (it may be written later)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -12,12 +13,13 @@ K = TypeVar("K")
 
 
 class WriteOnceMap:
-    """Oldest entry out first beyond `limit`. No lock: under the GIL a racing thread at worst
-    reads the row again and stores the same value."""
+    """Oldest entry out first beyond `limit`, in O(1) (OrderedDict.popitem: a plain dict's
+    first key is found by scanning past every slot its earlier evictions emptied). No lock:
+    under the GIL a racing thread at worst reads the row again and stores the same value."""
 
     def __init__(self, limit: int = 100_000) -> None:
         self._limit = limit
-        self._values: dict[str, str] = {}
+        self._values: OrderedDict[str, str] = OrderedDict()
 
     def get(self, key: object) -> str | None:
         return self._values.get(str(key))
@@ -33,5 +35,11 @@ class WriteOnceMap:
 
     def remember(self, key: object, value: str) -> None:
         if len(self._values) >= self._limit:
-            self._values.pop(next(iter(self._values)), None)  # dicts keep insertion order
+            try:
+                self._values.popitem(last=False)
+            except KeyError:  # another thread emptied it first
+                pass
         self._values[str(key)] = value
+
+    def __len__(self) -> int:
+        return len(self._values)

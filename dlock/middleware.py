@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import DisallowedHost, PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
 
 from dlock import adminpages, auth
@@ -37,47 +35,19 @@ def secure_headers(response: HttpResponse) -> HttpResponse:
     return response
 
 
-def _host_refusal(request: HttpRequest) -> str | None:
-    """Why the request's target host is unacceptable, or None.
-
-    HTTP/1.1 requires Host (RFC 9112 3.2); an absolute-form target names the host the request
-    is for and takes precedence over Host (3.2.2), so it must pass ALLOWED_HOSTS too, or it
-    would sidestep the check Django makes on Host alone.
-    """
-    meta = request.META
-    if "gunicorn.socket" not in meta:  # Django's test client sends no Host; servers do
-        return None
-    if meta.get("SERVER_PROTOCOL") == "HTTP/1.1" and not meta.get("HTTP_HOST"):
-        return "HTTP/1.1 requires a Host header"
-    raw_uri = meta.get("RAW_URI", "")
-    if raw_uri and not raw_uri.startswith("/") and raw_uri != "*":
-        authority = urlsplit(raw_uri).netloc.rpartition("@")[2]
-        domain, _ = split_domain_port(authority.lower())
-        if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
-            return "the request target names a host this service does not serve"
-    return None
-
-
-def _local_port(request: HttpRequest) -> int | None:
-    """The port the connection arrived on (from the socket, never from the Host header)."""
-    sock = request.META.get("gunicorn.socket")
-    try:
-        return sock.getsockname()[1] if sock is not None else None
-    except (OSError, IndexError, TypeError):
-        return None
-
-
 def refusal(request: HttpRequest) -> HttpResponse | None:
-    """What no view should see, answered at once: a missing or foreign target host, bodies we
-    would have to buffer blindly, NUL characters in the path or query; before any view or
-    database work. None: the request may go on."""
-    host = _host_refusal(request)
-    if host is None:
-        try:
-            request.get_host()  # Django's ALLOWED_HOSTS check (CommonMiddleware's, where listed)
-        except DisallowedHost:
-            host = "this server does not answer for that Host"
-    if host is not None:
+    """What no view should see, answered at once: a Host outside ALLOWED_HOSTS, bodies we would
+    have to buffer blindly, NUL characters in the path or query; before any view or database
+    work. None: the request may go on.
+
+    The role's proxy (deploy/nginx/) refuses most of it first, and alone owns what needs the
+    connection: a missing Host on HTTP/1.1, an absolute-form target naming another host, the
+    monitoring listener's paths. What stays here is what holds for every caller of the app,
+    the test client and runserver included."""
+    try:
+        request.get_host()  # Django's ALLOWED_HOSTS check (CommonMiddleware's, where listed)
+    except DisallowedHost:
+        host = "this server does not answer for that Host"
         hosts_refused.add()  # a client's mistake: counted, never a line per request
         return error_response(
             ApiError(
@@ -86,9 +56,6 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
                 details={"fields": [{"field": "Host", "message": host}]},
             )
         )
-    if settings.METRICS_PORT and request.path not in MONITORING_PATHS:
-        if _local_port(request) == settings.METRICS_PORT:
-            return error_response(ApiError(Code.NOT_FOUND, "no such resource or route"))
     for part, value in (
         ("path", request.path),
         ("query", request.META.get("QUERY_STRING", "")),

@@ -1,139 +1,173 @@
-"""Proof-bound fencing tokens (ARCHITECTURE decision 15): sign and verify `X-Fencing-Proof`.
+"""Fencing proofs in the roles (ARCHITECTURE decision 25): sign on the lock server, verify
+everywhere else, with the key material from settings.
 
-The lock server signs every grant it hands out (L4, L5) with an HMAC-SHA256 over the lock key
-and the token; every token-bearing call carries the proof beside the token, and its receiver
-verifies it offline against the key it is about to touch (`payout:{accountId}` for payments and
-the rail proxy, the path key for L5/L6). A token that was never granted for that key — forged,
-guessed, read on L7, or granted for another key — opens nothing.
+The format, the key sets and the verifier are the fence kit's (`dlock.fence`); this module
+only binds them to the settings of a dlock role:
 
-Wire form: `v1.<kid>.<mac>`, `mac` = unpadded base64url of HMAC-SHA256(secret[kid], message),
-message = b"dlock-fencing-proof/v1\\n" + key + b"\\n" + decimal token. The key ring comes from
-DLOCK_PROOF_KEYS (`kid:secret,kid2:secret2`): the first entry signs, every entry verifies, so a
-rotation adds the new key in front, waits for every live grant to be renewed or expire, then drops
-the old one (docs/operations.md "Rotating the fencing-proof keys").
+* `DLOCK_PROOF_KEYS` — the lock server's Ed25519 private keys, `kid:<key>[,kid:<key>…]`, the
+  first signs, every one verifies. Only the lockserver role holds it (make up, k8s): a payment
+  resource or rail proxy never signs, and in production refuses to start with it.
+* `DLOCK_FENCING_PUBLIC_KEYS` — a verifier's public keys, `kid:<key>[,…]` (what
+  `GET /v1/fencing-keys` publishes, in `manage.py fencing_keys`' form). Required by the
+  payments and railproxy roles; the lock server derives its own from its private keys.
+
+A rotation adds the new key in front (it signs from then on), waits for every live grant to
+be renewed or expire, then drops the old one (docs/operations.md "Fencing-proof keys").
 """
 
 from __future__ import annotations
 
 import base64
-import hmac
-import re
+import hashlib
 import uuid
 from collections.abc import Callable
+from functools import lru_cache
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from dlock.errors import ApiError, Code, not_found
+from dlock.errors import not_found
+from dlock.fence.proofs import (
+    PublicKeys,
+    SigningKeys,
+    Verifier,
+    split,
+)
 
-HEADER = "X-Fencing-Proof"
 _META_KEY = "HTTP_X_FENCING_PROOF"  # HEADER in request.META (what request.headers reads)
-VERSION = "v1"
-KID_MAX = 32
-SECRET_MIN = 32
-PROOF_MAX = 128
-_KID = re.compile(r"[A-Za-z0-9_\-]{1,32}", re.ASCII)
-# 32 MAC bytes are 43 unpadded base64url characters.
-_PROOF = re.compile(r"v1\.([A-Za-z0-9_\-]{1,32})\.([A-Za-z0-9_\-]{43})", re.ASCII)
-_DOMAIN = b"dlock-fencing-proof/v1\n"
-
-KeyRing = tuple[tuple[str, bytes], ...]
-# Only with DJANGO_DEBUG=true and no DLOCK_PROOF_KEYS; refused otherwise (settings/base.py).
-DEV_PROOF_KEYS = "dev:dlock-development-only-proof-key-not-secret"
-# The roles that sign or verify proofs: they refuse to start without a key ring.
-PROOF_ROLES = frozenset({"lockserver", "payments", "railproxy"})
-
-
-def parse_key_ring(raw: str, *, setting: str = "DLOCK_PROOF_KEYS") -> KeyRing:
-    """`kid:secret[,kid:secret…]` → ((kid, secret bytes), …); the first signs. Empty → ()."""
-    if raw.strip() == "":
-        return ()
-    ring: list[tuple[str, bytes]] = []
-    for entry in (part.strip() for part in raw.split(",")):
-        kid, sep, secret = entry.partition(":")
-        if not sep or not _KID.fullmatch(kid):
-            raise ImproperlyConfigured(
-                f"{setting}: each entry must be kid:secret with kid 1…{KID_MAX} of "
-                "[A-Za-z0-9_-] (e.g. k2026a:<random>,k2025b:<random>)"
-            )
-        if len(secret) < SECRET_MIN:
-            raise ImproperlyConfigured(
-                f"{setting}: the secret of kid {kid!r} must be at least {SECRET_MIN} characters"
-            )
-        if any(kid == known for known, _ in ring):
-            raise ImproperlyConfigured(f"{setting}: kid {kid!r} appears twice")
-        ring.append((kid, secret.encode()))
-    return tuple(ring)
+# Only with DJANGO_DEBUG=true and no keys configured; refused otherwise (settings/base.py). A
+# fixed private key anyone can read: development proofs prove nothing.
+DEV_KID = "dev"
+DEV_PROOF_KEYS = (
+    f"{DEV_KID}:"
+    + base64.urlsafe_b64encode(hashlib.sha256(b"dlock-development-only-proof-key").digest())
+    .rstrip(b"=")
+    .decode()
+)
+SIGNING_ROLES = frozenset({"lockserver"})
+VERIFYING_ROLES = frozenset({"payments", "railproxy"})
+# The roles that sign or verify proofs: they refuse to start without their key material.
+PROOF_ROLES = SIGNING_ROLES | VERIFYING_ROLES
+# Management commands that sign and verify nothing, so a process running one needs no keys: the
+# migrate Job holds only database credentials (secrets where they are used, docs/security.md);
+# fencing_keys makes the first key (it refuses by itself what needs keys it was not given).
+RING_FREE_COMMANDS = frozenset({"migrate", "fencing_keys"})
 
 
-# Management commands that sign and verify nothing, so a process running one needs no ring: the
-# migrate Job holds only database credentials (secrets where they are used, docs/security.md).
-RING_FREE_COMMANDS = frozenset({"migrate"})
+def parse_key_ring(raw: str, *, setting: str = "DLOCK_PROOF_KEYS") -> SigningKeys:
+    """`kid:<private key>[,…]` → SigningKeys (the first signs); a bad value fails loudly."""
+    try:
+        return SigningKeys.parse(raw, setting=setting)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
+def parse_public_keys(raw: str, *, setting: str = "DLOCK_FENCING_PUBLIC_KEYS") -> PublicKeys:
+    """`kid:<public key>[,…]` → PublicKeys; a bad value fails loudly."""
+    try:
+        return PublicKeys.parse(raw, setting=setting)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 def check_configured(role: str, command: str | None = None) -> None:
-    """Start-up check (dlock.apps): a role that signs or verifies proofs needs a key ring,
-    unless the process only runs one of RING_FREE_COMMANDS (`manage.py <command>`)."""
+    """Start-up check (dlock.apps): the lock server needs private keys; a verifier needs public
+    keys, and in production must not hold private ones (elsewhere a harness that hands one
+    environment to every role may leave them: the verifier then never signs, and checks with
+    their public halves); unless the process only runs one of RING_FREE_COMMANDS."""
     if command in RING_FREE_COMMANDS:
         return
-    if role in PROOF_ROLES and not settings.DLOCK_PROOF_KEYS:
+    if role in SIGNING_ROLES and not settings.DLOCK_PROOF_KEYS and not settings.DEBUG:
         raise ImproperlyConfigured(
-            f"DLOCK_PROOF_KEYS must be set for the {role} role (kid:secret[,kid:secret…])"
+            f"DLOCK_PROOF_KEYS must be set for the {role} role (kid:<Ed25519 private key>[,…]; "
+            "manage.py fencing_keys --new <kid> makes one)"
         )
+    if role in VERIFYING_ROLES:
+        if settings.DLOCK_PROOF_KEYS and settings.DLOCK_ENVIRONMENT == "production":
+            raise ImproperlyConfigured(
+                f"DLOCK_PROOF_KEYS is the lock server's private key set; the {role} role "
+                "verifies with DLOCK_FENCING_PUBLIC_KEYS only"
+            )
+        if not (settings.DLOCK_FENCING_PUBLIC_KEYS or settings.DLOCK_PROOF_KEYS or settings.DEBUG):
+            raise ImproperlyConfigured(
+                f"DLOCK_FENCING_PUBLIC_KEYS must be set for the {role} role "
+                "(kid:<Ed25519 public key>[,…], as GET /v1/fencing-keys publishes them)"
+            )
 
 
-def _ring() -> KeyRing:
-    ring = settings.DLOCK_PROOF_KEYS
-    if not ring:
-        raise ImproperlyConfigured("DLOCK_PROOF_KEYS must be set (kid:secret[,kid:secret…])")
-    return ring
+def signing_keys() -> SigningKeys:
+    """The configured private keys (development: the fixed DEV key, DJANGO_DEBUG only). A
+    verifying role never signs, whatever its environment holds."""
+    if settings.ROLE in VERIFYING_ROLES:
+        raise ImproperlyConfigured(f"the {settings.ROLE} role verifies proofs; it never signs")
+    keys: SigningKeys = settings.DLOCK_PROOF_KEYS
+    if keys:
+        return keys
+    if settings.DEBUG:
+        return _dev_keys()
+    raise ImproperlyConfigured("DLOCK_PROOF_KEYS must be set (kid:<Ed25519 private key>[,…])")
 
 
-def _mac(secret: bytes, key: str, token: int) -> str:
-    message = _DOMAIN + key.encode() + b"\n" + str(token).encode()
-    digest = hmac.digest(secret, message, "sha256")
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+@lru_cache(maxsize=1)
+def _dev_keys() -> SigningKeys:
+    return SigningKeys.parse(DEV_PROOF_KEYS)
 
 
-def sign(*, key: str, token: int, ring: KeyRing | None = None) -> str:
-    """The proof for (key, token), made with the first (signing) key of `ring`, by default
-    the configured DLOCK_PROOF_KEYS (a tool outside Django passes its parsed ring)."""
-    kid, secret = (ring or _ring())[0]
-    return f"{VERSION}.{kid}.{_mac(secret, key, token)}"
+def public_keys() -> PublicKeys:
+    """The keys this process verifies with: a verifier's DLOCK_FENCING_PUBLIC_KEYS; the lock
+    server's own (the public halves of DLOCK_PROOF_KEYS, whatever a shared ConfigMap says);
+    else the development key (DJANGO_DEBUG only)."""
+    configured: PublicKeys = settings.DLOCK_FENCING_PUBLIC_KEYS
+    own: SigningKeys = settings.DLOCK_PROOF_KEYS
+    if own and (settings.ROLE not in VERIFYING_ROLES or not configured):
+        return _public_of(own)
+    if configured:
+        return configured
+    if settings.DEBUG:
+        return _public_of(_dev_keys())
+    raise ImproperlyConfigured("DLOCK_FENCING_PUBLIC_KEYS must be set (kid:<public key>[,…])")
 
 
-def _invalid(reason: str, message: str) -> ApiError:
-    return ApiError(Code.INVALID_TOKEN, message, details={"field": HEADER, "reason": reason})
+@lru_cache(maxsize=4)
+def _public_of(keys: SigningKeys) -> PublicKeys:
+    return keys.public()
 
 
-def _parts(raw: str | None) -> tuple[str, str]:
-    if raw is None or raw == "":
-        raise _invalid("missing", f"{HEADER} is required with X-Fencing-Token")
-    match = _PROOF.fullmatch(raw) if len(raw) <= PROOF_MAX else None
-    if match is None:
-        raise _invalid("malformed", f"{HEADER} must be v1.<kid>.<base64url HMAC-SHA256>")
-    return match.group(1), match.group(2)
+@lru_cache(maxsize=4)
+def _verifier_for(keys: PublicKeys) -> Verifier:
+    return Verifier(keys)
+
+
+def verifier() -> Verifier:
+    """This process's verifier for the configured keys (one per key set: a settings change, as
+    in a test's override_settings, gets a fresh one and a fresh memory of verified proofs)."""
+    return _verifier_for(public_keys())
+
+
+def sign(*, key: str, token: int, ring: SigningKeys | None = None) -> str:
+    """The proof for (key, token), made with the first (newest) key of `ring`, by default the
+    configured DLOCK_PROOF_KEYS (a tool outside Django passes its parsed keys). The lock
+    server's own proofs are remembered as verified: its L5/L6 check of them is a lookup."""
+    if ring is not None:
+        return ring.sign(key=key, token=token)
+    signed = signing_keys().sign(key=key, token=token)
+    verifier().remember(signed, key=key, token=token)
+    return signed
 
 
 def presented(request: HttpRequest) -> str:
     """The request's X-Fencing-Proof, well-formed (else INVALID_TOKEN): checked before a receiver
     looks up which key to verify it against, so a missing proof costs no database work."""
     raw = request.META.get(_META_KEY) or ""
-    _parts(raw)
+    split(raw)
     return raw
 
 
 def verify(raw: str | None, *, key: str, token: int) -> None:
     """Raise 400 INVALID_TOKEN (details.reason: missing, malformed, unknown_kid, mismatch) unless
-    `raw` is a proof this deployment issued for exactly (key, token)."""
-    kid, presented_mac = _parts(raw)
-    secret = dict(_ring()).get(kid)
-    if secret is None:
-        raise _invalid("unknown_kid", f"{HEADER} was signed with a key this server does not hold")
-    # Constant time: the comparison must not tell a forger how many characters were right.
-    if not hmac.compare_digest(_mac(secret, key, token), presented_mac):
-        raise _invalid("mismatch", f"{HEADER} was not issued for this lock key and token")
+    `raw` is a proof the lock server issued for exactly (key, token)."""
+    verifier().verify(raw, key=key, token=token)
 
 
 def require(request: HttpRequest, *, key: str, token: int) -> None:
@@ -162,3 +196,22 @@ def require_for_payout(
     if account_id is None:
         raise not_found("payout", str(payout_id))
     verify(raw, key=payout_key(account_id), token=token)
+
+
+__all__ = [
+    "DEV_PROOF_KEYS",
+    "PROOF_ROLES",
+    "RING_FREE_COMMANDS",
+    "check_configured",
+    "parse_key_ring",
+    "parse_public_keys",
+    "payout_key",
+    "presented",
+    "public_keys",
+    "require",
+    "require_for_payout",
+    "sign",
+    "signing_keys",
+    "verifier",
+    "verify",
+]

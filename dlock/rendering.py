@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from rest_framework.request import Request
     from rest_framework.views import APIView
 
-__all__ = ["JSON_CONTENT_TYPE", "BrowsableAPIRenderer", "JSONRenderer", "json_response"]
+__all__ = ["BrowsableAPIRenderer", "JSONRenderer", "json_response"]
 
 
 class JSONRenderer(renderers.JSONRenderer):

@@ -81,6 +81,11 @@ def _error_response(status: str, description: str | None) -> dict[str, Any]:
     return {"description": text, "content": {JSON: {"schema": ENVELOPE_REF}}}
 
 
+# /v1 paths that need no credential (dlock.auth.OPEN_ROUTES): the schema, and the lock server's
+# public fencing keys (no secret in them; a verifier reads them before it holds any credential).
+OPEN_PATHS = frozenset({"/v1/schema", "/v1/fencing-keys"})
+
+
 def envelope_errors_hook(
     result: dict, generator: SchemaGenerator, request: Request | None, public: bool
 ) -> dict:
@@ -95,7 +100,7 @@ def envelope_errors_hook(
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
             _close_request_body(operation, schemas)
-            if guarded and path.startswith("/v1/") and path != "/v1/schema":
+            if guarded and path.startswith("/v1/") and path not in OPEN_PATHS:
                 operation["security"] = [{"bearerAuth": []}, {"basicAuth": []}]
                 operation["responses"].setdefault("401", _error_response("401", AUTH_ERRORS["401"]))
                 operation["responses"].setdefault("403", _error_response("403", AUTH_ERRORS["403"]))

@@ -30,6 +30,8 @@ PROGRESS = ("posted", "failed", "ambiguous")
 REFUSALS = ("not_claimable", "duplicate", "error")
 # Refused once is enough: retrying a fenced-out section at full speed floods incident events.
 IMMEDIATE = ("fenced_out",)
+# The per-account table is pruned once it holds more than this many accounts.
+PRUNE_MIN = 1_024
 
 
 @dataclass
@@ -60,6 +62,23 @@ class AccountBackoff:
         self.random_fn = random_fn
         self._accounts: dict[str, _Account] = {}
         self._mutex = threading.Lock()
+        # Pruned whenever it outgrows this (then twice what is left): bounded growth.
+        self._prune_at = PRUNE_MIN
+
+    def __len__(self) -> int:
+        return len(self._accounts)
+
+    def _prune(self) -> None:
+        """Forget accounts whose last delay ran out more than `max_s` ago (a first refusal that
+        was never repeated, a back-off long over), unless they are stuck. Called with the
+        mutex held."""
+        horizon = self.clock() - self.max_s
+        self._accounts = {
+            a: s
+            for a, s in self._accounts.items()
+            if s.until > horizon or s.step >= self.give_up_steps
+        }
+        self._prune_at = max(PRUNE_MIN, 2 * len(self._accounts))
 
     def blocked(self, account_id: str) -> bool:
         """True while the account's current back-off delay runs."""
@@ -79,6 +98,8 @@ class AccountBackoff:
     def note(self, *, account_id: str, payout_id: str, outcome: str) -> float | None:
         """Record a section's outcome; returns the delay when it started a back-off step."""
         with self._mutex:
+            if len(self._accounts) > self._prune_at:
+                self._prune()
             state = self._accounts.setdefault(account_id, _Account())
             if outcome in PROGRESS:
                 self._accounts.pop(account_id, None)

@@ -25,6 +25,8 @@ LIST_PAGE = 100
 LIST_MAX = 500  # P1's largest `limit`
 # How often a queue whose candidates all wait (account in flight here, or contended) is re-listed.
 REFILL_S = 0.25
+# contended_until is pruned once it holds more than this many accounts (Picker.prune_contended).
+CONTENDED_PRUNE_MIN = 1_024
 
 
 class Picker:
@@ -50,6 +52,9 @@ class Picker:
         self.backoff = backoff or AccountBackoff()
         self.queue: deque[Candidate] = deque()
         self.contended_until: dict[str, float] = {}  # accountId → monotonic time
+        # contended_until is pruned of past delays whenever it outgrows this (then twice what
+        # is left): bounded by twice the accounts contended at once, O(1) per record amortized.
+        self.prune_at = CONTENDED_PRUNE_MIN
         # Payouts this process must not present again (DUPLICATE_SUBMISSION it could not resolve):
         # each retry would page someone, and nothing this executor can do resolves it.
         self.hands_off: set[str] = set()
@@ -141,10 +146,18 @@ class Picker:
             # Another process holds the key: leave the account for a jittered retryAfterMillis.
             delay = retry_delay_s(outcome.contention, BACKOFF_INITIAL_S, cap_s=5.0)
             self.contended_until[account_id] = time.monotonic() + delay * (1.0 + random.random())
+            if len(self.contended_until) > self.prune_at:
+                self.prune_contended()
         if outcome.label == "duplicate":
             self.hands_off.add(payout_id)
         if outcome.refusal:
             self.backoff.note(account_id=account_id, payout_id=payout_id, outcome=outcome.label)
+
+    def prune_contended(self) -> None:
+        """Forget the contention delays that have run out (a past delay skips nothing)."""
+        now = time.monotonic()
+        self.contended_until = {a: t for a, t in self.contended_until.items() if t > now}
+        self.prune_at = max(CONTENDED_PRUNE_MIN, 2 * len(self.contended_until))
 
     def only_stuck_left(self) -> bool:
         """The last listing skipped work, all of it on accounts backed off for good."""

@@ -22,12 +22,12 @@ from dlock.metrics import payout_execute
 from dlock.tracing import new_trace_id, reset_trace_id, set_trace_id
 from executor.api import Api, Candidate
 from executor.backoff import AccountBackoff, Pace
-from executor.dispatch import EXIT_BACKED_OFF, Dispatcher
+from executor.dispatch import Dispatcher
 from executor.pause import PausePlan
 from executor.picking import Picker
 from executor.section import Outcome, Section
 
-__all__ = ["EXIT_BACKED_OFF", "Executor"]
+__all__ = ["Executor"]
 
 
 class Executor:

@@ -50,7 +50,7 @@ REVOKE = "revoke"
 Progress = Callable[[str, float, dict[str, int], dict[str, float], str], None]
 
 
-def _quiet(*_args: object) -> None:
+def quiet(*_args: object) -> None:
     return None
 
 
@@ -69,7 +69,7 @@ class ArmRun:
         config: ExperimentConfig,
         schedule: list[FaultEvent],
         *,
-        progress: Progress = _quiet,
+        progress: Progress = quiet,
     ) -> None:
         self.arm = arm
         self.stack = stack

@@ -19,22 +19,20 @@ from typing import TYPE_CHECKING
 
 import requests
 
-from devstack import (
+from devstack import netcut
+from devstack.common import (
     DB_URL_ENV,
     PROJECT,
     PYTHON,
+    REPLICATED_ROLES,
     URL_ENV,
-    EtcdServer,
-    etcd_cluster,
-    etcd_healthy,
-    netcut,
     pid_alive,
     ready,
-    restart_role,
-    state_root,
     wait_until,
 )
-from devstack.common import REPLICATED_ROLES
+from devstack.etcd import EtcdServer, etcd_cluster, etcd_healthy
+from devstack.postgres import state_root
+from devstack.stack import restart_role
 from experiment.schedule import (
     ETCD_FOLLOWER_KILL,
     ETCD_LEADER_CUT,

@@ -13,30 +13,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 from experiment import ha
-from experiment.armrun import ArmRun, Progress, _quiet, landed_pauses, lock_backend
+from experiment.armrun import ArmRun, Progress, lock_backend, quiet
 from experiment.arms import Arm
-from experiment.arms.fenced import FencedArm, fenced_out_in_logs, seed_fenced
+from experiment.arms.fenced import FencedArm
 from experiment.arms.naive import NaiveArm
-from experiment.config import CI_PRESET, ExperimentConfig
-from experiment.rail import HOLD_MS
+from experiment.config import ExperimentConfig
 from experiment.schedule import FaultEvent, build_schedule, recovery_schedule
 from experiment.stack import MissingPiece, StackHandle
-from experiment.verdict import unexplained_findings, verdict
+from experiment.verdict import verdict
 
-# Kept importable from here (bench, demo and older callers).
-unexplained = unexplained_findings
-__all__ = [
-    "CI_PRESET",
-    "HOLD_MS",
-    "ArmRun",
-    "ExperimentConfig",
-    "fenced_out_in_logs",
-    "landed_pauses",
-    "run",
-    "run_arm",
-    "seed_fenced",
-    "verdict",
-]
+__all__ = ["run", "run_arm"]
 
 
 def arm_named(name: str) -> Arm:
@@ -73,7 +59,7 @@ def run_arm(
     config: ExperimentConfig,
     schedule: list[FaultEvent],
     *,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> dict:
     return ArmRun(arm_named(arm), stack, config, schedule, progress=progress).run()
 
@@ -82,7 +68,7 @@ def run(
     stack: StackHandle,
     config: ExperimentConfig,
     *,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
     check: bool = True,
     schedule: list[FaultEvent] | None = None,
 ) -> tuple[int, dict]:

@@ -16,19 +16,11 @@ from pathlib import Path
 
 import requests
 
-from devstack import (
-    PROJECT,
-    PYTHON,
-    URL_ENV,
-    PgCluster,
-    RoleProcess,
-    StackError,
-    new_proof_keys,
-    read_env,
-    ready,
-    restart_role,
-    wait_until,
-)
+from devstack.common import PROJECT, PYTHON, URL_ENV, ready, wait_until
+from devstack.envfile import new_proof_keys, read_env
+from devstack.postgres import PgCluster
+from devstack.roles import RoleProcess
+from devstack.stack import restart_role
 
 ROLES = ("lockserver", "payments", "railproxy", "railstub")
 
@@ -126,7 +118,7 @@ def _credentials() -> dict[str, str]:
     }
 
 
-__all__ = ["MissingPiece", "StackError", "StackHandle", "from_stack_env", "scrape"]
+__all__ = ["MissingPiece", "StackHandle", "from_stack_env", "scrape"]
 
 
 def private_stack(
@@ -145,14 +137,9 @@ def private_stack(
     import secrets
     import shutil
 
-    from devstack import (
-        DATABASES,
-        DB_URL_ENV,
-        free_port,
-        migrate_all,
-        private_datadir,
-        stop_all,
-    )
+    from devstack.common import DATABASES, DB_URL_ENV, free_port
+    from devstack.postgres import private_datadir
+    from devstack.roles import migrate_all, stop_all
 
     run_dir.mkdir(parents=True, exist_ok=True)
     # As root the cluster runs as `postgres`, which must reach its datadir (under /tmp then).

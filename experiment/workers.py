@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devstack import PROJECT, PYTHON, free_port
+from devstack.common import PROJECT, PYTHON, free_port
 from executor.pause import ENV as PAUSE_ENV
 
 # The schedule's phases -> the shared pause hook's phases (executor.pause). A pause "posted"

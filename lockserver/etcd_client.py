@@ -1,77 +1,83 @@
-"""A thin etcd v3 client over the JSON gRPC gateway (`/v3/...`) on dlock's urllib3 pools: unary
-calls through `dlock.http.exchange`, watch streams through `dlock.http_stream.open_stream`.
+"""The lock server's etcd v3 client: etcd's native gRPC API through grpcio's synchronous API,
+with the stubs grpcio-tools generated from etcd's own .proto files (`lockserver.etcd_proto`,
+`make etcd-stubs`; ARCHITECTURE decision 26). The request and answer shapes are
+`lockserver.etcd_ops`.
 
-Why not etcd3gw (fine for plain CRUD): the lock backend needs (1) a short connect and
-read timeout on every call so an unreachable or leaderless member answers NOT_LEADER within
-about a second instead of hanging (etcd3gw has one global timeout and none at all on watches),
-(2) a watch over several keys that ends at a caller's deadline and is closed cleanly (etcd3gw
-watches run on a private thread pool with no deadline and are stopped by closing a raw socket
-fd), and (3) the gRPC status of a failed call kept (`code`, e.g. 14 UNAVAILABLE, "no leader"),
-which etcd3gw folds into a few exception classes. Transactions are raw JSON either way.
-
-Unary calls (range, txn, leases, status) go through `dlock.http`, as every dlock hop does
-(CHANGELOG row 66): no retry inside the library, one deadline for the whole answer, and its
-`sent` verdict, which decides whether a call may move on to the next member (requests cost
-more than twice the CPU per call: CHANGELOG row 77). A watch is a stream on a new connection
-made by the member's pool (the same TLS settings), closed on every exit, which cancels its
-watchers; it moves to the next member while the connect fails, as a call does.
-
-Int64 fields arrive as JSON strings; keys and values travel base64-encoded (the request and
-answer shapes: `lockserver.etcd_ops`, re-exported here).
+- **One channel per member**, made lazily by the process that uses it (a gunicorn worker, after
+  the fork; a channel is never inherited across a fork: a process that finds channels made by
+  another pid drops them and makes its own). `https://` members are verified against
+  DLOCK_CA_BUNDLE (else the system store) and shown DLOCK_CLIENT_CERT / DLOCK_CLIENT_KEY when
+  set (etcd's --client-cert-auth), as every dlock client does (`dlock.http`).
+- **Deadlines.** Every call is connect + request bounded: the channel must be connected within
+  the connect timeout (else nothing was sent), the call answered within the request timeout,
+  and all the calls of one lock-server request end by its `request_deadline`.
+- **Failover (ARCHITECTURE decisions 21 and 26).** A call moves to the next member only when the
+  member provably did nothing with it: its channel did not connect in time, gRPC reports the
+  connection failed before the call went out, or etcd refused it before proposing ("no leader",
+  "not capable", "stopped"). A write that met anything else (UNAVAILABLE after the request
+  left, DEADLINE_EXCEEDED) may have applied: it is EtcdUnavailable, never re-sent; the next
+  call goes to the next member. Reads (ranges, status) may be asked again elsewhere.
+- **Streams.** Watches and lease keepalives are gRPC streams on the same channels, under the
+  same deadlines; a stream is cancelled on every return, which ends its watchers server-side.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import ssl
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import orjson
+import grpc
 
-from dlock.budgets import Budget
-from dlock.http import TransportError, exchange, pool_for
-from dlock.http_stream import Stream, open_stream
+from dlock.http import ca_bundle, client_certificate
 from lockserver.etcd_ops import (
     KeyValue,
     RangeResult,
+    RequestOp,
     TxnResult,
-    _b64,
-    _kv,
-    _range_result,
-    compare,
-    delete,
-    get,
-    prefix_end,
-    put,
+    key_bytes,
+    key_value,
+    range_end,
+    range_request,
+    range_result,
+    txn_result,
+    writes,
 )
+from lockserver.etcd_proto import rpc_pb2, rpc_pb2_grpc
 
-__all__ = [
-    "EtcdClient",
-    "EtcdError",
-    "EtcdUnavailable",
-    "KeyValue",
-    "RangeResult",
-    "TxnResult",
-    "compare",
-    "delete",
-    "get",
-    "prefix_end",
-    "put",
-    "request_deadline",
-]
-
-_WATCH_HEADERS = {"Content-Type": "application/json"}
-# gRPC status codes that mean "this member cannot serve now": DEADLINE_EXCEEDED, UNAVAILABLE.
-_UNAVAILABLE_GRPC = {4, 14}
-_UNAVAILABLE_TEXT = (
-    "no leader",
-    "timed out",
-    "deadline exceeded",
-    "leader changed",
-    "not capable",
-    "stopped",
+# Texts of an UNAVAILABLE that gRPC gives when the connection failed before the call went out.
+_NOT_SENT_TEXT = (
+    "failed to connect to all addresses",
+    "connection refused",
+    "connections to all backends failing",
+    "dns resolution failed",
+    "name resolution",
+    "empty address list",
+)
+# etcd refused the call before proposing it: nothing applied.
+_REFUSED_TEXT = ("no leader", "not capable", "etcdserver: stopped")
+# stream RPCs called for one answer (`EtcdClient.call`)
+_ONE_MESSAGE_STREAMS = frozenset({"lease.LeaseKeepAlive"})
+_UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_UNAVAILABLE_TEXT = ("timed out", "leader changed", "too many requests", "no leader")
+# a watch on a member that loses its leader is closed by it rather than left silent
+_REQUIRE_LEADER = (("hasleader", "true"),)
+_CHANNEL_OPTIONS = (
+    # connections of this client only: a client's failover and TLS settings are its own
+    ("grpc.use_local_subchannel_pool", 1),
+    # a member that is back is connected again within about a second, not after minutes
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
 )
 
 
@@ -91,7 +97,7 @@ class EtcdUnavailable(EtcdError):
 # by `request_deadline`: every etcd call the request makes ends by it, so the sum of a request's
 # calls (an acquire makes several) stays inside one hop budget and the client hears 503
 # NOT_LEADER before its own read timeout, not a ReadTimeout it cannot tell from a lost reply.
-_REQUEST_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+REQUEST_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "etcd_request_deadline", default=None
 )
 
@@ -100,14 +106,14 @@ _REQUEST_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar
 def request_deadline(seconds: float) -> Iterator[None]:
     """Bound every etcd call made inside to end within `seconds` from now (the outermost
     deadline wins: a store call made by another one keeps its caller's)."""
-    if _REQUEST_DEADLINE.get() is not None:
+    if REQUEST_DEADLINE.get() is not None:
         yield
         return
-    token = _REQUEST_DEADLINE.set(time.monotonic() + seconds)
+    token = REQUEST_DEADLINE.set(time.monotonic() + seconds)
     try:
         yield
     finally:
-        _REQUEST_DEADLINE.reset(token)
+        REQUEST_DEADLINE.reset(token)
 
 
 class _Refused(Exception):
@@ -118,11 +124,136 @@ class _Refused(Exception):
         self.unavailable = unavailable
 
 
+def _credentials() -> grpc.ChannelCredentials:
+    """TLS as every dlock client: DLOCK_CA_BUNDLE (else the system store) and the client
+    certificate when this process has one."""
+    bundle = ca_bundle() or ssl.get_default_verify_paths().cafile
+    roots = Path(bundle).read_bytes() if bundle else None
+    client = client_certificate()
+    if client is None:
+        return grpc.ssl_channel_credentials(root_certificates=roots)
+    return grpc.ssl_channel_credentials(
+        root_certificates=roots,
+        private_key=Path(client[1]).read_bytes(),
+        certificate_chain=Path(client[0]).read_bytes(),
+    )
+
+
+class Member:
+    """One etcd member: its channel (made on first use in this process) and the stubs on it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        scheme, _, rest = url.partition("://")
+        self.tls = scheme == "https"
+        self.target = rest.split("/", 1)[0]
+        self._pid = -1
+        self._guard = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._state = grpc.ChannelConnectivity.IDLE
+        self._changed = threading.Condition()
+        self.kv: rpc_pb2_grpc.KVStub
+        self.lease: rpc_pb2_grpc.LeaseStub
+        self.watch: rpc_pb2_grpc.WatchStub
+        self.maintenance: rpc_pb2_grpc.MaintenanceStub
+
+    def _on_state(self, state: grpc.ChannelConnectivity) -> None:
+        with self._changed:
+            self._state = state
+            self._changed.notify_all()
+
+    def channel(self) -> grpc.Channel:
+        if self._channel is not None and self._pid == os.getpid():
+            return self._channel
+        with self._guard:
+            if self._channel is None or self._pid != os.getpid():
+                # a channel made by another process (before a fork) is never used here
+                if self.tls:
+                    channel = grpc.secure_channel(self.target, _credentials(), _CHANNEL_OPTIONS)
+                else:
+                    channel = grpc.insecure_channel(self.target, _CHANNEL_OPTIONS)
+                self._state = grpc.ChannelConnectivity.IDLE
+                channel.subscribe(self._on_state, try_to_connect=False)
+                self.kv = rpc_pb2_grpc.KVStub(channel)
+                self.lease = rpc_pb2_grpc.LeaseStub(channel)
+                self.watch = rpc_pb2_grpc.WatchStub(channel)
+                self.maintenance = rpc_pb2_grpc.MaintenanceStub(channel)
+                self._channel, self._pid = channel, os.getpid()
+        return self._channel
+
+    def connect(self, timeout_s: float, *, patient: bool) -> None:
+        """Make sure the channel is connected; _Refused (nothing was sent) when it is not
+        within `timeout_s` (a member that does not answer). A channel that is failing (refused,
+        reset, TLS handshake: gRPC's TRANSIENT_FAILURE, while it backs off before connecting
+        again) is refused at once unless `patient` (no other member is left to try): then it
+        has `timeout_s` to come back, so a member that restarted serves the next call."""
+        channel = self.channel()
+        if self._state == grpc.ChannelConnectivity.READY:
+            return
+        failing = self._state == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        if not failing or patient:
+            channel.subscribe(_ignore, try_to_connect=True)  # starts connecting when idle
+            channel.unsubscribe(_ignore)
+            ends = time.monotonic() + max(0.01, timeout_s)
+            with self._changed:
+                while self._state != grpc.ChannelConnectivity.READY:
+                    if self._state == grpc.ChannelConnectivity.TRANSIENT_FAILURE and not patient:
+                        break
+                    left = ends - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
+        if self._state != grpc.ChannelConnectivity.READY:
+            raise _Refused(EtcdUnavailable(f"etcd unreachable: {self.url} is not connected"))
+
+    def close(self) -> None:
+        with self._guard:
+            if self._channel is not None and self._pid == os.getpid():
+                # no connectivity callback left to poll a closed channel (grpc's poller thread)
+                self._channel.unsubscribe(self._on_state)
+                self._channel.close()
+            self._channel = None
+
+
+def _one_answer(rpc: Any, request: Any, timeout_s: float) -> Any:
+    """A stream call with one request: its first answer (None if it ended without one); the
+    stream is cancelled on return. etcd answers the request before it sees the end of the send
+    side, so the stream ends with the answer."""
+    stream = rpc(iter([request]), timeout=timeout_s)
+    try:
+        return next(stream, None)
+    finally:
+        stream.cancel()
+
+
+def _ignore(_state: grpc.ChannelConnectivity) -> None:
+    pass
+
+
+def _status(exc: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if hasattr(exc, "details") else None) or str(code)
+    return code, details
+
+
+def _mapped(exc: grpc.RpcError, *, may_resend: bool) -> Exception:
+    """The EtcdError for a failed call; _Refused when the call may go to another member."""
+    code, details = _status(exc)
+    lowered = details.lower()
+    if code in _UNAVAILABLE_CODES or any(text in lowered for text in _UNAVAILABLE_TEXT):
+        unavailable = EtcdUnavailable(f"etcd unavailable: {details}", code.value[0])
+        not_sent = code == grpc.StatusCode.UNAVAILABLE and any(
+            text in lowered for text in _NOT_SENT_TEXT
+        )
+        if not_sent or any(text in lowered for text in _REFUSED_TEXT) or may_resend:
+            return _Refused(unavailable)
+        return unavailable
+    return EtcdError(f"etcd error: {details}", code.value[0])
+
+
 class EtcdClient:
-    """Thread-safe: the process's keep-alive pool per member (`dlock.http.pool_for`), shared by
-    the lock-server's threads, for calls and watches alike. An https:// member is verified
-    against DLOCK_CA_BUNDLE, as every dlock client verifies its peer (else the system store),
-    and is shown DLOCK_CLIENT_CERT/DLOCK_CLIENT_KEY when set (etcd's --client-cert-auth)."""
+    """Thread-safe: one channel per member, shared by the process's threads for calls and
+    streams alike."""
 
     def __init__(
         self,
@@ -130,129 +261,104 @@ class EtcdClient:
         *,
         connect_timeout: float = 0.5,
         read_timeout: float = 2.0,
-        pool_size: int = 64,
     ) -> None:
         # ETCD_URL is a comma-separated list of members (ARCHITECTURE decision 16)
         self.urls = [part.strip().rstrip("/") for part in url.split(",") if part.strip()]
         if not self.urls or not all(u.startswith(("http://", "https://")) for u in self.urls):
             raise ValueError(f"ETCD_URL must be http(s) URLs separated by commas, got {url!r}")
-        self._member = 0
+        self.members = [Member(u) for u in self.urls]
+        self.member_index = 0
         self.timeout = (connect_timeout, read_timeout)
-        self.pools = {member: pool_for(member, size=pool_size) for member in self.urls}
 
     def close(self) -> None:
-        """Close the idle connections to every member."""
-        for pool in self.pools.values():
-            pool.close()
+        """Close this process's channels to every member."""
+        for member in self.members:
+            member.close()
 
     @property
     def url(self) -> str:
         """The member calls go to now; moves on when one refuses or times out."""
-        return self.urls[self._member % len(self.urls)]
+        return self.urls[self.member_index % len(self.urls)]
 
-    def _next_member(self, failed: str) -> None:
-        if self.url == failed:  # another thread may have moved on already
-            self._member = (self._member + 1) % len(self.urls)
+    def _member(self) -> Member:
+        return self.members[self.member_index % len(self.members)]
 
-    # -- transport
+    def _next_member(self, failed: Member) -> None:
+        if self._member() is failed:  # another thread may have moved on already
+            self.member_index = (self.member_index + 1) % len(self.members)
 
-    def _post(
-        self, path: str, body: dict[str, Any], timeout: float | None = None
-    ) -> dict[str, Any]:
-        """One call, moving to the next member while a member provably did nothing (connection
-        refused, connect timeout, or it answered "unavailable / no leader"), every member at
-        most once and all within one connect + read timeout: the hop budget. A read timeout
-        after the request was sent is not retried (the write may have applied): the next call
-        goes to the next member."""
-        deadline = time.monotonic() + self.timeout[0] + self.timeout[1]
-        request_ends = _REQUEST_DEADLINE.get()
+    def _deadline(self, timeout: tuple[float, float] | None = None) -> float:
+        connect, read = timeout or self.timeout
+        deadline = time.monotonic() + connect + read
+        request_ends = REQUEST_DEADLINE.get()
         if request_ends is not None:
             if request_ends - time.monotonic() <= 0.05:
                 raise EtcdUnavailable("the request's etcd budget is spent; nothing was sent")
             deadline = min(deadline, request_ends)
+        return deadline
+
+    # -- transport
+
+    def call(
+        self,
+        method: str,
+        request: Any,
+        *,
+        may_resend: bool = False,
+        timeout: tuple[float, float] | None = None,
+    ) -> Any:
+        """One unary call (`method`: "kv.Range", "lease.LeaseGrant", ...), moving to the next
+        member while a member provably did nothing with it, every member at most once and all
+        within one connect + request timeout (the hop budget) or the request's deadline.
+        `may_resend`: the call changes nothing (a read), so any unavailability moves it on."""
+        connect, read = timeout or self.timeout
+        deadline = self._deadline(timeout)
         last = EtcdUnavailable("etcd call out of time")
-        for _attempt in range(len(self.urls)):
-            member = self.url
+        for attempt in range(len(self.members)):
+            member = self._member()
             remaining = deadline - time.monotonic()
             if remaining <= 0.05:
                 break
             try:
-                return self._post_once(member, path, body, timeout, remaining)
+                member.connect(min(connect, remaining), patient=attempt == len(self.members) - 1)
+                stub_name, _, name = method.partition(".")
+                rpc = getattr(getattr(member, stub_name), name)
+                answer_in = max(0.05, min(read, deadline - time.monotonic()))
+                if method in _ONE_MESSAGE_STREAMS:
+                    return _one_answer(rpc, request, answer_in)
+                return rpc(request, timeout=answer_in)
             except _Refused as exc:
                 self._next_member(member)
                 last = exc.unavailable
-            except EtcdUnavailable:
-                self._next_member(member)
-                raise
+            except grpc.RpcError as exc:
+                mapped = _mapped(exc, may_resend=may_resend)
+                if isinstance(mapped, EtcdUnavailable | _Refused):
+                    self._next_member(member)
+                if isinstance(mapped, _Refused):
+                    last = mapped.unavailable
+                    continue
+                raise mapped from None
         raise last
-
-    def _post_once(
-        self, member: str, path: str, body: dict[str, Any], timeout: float | None, remaining: float
-    ) -> dict[str, Any]:
-        connect, read = timeout or self.timeout
-        hop = Budget(min(connect, remaining), max(0.05, min(read, remaining)), 0, "etcd call")
-        try:
-            reply = exchange(
-                "POST", f"{member}/v3/{path}", hop=hop, json_body=body, pool=self.pools[member]
-            )
-        except TransportError as exc:
-            unavailable = EtcdUnavailable(f"etcd unreachable: {type(exc.cause).__name__}")
-            if not exc.sent:  # no byte of the call left: the member did nothing
-                raise _Refused(unavailable) from exc
-            raise unavailable from exc
-        data = reply.body if isinstance(reply.body, dict) else {}
-        if reply.status == 200 and "error" not in data:
-            return data
-        message = str(data.get("message") or data.get("error") or f"HTTP {reply.status}")
-        code = data.get("code")
-        if (
-            reply.status in (502, 503, 504)
-            or code in _UNAVAILABLE_GRPC
-            or any(text in message for text in _UNAVAILABLE_TEXT)
-        ):
-            unavailable = EtcdUnavailable(f"etcd unavailable: {message}", code)
-            if "no leader" in message or "not capable" in message or "stopped" in message:
-                raise _Refused(unavailable)  # refused before proposing: nothing applied
-            raise unavailable
-        raise EtcdError(f"etcd error: {message}", code)
 
     # -- KV
 
     def range(self, key: str, *, prefix: bool = False, count_only: bool = False) -> RangeResult:
-        return _range_result(
-            self._post("kv/range", get(key, prefix=prefix, count_only=count_only)["request_range"])
+        answer = self.call(
+            "kv.Range", range_request(key, prefix=prefix, count_only=count_only), may_resend=True
         )
+        return range_result(answer)
 
     def txn(
         self,
-        compares: list[dict[str, Any]],
-        success: list[dict[str, Any]],
-        failure: list[dict[str, Any]] | None = None,
+        compares: list[rpc_pb2.Compare],
+        success: list[RequestOp],
+        failure: list[RequestOp] | None = None,
     ) -> TxnResult:
-        data = self._post(
-            "kv/txn", {"compare": compares, "success": success, "failure": failure or []}
-        )
-        responses: list[RangeResult | None] = []
-        for item in data.get("responses", []):
-            if "response_range" in item:
-                responses.append(_range_result(item["response_range"]))
-            elif "response_delete_range" in item:
-                deleted = item["response_delete_range"]
-                responses.append(
-                    RangeResult(
-                        kvs=[_kv(kv) for kv in deleted.get("prev_kvs", [])],
-                        count=int(deleted.get("deleted", 0)),
-                    )
-                )
-            else:
-                responses.append(None)
-        return TxnResult(
-            succeeded=bool(data.get("succeeded", False)),
-            revision=int(data["header"]["revision"]),
-            responses=responses,
-        )
+        request = rpc_pb2.TxnRequest(compare=compares, success=success, failure=failure or [])
+        reads_only = not writes(success) and not writes(failure or [])
+        return txn_result(self.call("kv.Txn", request, may_resend=reads_only))
 
-    def read(self, *ops: dict[str, Any]) -> TxnResult:
+    def read(self, *ops: RequestOp) -> TxnResult:
         """Several ranges at one revision (a txn with no compares always takes `success`)."""
         return self.txn([], list(ops))
 
@@ -260,18 +366,23 @@ class EtcdClient:
 
     def lease_grant(self, ttl_s: int) -> tuple[int, int]:
         """A new lease; returns (id, granted TTL in seconds: etcd may raise it to its minimum)."""
-        data = self._post("lease/grant", {"TTL": str(ttl_s)})
-        return int(data["ID"]), int(data.get("TTL", ttl_s))
+        answer = self.call("lease.LeaseGrant", rpc_pb2.LeaseGrantRequest(TTL=ttl_s))
+        if answer.error:
+            raise EtcdError(f"etcd error: {answer.error}")
+        return answer.ID, answer.TTL or ttl_s
 
     def lease_keepalive(self, lease_id: int) -> int:
-        """Refresh once; the lease's TTL in seconds, 0 when it has expired or never existed."""
-        data = self._post("lease/keepalive", {"ID": str(lease_id)})
-        return int(data.get("result", {}).get("TTL", 0))
+        """Refresh once, on a keepalive stream that ends with the answer; the lease's TTL in
+        seconds, 0 when it has expired or never existed. A refresh changes nothing but the
+        lease's deadline, so it may be asked again of another member."""
+        request = rpc_pb2.LeaseKeepAliveRequest(ID=lease_id)
+        answer = self.call("lease.LeaseKeepAlive", request, may_resend=True)
+        return int(answer.TTL) if answer is not None else 0
 
     def lease_revoke(self, lease_id: int) -> bool:
         """Revoke (deleting every attached key at once); False when it was already gone."""
         try:
-            self._post("lease/revoke", {"ID": str(lease_id)})
+            self.call("lease.LeaseRevoke", rpc_pb2.LeaseRevokeRequest(ID=lease_id))
         except EtcdUnavailable:
             raise
         except EtcdError as exc:
@@ -282,48 +393,54 @@ class EtcdClient:
 
     # -- cluster
 
-    def status(self, timeout: float | None = None) -> dict[str, Any]:
-        return self._post(
-            "maintenance/status",
-            {},
+    def status(self, timeout: float | None = None) -> rpc_pb2.StatusResponse:
+        return self.call(
+            "maintenance.Status",
+            rpc_pb2.StatusRequest(),
+            may_resend=True,
             timeout=(self.timeout[0], timeout) if timeout else None,
         )
 
     def has_leader(self) -> bool:
-        return str(self.status().get("leader", "0")) not in ("0", "")
+        return self.status().leader != 0
 
     # -- watch
 
-    def _open_watch(self, creates: list[dict[str, Any]], *, read_timeout_s: float) -> Stream:
-        """One watch stream, a watcher per create_request, on the member's pool (its TLS
-        settings and client certificate). A member that provably got nothing (refused, connect
-        timeout, TLS handshake) hands the watch to the next, each member at most once; anything
-        else, or no member left, is EtcdUnavailable."""
-        body = b"".join(orjson.dumps({"create_request": create}) + b"\n" for create in creates)
+    @contextlib.contextmanager
+    def _watch(
+        self, creates: list[rpc_pb2.WatchCreateRequest], *, timeout_s: float
+    ) -> Iterator[Iterator[rpc_pb2.WatchResponse]]:
+        """One watch stream, a watcher per create request, on the current member. A member
+        whose channel does not connect in time hands the watch to the next, each member at most
+        once; anything else, or no member left, is EtcdUnavailable. The stream is cancelled on
+        exit (which cancels its watchers server-side)."""
         last = EtcdUnavailable("no etcd member to watch on")
-        for _attempt in range(len(self.urls)):
-            member = self.url
+        done = threading.Event()
+
+        def requests() -> Iterator[rpc_pb2.WatchRequest]:
+            for create in creates:
+                yield rpc_pb2.WatchRequest(create_request=create)
+            done.wait()  # keep the send side open: etcd ends the stream when it closes
+
+        for attempt in range(len(self.members)):
+            member = self._member()
             try:
-                stream = open_stream(
-                    "POST",
-                    f"{member}/v3/watch",
-                    connect_s=self.timeout[0],
-                    read_s=read_timeout_s,
-                    body=body,
-                    headers=_WATCH_HEADERS,
-                    pool=self.pools[member],
+                member.connect(
+                    min(self.timeout[0], timeout_s), patient=attempt == len(self.members) - 1
                 )
-            except TransportError as exc:
+            except _Refused as exc:
                 self._next_member(member)
-                last = EtcdUnavailable(f"etcd unreachable: {type(exc.cause).__name__}")
-                if exc.sent:
-                    raise last from exc
+                last = exc.unavailable
                 continue
-            if stream.status != 200:
-                stream.close()
-                self._next_member(member)
-                raise EtcdUnavailable(f"watch refused with HTTP {stream.status}")
-            return stream
+            stream = member.watch.Watch(
+                requests(), timeout=max(0.05, timeout_s), metadata=_REQUIRE_LEADER
+            )
+            try:
+                yield stream
+            finally:
+                done.set()
+                stream.cancel()
+            return
         raise last
 
     def wait_for_change(
@@ -337,36 +454,36 @@ class EtcdClient:
         """Block until any of `keys` changes (is deleted, with `deletions_only`) after
         `after_revision`, or `timeout_s` passes.
 
-        One gateway stream with one watcher per key, starting at after_revision + 1 so a change
+        One watch stream with one watcher per key, starting at after_revision + 1 so a change
         between the caller's read and this call is not missed. True on a change, False on
-        timeout. The connection is closed on every return, which cancels the watchers
+        timeout. The stream is cancelled on every return, which cancels the watchers
         server-side.
         """
         deadline = time.monotonic() + timeout_s
-        creates: list[dict[str, Any]] = [
-            {"key": _b64(key), "start_revision": str(after_revision + 1)} for key in keys
+        filters = [rpc_pb2.WatchCreateRequest.NOPUT] if deletions_only else []
+        creates = [
+            rpc_pb2.WatchCreateRequest(
+                key=key_bytes(key), start_revision=after_revision + 1, filters=filters
+            )
+            for key in keys
         ]
-        if deletions_only:
-            for create in creates:
-                create["filters"] = ["NOPUT"]
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if timeout_s <= 0:
             return False
-        with self._open_watch(creates, read_timeout_s=remaining) as stream:
+        with self._watch(creates, timeout_s=timeout_s) as stream:
             try:
-                for line in stream.lines():
-                    result = orjson.loads(line).get("result", {})
-                    if result.get("events"):
+                for answer in stream:
+                    if answer.events:
                         return True
-                    if result.get("canceled") or result.get("compact_revision"):
+                    if answer.canceled or answer.compact_revision:
                         return True  # the caller re-reads; a compacted watch is a change
                     if time.monotonic() >= deadline:
                         return False
-            except TransportError:
-                if time.monotonic() >= deadline - 0.05:
-                    return False  # the read deadline is our deadline
-                raise EtcdUnavailable("watch stream broke") from None
-            # the server closed the stream: treat as "look again" unless the deadline passed
+            except grpc.RpcError as exc:
+                code, _ = _status(exc)
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() >= deadline:
+                    return False  # the stream's deadline is our deadline
+                raise EtcdUnavailable(f"watch stream broke: {_status(exc)[1]}") from None
+            # the server closed the stream: look again unless the deadline passed
             return time.monotonic() < deadline
 
     def deletions(
@@ -374,31 +491,45 @@ class EtcdClient:
     ) -> Iterator[tuple[int, KeyValue | None]]:
         """Yield (revision, previous kv) for every key deleted under `prefixes`.
 
-        One stream, one watcher per prefix (NOPUT, prev_kv), from after_revision + 1. Yields
-        (revision, None) as a heartbeat when the stream is idle for idle_timeout_s, then ends,
-        so the caller can check for shutdown and reconnect from the last revision it saw.
+        One stream, one watcher per prefix (NOPUT, prev_kv), from after_revision + 1, that
+        lasts idle_timeout_s; then it yields (revision, None) and ends, so the caller can check
+        for shutdown and reconnect from the last revision it saw (nothing is missed: the next
+        stream starts after that revision).
         """
         creates = [
-            {
-                "key": _b64(prefix),
-                "range_end": _b64(prefix_end(prefix)),
-                "start_revision": str(after_revision + 1),
-                "filters": ["NOPUT"],
-                "prev_kv": True,
-            }
+            rpc_pb2.WatchCreateRequest(
+                key=key_bytes(prefix),
+                range_end=range_end(prefix),
+                start_revision=after_revision + 1,
+                filters=[rpc_pb2.WatchCreateRequest.NOPUT],
+                prev_kv=True,
+            )
             for prefix in prefixes
         ]
         revision = after_revision
-        with self._open_watch(creates, read_timeout_s=idle_timeout_s) as stream:
+        with self._watch(creates, timeout_s=idle_timeout_s) as stream:
             try:
-                for line in stream.lines(idle_s=idle_timeout_s):
-                    result = orjson.loads(line).get("result", {})
-                    if result.get("compact_revision"):
-                        revision = max(revision, int(result["compact_revision"]) - 1)
+                for answer in stream:
+                    if answer.compact_revision:
+                        revision = max(revision, answer.compact_revision - 1)
                         return
-                    for event in result.get("events", []):
-                        kv = _kv(event["prev_kv"]) if event.get("prev_kv") else None
-                        revision = max(revision, int(event["kv"].get("mod_revision", revision)))
+                    for event in answer.events:
+                        kv = key_value(event.prev_kv) if event.HasField("prev_kv") else None
+                        revision = max(revision, event.kv.mod_revision or revision)
                         yield revision, kv
-            except TransportError:
-                yield revision, None  # idle (read deadline) or broken: the caller reconnects
+            except grpc.RpcError as exc:
+                code, details = _status(exc)
+                if code != grpc.StatusCode.DEADLINE_EXCEEDED and revision == after_revision:
+                    if code == grpc.StatusCode.UNAVAILABLE:
+                        raise EtcdUnavailable(f"watch stream broke: {details}") from None
+                yield revision, None  # the stream's time is up, or it broke: reconnect
+
+
+__all__ = [
+    "REQUEST_DEADLINE",
+    "EtcdClient",
+    "EtcdError",
+    "EtcdUnavailable",
+    "Member",
+    "request_deadline",
+]

@@ -1,49 +1,45 @@
-"""The shapes of etcd v3 calls through its JSON gateway: the ops a transaction is built from
-(`compare`, `put`, `delete`, `get`) and the answers read back (`KeyValue`, `RangeResult`,
-`TxnResult`). Keys and values travel base64-encoded; int64 fields arrive as JSON strings. The
-client that sends them is `lockserver.etcd_client`.
+"""The shapes of etcd v3 calls: the ops a transaction is built from (`compare`, `put`, `delete`,
+`get`, as etcd's own protobuf messages from `lockserver.etcd_proto`) and the answers read back
+(`KeyValue`, `RangeResult`, `TxnResult`). The client that sends them is
+`lockserver.etcd_client`.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
+from lockserver.etcd_proto import kv_pb2, rpc_pb2
 
-def _b64(raw: str | bytes) -> str:
-    data = raw.encode() if isinstance(raw, str) else raw
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str | None) -> bytes:
-    return base64.b64decode(text) if text else b""
+Compare = rpc_pb2.Compare
+RequestOp = rpc_pb2.RequestOp
 
 
 # Keys repeat (a session's, a lock's, the offset's: every call of a pair names the same few), so
-# their encodings are kept; values are encoded each time.
+# their encodings are kept.
 @functools.lru_cache(maxsize=16384)
-def _key64(key: str) -> str:
-    return _b64(key)
-
-
-@functools.lru_cache(maxsize=16384)
-def _key_from64(text: str) -> str:
-    return _unb64(text).decode()
+def key_bytes(key: str) -> bytes:
+    return key.encode()
 
 
 @functools.lru_cache(maxsize=16384)
-def _range_end64(prefix: str) -> str:
-    return _b64(prefix_end(prefix))
+def key_text(raw: bytes) -> str:
+    return raw.decode()
 
 
-def prefix_end(prefix: str) -> str:
+@functools.lru_cache(maxsize=16384)
+def range_end(prefix: str) -> bytes:
     """The range_end that selects every key starting with `prefix` (last byte + 1)."""
     raw = bytearray(prefix.encode())
     raw[-1] += 1
-    return raw.decode()
+    return bytes(raw)
+
+
+def prefix_end(prefix: str) -> str:
+    """`range_end` as text."""
+    return range_end(prefix).decode()
 
 
 @dataclass(frozen=True)
@@ -59,14 +55,14 @@ class KeyValue:
         return json.loads(self.value)
 
 
-def _kv(raw: dict[str, Any]) -> KeyValue:
+def key_value(raw: kv_pb2.KeyValue) -> KeyValue:
     return KeyValue(
-        key=_key_from64(raw["key"]) if raw.get("key") else "",
-        value=_unb64(raw.get("value")),
-        create_revision=int(raw.get("create_revision", 0)),
-        mod_revision=int(raw.get("mod_revision", 0)),
-        version=int(raw.get("version", 0)),
-        lease=int(raw.get("lease", 0)),
+        key=key_text(raw.key),
+        value=raw.value,
+        create_revision=raw.create_revision,
+        mod_revision=raw.mod_revision,
+        version=raw.version,
+        lease=raw.lease,
     )
 
 
@@ -79,10 +75,8 @@ class RangeResult:
         return self.kvs[0] if self.kvs else None
 
 
-def _range_result(raw: dict[str, Any]) -> RangeResult:
-    return RangeResult(
-        kvs=[_kv(item) for item in raw.get("kvs", [])], count=int(raw.get("count", 0))
-    )
+def range_result(raw: rpc_pb2.RangeResponse) -> RangeResult:
+    return RangeResult(kvs=[key_value(item) for item in raw.kvs], count=raw.count)
 
 
 @dataclass(frozen=True)
@@ -93,61 +87,101 @@ class TxnResult:
     responses: list[RangeResult | None]
 
 
+def txn_result(raw: rpc_pb2.TxnResponse) -> TxnResult:
+    responses: list[RangeResult | None] = []
+    for item in raw.responses:
+        kind = item.WhichOneof("response")
+        if kind == "response_range":
+            responses.append(range_result(item.response_range))
+        elif kind == "response_delete_range":
+            deleted = item.response_delete_range
+            responses.append(
+                RangeResult(kvs=[key_value(kv) for kv in deleted.prev_kvs], count=deleted.deleted)
+            )
+        else:
+            responses.append(None)
+    return TxnResult(succeeded=raw.succeeded, revision=raw.header.revision, responses=responses)
+
+
+def writes(ops: list[RequestOp]) -> bool:
+    """Whether any of `ops` changes the store (a txn of ranges alone may go to any member)."""
+    return any(op.WhichOneof("request") != "request_range" for op in ops)
+
+
 # --------------------------------------------------------------------------- txn builders
 
 
-_COMPARED = {
-    "CREATE": "create_revision",
-    "MOD": "mod_revision",
-    "VERSION": "version",
-    "LEASE": "lease",
-    "VALUE": "value",
+_TARGETS = {
+    "CREATE": (Compare.CREATE, "create_revision"),
+    "MOD": (Compare.MOD, "mod_revision"),
+    "VERSION": (Compare.VERSION, "version"),
+    "LEASE": (Compare.LEASE, "lease"),
+    "VALUE": (Compare.VALUE, "value"),
+}
+_RESULTS = {
+    "EQUAL": Compare.EQUAL,
+    "GREATER": Compare.GREATER,
+    "LESS": Compare.LESS,
+    "NOT_EQUAL": Compare.NOT_EQUAL,
 }
 
 
 def compare(
     key: str, target: str, op: str, value: int | str | bytes, *, prefix: bool = False
-) -> dict[str, Any]:
+) -> Compare:
     """target: CREATE | MOD | VERSION | LEASE | VALUE; op: EQUAL | GREATER | LESS | NOT_EQUAL.
 
     With `prefix` every key under `key` must satisfy it; with none there, etcd compares an
     empty key (revisions 0), so CREATE EQUAL 0 over a prefix means "no key under it"."""
-    field = _COMPARED[target]
-    encoded = _b64(value) if target == "VALUE" else str(value)
-    body = {"target": target, "key": _key64(key), "result": op, field: encoded}
+    kind, field = _TARGETS[target]
+    if target == "VALUE":
+        operand: int | bytes = value.encode() if isinstance(value, str) else bytes(value)  # type: ignore[arg-type]
+    else:
+        operand = int(value)
+    message = Compare(result=_RESULTS[op], target=kind, key=key_bytes(key), **{field: operand})
     if prefix:
-        body["range_end"] = _range_end64(key)
-    return body
+        message.range_end = range_end(key)
+    return message
 
 
-def put(key: str, value: str | bytes, lease: int = 0) -> dict[str, Any]:
-    body: dict[str, Any] = {"key": _key64(key), "value": _b64(value)}
-    if lease:
-        body["lease"] = str(lease)
-    return {"request_put": body}
+def put(key: str, value: str | bytes, lease: int = 0) -> RequestOp:
+    data = value.encode() if isinstance(value, str) else value
+    return RequestOp(request_put=rpc_pb2.PutRequest(key=key_bytes(key), value=data, lease=lease))
 
 
-def delete(key: str, *, prev_kv: bool = False, prefix: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {"key": _key64(key)}
-    if prev_kv:
-        body["prev_kv"] = True
-    if prefix:
-        body["range_end"] = _range_end64(key)
-    return {"request_delete_range": body}
+def delete(key: str, *, prev_kv: bool = False, prefix: bool = False) -> RequestOp:
+    return RequestOp(
+        request_delete_range=rpc_pb2.DeleteRangeRequest(
+            key=key_bytes(key), range_end=range_end(key) if prefix else b"", prev_kv=prev_kv
+        )
+    )
+
+
+def nested_txn(
+    compares: list[Compare], success: list[RequestOp], failure: list[RequestOp] | None = None
+) -> RequestOp:
+    """A transaction inside a transaction's branch (etcd 3.3+): its writes happen only when its
+    own compares hold, at the outer transaction's revision."""
+    return RequestOp(
+        request_txn=rpc_pb2.TxnRequest(compare=compares, success=success, failure=failure or [])
+    )
+
+
+def range_request(
+    key: str, *, prefix: bool = False, count_only: bool = False, revision: int = 0
+) -> rpc_pb2.RangeRequest:
+    return rpc_pb2.RangeRequest(
+        key=key_bytes(key),
+        range_end=range_end(key) if prefix else b"",
+        count_only=count_only,
+        revision=revision,
+    )
 
 
 def get(
     key: str, *, prefix: bool = False, count_only: bool = False, revision: int = 0
-) -> dict[str, Any]:
+) -> RequestOp:
     """A range op; `revision` > 0 reads the key as it was at that revision (until compacted)."""
-    body: dict[str, Any] = {"key": _key64(key)}
-    if revision:
-        body["revision"] = str(revision)
-    if prefix:
-        body["range_end"] = _range_end64(key)
-    if count_only:
-        body["count_only"] = True
-    return {"request_range": body}
-
-
-# --------------------------------------------------------------------------- client
+    return RequestOp(
+        request_range=range_request(key, prefix=prefix, count_only=count_only, revision=revision)
+    )

@@ -105,10 +105,28 @@ class LockGrant(serializers.Serializer):
     sessionId = serializers.UUIDField()
     fencingToken = _token()
     fencingProof = serializers.CharField(
-        help_text="MAC over (key, fencingToken): send it as X-Fencing-Proof beside the token."
+        help_text="v2.<kid>.<signature>: the lock server's Ed25519 signature over (key, "
+        "fencingToken); send it as X-Fencing-Proof beside the token."
     )
     acquiredAt = serializers.DateTimeField()
     expiresAt = serializers.DateTimeField()
+
+
+class FencingKey(serializers.Serializer):
+    kty = serializers.ChoiceField(choices=["OKP"])
+    crv = serializers.ChoiceField(choices=["Ed25519"])
+    kid = serializers.RegexField(r"^[A-Za-z0-9_-]{1,32}$", help_text="Named in each proof.")
+    x = serializers.RegexField(
+        r"^[A-Za-z0-9_-]{43}$", help_text="The 32-byte public key, unpadded base64url."
+    )
+    use = serializers.ChoiceField(choices=["sig"])
+    alg = serializers.ChoiceField(choices=["EdDSA"])
+
+
+class FencingKeys(serializers.Serializer):
+    keys = FencingKey(many=True, help_text="Every key a proof may name; each one verifies.")
+    proofVersion = serializers.ChoiceField(choices=["v2"])
+    signingKid = serializers.CharField(help_text="The kid new proofs are signed with.")
 
 
 class LockInfo(serializers.Serializer):
@@ -272,4 +290,15 @@ revoke = extend_schema(
             }
         ),
     },
+)
+
+fencing_keys = extend_schema(
+    operation_id="fencingKeys",
+    summary="The lock server's public fencing keys (a JWK set; open, cacheable)",
+    description="What a verifier checks X-Fencing-Proof with: Ed25519 public keys by kid "
+    "(RFC 8037 JWKs). No secret: no credential needed. Cache-Control says how long a copy may "
+    "be used; a proof naming a kid the copy lacks is a reason to read it again.",
+    tags=TAGS,
+    auth=[],
+    responses={200: FencingKeys},
 )

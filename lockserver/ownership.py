@@ -1,9 +1,9 @@
-"""Which caller credential opened a session (issue 15 item 1): only it may heartbeat (L2),
+"""Which caller credential opened a session (CHANGELOG row 47): only it may heartbeat (L2),
 close (L3), acquire on (L4), renew on (L5) or release through (L6) that session.
 
 Kept beside the backends, not inside them. On pg the record lives in lockdb (CHANGELOG row 31),
 written right after L1 created the session and before its id is returned, so no caller can know
-the id before its owner is recorded. On etcd (issue 27 item 3) the credential is part of the
+the id before its owner is recorded. On etcd the credential is part of the
 session's own record, written by the put that creates the session, so sessions never need lockdb
 there; the lockdb row is still written when lockdb answers (replicas of an older release read
 it) and read only for a session whose etcd record has no credential (opened by an older

@@ -45,14 +45,23 @@ class Parked:
         self.cause = "direct"
 
 
+# One housekeeping pass on the thread's own connection; the second argument wakes a waiter of
+# this process that the pass handed a key to (`KeyListener.hand_over`, after the commit).
+Housekeeping = Callable[[psycopg.Connection, Callable[[str], None]], None]
+
+
 class KeyListener:
+    """The LISTEN thread (see the module's docstring). `park`/`unpark` register a waiter of
+    this process, `hand_over` wakes the one a grant payload names, `subscribe`/`unsubscribe`
+    an event woken whenever the key's broadcast NOTIFY arrives."""
+
     def __init__(
         self,
         conn_params: dict,
         *,
         channel: str,
         grant_channel: str | None = None,
-        housekeeping: Callable[[psycopg.Connection], None] | None = None,
+        housekeeping: Housekeeping | None = None,
         housekeeping_interval_s: float = 1.0,
     ) -> None:
         self._params = conn_params
@@ -87,6 +96,12 @@ class KeyListener:
     @property
     def db_up(self) -> bool:
         return self._db_up
+
+    @property
+    def parked_count(self) -> int:
+        """Waiters of this process parked now."""
+        with self._guard:
+            return len(self._parked)
 
     def subscribe(self, key: str) -> threading.Event:
         event = threading.Event()
@@ -202,7 +217,7 @@ class KeyListener:
             if self._housekeeping is not None and time.monotonic() >= next_housekeeping:
                 next_housekeeping = time.monotonic() + self._interval
                 try:
-                    self._housekeeping(work)
+                    self._housekeeping(work, self.hand_over)
                     self._read_only = False
                 except psycopg.errors.ReadOnlySqlTransaction:
                     if not self._read_only:  # a standby: nothing to reap; say so once

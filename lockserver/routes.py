@@ -7,6 +7,7 @@ from lockserver import views
 
 urlpatterns = [
     path("v1/sessions", views.SessionsView.as_view(), name="lock-sessions"),
+    path("v1/fencing-keys", views.FencingKeysView.as_view(), name="fencing-keys"),
     path(
         "v1/sessions/<str:session_id>/heartbeat",
         views.HeartbeatView.as_view(),

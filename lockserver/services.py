@@ -2,6 +2,12 @@
 metrics and events (`lock_acquire_total{backend,outcome}`, `lock_acquired`, `lock_released`,
 `lock_revoked`). Backends emit only what they alone can see: `lock_expired`, `session_expired`
 and the live sessions/grants gauges.
+
+`lock_acquired` and `lock_released` (cause release) are DEBUG lines: two per acquire + release
+pair would be the lock server's busiest log output and a measurable share of its CPU per pair
+(bench.lockpath). The counter (`lock_acquire_total{outcome="granted"}`) keeps the count; what
+is not routine stays at INFO or above (`lock_expired`, `lock_released` with cause reacquired or
+session_closed, `lock_release_lost`, `lock_revoked`). `DLOCK_LOG_LEVEL=DEBUG` shows every grant.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ def _wait_slot() -> bool:
 
     A waiting acquire holds a worker thread for up to waitMillis; the bound keeps enough
     threads for every other request (L7, heartbeats, releases, probes) however many callers
-    wait (issue 15 item 3)."""
+    wait (CHANGELOG row 45)."""
     global _wait_slots
     if _wait_slots is None:
         with _wait_slots_guard:
@@ -149,10 +155,11 @@ def acquire(
         _acquire_counter(backend.name, "not_leader").inc()
         raise
     _acquire_counter(backend.name, "granted").inc()
-    if not event_enabled():
+    if not event_enabled(logging.DEBUG):
         return grant
     log_event(
         "lock_acquired",
+        level=logging.DEBUG,
         backend=backend.name,
         key=grant.key,
         fencingToken=grant.fencing_token,
@@ -171,10 +178,11 @@ def renew(*, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None) ->
 def release(*, key: str, session_id: uuid.UUID, token: int) -> None:
     backend = get_backend()
     backend.release(key=key, session_id=session_id, token=token)
-    if not event_enabled():
+    if not event_enabled(logging.DEBUG):
         return
     log_event(
         "lock_released",
+        level=logging.DEBUG,
         backend=backend.name,
         key=key,
         fencingToken=token,

@@ -31,7 +31,7 @@ from dlock.serializers import (
 from dlock.timefmt import rfc3339_ms
 from lockserver import openapi, services
 from lockserver.backends.base import GrantRecord
-from lockserver.ownership import check_owner, record_owner  # issue 15: session ownership
+from lockserver.ownership import check_owner, record_owner  # session ownership
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
@@ -119,6 +119,23 @@ def grant_body(grant: GrantRecord) -> dict:
         "acquiredAt": rfc3339_ms(grant.acquired_at),
         "expiresAt": rfc3339_ms(grant.expires_at),
     }
+
+
+# How long a verifier may use a copy of GET /v1/fencing-keys: a rotation publishes the new key
+# at least this long before it signs (docs/operations.md "Fencing-proof keys").
+FENCING_KEYS_MAX_AGE_S = 300
+
+
+class FencingKeysView(APIView):
+    """GET /v1/fencing-keys: the public keys proofs are checked with (open; decision 25)."""
+
+    @openapi.fencing_keys
+    def get(self, request: Request) -> Response:
+        keys = proof.signing_keys()
+        body = keys.public().document(signing_kid=keys.signing_kid)
+        return Response(
+            body, headers={"Cache-Control": f"public, max-age={FENCING_KEYS_MAX_AGE_S}"}
+        )
 
 
 class OpenSessionInput(StrictSerializer):

@@ -15,7 +15,8 @@ from django.conf import settings
 from django.db import connections
 
 from dlock.dbrouter import alias_for
-from lockserver.etcd_client import EtcdClient, get
+from lockserver.etcd_client import EtcdClient
+from lockserver.etcd_ops import get
 
 SEQUENCE_EXISTS_SQL = "SELECT to_regclass('fencing_token_seq') IS NOT NULL"
 SEQUENCE_SQL = "SELECT last_value, is_called FROM fencing_token_seq"

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from dlock import idempotency
 from dlock.errors import ApiError, not_found, payout_not_claimable
-from dlock.fencing import fenced_out
-from payments import fenced_sql
+from dlock.fence.refusals import fenced_out
+from payments.fenced_sql import fences as fences_sql
+from payments.fenced_sql import payout as payout_sql
 
 if TYPE_CHECKING:
     import uuid
@@ -41,11 +42,11 @@ def replay_or_fence(
     owner_id: str,
     idempotency_key: str,
     request_hash: str,
-) -> CommandResult | fenced_sql.FencedAccount:
+) -> CommandResult | fences_sql.FencedAccount:
     """Serialise on the identity; then its stored answer (a replay) or the fence UPDATE of P2
     (strict) or P3 (`<=`) in one round trip. A refused fence is 404, 400 or FENCED_OUT."""
     idempotency.lock_identity(cur, operation=operation, key=idempotency_key, token=token)
-    step = fenced_sql.record_or_fence(
+    step = fences_sql.record_or_fence(
         cur,
         operation=operation,
         payout_id=payout_id,
@@ -63,7 +64,7 @@ def replay_or_fence(
         return CommandResult(status=status, body=idempotency.stored_body(body), replayed=True)
     if step.account is not None:
         return step.account
-    found = fenced_sql.fence_diagnosis(cur, payout_id=payout_id)
+    found = fences_sql.fence_diagnosis(cur, payout_id=payout_id)
     if found is None:
         raise not_found("payout", str(payout_id))
     idempotency.check_payout_key(presented=idempotency_key, stable=found.idempotency_key)
@@ -80,7 +81,7 @@ def not_in_state(
     cur: Any, payout_id: uuid.UUID, allowed: tuple[str, ...], *, token: int | None = None
 ) -> ApiError:
     """A transition matched no row: answer with the state the payout is in now."""
-    state, claim_token = fenced_sql.payout_state(cur, payout_id=payout_id)
+    state, claim_token = payout_sql.payout_state(cur, payout_id=payout_id)
     return payout_not_claimable(
         payout_id=str(payout_id),
         state=state,

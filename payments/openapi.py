@@ -15,8 +15,8 @@ from rest_framework import serializers
 
 from dlock.schema import PROTECTED_WRITE_HEADERS, UUID_SCHEMA, errors, path_param, query_param
 from payments.models import PayoutState
+from payments.models.states import CLAIMABLE_STATES
 from payments.selectors import LIMIT_DEFAULT, LIMIT_MAX, LIMIT_MIN
-from payments.services import CLAIMABLE_STATES
 
 INT64_MAX = 2**63 - 1
 ACCOUNT_ID_MAX = 64

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlock.errors import not_found
-from payments.fenced_sql import raise_account_fence
+from payments.fenced_sql.account import raise_account_fence
 
 ACCOUNT_FENCE_FOR_UPDATE_SQL = (
     "SELECT fence FROM account WHERE account_id = %(account_id)s FOR UPDATE"

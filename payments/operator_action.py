@@ -29,7 +29,8 @@ from django.db.models.functions import Now
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
-from payments import audit, fenced_sql
+from payments import audit
+from payments.fenced_sql.account import lock_account
 from payments.models import Account, LedgerEntry, Payout
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ def lock_payout(cursor: Any, payout: Payout | None, *, alias: str) -> Payout | N
     step never deadlocks a worker's claim or post of the same account."""
     if payout is None:
         return None
-    fenced_sql.lock_account(cursor, account_id=payout.account_id)
+    lock_account(cursor, account_id=payout.account_id)
     return Payout.objects.using(alias).select_for_update().get(payout_id=payout.payout_id)
 
 

@@ -29,7 +29,8 @@ from django.contrib.admin.models import ADDITION
 
 from dlock.dbrouter import alias_for
 from dlock.errors import validation_error
-from payments import fenced_sql, operator_action
+from payments import operator_action
+from payments.fenced_sql.payout import transition_payout
 from payments.models import (
     AccountKind,
     Payout,
@@ -125,7 +126,7 @@ def _reverse(
         debit=(settlement_account_id(currency), AccountKind.SETTLEMENT),
         credit=(payout.account_id, AccountKind.CUSTOMER),
     )
-    moved = fenced_sql.transition_payout(
+    moved = transition_payout(
         cursor,
         payout_id=payout_id,
         from_states=("POSTED",),

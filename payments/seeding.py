@@ -11,7 +11,8 @@ from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
 from dlock.errors import validation_error
-from payments import fenced_sql
+from payments.fenced_sql import account as account_sql
+from payments.fenced_sql import ledger as ledger_sql
 from payments.models import Account, AccountKind, Payout, PayoutEvent
 
 
@@ -38,10 +39,10 @@ def create_account(
         )
         if opening_balance_minor > 0:
             funding = funding_account_id(currency)
-            fenced_sql.ensure_account(
+            account_sql.ensure_account(
                 cur, account_id=funding, currency=currency, kind=AccountKind.FUNDING
             )
-            fenced_sql.post_ledger(
+            ledger_sql.post_ledger(
                 cur,
                 payout_id=None,
                 debit_account=funding,

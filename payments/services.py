@@ -19,24 +19,22 @@ from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
 from dlock.prepared import prepared_cursor
 from dlock.tracing import current_trace_id
-from payments import commands, fenced_sql
+from payments import commands
 from payments.commands import CommandResult
+from payments.fenced_sql import account as account_sql
+from payments.fenced_sql import claim as claim_sql
+from payments.fenced_sql import fences as fences_sql
+from payments.fenced_sql import ledger as ledger_sql
+from payments.fenced_sql import payout as payout_sql
+from payments.fenced_sql import post as post_sql
 from payments.models import CLAIMABLE_STATES, RESOLUTION_STATES, AccountKind, Payout
-from payments.seeding import create_account, create_payout, funding_account_id, seed
 
-# Seeding lives in payments/seeding.py; these names stay importable from here for its callers.
 __all__ = [
-    "CLAIMABLE_STATES",
-    "CommandResult",
     "claim_payout",
     "claim_steps",
-    "create_account",
-    "create_payout",
-    "funding_account_id",
     "post_payout",
     "post_steps",
     "resolve_quarantined",
-    "seed",
     "settlement_account_id",
 ]
 
@@ -120,7 +118,7 @@ def claim_steps(
     if isinstance(step, CommandResult):
         return step, None  # a replayed error is answered from its stored envelope
     account = step
-    check = fenced_sql.claim_check(cur, payout_id=payout_id)
+    check = claim_sql.claim_check(cur, payout_id=payout_id)
     if check.state != expected_state:
         raise payout_not_claimable(
             payout_id=str(payout_id),
@@ -142,7 +140,7 @@ def claim_steps(
             available=available,
         )
         status, body = failure.status, failure.envelope(current_trace_id())
-        fenced_sql.idempotency_store(
+        fences_sql.idempotency_store(
             cur,
             operation=operation,
             key=idempotency_key,
@@ -179,7 +177,7 @@ def _fail_for_funds(
     available: int,
 ) -> ApiError:
     """The claim's 422 branch: the payout becomes FAILED (committed); the error is recorded."""
-    fenced_sql.fail_for_funds(
+    claim_sql.fail_for_funds(
         cur,
         payout_id=payout_id,
         expected_state=expected_state,
@@ -207,7 +205,7 @@ def _claim_transition(
     token: int,
     owner_id: str,
     account_fence: int,
-    check: fenced_sql.ClaimCheck,
+    check: claim_sql.ClaimCheck,
     idempotency_key: str,
     request_hash: str,
 ) -> dict[str, Any]:
@@ -223,7 +221,7 @@ def _claim_transition(
         "idempotencyKey": idempotency_key,  # the payout's stable key: the fence matched it
         "beneficiaryRef": check.beneficiary_ref,  # what the rail submission carries
     }
-    attempts = fenced_sql.claim_transition(
+    attempts = claim_sql.claim_transition(
         cur,
         payout_id=payout_id,
         expected_state=expected_state,
@@ -311,7 +309,7 @@ def post_steps(
         # The account row is locked by the fence UPDATE: this is the balance the debit leaves.
         "balanceMinor": account.balance_minor - amount,
     }
-    posted = fenced_sql.post(
+    posted = post_sql.post(
         cur,
         payout_id=payout_id,
         token=token,
@@ -323,7 +321,7 @@ def post_steps(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         body_json=commands.body_json(body),
-        settlement_bucket=fenced_sql.settlement_bucket(
+        settlement_bucket=post_sql.settlement_bucket(
             payout_id, buckets=settings.PAY_SETTLEMENT_BUCKETS
         ),
     )
@@ -343,14 +341,14 @@ def _post_to_settlement(
     amount: int,
     currency: str,
     fence: int,
-) -> fenced_sql.Posting:
+) -> ledger_sql.Posting:
     """An operator's posting: the credit moves the settlement account row itself (rare; the
     buckets are P3's, whose posts of one currency would otherwise queue on this row)."""
     settlement = settlement_account_id(currency)
-    fenced_sql.ensure_account(
+    account_sql.ensure_account(
         cur, account_id=settlement, currency=currency, kind=AccountKind.SETTLEMENT
     )
-    return fenced_sql.post_ledger(
+    return ledger_sql.post_ledger(
         cur,
         payout_id=payout_id,
         debit_account=account_id,
@@ -391,9 +389,9 @@ def resolve_quarantined(
         if payout is None:
             raise not_found("payout", str(payout_id))
         # Same lock order as claim/post: the account row first, then the payout row.
-        locked = fenced_sql.lock_account(cur, account_id=payout.account_id)
+        locked = account_sql.lock_account(cur, account_id=payout.account_id)
         if resolution == "FAILED":
-            moved = fenced_sql.transition_payout(
+            moved = payout_sql.transition_payout(
                 cur,
                 payout_id=payout_id,
                 from_states=("RAIL_AMBIGUOUS",),
@@ -405,7 +403,7 @@ def resolve_quarantined(
             if not moved:
                 raise commands.not_in_state(cur, payout_id, ("RAIL_AMBIGUOUS",))
             return
-        posted = fenced_sql.post_transition(
+        posted = post_sql.post_transition(
             cur,
             payout_id=payout_id,
             from_states=("RAIL_AMBIGUOUS",),

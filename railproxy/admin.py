@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 
-from payments.admin import ReadOnlyAdmin, register_evidence, utc, utc_column
+from payments.admin.base import ReadOnlyAdmin, register_evidence, utc, utc_column
 from railproxy.models import RailSubmission
 from railproxy.selectors import submission_rows
 

@@ -19,10 +19,10 @@ from django.db import IntegrityError, transaction
 
 from dlock import idempotency, metrics
 from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
-from dlock.fencing import fenced_out
+from dlock.fence.refusals import fenced_out
 from dlock.logs import log_event
 from dlock.prepared import prepared_cursor
-from payments.fenced_sql import transition_payout
+from payments.fenced_sql.payout import transition_payout
 from railproxy import fenced_sql
 from railproxy.models import Outcome
 from railproxy.submission import (

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dlock.fence.gate import HighWaterMark, IntentLog
 from dlock.idempotency import stored_body
 from payments.selectors import PAYOUT_FOR_SUBMISSION_SQL, payout_for_submission
 
@@ -25,58 +26,33 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------------------------------------
 # SQL
 
-# Admission step 1 (C3 §3.5), one statement: the account's first admission creates its mark at
-# this token (every token is > 0, so that is the advance from 0); otherwise strict `>`, and the
-# equality arm only re-admits the payout whose attempt under this very token ended NOT_SENT
-# (nothing was presented, C3 §3.2 RAIL_UNAVAILABLE). No row back: we are fenced.
-ADVANCE_HIGH_WATER_SQL = """
-INSERT INTO rail_high_water AS hw (account_id, highest_token, retry_payout_id, updated_at)
-VALUES (%(account_id)s, %(token)s, NULL, clock_timestamp())
-    ON CONFLICT (account_id) DO UPDATE
-   SET highest_token = EXCLUDED.highest_token, retry_payout_id = NULL,
-       updated_at = clock_timestamp()
- WHERE hw.highest_token < EXCLUDED.highest_token
-    OR (hw.highest_token = EXCLUDED.highest_token AND hw.retry_payout_id = %(payout_id)s::uuid)
-RETURNING highest_token
-"""
-
-HIGH_WATER_SQL = "SELECT highest_token FROM rail_high_water WHERE account_id = %(account_id)s"
-
-# Would ADVANCE_HIGH_WATER_SQL admit this token? Asked, row-locked, instead of advancing when the
-# payout is already known to be claimed under a newer token (the refusal must not move the mark).
-HIGH_WATER_ADMITS_SQL = """
-SELECT highest_token,
-       highest_token < %(token)s
-       OR (highest_token = %(token)s AND retry_payout_id = %(payout_id)s::uuid)
-  FROM rail_high_water WHERE account_id = %(account_id)s
-   FOR UPDATE
-"""
-
-RAISE_HIGH_WATER_SQL = """
-INSERT INTO rail_high_water (account_id, highest_token, retry_payout_id, updated_at)
-VALUES (%(account_id)s, %(floor)s, NULL, clock_timestamp())
-ON CONFLICT (account_id) DO UPDATE
-   SET highest_token = GREATEST(rail_high_water.highest_token, EXCLUDED.highest_token),
-       retry_payout_id = CASE WHEN EXCLUDED.highest_token > rail_high_water.highest_token
-                              THEN NULL ELSE rail_high_water.retry_payout_id END,
-       updated_at = clock_timestamp()
-RETURNING highest_token
-"""
-
-# After a NOT_SENT attempt: the same payout may come back with the same token, and only if no
-# newer token has touched the mark meanwhile.
-REOPEN_FOR_RETRY_SQL = """
-UPDATE rail_high_water SET retry_payout_id = %(payout_id)s::uuid, updated_at = clock_timestamp()
- WHERE account_id = %(account_id)s AND highest_token = %(token)s
-"""
-
-# Admission step 2 (FR-18): FENCED and NOT_SENT rows never presented anything.
-LIVE_SUBMISSION_SQL = """
-SELECT submission_id, outcome, presented_token
-  FROM rail_submission
- WHERE payout_id = %(payout_id)s AND outcome IN ('PENDING', 'ACKED', 'TIMEOUT', 'DECLINED')
- LIMIT 1
-"""
+# The rail's side-effect gate is the fence kit's (dlock.fence.gate) on the proxy's own tables:
+# the high-water mark per account, with the one payout that may come back under the same token
+# after a NOT_SENT attempt, and the submissions as the intent log (FENCED and NOT_SENT rows
+# never presented anything, so they are not live).
+RAIL_MARK = HighWaterMark(
+    table="rail_high_water",
+    resource_column="account_id",
+    token_column="highest_token",  # noqa: S106 - a column name
+    retry_column="retry_payout_id",
+    retry_type="uuid",
+)
+RAIL_INTENTS = IntentLog(
+    table="rail_submission",
+    id_column="submission_id",
+    operation_column="payout_id",
+    outcome_column="outcome",
+    token_column="presented_token",  # noqa: S106 - a column name
+    live_outcomes=("PENDING", "ACKED", "TIMEOUT", "DECLINED"),
+)
+# Admission step 1 (C3 §3.5), one statement (strict `>`, or the NOT_SENT payout's same token).
+ADVANCE_HIGH_WATER_SQL = RAIL_MARK.advance_sql
+HIGH_WATER_SQL = RAIL_MARK.highest_sql
+HIGH_WATER_ADMITS_SQL = RAIL_MARK.admits_sql
+RAISE_HIGH_WATER_SQL = RAIL_MARK.raise_floor_sql
+REOPEN_FOR_RETRY_SQL = RAIL_MARK.allow_retry_sql
+# Admission step 2 (FR-18).
+LIVE_SUBMISSION_SQL = RAIL_INTENTS.live_sql
 
 # Admission step 0, after the identity's lock (an earlier statement, so this snapshot sees a
 # twin's committed row): the identity's recorded row, else the payout, row-locked for the whole
@@ -173,20 +149,12 @@ def advance_high_water(
     cursor: Any, *, account_id: str, token: int, payout_id: uuid.UUID
 ) -> int | None:
     """Admission step 1: None if a token ≥ ours already reached the rail (we are fenced)."""
-    if token <= 0:  # the first admission's insert is the advance from 0 only for tokens > 0
-        raise ValueError("fencing tokens are positive")
-    cursor.execute(
-        ADVANCE_HIGH_WATER_SQL,
-        {"account_id": account_id, "token": token, "payout_id": str(payout_id)},
-    )
-    row = cursor.fetchone()
-    return row[0] if row else None
+    moved = RAIL_MARK.advance(cursor, resource_id=account_id, token=token, operation=str(payout_id))
+    return token if moved else None
 
 
 def high_water(cursor: Any, *, account_id: str) -> int:
-    cursor.execute(HIGH_WATER_SQL, {"account_id": account_id})
-    row = cursor.fetchone()
-    return row[0] if row else 0
+    return RAIL_MARK.highest(cursor, resource_id=account_id)
 
 
 def raise_high_water(cursor: Any, *, account_id: str, floor: int) -> int:
@@ -194,24 +162,20 @@ def raise_high_water(cursor: Any, *, account_id: str, floor: int) -> int:
 
     A raised mark clears the same-token retry allowance: the floor came from a newer grant.
     """
-    cursor.execute(RAISE_HIGH_WATER_SQL, {"account_id": account_id, "floor": floor})
-    return cursor.fetchone()[0]
+    return RAIL_MARK.raise_floor(cursor, resource_id=account_id, floor=floor)
 
 
 def allow_same_token_retry(
     cursor: Any, *, account_id: str, token: int, payout_id: uuid.UUID
 ) -> bool:
-    cursor.execute(
-        REOPEN_FOR_RETRY_SQL,
-        {"account_id": account_id, "token": token, "payout_id": str(payout_id)},
+    return RAIL_MARK.allow_retry(
+        cursor, resource_id=account_id, token=token, operation=str(payout_id)
     )
-    return cursor.rowcount == 1
 
 
 def live_submission(cursor: Any, *, payout_id: uuid.UUID) -> tuple[Any, str, int] | None:
     """Admission step 2: the payout's existing submission (id, outcome, token), if any."""
-    cursor.execute(LIVE_SUBMISSION_SQL, {"payout_id": str(payout_id)})
-    return cursor.fetchone()
+    return RAIL_INTENTS.live(cursor, operation=str(payout_id))
 
 
 def payout(cursor: Any, *, payout_id: uuid.UUID, for_update: bool = False) -> PayoutRow | None:
@@ -247,12 +211,7 @@ def high_water_admits(
 ) -> tuple[int, bool]:
     """(highest token, would ADVANCE_HIGH_WATER_SQL admit `token`), the mark row-locked; an
     account without a mark admits every (positive) token."""
-    cursor.execute(
-        HIGH_WATER_ADMITS_SQL,
-        {"account_id": account_id, "token": token, "payout_id": str(payout_id)},
-    )
-    row = cursor.fetchone()
-    return (int(row[0]), bool(row[1])) if row else (0, True)
+    return RAIL_MARK.admits(cursor, resource_id=account_id, token=token, operation=str(payout_id))
 
 
 def insert_submission(

@@ -3,22 +3,27 @@
 `record()` writes the outcome and moves the payout in one transaction: ACKED → RAIL_ACKED,
 TIMEOUT → RAIL_AMBIGUOUS, DECLINED → FAILED, NOT_SENT → CLAIMED (the same token may come back
 for this payout). The sweep may have resolved the intent first; then its answer stands.
+When paydb cannot be reached (a restart, a failover) the recording, never the rail call, is
+tried again for up to RAIL_RECORD_RETRY_MS, so an answer the rail gave is not lost to the sweep.
 `answer_replay()` answers an identity that already has a row, without any rail call.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import time
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from dlock import idempotency, metrics
 from dlock.errors import ApiError, Code
 from dlock.logs import log_event
 from dlock.prepared import prepared_cursor
 from dlock.timefmt import rfc3339_ms
-from payments.fenced_sql import transition_payout
+from payments.fenced_sql.payout import transition_payout
 from railproxy import fenced_sql
 from railproxy.models import Outcome
 from railproxy.submission import (
@@ -55,35 +60,20 @@ EVENT_FOR = {
 DECLINED_STATUS = 422
 
 
+# Pauses between recording attempts while paydb is unreachable: jittered, 50 ms doubling to 1 s.
+RECORD_RETRY_FIRST_S = 0.05
+RECORD_RETRY_MAX_S = 1.0
+
+
 def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -> Accepted:
     """Store the outcome, move the payout, count and log it; return the 200 or raise."""
-    using = alias()
     status, body, error = _answer_for(request, admitted, answer)
-    try:
-        with transaction.atomic(using=using), prepared_cursor(using) as cursor:
-            resolved = fenced_sql.resolve_submission(
-                cursor,
-                submission_id=admitted.submission_id,
-                outcome=answer.outcome,
-                detail=answer.detail,
-                rail_reference=answer.rail_reference,
-                response_status=status,
-                response_body=body if error is None else stored_error(error),
-                stamped=error is None,  # the 200's times are the row's, stored with it
-            )
-            if resolved is None:
-                # The sweep already declared this intent ambiguous (we were paused that long).
-                stored = fenced_sql.submission(cursor, submission_id=admitted.submission_id)
-            else:
-                if error is None:
-                    body["submittedAt"] = rfc3339_ms(resolved[0])
-                    body["resolvedAt"] = rfc3339_ms(resolved[1])
-                _move_payout(cursor, request, admitted, answer)
-    except DatabaseError as exc:
-        raise _not_recorded(request, admitted, answer, exc) from exc
-
+    resolved, stored, retried = _write_with_retry(request, admitted, answer, status, body, error)
     if resolved is None:
-        raise _swept_first(request, admitted, answer, stored)
+        ours = _ours(stored, answer) if retried else None
+        if ours is None:
+            raise _swept_first(request, admitted, answer, stored)
+        status, body, error = ours
 
     metrics.rail_submission.labels(outcome=METRIC_OUTCOME[answer.outcome]).inc()
     log_event(
@@ -101,6 +91,96 @@ def record(request: SubmissionRequest, admitted: Admitted, answer: RailAnswer) -
     if error is not None:
         raise error
     return Accepted(body)
+
+
+def _write_with_retry(
+    request: SubmissionRequest,
+    admitted: Admitted,
+    answer: RailAnswer,
+    status: int,
+    body: dict[str, Any] | None,
+    error: ApiError | None,
+) -> tuple[tuple | None, tuple | None, bool]:
+    """`_write`, tried again while paydb cannot be reached, until RAIL_RECORD_RETRY_MS is spent;
+    its answer and whether an attempt failed first.
+
+    Only the connection failed, so the same transaction is safe to repeat: the intent moves
+    out of PENDING once. If an attempt's COMMIT landed before its connection broke, the next
+    attempt finds the row resolved (None) and `record` recognises the outcome as its own.
+    """
+    using = alias()
+    deadline = time.monotonic() + settings.RAIL_RECORD_RETRY_MS / 1000
+    pause = RECORD_RETRY_FIRST_S
+    attempt = 0
+    while True:
+        try:
+            return (*_write(request, admitted, answer, status, body, error), attempt > 0)
+        except (OperationalError, InterfaceError) as exc:
+            attempt += 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _not_recorded(request, admitted, answer, exc) from exc
+            log_event(
+                "rail_outcome_record_retry",
+                level=logging.WARNING,
+                submissionId=str(admitted.submission_id),
+                payoutId=str(request.payout_id),
+                railOutcome=answer.outcome.value,
+                attempt=attempt,
+                error=type(exc).__name__,
+            )
+            connections[using].close()  # a broken connection goes back to be discarded
+            time.sleep(min(left, pause * (0.5 + random.random())))
+            pause = min(pause * 2, RECORD_RETRY_MAX_S)
+        except DatabaseError as exc:
+            raise _not_recorded(request, admitted, answer, exc) from exc
+
+
+def _write(
+    request: SubmissionRequest,
+    admitted: Admitted,
+    answer: RailAnswer,
+    status: int,
+    body: dict[str, Any] | None,
+    error: ApiError | None,
+) -> tuple[tuple | None, tuple | None]:
+    """One transaction: (the resolved row's times, None), or (None, the row as someone else
+    resolved it: the sweep, or an earlier attempt of ours whose COMMIT landed)."""
+    using = alias()
+    with transaction.atomic(using=using), prepared_cursor(using) as cursor:
+        resolved = fenced_sql.resolve_submission(
+            cursor,
+            submission_id=admitted.submission_id,
+            outcome=answer.outcome,
+            detail=answer.detail,
+            rail_reference=answer.rail_reference,
+            response_status=status,
+            response_body=body if error is None else stored_error(error),
+            stamped=error is None,  # the 200's times are the row's, stored with it
+        )
+        if resolved is None:
+            # Resolved already: the sweep declared it ambiguous (we were paused that long).
+            return None, fenced_sql.submission(cursor, submission_id=admitted.submission_id)
+        if error is None and body is not None:
+            body["submittedAt"] = rfc3339_ms(resolved[0])
+            body["resolvedAt"] = rfc3339_ms(resolved[1])
+        _move_payout(cursor, request, admitted, answer)
+        return resolved, None
+
+
+def _ours(
+    stored: tuple | None, answer: RailAnswer
+) -> tuple[int, dict[str, Any] | None, ApiError | None] | None:
+    """(status, body, error) of a row that already holds this very answer (our own earlier
+    attempt committed before its connection broke), or None when someone else resolved it."""
+    if stored is None or stored[0] != answer.outcome or stored[1] != answer.rail_reference:
+        return None
+    status, body = stored[2], stored[3]
+    if status is None or body is None:
+        return None
+    if status == 200:
+        return 200, body, None
+    return status, None, idempotency.recorded_error(status, body, replayed=False)
 
 
 def _log_lost_outcome(

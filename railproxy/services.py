@@ -14,23 +14,11 @@ from __future__ import annotations
 
 from django.db import connections
 
-from dlock.idempotency import REPLAYED_HEADER
 from dlock.logs import log_event
 from railproxy.admission import admit
 from railproxy.rail_call import forward
 from railproxy.recording import answer_replay, record
 from railproxy.submission import Accepted, FencedRecorded, Replay, SubmissionRequest, alias
-from railproxy.sweep import SWEEP_OWNER, sweep_unresolved_intents
-
-__all__ = [
-    "REPLAYED_HEADER",
-    "SWEEP_OWNER",
-    "Accepted",
-    "SubmissionRequest",
-    "forward",
-    "submit",
-    "sweep_unresolved_intents",
-]
 
 
 def submit(*, request: SubmissionRequest) -> Accepted:

@@ -19,7 +19,7 @@ from django.db import connections, transaction
 from dlock import metrics
 from dlock.errors import ApiError, Code
 from dlock.logs import log_event
-from payments.fenced_sql import transition_payout
+from payments.fenced_sql.payout import transition_payout
 from railproxy import fenced_sql
 from railproxy.models import Outcome
 from railproxy.submission import alias, stored_error

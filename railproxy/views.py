@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from dlock import hotview
 from dlock.headers import fencing_token, idempotency_key, owner_id
+from dlock.idempotency import REPLAYED_HEADER
 from dlock.rendering import json_response
 from dlock.serializers import (
     StrictCharField,
@@ -22,6 +23,7 @@ from dlock.serializers import (
     parse_uuid,
 )
 from railproxy import openapi, proofs, services
+from railproxy.submission import SubmissionRequest
 
 _CURRENCY = re.compile(r"[A-Z]{3}", re.ASCII)
 
@@ -69,7 +71,7 @@ def _submit(request: HttpRequest, body: Callable[[], Any]) -> HttpResponse:
     payout_id = parse_uuid(data["payoutId"], field="payoutId")
     proofs.require_payout_proof(request, payout_id=payout_id, token=token)
     result = services.submit(
-        request=services.SubmissionRequest(
+        request=SubmissionRequest(
             payout_id=payout_id,
             account_id=data["accountId"],
             amount_minor=data["amountMinor"],
@@ -82,7 +84,7 @@ def _submit(request: HttpRequest, body: Callable[[], Any]) -> HttpResponse:
     )
     response = json_response(result.body, 200)
     if result.replayed:
-        response[services.REPLAYED_HEADER] = "true"
+        response[REPLAYED_HEADER] = "true"
     return response
 
 

@@ -22,9 +22,10 @@ from rest_framework.views import APIView
 from dlock import hotview
 from dlock.dbrouter import alias_for
 from dlock.logs import log_event
-from dlock.rendering import JSON_CONTENT_TYPE, json_response
+from dlock.rendering import json_response
 from dlock.serializers import StrictCharField, StrictInt64Field, StrictSerializer, common_shape
 from dlock.timefmt import rfc3339_ms
+from dlock.wire import JSON_CONTENT_TYPE
 from railstub import openapi, services
 from railstub.services import Fault
 

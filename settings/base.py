@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from dlock.proof import DEV_PROOF_KEYS, parse_key_ring
+from dlock.proof import DEV_KID, parse_key_ring, parse_public_keys
 from dlock.roles import SERVICE_NAMES
 from settings.env import env_bool, env_credentials, env_database, env_int, env_str
 
@@ -30,13 +30,16 @@ else:
             "(or set DJANGO_DEBUG=true for development)"
         )
 
-# Fencing proofs (ARCHITECTURE decision 15, docs/security.md): `kid:secret[,kid:secret…]`, the
-# first signs, every one verifies. Required by lockserver, payments and railproxy (dlock.apps).
-DLOCK_PROOF_KEYS = parse_key_ring(env_str("DLOCK_PROOF_KEYS", DEV_PROOF_KEYS if DEBUG else ""))
-if not DEBUG and any(
-    secret == DEV_PROOF_KEYS.partition(":")[2].encode() for _, secret in DLOCK_PROOF_KEYS
+# Fencing proofs (ARCHITECTURE decision 25, docs/security.md): Ed25519. The lock server signs
+# with DLOCK_PROOF_KEYS (`kid:<private key>[,…]`, the first signs); payments and railproxy verify
+# with DLOCK_FENCING_PUBLIC_KEYS (`kid:<public key>[,…]`) and refuse private keys (dlock.apps).
+# Neither set: the fixed development key, with DJANGO_DEBUG=true only.
+DLOCK_PROOF_KEYS = parse_key_ring(env_str("DLOCK_PROOF_KEYS", ""))
+DLOCK_FENCING_PUBLIC_KEYS = parse_public_keys(env_str("DLOCK_FENCING_PUBLIC_KEYS", ""))
+if not DEBUG and (
+    DEV_KID in DLOCK_PROOF_KEYS.kids() or DEV_KID in DLOCK_FENCING_PUBLIC_KEYS.kids()
 ):
-    raise ImproperlyConfigured("DLOCK_PROOF_KEYS holds the development key; generate real ones")
+    raise ImproperlyConfigured("the fencing keys hold the development key; generate real ones")
 
 ALLOWED_HOSTS = [
     h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
@@ -154,11 +157,26 @@ SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
-# The admin role's staff login: session + CSRF cookies. Behind TLS set
-# DLOCK_SECURE_COOKIES=true (k8s does) so they never travel in clear text.
-SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DLOCK_SECURE_COOKIES", False)
+# The admin role's staff login: session + CSRF cookies, Secure behind TLS so they never travel
+# in clear text: by default whenever the stack runs TLS (`make up TLS=1` sets DLOCK_TLS=1; k8s
+# sets DLOCK_SECURE_COOKIES=true). The proxy marks them Secure under TLS as well.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool(
+    "DLOCK_SECURE_COOKIES", env_bool("DLOCK_TLS", False)
+)
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Strict"
 SESSION_COOKIE_AGE = 8 * 3600
+# Staff passwords (the admin moves money): Django's four validators, at least 12 characters.
+# The admin's password forms, `changepassword` and an interactive `createsuperuser` refuse a
+# password they reject; `createsuperuser --noinput` sets no password at all (docs/operations.md).
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
@@ -232,13 +250,32 @@ DB_PREPARE_THRESHOLD = 1
 DB_ENGINE = "dlock.pgbackend"
 
 
+# In production every database connection is TLS with the server's certificate verified
+# (sslmode=verify-full, as k8s/ gives it); a URL without it is refused at start-up. A test of
+# the production image against a local cluster without TLS sets this to true, nothing else.
+DLOCK_ALLOW_UNVERIFIED_DATABASE = env_bool("DLOCK_ALLOW_UNVERIFIED_DATABASE", False)
+
+
 def database(url_env: str) -> dict:
     """One pooled PostgreSQL alias with the request deadline applied server-side; Django's
     PostgreSQL backend as django-prometheus wraps it (the django_db_* metrics)."""
     config = env_database(url_env)
+    if (
+        DLOCK_ENVIRONMENT == "production"
+        and not DLOCK_ALLOW_UNVERIFIED_DATABASE
+        and config["OPTIONS"].get("sslmode") != "verify-full"
+    ):
+        raise ImproperlyConfigured(
+            f"{url_env} must carry sslmode=verify-full (and sslrootcert) when "
+            "DLOCK_ENVIRONMENT=production: the database's certificate is verified"
+        )
     config["ENGINE"] = DB_ENGINE
     config["CONN_MAX_AGE"] = 0
-    config["CONN_HEALTH_CHECKS"] = False
+    # With a pool, Django passes this on as psycopg_pool's `check`
+    # (ConnectionPool.check_connection): every connection is checked (one empty query) before
+    # the pool hands it out, so after a database restart the pool discards its dead connections
+    # and connects anew instead of handing each out once more and failing that request.
+    config["CONN_HEALTH_CHECKS"] = True
     options = config["OPTIONS"]
     options["options"] = (
         f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS} -c lock_timeout={DB_STATEMENT_TIMEOUT_MS}"
@@ -290,7 +327,7 @@ def service_name(role: str) -> str:
     return SERVICE_NAMES[role]
 
 
-# Lock server (issue 3; docs/lockserver.md). Both backends read these.
+# Lock server (docs/lockserver.md). Both backends read these.
 # Tokens handed out by this deployment are always > LOCK_TOKEN_FLOOR (checked at start-up).
 LOCK_TOKEN_FLOOR = env_int("LOCK_TOKEN_FLOOR", 0, minimum=0)
 # Expired session records are kept this long so L2 can answer 410 (not 404) for them.
@@ -309,13 +346,16 @@ LOCK_HOUSEKEEPING_MS = env_int("LOCK_HOUSEKEEPING_MS", 1_000, minimum=50)
 # retryAfterMillis of 503 NOT_LEADER when the etcd store is unreachable or has no leader.
 LOCK_NOT_LEADER_RETRY_MS = env_int("LOCK_NOT_LEADER_RETRY_MS", 1_000, minimum=10, maximum=60_000)
 
-# Payment resource (issue 28 item 3; docs/performance.md "The settlement row"). P3 credits
+# Payment resource (CHANGELOG row 75; docs/performance.md "The settlement row"). P3 credits
 # `settlement:<currency>` into one of this many bucket rows, chosen from the payout id, so the
 # posts of one currency do not queue on one row lock held through their commits' fsync; a
 # settlement balance reads as the account row plus its buckets. 1 = one row takes every credit.
+# Idempotency records are kept this long (and while their payout has not ended), then
+# `manage.py purge_idempotency` deletes them (payments/retention.py, docs/operations.md).
+IDEMPOTENCY_RETENTION_DAYS = env_int("IDEMPOTENCY_RETENTION_DAYS", 7, minimum=1)
 PAY_SETTLEMENT_BUCKETS = env_int("PAY_SETTLEMENT_BUCKETS", 8, minimum=1, maximum=256)
 
-# Service URLs for clients of our own hops (executor, revoke_lock, experiment; issue 7).
+# Service URLs for clients of our own hops (executor, revoke_lock, experiment).
 LOCK_SERVER_URL = env_str("LOCK_SERVER_URL", "http://127.0.0.1:8081")
 PAYMENTS_URL = env_str("PAYMENTS_URL", "http://127.0.0.1:8082")
 RAIL_PROXY_URL = env_str("RAIL_PROXY_URL", "http://127.0.0.1:8083")
@@ -328,6 +368,11 @@ RAIL_READ_TIMEOUT_MS = env_int("RAIL_READ_TIMEOUT_MS", 8_000, minimum=1, maximum
 RAIL_SWEEP_INTERVAL_MS = env_int("RAIL_SWEEP_INTERVAL_MS", 5_000, minimum=100)
 RAIL_SWEEP_MARGIN_MS = env_int("RAIL_SWEEP_MARGIN_MS", 2_000, minimum=0)
 RAIL_SWEEP_ENABLED = env_bool("RAIL_SWEEP_ENABLED", True)
+# A rail answer that arrives while paydb cannot be reached (a restart, a failover): its
+# recording (never the rail call) is tried again for this long before the intent is left to the
+# sweep. 5 s: a fast restart takes about one; the forward (≤ 9 s) plus this stays within the
+# proxy's longest request (dlock.budgets.LONGEST_REQUEST_S, 15 s).
+RAIL_RECORD_RETRY_MS = env_int("RAIL_RECORD_RETRY_MS", 5_000, minimum=0, maximum=6_000)
 
 # etcd lock backend (LOCK_BACKEND=etcd, docs/lockserver-etcd.md). Short timeouts: an unreachable
 # or leaderless member answers 503 NOT_LEADER within about a second, never a hang.
@@ -337,7 +382,7 @@ ETCD_REQUEST_TIMEOUT_MS = env_int("ETCD_REQUEST_TIMEOUT_MS", 400, minimum=10, ma
 # On etcd, the PostgreSQL backend's last token (lockdb's fencing_token_seq, when present) is a
 # floor too, so a pg → etcd switch keeps tokens increasing even without LOCK_TOKEN_FLOOR.
 LOCK_TOKEN_FLOOR_FROM_PG = env_bool("LOCK_TOKEN_FLOOR_FROM_PG", True)
-# etcd: tokens reserved in lockdb per write (issue 27 item 3). At least half a block is always
+# etcd: tokens reserved in lockdb per write. At least half a block is always
 # reserved ahead, which is how many tokens (etcd revisions) the lock-server can issue while
 # lockdb is unreachable; a switch of backend or cluster skips at most one block.
 LOCK_TOKEN_RESERVE_BLOCK = env_int("LOCK_TOKEN_RESERVE_BLOCK", 10_000, minimum=10)

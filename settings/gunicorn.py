@@ -62,16 +62,12 @@ from dlock.budgets import LONGEST_REQUEST_S  # noqa: E402
 
 # Behind the role's proxy (nginx: devstack.pod locally, a sidecar in Kubernetes), gunicorn is
 # reachable only through it: GUNICORN_BIND is a unix socket in the pod's directory (make up,
-# tests) or 127.0.0.1:<port> inside a pod. Without it, BIND_HOST:PORT (and METRICS_PORT): a role
-# run bare, e.g. by the image smoke test.
+# tests) or 127.0.0.1:<port> inside a pod. Without it, BIND_HOST:PORT: a role run bare, e.g. by
+# the image smoke test (the monitoring listener, METRICS_PORT, is the proxy's: deploy/nginx/).
 if os.environ.get("GUNICORN_BIND"):
     bind = [os.environ["GUNICORN_BIND"]]
 else:
-    _host = os.environ.get("BIND_HOST", "127.0.0.1")
-    bind = [f"{_host}:{os.environ.get('PORT', '8080')}"]
-    # A separate port answering /metrics and /health/* only (dlock.middleware.refusal).
-    if os.environ.get("METRICS_PORT"):
-        bind.append(f"{_host}:{os.environ['METRICS_PORT']}")
+    bind = [f"{os.environ.get('BIND_HOST', '127.0.0.1')}:{os.environ.get('PORT', '8080')}"]
 
 # Stock gthread; the subclass only closes the listener at once on SIGTERM and logs the drain
 # (dlock/serving.py). GUNICORN_WORKER_CLASS exists for comparisons (bench), not for production.
@@ -82,7 +78,7 @@ worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "dlock.serving.DrainingTh
 # The rail proxy holds a thread (never a database slot: it hands its connection back first) for
 # the whole forward, and the rail stub sleeps its latency in one: at rail latency L, T threads
 # cap the pipeline at T / L payouts/s (16 threads at 200 ms is 80/s, at 1 s 16/s), so they get
-# 64 (issue 17: one executor process keeps up to 64 payouts in flight). Those threads come back
+# 64 (one executor process keeps up to 64 payouts in flight). Those threads come back
 # from the rail together and each needs a database slot to record what the rail answered: a
 # refusal there ("too many waiting") would leave a submission the rail may have booked
 # RAIL_AMBIGUOUS, so in these two roles every thread has a place in the slot queue (the queue
@@ -141,6 +137,10 @@ loglevel = os.environ.get("GUNICORN_LOGLEVEL", "warning")
 proc_name = f"dlock-{_role}"
 # Only the role's own proxy reaches gunicorn, and it overwrites X-Forwarded-For/-Proto.
 forwarded_allow_ips = "127.0.0.1,::1"
+# The scheme is the proxy's X-Forwarded-Proto alone: gunicorn's default also reads
+# X-Forwarded-Ssl and X-Forwarded-Protocol and answers a contradiction between them with its own
+# HTML 400 (the proxy drops a client's copies of those two as well).
+secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # One JSON line when the role is ready and one when it has stopped (dlock.lifecycle; the drain
 # line comes from the worker, dlock.serving).
 when_ready = lifecycle.when_ready

@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from devstack import (
-    DB_URL_ENV,
-    URL_ENV,
-    EtcdServer,
-    RoleProcess,
-    free_port,
-    manage,
-    stop_all,
-)
+from devstack.common import DB_URL_ENV, URL_ENV, free_port
+from devstack.etcd import EtcdServer
+from devstack.roles import RoleProcess, manage, stop_all
 from devstack.secrets_env import role_environment
 from tests import credentials, pgplugin
 

@@ -8,7 +8,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from devstack import bound_listener
+from devstack.common import bound_listener
 
 Handler = Callable[[socket.socket, tuple[str, int]], None]  # (connection, peer address)
 

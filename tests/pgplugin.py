@@ -30,7 +30,8 @@ if WORKER:
         f"{WORKER.removeprefix('gw')}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
     )
 
-from devstack import PgCluster, free_port  # noqa: E402 - after the port slice it reads
+from devstack.common import free_port  # noqa: E402 - after the port slice it reads
+from devstack.postgres import PgCluster  # noqa: E402 - after the port slice it reads
 
 _cluster: PgCluster | None = None
 _container = None

@@ -27,7 +27,6 @@ PACKAGES = (
 # Cycles other changes are removing; each entry goes when its cycle does.
 KNOWN: list[frozenset[str]] = [
     frozenset({"lockserver.backends.pg", "lockserver.backends.pg_wait"}),  # the pg backend split
-    frozenset({"devstack.proxy", "devstack.proxy_admin"}),  # the edge written once
 ]
 
 

@@ -27,7 +27,7 @@ from django.test import RequestFactory
 from pythonjsonlogger.orjson import OrjsonFormatter
 
 from dlock import logs
-from dlock.fencing import fenced_out
+from dlock.fence.refusals import fenced_out
 from dlock.tracing import reset_trace_id, set_trace_id
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,8 @@ import pytest
 import requests
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 from tests.conftest import migrated_live_databases
 from tests.test_roles_live import OWN_SERIES
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 from tests import pgplugin
 
 _FAKE_DOCKER = """

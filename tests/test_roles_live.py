@@ -11,7 +11,8 @@ import sys
 import pytest
 import requests
 
-from devstack import PROJECT, RoleProcess, free_port
+from devstack.common import PROJECT, free_port
+from devstack.roles import RoleProcess
 from tests.conftest import ROLES, migrated_live_databases, raw_request
 
 pytestmark = pytest.mark.live
@@ -184,7 +185,7 @@ def test_readiness_and_requests_fail_closed_when_the_database_is_unreachable(tmp
     proc = RoleProcess("payments", free_port(), env, tmp_path / "payments.log")
     proc.start(wait=False)
     try:
-        from devstack import wait_until
+        from devstack.common import wait_until
 
         wait_until(lambda: _answers(proc.url), timeout=30, what="payments listening")
         live = requests.get(f"{proc.url}/health/live", timeout=5)

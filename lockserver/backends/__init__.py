@@ -9,7 +9,8 @@ from pathlib import Path
 from django.conf import settings
 
 from lockserver.backends.base import LockBackend
-from lockserver.backends.etcd import EtcdLockBackend, TokenFloorError
+from lockserver.backends.etcd.backend import EtcdLockBackend
+from lockserver.backends.etcd.tokens import TokenFloorError
 from lockserver.backends.pg import PgLockBackend
 
 _backend: LockBackend | None = None

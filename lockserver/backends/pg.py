@@ -1,26 +1,26 @@
 """The PostgreSQL lock backend (lock.backend=pg): lockdb tables, tokens from fencing_token_seq.
 
-Statements live in `lockserver.backends.pg_sql`; this module owns the transactions and the mapping
-of "no row" answers to C3 codes. The store plumbing (cursors, store errors, token floor) is
-`pg_store`, waiting in a key's queue `pg_wait`, the reaper `pg_housekeeping`. Hot paths are
-single autocommit statements: acquire (granted), renew, release. Every expiry is decided by the
-database clock.
+`PgLockBackend` composes three parts, each with a public interface: the store (`pg_store.PgStore`:
+cursors, store errors, the token floor), the wait queue (`pg_wait.WaitQueue`: park, hand to the
+head, wake a local waiter; the listener thread `lockserver.pg_listener.KeyListener` delivers its
+NOTIFYs) and the housekeeper (`pg_housekeeping.Housekeeper`, run by the listener thread).
+Statements live in `lockserver.backends.pg_sql`; this module owns the transactions and the
+mapping of "no row" answers to C3 codes. Hot paths are single autocommit statements: acquire
+(granted), renew, release. Every expiry is decided by the database clock.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 import uuid
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connections
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code, not_found
 from dlock.logs import log_event
 from dlock.timefmt import rfc3339_ms
-from lockserver.backends import pg_sql as sql
 from lockserver.backends.base import (
     GrantRecord,
     HeartbeatRecord,
@@ -28,9 +28,14 @@ from lockserver.backends.base import (
     RevocationRecord,
     SessionRecord,
 )
-from lockserver.backends.pg_housekeeping import housekeep
-from lockserver.backends.pg_store import INT64_MAX, PgStore, _PreparingCursor
-from lockserver.backends.pg_wait import QUEUED_KEY_MEMORY_S, QueuedKeys, park
+from lockserver.backends.pg_housekeeping import Housekeeper
+from lockserver.backends.pg_sql import acquire as acquire_sql
+from lockserver.backends.pg_sql import housekeeping as housekeeping_sql
+from lockserver.backends.pg_sql import release as release_sql
+from lockserver.backends.pg_sql import sessions as sessions_sql
+from lockserver.backends.pg_sql.common import GRANT_CHANNEL, NOTIFY_CHANNEL
+from lockserver.backends.pg_store import PgStore
+from lockserver.backends.pg_wait import WaitQueue
 from lockserver.budget import RetryBudget
 from lockserver.errors import (
     contention_exceeded,
@@ -44,26 +49,32 @@ from lockserver.errors import (
 )
 from lockserver.pg_listener import KeyListener
 
-__all__ = ["INT64_MAX", "QUEUED_KEY_MEMORY_S", "PgLockBackend", "_PreparingCursor"]
 
+class PgLockBackend:
+    """`LockBackend` on lockdb: the store, the wait queue and the housekeeper composed."""
 
-class PgLockBackend(PgStore):
+    name = "pg"
+
     def __init__(self, *, alias: str | None = None, start_listener: bool = True) -> None:
-        super().__init__(alias=alias or alias_for("lockserver"))
+        alias = alias or alias_for("lockserver")
         self.budget = RetryBudget(
             budget=settings.LOCK_RETRY_BUDGET, window_ms=settings.LOCK_RETRY_WINDOW_MS
         )
-        self.queued_keys = QueuedKeys()
-        params = dict(connections[self.alias].get_connection_params())
+        # The listener's own connections take Django's parameters minus what psycopg.connect
+        # does not take.
+        params = dict(connections[alias].get_connection_params())
         for name in ("cursor_factory", "context", "prepare_threshold"):
             params.pop(name, None)
+        self.housekeeper = Housekeeper(backend=self.name)
         self.listener = KeyListener(
             params,
-            channel=sql.NOTIFY_CHANNEL,
-            grant_channel=sql.GRANT_CHANNEL,
-            housekeeping=functools.partial(housekeep, backend=self.name, hand_over=self._hand_over),
+            channel=NOTIFY_CHANNEL,
+            grant_channel=GRANT_CHANNEL,
+            housekeeping=self.housekeeper.run,
             housekeeping_interval_s=settings.LOCK_HOUSEKEEPING_MS / 1000,
         )
+        self.store = PgStore(alias=alias, backend=self.name, reachability=self.listener)
+        self.queue = WaitQueue(self.store, self.listener)
         if start_listener:
             self.listener.start()
 
@@ -72,17 +83,17 @@ class PgLockBackend(PgStore):
     ) -> SessionRecord:
         """`credential_id` is recorded by lockserver.ownership (lockdb is this store)."""
         session_id = uuid.uuid4()
-        with self._cursor() as cursor:
-            expires_at = sql.open_session(
+        with self.store.cursor() as cursor:
+            expires_at = sessions_sql.open_session(
                 cursor, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms
             )
         return SessionRecord(session_id, owner_id, ttl_ms, expires_at)
 
     def heartbeat(self, *, session_id: uuid.UUID, owner_id: str) -> HeartbeatRecord:
-        with self._atomic() as cursor:
-            result = sql.heartbeat(cursor, session_id=session_id, owner_id=owner_id)
+        with self.store.atomic() as cursor:
+            result = sessions_sql.heartbeat(cursor, session_id=session_id, owner_id=owner_id)
             if result is None:
-                session = sql.get_session(cursor, session_id=session_id)
+                session = sessions_sql.get_session(cursor, session_id=session_id)
         if result is None:
             if session is None:
                 raise session_unknown(session_id)
@@ -93,21 +104,21 @@ class PgLockBackend(PgStore):
         return HeartbeatRecord(session_id, expires_at, server_time, held)
 
     def close_session(self, *, session_id: uuid.UUID, owner_id: str) -> None:
-        with self._atomic() as cursor:
+        with self.store.atomic() as cursor:
             # Its queue entries first: a hand-off that locked one commits before we go on, one
-            # that comes later skips them (pg_sql._HEAD).
-            for withdrawn in sql.delete_session_waiters(cursor, session_id=session_id):
-                self._hand_over(withdrawn)  # a parked acquire of ours answers at once
+            # that comes later skips them (pg_sql.common.HEAD).
+            for withdrawn in sessions_sql.delete_session_waiters(cursor, session_id=session_id):
+                self.queue.wake_granted(withdrawn)  # a parked acquire of ours answers at once
             # Row lock next: an acquire holding the session FOR SHARE commits before we free.
-            session = sql.get_session(cursor, session_id=session_id, for_update=True)
+            session = sessions_sql.get_session(cursor, session_id=session_id, for_update=True)
             if session is None:
                 raise session_unknown(session_id)
             if session.owner_id != owner_id:
                 raise owner_mismatch()
-            freed = sql.delete_session(cursor, session_id=session_id)
-            for key, _token, _owner in freed:
-                # to the head of each freed key's queue
-                self._hand_over(sql.hand_off(cursor, key=key).payload)
+            freed = sessions_sql.delete_session(cursor, session_id=session_id)
+            # each freed key to the head of its queue, in one statement
+            for payload in release_sql.hand_off_keys(cursor, keys=[key for key, _, _ in freed]):
+                self.queue.wake_granted(payload)
         for key, token, owner in freed:
             log_event(
                 "lock_released",
@@ -124,7 +135,7 @@ class PgLockBackend(PgStore):
     def acquire(
         self, *, key: str, session_id: uuid.UUID, owner_id: str | None, ttl_ms: int, wait_ms: int
     ) -> GrantRecord:
-        self._ensure_token_floor()
+        self.store.ensure_token_floor()
         self.budget.check(session_id=session_id, key=key)
         deadline = time.monotonic() + wait_ms / 1000
         parked = refused = False  # queued once (the wait is spent); the queue refused us
@@ -132,23 +143,22 @@ class PgLockBackend(PgStore):
         # A key this process saw queued on lately is queued on at once: the queue entry's
         # statement says whether the key is free, and a free key is then handed to the head of
         # its queue (us, when nobody is ahead): one statement fewer per hot-key acquire.
-        queue_first = wait_ms > 0 and self.queued_keys.recent(key)
+        queue_first = wait_ms > 0 and self.queue.recent_keys.recent(key)
         while True:
             acquired = None
             if not queue_first:
-                with self._cursor(pooled=True) as cursor:
-                    acquired = sql.try_acquire(
+                with self.store.cursor(pooled=True) as cursor:
+                    acquired = acquire_sql.try_acquire(
                         cursor, key=key, session_id=session_id, owner_id=owner_id, ttl_ms=ttl_ms
                     )
             queue_first = False
             if acquired is not None:
-                self.queued_keys.forget(key)
-                return self._granted(acquired, session_id)
+                self.queue.recent_keys.forget(key)
+                return self._granted(acquired)
             remaining = deadline - time.monotonic()
             if wait_ms > 0 and remaining > 0 and not parked and not refused:
                 # Queue at once (one statement checks the session too): the hot key's path
-                parked_grant = park(
-                    self,
+                parked_grant = self.queue.park(
                     key=key,
                     session_id=session_id,
                     owner_id=owner_id,
@@ -164,9 +174,9 @@ class PgLockBackend(PgStore):
                     parked = True
                     continue
                 refused = True  # not admitted: say why below
-            with self._cursor(pooled=True) as cursor:
-                session = sql.get_session(cursor, session_id=session_id)
-                state = sql.key_state(cursor, key=key)
+            with self.store.cursor(pooled=True) as cursor:
+                session = sessions_sql.get_session(cursor, session_id=session_id)
+                state = acquire_sql.key_state(cursor, key=key)
             if session is None:
                 raise session_unknown(session_id)
             if owner_id is not None and session.owner_id != owner_id:
@@ -184,7 +194,7 @@ class PgLockBackend(PgStore):
                 # statements: try again at once.
                 free_retries += 1
                 refused = False
-                self._hand_off(key)
+                self.queue.hand_to_head(key)
                 continue
             if refused and state.live:
                 raise contention_exceeded(
@@ -198,46 +208,15 @@ class PgLockBackend(PgStore):
                 ms_until_free=state.ms_until_free,
             )
 
-    def _owner_of(self, session_id: uuid.UUID) -> str:
-        with self._cursor(pooled=True) as cursor:
-            session = sql.get_session(cursor, session_id=session_id)
-        return session.owner_id if session is not None else ""
-
-    def _hand_off(self, key: str) -> sql.HandOff:
-        """Give a key that is not live to the head of its queue; log the lapse it ended."""
-        with self._cursor(pooled=True) as cursor:
-            handed = sql.hand_off(cursor, key=key)
-        self._hand_over(handed.payload)
-        if handed.lapsed_token is not None:
-            log_event(
-                "lock_expired",
-                backend=self.name,
-                key=key,
-                fencingToken=handed.lapsed_token,
-                ownerId=handed.lapsed_owner_id,
-                sessionId=str(handed.lapsed_session_id),
-            )
-        return handed
-
-    def _hand_over(self, payload: str | None) -> None:
-        """Wake the waiter a hand-off granted, once its statement commits, if it is parked in
-        this process (KeyListener.hand_over): it answers without waiting for the NOTIFY."""
-        if payload is None:
-            return
-        if connections[self.alias].in_atomic_block:
-            transaction.on_commit(
-                functools.partial(self.listener.hand_over, payload), using=self.alias
-            )
-        else:  # an autocommit statement: committed once it answered
-            self.listener.hand_over(payload)
-
     def _rotate(
         self, key: str, session_id: uuid.UUID, token: int, ttl_ms: int
     ) -> GrantRecord | None:
         """Re-acquire by the holding session: a new grant with a new, higher token (never the
-        same one: a caller whose release was lost must not present a token twice, issue 16)."""
-        with self._cursor(pooled=True) as cursor:
-            grant = sql.rotate(cursor, key=key, session_id=session_id, token=token, ttl_ms=ttl_ms)
+        same one: a caller whose release was lost must not present a token twice)."""
+        with self.store.cursor(pooled=True) as cursor:
+            grant = acquire_sql.rotate(
+                cursor, key=key, session_id=session_id, token=token, ttl_ms=ttl_ms
+            )
         if grant is None:
             return None
         log_event(
@@ -250,16 +229,9 @@ class PgLockBackend(PgStore):
             cause="reacquired",
             supersededBy=grant.fencing_token,
         )
-        return GrantRecord(
-            key,
-            grant.owner_id,
-            session_id,
-            grant.fencing_token,
-            grant.acquired_at,
-            grant.expires_at,
-        )
+        return grant
 
-    def _granted(self, acquired: sql.Acquired, session_id: uuid.UUID) -> GrantRecord:
+    def _granted(self, acquired: acquire_sql.Acquired) -> GrantRecord:
         grant = acquired.grant
         if acquired.replaced_token is not None:
             log_event(
@@ -270,27 +242,20 @@ class PgLockBackend(PgStore):
                 ownerId=acquired.replaced_owner_id,
                 takenOverBy=grant.fencing_token,
             )
-        return GrantRecord(
-            grant.key,
-            grant.owner_id,
-            session_id,
-            grant.fencing_token,
-            grant.acquired_at,
-            grant.expires_at,
-        )
+        return grant
 
     def renew(
         self, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None
     ) -> GrantRecord:
-        with self._cursor(pooled=True) as cursor:
-            grant = sql.renew(cursor, key=key, session_id=session_id, token=token, ttl_ms=ttl_ms)
-            if grant is None:
-                session = sql.get_session(cursor, session_id=session_id)
-                state = sql.key_state(cursor, key=key)
-        if grant is not None:
-            return GrantRecord(
-                key, grant.owner_id, session_id, token, grant.acquired_at, grant.expires_at
+        with self.store.cursor(pooled=True) as cursor:
+            grant = acquire_sql.renew(
+                cursor, key=key, session_id=session_id, token=token, ttl_ms=ttl_ms
             )
+            if grant is None:
+                session = sessions_sql.get_session(cursor, session_id=session_id)
+                state = acquire_sql.key_state(cursor, key=key)
+        if grant is not None:
+            return grant
         if session is None:
             raise session_unknown(session_id)
         if not session.live:
@@ -298,14 +263,14 @@ class PgLockBackend(PgStore):
         raise lock_lost(key, state.fencing_token)
 
     def release(self, *, key: str, session_id: uuid.UUID, token: int) -> None:
-        with self._cursor(pooled=True) as cursor:
-            released = sql.release(cursor, key=key, token=token)
+        with self.store.cursor(pooled=True) as cursor:
+            released = release_sql.release(cursor, key=key, token=token)
             if released is not None:
                 # committed (autocommit): wake the next holder before anything else of ours,
                 # the pool's return of this connection and our own answer
-                self._hand_over(released.handed)
+                self.queue.wake_granted(released.handed)
                 return
-            state = sql.key_state(cursor, key=key)
+            state = acquire_sql.key_state(cursor, key=key)
         log_event(
             "lock_release_lost",
             backend=self.name,
@@ -317,8 +282,8 @@ class PgLockBackend(PgStore):
         raise lock_lost(key, state.fencing_token)
 
     def inspect(self, *, key: str) -> LockInfoRecord:
-        with self._cursor() as cursor:
-            state = sql.key_state(cursor, key=key)
+        with self.store.cursor() as cursor:
+            state = acquire_sql.key_state(cursor, key=key)
         if state.in_recovery:
             raise ApiError(Code.NOT_LEADER, "lock database is a standby (in recovery)")
         if not state.seen:
@@ -336,15 +301,15 @@ class PgLockBackend(PgStore):
     def revoke(
         self, *, key: str, operator: str, reason: str, expected_token: int | None
     ) -> RevocationRecord:
-        self._ensure_token_floor()
+        self.store.ensure_token_floor()
         revocation_id = uuid.uuid4()
-        with self._atomic() as cursor:
-            token, owner, session_id, live = sql.lock_key_row(cursor, key=key)
+        with self.store.atomic() as cursor:
+            token, owner, session_id, live = release_sql.lock_key_row(cursor, key=key)
             if not live:
                 raise lock_not_held(key)
             if expected_token is not None and expected_token != token:
                 raise expected_token_mismatch(key, expected_token=expected_token, token=token)
-            floor = sql.revoke(
+            floor = release_sql.revoke(
                 cursor,
                 key=key,
                 token=token,
@@ -355,15 +320,15 @@ class PgLockBackend(PgStore):
                 revocation_id=revocation_id,
             )
             # its token is drawn after the floor: above it
-            self._hand_over(sql.hand_off(cursor, key=key).payload)
+            self.queue.wake_granted(release_sql.hand_off(cursor, key=key).payload)
         return RevocationRecord(key, token, floor, revocation_id, owner)
 
     # ------------------------------------------------------------------ lifecycle
 
     def check_ready(self) -> None:
-        self._ensure_token_floor()
-        with self._cursor() as cursor:
-            if sql.in_recovery(cursor):
+        self.store.ensure_token_floor()
+        with self.store.cursor() as cursor:
+            if housekeeping_sql.in_recovery(cursor):
                 raise ApiError(Code.NOT_LEADER, "lock database is a standby (in recovery)")
 
     def close(self) -> None:

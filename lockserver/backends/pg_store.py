@@ -1,5 +1,8 @@
-"""The PostgreSQL lock backend's store plumbing: cursors on Django's pooled connection (prepared,
-server-binding), store errors mapped to C3 codes, and the token floor applied before the first one.
+"""The pg lock backend's store: cursors on Django's pooled connection (prepared, server-binding),
+store errors mapped to C3 codes, commit hooks, and the token floor applied before the first token.
+
+`PgLockBackend` composes it with the wait queue (`pg_wait`) and the housekeeper
+(`pg_housekeeping`); every statement of `pg_sql` runs on a cursor of this store.
 """
 
 from __future__ import annotations
@@ -7,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from django.conf import settings
@@ -23,12 +26,17 @@ from lockserver.backends import token_sql
 if TYPE_CHECKING:
     from psycopg.abc import Params
 
-    from lockserver.pg_listener import KeyListener
-
 INT64_MAX = 2**63 - 1
 
 
-class _PreparingCursor:
+class Reachability(Protocol):
+    """Whether the database answered lately (the listener's connection says)."""
+
+    @property
+    def db_up(self) -> bool: ...
+
+
+class PreparingCursor:
     """Every statement of backends.pg_sql is a fixed text: prepare it (per connection)."""
 
     def __init__(self, cursor: psycopg.Cursor) -> None:
@@ -42,19 +50,19 @@ class _PreparingCursor:
 
 
 class PgStore:
-    """What every pg statement goes through; PgLockBackend builds the lock calls on it."""
+    """What every pg statement goes through. `reachability` (the backend's listener) tells
+    "database down" (503 NOT_LEADER) from "pool exhausted" (503 OVERLOADED)."""
 
-    name = "pg"
-    listener: KeyListener  # set by the backend: its reachability decides "database down"
-
-    def __init__(self, *, alias: str) -> None:
+    def __init__(self, *, alias: str, backend: str, reachability: Reachability) -> None:
         self.alias = alias
+        self.backend = backend
+        self._reachability = reachability
         self._floor_applied = False
         self._floor_refusal_logged = False
         self._floor_guard = threading.Lock()
 
     @contextlib.contextmanager
-    def _cursor(self, *, pooled: bool = False) -> Iterator:
+    def cursor(self, *, pooled: bool = False) -> Iterator:
         """Autocommit statements; `pooled`: the hot paths' (L4/L5/L6), see _prepared_cursor."""
         # Not through _store_errors_mapped: one context manager less around every statement
         # of the hot paths; the mapping is the same `_raise_store_error`.
@@ -66,7 +74,8 @@ class PgStore:
             raise
 
     @contextlib.contextmanager
-    def _atomic(self) -> Iterator:
+    def atomic(self) -> Iterator:
+        """One transaction on Django's connection for this alias; store errors mapped."""
         with (
             self._store_errors_mapped(),
             transaction.atomic(using=self.alias),
@@ -98,7 +107,7 @@ class PgStore:
         with `pooled` (the L4/L5/L6 statements), unless Django already holds this thread's
         connection or a transaction is open, the statement takes a connection from the same pool
         and hands it back at once instead, which skips Django's per-request connect and close
-        bookkeeping (issue 18). Either way driver errors surface as django.db errors.
+        bookkeeping. Either way driver errors surface as django.db errors.
         """
         wrapper = connections[self.alias]
         with wrapper.wrap_database_errors:
@@ -116,13 +125,13 @@ class PgStore:
                 connection = pool.getconn()
                 try:
                     with server_cursor_class(self.alias)(connection) as cursor:
-                        yield _PreparingCursor(cursor)
+                        yield PreparingCursor(cursor)
                 finally:
                     pool.putconn(connection)  # idle (autocommit), or discarded if broken
                 return
             wrapper.ensure_connection()
             with server_cursor_class(self.alias)(wrapper.connection) as cursor:
-                yield _PreparingCursor(cursor)
+                yield PreparingCursor(cursor)
 
     def _store_error(self, exc: DatabaseError) -> ApiError | None:
         """A store that cannot take writes is NOT_LEADER (503), never a 500.
@@ -131,7 +140,7 @@ class PgStore:
         OVERLOADED; anything else is left to dlock.handlers (None).
         """
         cause = exc.__cause__
-        if isinstance(cause, PoolTimeout) and not self.listener.db_up:
+        if isinstance(cause, PoolTimeout) and not self._reachability.db_up:
             return ApiError(Code.NOT_LEADER, "lock database unreachable")
         if getattr(cause, "sqlstate", None) == "25006":  # read_only_sql_transaction
             return ApiError(Code.NOT_LEADER, "lock database is read-only (standby or fenced)")
@@ -141,7 +150,7 @@ class PgStore:
             return ApiError(Code.NOT_LEADER, "lock database unreachable")
         return None
 
-    def _ensure_token_floor(self) -> None:
+    def ensure_token_floor(self) -> None:
         """Before the first token: the sequence above LOCK_TOKEN_FLOOR and above the deployment's
         token high water (tokens an etcd period issued), so no token is ever issued twice or
         below one a resource has seen. Until it is done, every call answers 503 NOT_LEADER."""
@@ -151,16 +160,16 @@ class PgStore:
             if self._floor_applied:
                 return
             floor = settings.LOCK_TOKEN_FLOOR
-            with self._atomic() as cursor:
+            with self.atomic() as cursor:
                 high_water, _ = token_sql.read_high_water(cursor)
                 target = max(floor, high_water)
                 if target >= INT64_MAX:
                     raise self._floor_refused(target)
                 last = token_sql.apply_token_floor(cursor, floor=target)
-                token_sql.raise_high_water(cursor, token=last, backend=self.name)
+                token_sql.raise_high_water(cursor, token=last, backend=self.backend)
             log_event(
                 "token_floor_checked",
-                backend=self.name,
+                backend=self.backend,
                 floor=floor,
                 highWater=high_water,
                 lastToken=last,
@@ -173,12 +182,20 @@ class PgStore:
             log_event(
                 "token_floor_refused",
                 level=logging.ERROR,
-                backend=self.name,
+                backend=self.backend,
                 floor=target,
                 reason="no int64 token exceeds the deployment's token high water",
             )
         return ApiError(Code.NOT_LEADER, "the token floor cannot be made safe on this store")
 
-    def _release_connection(self) -> None:
+    def release_connection(self) -> None:
         """Give the pooled connection back before blocking: a waiter holds no DB slot."""
         connections[self.alias].close()
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run `action` once what this thread just wrote has committed: at the end of the open
+        transaction, or at once after an autocommit statement (committed once it answered)."""
+        if connections[self.alias].in_atomic_block:
+            transaction.on_commit(action, using=self.alias)
+        else:
+            action()

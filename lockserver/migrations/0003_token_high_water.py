@@ -1,4 +1,4 @@
-"""The deployment's token high water (issue 16 item 5, issue 20 item 3): one row, seeded from
+"""The deployment's token high water (CHANGELOG row 42): one row, seeded from
 pg's sequence so a deployment that already issued pg tokens starts with them counted."""
 
 from django.db import migrations, models

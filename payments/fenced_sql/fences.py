@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dlock.fence.sql import fence_predicate
+
 if TYPE_CHECKING:
     import uuid
 
@@ -23,7 +25,7 @@ WITH rec AS (
        SET fence = %(token)s, updated_at = clock_timestamp()
       FROM payout p
      WHERE p.payout_id = %(payout_id)s AND a.account_id = p.account_id
-       AND a.fence {comparison} %(token)s
+       AND {fence}
        AND p.idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM rec)
  RETURNING a.account_id, a.fence, a.balance_minor, p.amount_minor
 )
@@ -33,10 +35,14 @@ SELECT rec.request_hash, rec.status, rec.body,
 """
 
 
-CLAIM_RECORD_OR_FENCE_SQL = _RECORD_OR_FENCE_SQL.format(comparison="<")
+# The fence itself is the kit's predicate (dlock.fence.sql), folded into the one statement that
+# also reads the identity's record, so a claim or post costs one round trip.
+CLAIM_RECORD_OR_FENCE_SQL = _RECORD_OR_FENCE_SQL.format(fence=fence_predicate("a.fence"))
 
 
-POST_RECORD_OR_FENCE_SQL = _RECORD_OR_FENCE_SQL.format(comparison="<=")
+POST_RECORD_OR_FENCE_SQL = _RECORD_OR_FENCE_SQL.format(
+    fence=fence_predicate("a.fence", same_grant=True)
+)
 
 
 # Zero rows from a fence UPDATE: which payout/account, what fence beat us, which key it has.

@@ -13,7 +13,7 @@ import pytest
 import requests
 from selenium.webdriver.common.by import By
 
-from devstack import manage
+from devstack.roles import manage
 from devstack.secrets_env import role_environment
 from tests.browser.conftest import paydb, submit_login_form, wait_for
 from tests.browser.test_admin_browser import log_in

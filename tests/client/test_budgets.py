@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 from dlock.budgets import BUDGETS, Chain, inward_chains
 
 PROBE = """

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import pytest
 
-from devstack import free_port
+from devstack.common import free_port
 from dlock.budgets import Budget
 from dlock.client import (
     DlockError,

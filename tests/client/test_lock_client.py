@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, wait_until
+from devstack.common import free_port, wait_until
+from devstack.roles import RoleProcess
 from dlock.budgets import BUDGETS
 from dlock.client import (
     ContentionExceeded,

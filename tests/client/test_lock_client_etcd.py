@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from devstack import wait_until
+from devstack.common import wait_until
 from dlock.client import LockClient, LockContended, LockLost, RetryPolicy
 from tests.lockserver.conftest import start_lock_server
 

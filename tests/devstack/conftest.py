@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from devstack import DB_URL_ENV, ROLES, clean
-from devstack.common import RESERVED_PORTS, _bindable, ephemeral_range
+from devstack.common import DB_URL_ENV, RESERVED_PORTS, ROLES, _bindable, ephemeral_range
+from devstack.stack import clean
 
 _random = random.SystemRandom()
 

@@ -9,19 +9,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from devstack import (
-    REPLICA_PORT_STEP,
-    URL_ENV,
-    TopologyMismatch,
-    down,
-    etcd_cluster,
-    free_port,
-    pid_alive,
-    port_open,
-    read_env,
-    ready,
-    up,
-)
+from devstack.common import REPLICA_PORT_STEP, URL_ENV, free_port, pid_alive, port_open, ready
+from devstack.envfile import read_env
+from devstack.etcd import etcd_cluster
+from devstack.stack import TopologyMismatch, down, up
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 

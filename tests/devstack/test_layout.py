@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 
 TOOLING_AND_APPS = {
     "devstack",

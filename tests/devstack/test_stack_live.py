@@ -13,16 +13,10 @@ import psycopg
 import pytest
 import requests
 
-from devstack import (
-    DB_URL_ENV,
-    PROJECT,
-    TopologyMismatch,
-    clean,
-    port_open,
-    read_env,
-    state_root,
-    up,
-)
+from devstack.common import DB_URL_ENV, PROJECT, port_open
+from devstack.envfile import read_env
+from devstack.postgres import state_root
+from devstack.stack import TopologyMismatch, clean, up
 from dlock import proof
 from dlock.client import LockClient
 from experiment.stack import from_stack_env
@@ -93,13 +87,15 @@ def test_up_on_etcd_then_up_then_a_lockserver_restart_stays_on_etcd(run_dir, sta
     key = f"payout:acct-{uuid.uuid4().hex}"
     with client.session(5_000) as session, session.lock(key, 3_000) as grant:
         assert _etcd_key_count(etcd_url) > before  # the restarted server's grants live in etcd
-    # The stack's proof key ring: generated once (.run/proof_keys), in the three roles that use
-    # it and not in stack.env (tests/devstack/test_stack_secrets.py).
+    # The stack's proof signing keys: generated once (.run/proof_keys), in the lock server only
+    # and not in stack.env; the verifiers hold public keys (tests/devstack/test_stack_secrets.py).
     ring_value = (run_dir / "proof_keys").read_text().strip()
     assert "DLOCK_PROOF_KEYS" not in read_env(run_dir / "stack.env")
-    for role in ("lockserver", "payments", "railproxy"):
+    lockserver_pid = int((run_dir / "pids" / "lockserver.pid").read_text())
+    assert _process_env(lockserver_pid)["DLOCK_PROOF_KEYS"] == ring_value
+    for role in ("payments", "railproxy"):
         role_pid = int((run_dir / "pids" / f"{role}.pid").read_text())
-        assert _process_env(role_pid)["DLOCK_PROOF_KEYS"] == ring_value, role
+        assert "DLOCK_PROOF_KEYS" not in _process_env(role_pid), role
     ring = proof.parse_key_ring(ring_value)
     assert grant.proof == proof.sign(key=key, token=grant.token, ring=ring)
     # the admin role: its own pod on ADMIN_URL, with neither the ring nor the credential hashes
@@ -160,7 +156,9 @@ def test_clean_removes_a_cluster_kept_in_the_run_directory_as_a_non_root_up_keep
     import tempfile
     from pathlib import Path
 
-    from devstack import PgCluster, free_port, write_env
+    from devstack.common import free_port
+    from devstack.envfile import write_env
+    from devstack.postgres import PgCluster
 
     run = Path(tempfile.mkdtemp(prefix="dlock-nonroot-")) / "run"
     run.mkdir(parents=True)

@@ -1,9 +1,11 @@
 """`make up`: each secret reaches exactly the roles that use it (issue 24, item 3).
 
-The proof ring and the credential hashes go to the lock server, the payment resource and the
+The fencing-proof private keys go to the lock server alone, the public keys to every role and
+stack.env (no secret); the credential hashes go to the lock server, the payment resource and the
 rail proxy only; the rail stub (a third party's stand-in) gets neither; `.run/stack.env`, which
 executors and ops commands source, carries the callers' credentials, URLs and database URLs but
-neither the ring nor the hash list — also when the shell that runs `make up` exported them."""
+neither the private keys nor the hash list — also when the shell that runs `make up` exported
+them."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import os
 
 import pytest
 
-from devstack import up
-from devstack.envfile import read_env
+from devstack.envfile import new_proof_keys, public_keys_of, read_env
 from devstack.secrets_env import SECRET_USERS, role_environment, stack_file_env
+from devstack.stack import up
 from dlock.auth import credentials_entry
 
 SERVERS_THAT_VERIFY = {"lockserver", "payments", "railproxy"}
 RING, HASHES = "DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS"
+PUBLIC = "DLOCK_FENCING_PUBLIC_KEYS"
 PLAINTEXTS = ("DLOCK_EXECUTOR_CREDENTIAL", "DLOCK_OPERATOR_CREDENTIAL")
 OWN_DATABASE = {
     "lockserver": "LOCK_DATABASE_URL",
@@ -35,7 +38,7 @@ def _process_env(pid: int) -> dict[str, str]:
 
 def test_role_environment_gives_each_role_only_the_secrets_it_uses():
     env = {
-        RING: "k1:" + "s" * 40,
+        RING: new_proof_keys(),
         HASHES: "executor:" + "a" * 64,
         "DLOCK_EXECUTOR_CREDENTIAL": "dlk_exec",
         "DLOCK_OPERATOR_CREDENTIAL": "dlk_op",
@@ -46,9 +49,11 @@ def test_role_environment_gives_each_role_only_the_secrets_it_uses():
     }
     # a shell that sourced an old stack.env, or exported a ring by hand
     shell = {"PATH": "/usr/bin", RING: "old:" + "o" * 40, "DLOCK_OPERATOR_CREDENTIAL": "dlk_old"}
+    assert role_environment("lockserver", env, base=shell)[RING] == env[RING]
     for role in ("lockserver", "payments", "railproxy"):
         got = role_environment(role, env, base=shell)
-        assert got[RING] == env[RING] and got[HASHES] == env[HASHES]
+        assert got[HASHES] == env[HASHES]
+        assert role == "lockserver" or RING not in got, role
         assert not set(PLAINTEXTS) & set(got), role
         assert got["DJANGO_SECRET_KEY"] == env["DJANGO_SECRET_KEY"] and got["PATH"] == "/usr/bin"
     stub = role_environment("railstub", env, base=shell)
@@ -76,7 +81,7 @@ def test_role_environment_gives_each_role_only_the_secrets_it_uses():
 def test_make_up_starts_each_role_with_only_its_secrets_and_stack_env_holds_no_ring(
     run_dir, stack_ports, monkeypatch
 ):
-    exported_ring = "exported:" + "e" * 40
+    exported_ring = new_proof_keys()
     monkeypatch.setenv(RING, exported_ring)  # must reach no role: the stack has its own ring
     monkeypatch.setenv(HASHES, "executor:" + "b" * 64)
     up(run=run_dir, ports=stack_ports)
@@ -85,6 +90,7 @@ def test_make_up_starts_each_role_with_only_its_secrets_and_stack_env_holds_no_r
     stack_env = read_env(run_dir / "stack.env")
     assert RING not in stack_env and HASHES not in stack_env
     assert ring not in (run_dir / "stack.env").read_text()
+    assert stack_env[PUBLIC] == public_keys_of(ring)  # no secret: adopters read it here
     for var in PLAINTEXTS:
         assert stack_env[var].startswith("dlk_")
     for var in ("LOCK_SERVER_URL", "PAYMENTS_URL", "RAIL_PROXY_URL", "RAIL_STUB_URL"):
@@ -103,11 +109,16 @@ def test_make_up_starts_each_role_with_only_its_secrets_and_stack_env_holds_no_r
         live = _process_env(int(record["pid"]))
         assert live == record["env"], role  # the record holds what the process runs with
         assert not set(PLAINTEXTS) & set(live), role
-        if role in SERVERS_THAT_VERIFY:
+        if role == "lockserver":
             assert live[RING] == ring, role
+        else:  # no other role holds a private signing key
+            assert RING not in live, role
+            assert ring.partition(":")[2] not in json.dumps(record), role
+        if role in SERVERS_THAT_VERIFY:
             assert live[HASHES] == hashes, role
+            assert role == "lockserver" or live[PUBLIC] == public_keys_of(ring), role
         else:
-            assert RING not in live and HASHES not in live, role
+            assert HASHES not in live, role
         assert exported_ring not in json.dumps(record), role
         databases = {k for k in live if k.endswith("_DATABASE_URL")}
         assert databases == {OWN_DATABASE[role]}, role  # only its own database's URL

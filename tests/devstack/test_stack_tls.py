@@ -8,8 +8,9 @@ import psycopg
 import pytest
 import requests
 
-from devstack import up
 from devstack.envfile import read_env
+from devstack.stack import up
+from tests.devstack.test_stack_env_file import sourced
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -19,10 +20,17 @@ DATABASE_URLS = ("LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL")
 def test_make_up_tls_serves_https_and_postgresql_over_verified_tls_only(run_dir, stack_ports):
     up(run=run_dir, ports=stack_ports, tls=True)
     env = read_env(run_dir / "stack.env")
+    # bash sources the file as written: every variable as the Python reader has it
+    bash = sourced(run_dir / "stack.env")
+    assert {key: bash.get(key) for key in env} == env
     ca = env["DLOCK_CA_BUNDLE"]
     for var in ("LOCK_SERVER_URL", "PAYMENTS_URL", "RAIL_PROXY_URL", "RAIL_STUB_URL"):
         assert env[var].startswith("https://127.0.0.1:"), var
         assert requests.get(f"{env[var]}/health/ready", verify=ca, timeout=30).status_code == 200
+    # the staff admin under TLS: its cookies Secure, HSTS from its proxy
+    login = requests.get(f"{env['ADMIN_URL']}/admin/login/", verify=ca, timeout=30)
+    assert login.status_code == 200 and login.headers["Strict-Transport-Security"]
+    assert login.cookies and all(cookie.secure for cookie in login.cookies), login.headers
     for var in DATABASE_URLS:
         assert "sslmode=verify-full" in env[var] and f"sslrootcert={ca}" in env[var], var
     url = env["PAY_DATABASE_URL"]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from devstack import StackError
+from devstack.common import StackError
 from devstack.liveness import plan, wait_alive
 from tests.conftest import fresh_etcd
 from tests.lockserver.conftest import start_lock_server
@@ -59,6 +59,6 @@ def test_a_process_that_answers_nothing_is_replaced(tmp_path):
     # A recorded pid that is alive but serves no HTTP on the port (here: this test process).
     import os
 
-    from devstack import free_port
+    from devstack.common import free_port
 
     assert plan("lockserver", free_port(), {"lockserver": {"pid": os.getpid()}}) == "replace"

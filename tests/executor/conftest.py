@@ -16,7 +16,8 @@ import pytest
 import requests
 from psycopg import sql
 
-from devstack import PROJECT, PYTHON, RoleProcess, free_port, wait_until
+from devstack.common import PROJECT, PYTHON, free_port, wait_until
+from devstack.roles import RoleProcess
 from tests.conftest import LiveStack, start_stack, stop_stack
 
 # Short leases so takeovers happen within a test; the proxy's rail read timeout short so an

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from executor.backoff import AccountBackoff
-from executor.worker import EXIT_BACKED_OFF
+from executor.dispatch import EXIT_BACKED_OFF
 from tests.executor.conftest import account_ids, paydb, payout_ids, seed, start_executor, states
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]

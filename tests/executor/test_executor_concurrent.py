@@ -15,7 +15,7 @@ from datetime import datetime
 import pytest
 import requests
 
-from devstack import wait_until
+from devstack.common import wait_until
 from tests.executor.conftest import (
     account_ids,
     paydb,

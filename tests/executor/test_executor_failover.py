@@ -16,7 +16,7 @@ import uuid
 import pytest
 import requests
 
-from devstack import wait_until
+from devstack.common import wait_until
 from dlock.client import Grant, LockClient, ServiceUnreachable
 from executor.worker import Executor
 from tests.executor.conftest import (

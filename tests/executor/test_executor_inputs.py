@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from devstack import PROJECT, PYTHON
+from devstack.common import PROJECT, PYTHON
 from executor.pause import PausePlan
 
 

@@ -14,7 +14,7 @@ import uuid
 import pytest
 import requests
 
-from devstack import free_port, wait_until
+from devstack.common import free_port, wait_until
 from dlock.client import LockClient
 from executor.worker import Executor
 from tests.executor.conftest import (

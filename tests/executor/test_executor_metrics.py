@@ -9,7 +9,7 @@ import uuid
 
 import requests
 
-from devstack import free_port, wait_until
+from devstack.common import free_port, wait_until
 from tests.executor.conftest import payout_ids, seed, start_executor, states
 
 

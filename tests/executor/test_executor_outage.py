@@ -16,7 +16,7 @@ from datetime import datetime
 
 import pytest
 
-from devstack import wait_until
+from devstack.common import wait_until
 from executor.backoff import OUTAGE_INITIAL_S, OUTAGE_MAX_S
 from executor.worker import Executor
 from tests.client.test_http_transport import ScriptedPeer, _json

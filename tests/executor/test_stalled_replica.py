@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from devstack import wait_until
+from devstack.common import wait_until
 from dlock.client import LockClient, ServiceUnreachable
 from tests.executor.conftest import owner_id, second_replica
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from bench import peers
+from bench.peer_rounds import TokenOrderError
 from bench.zookeeper import ZooKeeperServer
-from devstack import free_port
+from devstack.common import free_port
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_the_zookeeper_arm_token_check_catches_a_token_that_does_not_increase(zo
     assert report["zookeeper"] == {"keys": 1, "grants": 4, "violations": []}
 
     log.record("zookeeper", "tokens.k1", grants[-1])  # a grant that does not exceed the last one
-    with pytest.raises(peers.TokenOrderError, match="tokens.k1"):
+    with pytest.raises(TokenOrderError, match="tokens.k1"):
         peers.assert_tokens_increase(log.by_key)
     violations = peers.check_tokens(log.by_key)["zookeeper"]["violations"]
     assert violations == [
@@ -219,3 +220,30 @@ def test_a_subset_of_points_and_arms_is_chosen_by_name_and_a_wrong_name_is_refus
             peers._chosen_points(wrong)
     with pytest.raises(ValueError, match="BENCH_PEERS_ARMS"):
         peers._chosen_arms("dlock-etcd,redis")
+
+
+def test_etcd_arms_report_etcds_own_work_per_pair_and_the_etcd_goal_ratios():
+    row = {"pairs": 100, "server_cpu_ms_per_pair_by_process": {"lockserver": 2.0, "etcd": 0.5}}
+    before = {"put": 10, "delete": 5, "events": 7}
+    after = {"put": 210, "delete": 205, "events": 7}
+    worked = peers._with_etcd_work(row, before, after)
+    assert worked["etcd_cpu_ms_per_pair"] == 0.5
+    assert worked["etcd_put_delete_ops_per_pair"] == 4.0
+    assert worked["etcd_watch_events_per_pair"] == 0.0
+    unknown = peers._with_etcd_work(row, before, {**after, "events": None})
+    assert unknown["etcd_watch_events_per_pair"] is None
+
+    def arm(rate: float, etcd_cpu: float | None = None) -> dict:
+        return {"pairs_per_s": rate, "etcd_cpu_ms_per_pair": etcd_cpu}
+
+    rounds = [
+        {"arms": {"dlock-etcd": arm(90, 0.6), "dlock-pg": arm(100), "etcd-lock": arm(300),
+                  "etcd-lock-grpc": arm(600, 0.4)}},
+        {"arms": {"dlock-etcd": arm(80, 0.5), "dlock-pg": arm(100), "etcd-lock": arm(200),
+                  "etcd-lock-grpc": arm(400, 0.5)}},
+    ]  # fmt: skip
+    goals = peers.etcd_ratios(rounds)
+    assert goals["rounds"]["etcd_cpu_over_etcd_lock_grpc"] == [1.5, 1.0]
+    assert goals["etcd_cpu_over_etcd_lock_grpc"] == 1.25
+    assert goals["etcd_over_pg"] == 0.85
+    assert goals["etcd_over_etcd_lock"] == pytest.approx((0.3 + 0.4) / 2)

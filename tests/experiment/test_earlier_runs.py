@@ -11,7 +11,7 @@ from django.db import connection
 
 from experiment.measure import claimable_elsewhere
 from experiment.report import shared_rates_line
-from payments import services
+from payments import seeding
 from payments.models import Payout
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,11 +23,11 @@ def _psycopg_url() -> str:
 
 
 def _payouts(n: int) -> list[str]:
-    account = services.create_account(
+    account = seeding.create_account(
         account_id=f"acct-{uuid.uuid4().hex[:12]}", opening_balance_minor=100_000
     )
     return [
-        str(services.create_payout(account_id=account.account_id, amount_minor=100).payout_id)
+        str(seeding.create_payout(account_id=account.account_id, amount_minor=100).payout_id)
         for _ in range(n)
     ]
 

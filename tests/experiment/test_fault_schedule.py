@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from experiment.armrun import ArmRun, landed_pauses
 from experiment.config import CI_PRESET, ExperimentConfig
 from experiment.fenced_outs import Fault, FencedOutEvent, classify
-from experiment.runner import ArmRun, landed_pauses
 from experiment.schedule import (
     ETCD,
     PAUSE,

@@ -249,7 +249,7 @@ def test_the_time_to_the_next_posted_payout_is_read_from_the_series():
 
 
 def test_the_ha_experiment_refuses_a_stack_without_three_members_and_two_replicas():
-    from devstack import URL_ENV
+    from devstack.common import URL_ENV
 
     single = {"LOCK_BACKEND": "etcd", "DLOCK_ETCD_PORTS": "2379:2380"}
     single |= {URL_ENV[r]: "http://127.0.0.1:8081" for r in ("lockserver", "payments", "railproxy")}

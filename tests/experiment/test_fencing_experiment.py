@@ -17,11 +17,13 @@ import psycopg
 import pytest
 from django.core.management import CommandError, call_command
 
+from experiment.config import CI_PRESET, ExperimentConfig
 from experiment.measure import CounterScraper
 from experiment.report import table
-from experiment.runner import CI_PRESET, ExperimentConfig, run, verdict
+from experiment.runner import run
 from experiment.schedule import PAUSE, RAIL_LATENCY, build_schedule, rail_config_at
 from experiment.stack import private_stack
+from experiment.verdict import verdict
 
 SEED = 7
 

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from devstack import ROLES, clean, etcd_cluster, free_port, netcut, pid_alive, ready, up
+from devstack import netcut
+from devstack.common import ROLES, free_port, pid_alive, ready
+from devstack.etcd import etcd_cluster
 from devstack.postgres import state_root
 from devstack.roles import read_record
+from devstack.stack import clean, up
 from experiment import ha
 from experiment.stack import StackHandle, from_stack_env
 from tests.devstack.conftest import _free_block, isolated_run

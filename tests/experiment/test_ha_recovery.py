@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from devstack import ROLES, clean, up
+from devstack.common import ROLES
+from devstack.stack import clean, up
 from experiment import ha, recovery
 from experiment.probes import Attempt, build_probers
 from experiment.schedule import (

@@ -26,7 +26,7 @@ from typing import Any
 
 import requests
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 from dlock.auth import authorization_header
 from dlock.budgets import BUDGETS
 from tests.conftest import start_stack, stop_stack

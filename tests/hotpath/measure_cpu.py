@@ -23,7 +23,8 @@ import psycopg
 import requests
 
 from bench.proc import cpu_seconds
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 from dlock import proof
 from tests.conftest import start_stack, stop_stack
 

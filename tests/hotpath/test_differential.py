@@ -23,7 +23,8 @@ import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, stop_all
+from devstack.common import free_port
+from devstack.roles import RoleProcess, stop_all
 from dlock import proof
 from tests import credentials
 from tests.rail.conftest import stub_config_statement
@@ -39,7 +40,7 @@ _MASKS = [
     (re.compile(r'"fencingToken":\d+'), '"fencingToken":"<token>"'),
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
     (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z"), "<time>"),
-    (re.compile(r"v1\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]{43}"), "<proof>"),
+    (re.compile(r"v2\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]{86}"), "<proof>"),
     (re.compile(r"acct-[0-9a-f]{16}"), "<account>"),
     (re.compile(r"ben-[0-9a-f]{12}"), "<beneficiary>"),  # payments.seeding's, per payout
     (re.compile(r"diff\.[0-9a-f]{12}"), "<key>"),
@@ -317,7 +318,7 @@ LOCK_ROWS: dict[str, Callable[[Arm], requests.Response]] = {
     "release forged proof": lambda a: release(
         a, headers={"X-Fencing-Proof": proof.sign(key="other", token=1)}
     ),
-    "release unknown kid": lambda a: release(a, headers={"X-Fencing-Proof": "v1.zz." + "A" * 43}),
+    "release unknown kid": lambda a: release(a, headers={"X-Fencing-Proof": "v2.zz." + "A" * 86}),
     "release expired grant": expired_release,
     "release missing owner": lambda a: release(a, headers={"X-Owner-Id": None}),
     "release no credential": lambda a: release(a, headers={"Authorization": ""}),

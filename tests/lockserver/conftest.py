@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 from dlock import proof
 from tests.conftest import fresh_etcd, migrated_db
 

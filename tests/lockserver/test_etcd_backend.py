@@ -13,8 +13,8 @@ import pytest
 import requests
 
 from dlock.errors import ApiError, Code
-from lockserver.backends.etcd import EtcdLockBackend
-from lockserver.etcd_client import put
+from lockserver.backends.etcd.backend import EtcdLockBackend
+from lockserver.etcd_ops import put
 
 pytestmark = pytest.mark.etcd
 
@@ -216,7 +216,7 @@ def test_waiter_is_granted_after_release_within_its_wait(backend):
 
 
 def test_waiter_beyond_the_cap_gets_contention_exceeded(backend):
-    backend.waiter_cap = 1
+    backend.waiters.waiter_cap = 1
     lock = key()
     sessions = [backend.open_session(owner_id=f"w{i}", ttl_ms=10_000) for i in range(3)]
     grant = backend.acquire(
@@ -350,13 +350,13 @@ def test_session_metadata_outlives_the_sessions_expiry_by_at_least_the_retention
         adopt_pg_sequence=False,
         housekeeping=False,
     )
-    assert backend.retention_s == 60
+    assert backend.sessions.retention_s == 60
     session = backend.open_session(owner_id="long", ttl_ms=60_000)
-    meta = backend._read_meta(session.session_id)
-    assert _remaining_s(etcd_server, meta.lease) >= 60 + backend.retention_s - 2
+    meta = backend.sessions.read_meta(session.session_id)
+    assert _remaining_s(etcd_server, meta.lease) >= 60 + backend.sessions.retention_s - 2
     backend.heartbeat(session_id=session.session_id, owner_id="long")
-    meta = backend._read_meta(session.session_id)
-    assert _remaining_s(etcd_server, meta.lease) >= 60 + backend.retention_s - 2
+    meta = backend.sessions.read_meta(session.session_id)
+    assert _remaining_s(etcd_server, meta.lease) >= 60 + backend.sessions.retention_s - 2
     backend.close()
 
 
@@ -375,12 +375,12 @@ def test_a_replayed_expiry_watch_reports_only_the_grant_that_expired_once(backen
     backend.revoke(key=revoked_key, operator="oncall", reason="stuck worker", expected_token=None)
     lapsed = backend.acquire(key=lapsed_key, session_id=sid, owner_id=None, ttl_ms=1_000, wait_ms=0)
     deadline = time.monotonic() + 10
-    while backend.client.range(backend._lock_key(lapsed_key)).first() is not None:
+    while backend.client.range(backend.keys.lock_key(lapsed_key)).first() is not None:
         assert time.monotonic() < deadline, "etcd never expired the grant's lease"
         time.sleep(0.1)
     time.sleep(0.2)
     caplog.set_level(logging.INFO, logger="dlock.events")
-    backend.log_expiries(after_revision=start, idle_timeout_s=1.0)
+    backend.housekeeping.log_expiries(after_revision=start, idle_timeout_s=1.0)
     expired = [r for r in caplog.records if getattr(r, "event", None) == "lock_expired"]
     assert [(r.key, r.fencingToken) for r in expired] == [(lapsed_key, lapsed.fencing_token)]
 
@@ -400,7 +400,7 @@ def test_a_grant_past_its_recorded_deadline_goes_to_the_next_caller_whatever_the
     grant = backend.acquire(
         key=lock, session_id=holder.session_id, owner_id=None, ttl_ms=20_000, wait_ms=0
     )
-    _backdate(backend, backend._lock_key(lock))
+    _backdate(backend, backend.keys.lock_key(lock))
     # wait_ms=0: the caller is never parked, so a grant proves the recorded deadline decided,
     # not the lease's expiry (seconds away); a held lock would answer LOCK_HELD at once.
     taken = backend.acquire(
@@ -422,7 +422,7 @@ def test_a_session_past_its_recorded_deadline_loses_its_grant_and_cannot_heartbe
     grant = backend.acquire(
         key=lock, session_id=holder.session_id, owner_id=None, ttl_ms=20_000, wait_ms=0
     )
-    _backdate(backend, backend._sess_key(holder.session_id))
+    _backdate(backend, backend.keys.sess_key(holder.session_id))
     taken = backend.acquire(
         key=lock, session_id=other.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
     )

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from devstack import RoleProcess, StackError, free_port
-from lockserver.backends.etcd import EtcdLockBackend
+from devstack.common import StackError, free_port
+from devstack.roles import RoleProcess
+from lockserver.backends.etcd.backend import EtcdLockBackend
 from tests.lockserver.conftest import assert_error, new_key, start_lock_server
 
 pytestmark = [pytest.mark.etcd, pytest.mark.live]

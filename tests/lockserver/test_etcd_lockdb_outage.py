@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, manage
+from devstack.common import free_port
 from devstack.postgres import PgCluster, private_datadir
+from devstack.roles import RoleProcess, manage
 from dlock.auth import credentials_entry, new_credential
 from tests.lockserver.conftest import TEST_LIMITS, LockServer, assert_error, new_key
 

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from devstack import EtcdServer, free_port
+from devstack.common import free_port
+from devstack.etcd import EtcdServer
 from devstack.tls import ensure_tls
 from dlock.http import close_pools
-from lockserver.etcd_client import EtcdClient, EtcdUnavailable, delete, put
+from lockserver.etcd_client import EtcdClient, EtcdUnavailable
+from lockserver.etcd_ops import delete, put
 
 pytestmark = [pytest.mark.live]
 

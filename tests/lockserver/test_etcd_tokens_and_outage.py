@@ -12,9 +12,11 @@ import uuid
 
 import pytest
 
-from devstack import EtcdServer, free_port, wait_until
+from devstack.common import free_port, wait_until
+from devstack.etcd import EtcdServer
 from dlock.errors import ApiError, Code
-from lockserver.backends.etcd import EtcdLockBackend, TokenFloorError
+from lockserver.backends.etcd.backend import EtcdLockBackend
+from lockserver.backends.etcd.tokens import TokenFloorError
 from lockserver.etcd_client import EtcdClient, EtcdUnavailable
 from tests.conftest import fresh_etcd
 

@@ -1,19 +1,22 @@
-"""The etcd client's watches on dlock's urllib3 stack (issue 41 item 4): a change wakes the
+"""The etcd client's watches on gRPC streams (ARCHITECTURE decision 26): a change wakes the
 watcher, a member that is gone or dies under the watch is EtcdUnavailable (never a hang), a
-refused member hands the watch to the next, and the stream's connection is closed on return
-(which cancels the watchers server-side). Real etcd; a raw socket plays the dying member."""
+refused member hands the watch to the next, and the stream is cancelled on return (etcd's own
+watcher gauge goes back down). Real etcd servers, killed for real."""
 
 from __future__ import annotations
 
-import socket
+import re
+import signal
 import threading
 import uuid
-from collections.abc import Callable
 
 import pytest
+import requests
 
-from devstack import free_port
-from lockserver.etcd_client import EtcdClient, EtcdUnavailable, delete, put
+from devstack.common import free_port
+from lockserver.etcd_client import EtcdClient, EtcdUnavailable
+from lockserver.etcd_ops import delete, put
+from tests.conftest import fresh_etcd
 
 pytestmark = [pytest.mark.etcd]
 
@@ -24,6 +27,23 @@ def _changed_key(client: EtcdClient) -> tuple[str, int]:
     written = client.txn([], [put(key, "v")])
     client.txn([], [delete(key)])
     return key, written.revision
+
+
+def _watchers(url: str) -> int:
+    """etcd's own count of its open watchers (its /metrics)."""
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    found = re.search(r"^etcd_debugging_mvcc_watcher_total (\d+)", text, re.M)
+    assert found, "etcd reports no watcher gauge"
+    return int(found.group(1))
+
+
+def _until(predicate, what: str, attempts: int = 200) -> None:
+    stop = threading.Event()
+    for _ in range(attempts):
+        if predicate():
+            return
+        stop.wait(0.05)
+    raise AssertionError(f"never: {what}")
 
 
 def test_a_deletion_after_the_revision_wakes_the_watch(etcd_server):
@@ -54,97 +74,55 @@ def test_a_refused_member_hands_the_watch_to_the_next(etcd_server):
     client = EtcdClient(f"{dead},{etcd_server.url}")
     try:
         key, before = _changed_key(client)
-        client._member = 0  # the dead member first
+        client.member_index = 0  # the dead member first
         assert client.wait_for_change([key], after_revision=before, timeout_s=3600)
         assert client.url == etcd_server.url
     finally:
         client.close()
 
 
-class _OneConnection:
-    """A listening socket that takes one connection, reads the whole request, then does
-    `then`."""
-
-    def __init__(self, then: Callable[[socket.socket], None]) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.then = then
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        conn, _ = self.listener.accept()
-        with conn:
-            request = b""
-            while b"\r\n\r\n" not in request:
-                request += conn.recv(65536)
-            head, _, body = request.partition(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            while len(body) < length:  # the watch's create requests, sent after the head
-                body += conn.recv(65536)
-            self.then(conn)
-
-    def close(self) -> None:
-        self.thread.join()
-        self.listener.close()
-
-
-def test_a_member_that_dies_before_answering_is_etcd_unavailable_not_a_hang():
-    member = _OneConnection(lambda conn: None)  # closes the connection without a word
-    client = EtcdClient(member.url)
-    try:
-        with pytest.raises(EtcdUnavailable):
-            client.wait_for_change(["k"], after_revision=1, timeout_s=3600)
-        assert client.url == member.url  # one member: nowhere else to go
-    finally:
-        client.close()
-        member.close()
-
-
 def test_a_member_that_dies_mid_stream_is_etcd_unavailable_not_a_hang():
-    def created_then_reset(conn: socket.socket) -> None:
-        line = b'{"result":{"header":{"revision":"5"},"created":true}}\n'
-        conn.sendall(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + f"{len(line):x}\r\n".encode()
-            + line
-            + b"\r\n"
-        )
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-
-    member = _OneConnection(created_then_reset)  # the close with linger 0 is a reset
+    member = fresh_etcd()
     client = EtcdClient(member.url)
+    outcome: list[object] = []
     try:
-        with pytest.raises(EtcdUnavailable):
-            client.wait_for_change(["k"], after_revision=1, timeout_s=3600)
+        baseline = _watchers(member.url)
+        revision = client.txn([], [put("w/k", "v")]).revision
+
+        def watch() -> None:
+            try:
+                outcome.append(
+                    client.wait_for_change(["w/never"], after_revision=revision, timeout_s=3600)
+                )
+            except EtcdUnavailable as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        _until(lambda: _watchers(member.url) > baseline, "the watch was created")
+        member.process.send_signal(signal.SIGKILL)
+        member.process.wait(10)
+        thread.join(30)
+        assert not thread.is_alive(), "the watch hangs on a dead member"
+        assert len(outcome) == 1 and isinstance(outcome[0], EtcdUnavailable), outcome
     finally:
         client.close()
-        member.close()
+        member.stop()
 
 
-def test_the_watch_connection_is_closed_when_the_change_is_seen():
-    closed = threading.Event()
-
-    def event_then_wait_for_the_close(conn: socket.socket) -> None:
-        line = b'{"result":{"header":{"revision":"6"},"events":[{"type":"DELETE"}]}}\n'
-        conn.sendall(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + f"{len(line):x}\r\n".encode()
-            + line
-            + b"\r\n"
-        )
-        if conn.recv(1) == b"":  # the client closed its end: the server's stream ends
-            closed.set()
-
-    member = _OneConnection(event_then_wait_for_the_close)
+def test_the_watch_is_cancelled_when_the_change_is_seen():
+    member = fresh_etcd()
     client = EtcdClient(member.url)
     try:
-        assert client.wait_for_change(["k"], after_revision=1, timeout_s=3600)
+        baseline = _watchers(member.url)
+        key, before = _changed_key(client)
+        assert client.wait_for_change([key, "w/other"], after_revision=before, timeout_s=3600)
+        _until(lambda: _watchers(member.url) == baseline, "etcd dropped the two watchers")
+        assert not client.wait_for_change(["w/other"], after_revision=before + 5, timeout_s=0.3)
+        _until(lambda: _watchers(member.url) == baseline, "the timed-out watch was dropped")
+        seen = list(client.deletions(["w/"], after_revision=before + 5, idle_timeout_s=0.3))
+        assert seen == [(before + 5, None)]  # idle: the stream ended, to be reopened
+        _until(lambda: _watchers(member.url) == baseline, "the idle deletions watch was dropped")
     finally:
         client.close()
-        member.close()  # joins the member: it has seen the close (or the test fails below)
-    assert closed.is_set()
+        member.stop()

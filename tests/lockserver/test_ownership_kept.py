@@ -49,3 +49,11 @@ def test_the_kept_map_is_bounded_oldest_out_first():
     kept.remember("c", "3")
 
     assert (kept.get("a"), kept.get("b"), kept.get("c")) == (None, "2", "3")
+
+
+def test_the_kept_map_evicts_in_insertion_order_through_heavy_churn():
+    kept = WriteOnceMap(limit=100)
+    for n in range(10_000):
+        kept.remember(n, str(n))
+    assert len(kept) == 100
+    assert [kept.get(n) for n in (9_899, 9_900, 9_999)] == [None, "9900", "9999"]

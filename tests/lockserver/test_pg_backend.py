@@ -169,7 +169,17 @@ def logged(lock_server, **match) -> list[dict]:
     return found
 
 
-def test_lifecycle_events_are_logged(lock_server):
+@pytest.fixture(scope="module")
+def debug_server():
+    """A private pg lock server at DLOCK_LOG_LEVEL=DEBUG, where every grant and release is a
+    line (at the default INFO they are counted, not logged)."""
+    server = start_lock_server("pg", {"DLOCK_LOG_LEVEL": "DEBUG"})
+    yield server
+    server.stop()
+
+
+def test_lifecycle_events_are_logged(lock_server, debug_server):
+    lock_server = debug_server  # lock_acquired and lock_released (cause release) are DEBUG
     key = new_key()
     session = lock_server.session(ttl_ms=1_000)
     token = lock_server.acquire(key, session, ttl_ms=30_000).json()["fencingToken"]
@@ -192,6 +202,29 @@ def test_lifecycle_events_are_logged(lock_server):
     (revoked,) = logged(lock_server, event="lock_revoked", key=key)
     assert revoked["revokedToken"] == second and revoked["operator"] == "oncall-alice"
     assert logged(lock_server, event="lock_released", key=key, fencingToken=third)
+
+
+def granted_count(lock_server) -> float:
+    for line in lock_server.get("/metrics").text.splitlines():
+        if line.startswith('lock_acquire_total{backend="pg",outcome="granted"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_pair_is_counted_not_logged_at_the_default_level(lock_server, key):
+    """The hot path's two lines (lock_acquired, lock_released with cause release) are DEBUG:
+    at INFO a pair writes no line, and lock_acquire_total counts the grant."""
+    before = granted_count(lock_server)
+    session = lock_server.session()
+    token = lock_server.acquire(key, session).json()["fencingToken"]
+    assert lock_server.release(key, session, token).status_code == 204
+    assert granted_count(lock_server) == before + 1
+    # A line written after the pair's: the log holds everything the pair wrote.
+    token = lock_server.acquire(key, session).json()["fencingToken"]
+    lock_server.revoke(key, expectedToken=token)
+    wait_for(lambda: logged(lock_server, event="lock_revoked", key=key), what="lock_revoked")
+    assert logged(lock_server, event="lock_acquired", key=key) == []
+    assert logged(lock_server, event="lock_released", key=key) == []
 
 
 def test_acquire_outcomes_and_live_gauges_are_exported(lock_server, key):

@@ -20,9 +20,14 @@ import pytest
 from django.db import connections
 
 from dlock.metrics import lock_waiter_wakeups
-from lockserver.backends import pg_sql
+from lockserver.backends import reset_backend
 from lockserver.backends.base import GrantRecord
 from lockserver.backends.pg import PgLockBackend
+from lockserver.backends.pg_sql import release as release_sql
+from lockserver.backends.pg_sql import waiters as waiters_sql
+from lockserver.backends.pg_sql.common import GRANT_CHANNEL, grant_payload
+from lockserver.backends.pg_sql.release import HAND_OFF_KEYS_SQL, HAND_OFF_SQL
+from lockserver.backends.pg_store import PreparingCursor
 from lockserver.pg_listener import KeyListener
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "lockdb"])
@@ -34,7 +39,10 @@ def wakeups(cause: str) -> float:
 
 @pytest.fixture
 def backend():
-    backend = PgLockBackend(start_listener=False)  # only the local hand-off can wake a waiter
+    # Only the local hand-off can wake a waiter; nor may the process-wide backend's listener
+    # thread (another test's) reap this test's keys.
+    reset_backend()
+    backend = PgLockBackend(start_listener=False)
     yield backend
     backend.close()
 
@@ -46,7 +54,7 @@ def granted_notifies():
     for name in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(name, None)
     with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute(f"LISTEN {pg_sql.GRANT_CHANNEL}")
+        conn.execute(f"LISTEN {GRANT_CHANNEL}")
         yield conn
 
 
@@ -82,7 +90,7 @@ class Waiter:
         """Start, and return once its queue entry exists and it is parked in this process."""
         self.thread.start()
         deadline = time.monotonic() + 10
-        while not (backend.listener._parked and backend.inspect(key=key).waiter_count == 1):
+        while not (backend.listener.parked_count and backend.inspect(key=key).waiter_count == 1):
             assert time.monotonic() < deadline, "the waiter never parked"
             time.sleep(0.01)
         return self
@@ -122,7 +130,7 @@ def test_a_release_in_the_waiters_process_wakes_it_with_the_grant(backend, grant
     # The NOTIFY still went out (for other processes): the same grant. Arriving late here it
     # wakes nobody and changes nothing.
     payload = next_notify(granted_notifies)
-    assert pg_sql.grant_payload(payload)[1][0] == grant.fencing_token
+    assert grant_payload(payload)[1][0] == grant.fencing_token
     backend.listener.hand_over(payload, cause="direct")
     assert holder_of(backend, key) == (waiter.session.owner_id, grant.fencing_token, 0)
     assert wakeups("direct") == direct
@@ -139,7 +147,7 @@ def test_the_first_wake_up_wins_and_a_late_one_is_a_no_op():
     assert (parked.payload, parked.cause, parked.event.is_set()) == ("w1 7 1 2", "local", True)
     listener.unpark(parked)
     listener.hand_over("w1 7 1 2", cause="direct")  # after it answered
-    assert listener._parked == {}
+    assert listener.parked_count == 0
 
 
 @pytest.mark.parametrize("order", ["hand-off first", "withdraw first"])
@@ -149,7 +157,7 @@ def test_a_wait_running_out_as_the_key_is_handed_to_it(backend, monkeypatch, ord
     the two statements ends with the key granted once, to the waiter, and nothing queued."""
     key = f"k-{uuid.uuid4().hex[:8]}"
     holder, token = hold(backend, key)
-    withdraw = pg_sql.withdraw
+    withdraw = release_sql.withdraw
     seen: list[object] = []
 
     def release_meanwhile() -> None:
@@ -179,17 +187,145 @@ def test_a_wait_running_out_as_the_key_is_handed_to_it(backend, monkeypatch, ord
             release_meanwhile()  # finds nobody queued: the key is freed
         return seen[-1]
 
-    monkeypatch.setattr(pg_sql, "withdraw", racing_withdraw)
+    monkeypatch.setattr(release_sql, "withdraw", racing_withdraw)
     waiter = Waiter(backend, key, wait_ms=500).park(backend, key)
     grant = waiter.result()
     if order == "hand-off first":
         # the entry was gone: withdraw found the grant handed to us, and we answer with it
-        assert isinstance(seen[0], pg_sql.GrantRow)
+        assert isinstance(seen[0], GrantRecord)
         assert seen[0].fencing_token == grant.fencing_token
     else:
         assert seen == [None]  # still queued when we left: the last attempt took the free key
     assert grant.fencing_token > token
     assert holder_of(backend, key) == (waiter.session.owner_id, grant.fencing_token, 0)
-    assert backend.listener._parked == {}
+    assert backend.listener.parked_count == 0
     backend.release(key=key, session_id=waiter.session.session_id, token=grant.fencing_token)
     assert holder_of(backend, key) == (None, None, 0)
+
+
+def test_a_closed_session_hands_every_key_it_held_over_in_one_statement(backend, monkeypatch):
+    """Closing a session that holds two keys, each with a waiter parked in this process: both
+    waiters are granted by one hand-off statement and woken at once (local), no NOTIFY needed."""
+    keys = [f"k-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    tokens = [
+        backend.acquire(
+            key=key, session_id=holder.session_id, owner_id=None, ttl_ms=30_000, wait_ms=0
+        ).fencing_token
+        for key in keys
+    ]
+    waiters = [Waiter(backend, key, wait_ms=20_000).park(backend, key) for key in keys]
+    statements: list[str] = []
+    execute = PreparingCursor.execute
+
+    def counted(self, query, params=None):
+        statements.append(query)
+        return execute(self, query, params)
+
+    monkeypatch.setattr(PreparingCursor, "execute", counted)
+    local = wakeups("local")
+    backend.close_session(session_id=holder.session_id, owner_id="holder")
+    for key, waiter, token in zip(keys, waiters, tokens, strict=True):
+        grant = waiter.result()
+        assert grant.fencing_token > token and grant.key == key
+        assert holder_of(backend, key) == (waiter.session.owner_id, grant.fencing_token, 0)
+    assert wakeups("local") - local == 2
+    hand_offs = [q for q in statements if q in (HAND_OFF_SQL, HAND_OFF_KEYS_SQL)]
+    assert hand_offs == [HAND_OFF_KEYS_SQL]
+
+
+def test_the_reaper_hands_every_lapsed_key_over_in_one_statement(backend, monkeypatch):
+    """Two keys whose holder lapsed, each with a queue entry (no acquire parked here, so nobody
+    hands them over but the reaper): one pass grants both heads in one statement and wakes
+    them through `wake` after its commit; a key with nobody eligible queued is freed only."""
+    keys = [f"k-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    for key in keys:
+        backend.acquire(
+            key=key, session_id=holder.session_id, owner_id=None, ttl_ms=30_000, wait_ms=0
+        )
+    params = dict(connections["lockdb"].get_connection_params())
+    for name in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(name, None)
+    queued = {}
+    with psycopg.connect(**params, autocommit=True) as conn:
+        for key in keys[:2]:
+            session = backend.open_session(owner_id=f"w-{key}", ttl_ms=30_000)
+            waiter_id = uuid.uuid4()
+            admitted = waiters_sql.add_waiter(
+                conn.cursor(),
+                waiter_id=waiter_id,
+                key=key,
+                session_id=session.session_id,
+                owner_id=None,
+                wait_ms=20_000,
+                cap=64,
+            )
+            assert admitted[:2] == (True, True)
+            queued[key] = (str(waiter_id), session.owner_id)
+        conn.execute(  # the holder's lease lapses (by the database's clock)
+            "UPDATE lock_grant SET expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE lock_key = ANY(%s)",
+            (keys,),
+        )
+        calls: list[list[str]] = []
+        hand_off_keys = release_sql.hand_off_keys
+
+        def counted(cursor, *, keys):
+            calls.append(sorted(keys))
+            return hand_off_keys(cursor, keys=keys)
+
+        monkeypatch.setattr(release_sql, "hand_off_keys", counted)
+        monkeypatch.setattr(release_sql, "hand_off", lambda *a, **k: pytest.fail("per key"))
+        woken: list[str] = []
+        backend.housekeeper.run(conn, woken.append)
+    # One statement for the pass (other tests' lapsed keys in this database may be in it too).
+    (handed_keys,) = calls
+    assert set(keys[:2]) <= set(handed_keys) and keys[2] not in handed_keys
+    assert {waiter_id for waiter_id, _ in queued.values()} <= {
+        payload.split(" ")[0] for payload in woken
+    }
+    for key, (_, owner) in queued.items():
+        assert holder_of(backend, key)[0::2] == (owner, 0)
+    assert holder_of(backend, keys[2]) == (None, None, 0)
+
+
+def test_a_lapse_is_handed_over_by_one_statement_not_one_per_parked_waiter(backend, monkeypatch):
+    """Three acquires of this process parked on a key whose holder's lease lapses (nobody
+    NOTIFYs a lapse): at the lapse one of them hands the key over, in one statement, to the
+    head of the queue; the other two wait for the new holder instead of each running one."""
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    holder = backend.open_session(owner_id="holder", ttl_ms=30_000)
+    lapsing = backend.acquire(
+        key=key, session_id=holder.session_id, owner_id=None, ttl_ms=3_000, wait_ms=0
+    )
+    statements: list[str] = []
+    execute = PreparingCursor.execute
+
+    def counted(self, query, params=None):
+        statements.append(query)
+        return execute(self, query, params)
+
+    monkeypatch.setattr(PreparingCursor, "execute", counted)
+    waiters = []
+    for count in (1, 2, 3):
+        waiter = Waiter(backend, key, wait_ms=20_000)
+        waiter.thread.start()
+        deadline = time.monotonic() + 10
+        while backend.inspect(key=key).waiter_count < count:
+            assert time.monotonic() < deadline, "the waiter never parked"
+            time.sleep(0.01)
+        waiters.append(waiter)
+    assert backend.inspect(key=key).fencing_token == lapsing.fencing_token  # all parked: held
+    head = waiters[0].result()  # granted at the lapse, first in the queue
+    assert head.fencing_token > lapsing.fencing_token
+    assert holder_of(backend, key) == (waiters[0].session.owner_id, head.fencing_token, 2)
+    assert statements.count(HAND_OFF_SQL) == 1
+    # The others are still queued, in order: each release hands the key to the next.
+    token = head.fencing_token
+    for previous, waiter in zip(waiters, waiters[1:], strict=False):
+        backend.release(key=key, session_id=previous.session.session_id, token=token)
+        token = waiter.result().fencing_token
+    backend.release(key=key, session_id=waiters[-1].session.session_id, token=token)
+    assert holder_of(backend, key) == (None, None, 0)
+    assert statements.count(HAND_OFF_SQL) == 1

@@ -3,7 +3,7 @@
 A payout's uncontended release sends no NOTIFY; a release or revoke with a parked waiter grants
 it in the same transaction and NOTIFYs that waiter only (the grant channel); and a waiter that
 marks a key while a release holds its row learns the key is free and hands it over itself (the
-interlock of lockserver.backends.pg_sql._NOTIFY_IF_WAITED).
+interlock of lockserver.backends.pg_sql.common.NOTIFY_IF_WAITED).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import uuid
 import psycopg
 import pytest
 
-from lockserver.backends import pg_sql
+from lockserver.backends.pg_sql import release as release_sql
+from lockserver.backends.pg_sql import waiters as waiters_sql
+from lockserver.backends.pg_sql.common import GRANT_CHANNEL, NOTIFY_CHANNEL
 from tests.lockserver.conftest import new_key
 
 pytestmark = pytest.mark.parametrize("lock_server", ["pg"], indirect=True)
@@ -26,7 +28,7 @@ def notified_keys(listen: psycopg.Connection, db_url: str) -> list[str]:
     (notifications are delivered in commit order)."""
     sentinel = f"sentinel-{uuid.uuid4().hex}"
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_notify(%s, %s)", (pg_sql.NOTIFY_CHANNEL, sentinel))
+        conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, sentinel))
     seen: list[str] = []
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -40,8 +42,8 @@ def notified_keys(listen: psycopg.Connection, db_url: str) -> list[str]:
 @pytest.fixture
 def listen(lock_server):
     with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
-        conn.execute(f"LISTEN {pg_sql.NOTIFY_CHANNEL}")
-        conn.execute(f"LISTEN {pg_sql.GRANT_CHANNEL}")
+        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        conn.execute(f"LISTEN {GRANT_CHANNEL}")
         yield conn
 
 
@@ -105,7 +107,7 @@ def test_a_waiter_marking_a_key_a_release_holds_finds_it_free(lock_server):
     answers: list = []
     with psycopg.connect(lock_server.db_url) as releasing:  # one open transaction
         cursor = releasing.cursor()
-        cursor.execute(pg_sql.RELEASE_SQL, {"key": key, "token": token})
+        cursor.execute(release_sql.RELEASE_SQL, {"key": key, "token": token})
         ((owner, session_id, handed_to, notified, payload),) = cursor.fetchall()
         assert (owner, str(session_id), handed_to, notified, payload) == (
             holder["ownerId"],
@@ -118,7 +120,7 @@ def test_a_waiter_marking_a_key_a_release_holds_finds_it_free(lock_server):
         def park() -> None:
             with psycopg.connect(lock_server.db_url, autocommit=True) as conn:
                 answers.append(
-                    pg_sql.add_waiter(
+                    waiters_sql.add_waiter(
                         conn.cursor(),
                         waiter_id=uuid.uuid4(),
                         key=key,
@@ -159,7 +161,7 @@ def test_only_a_queue_entry_commits_without_waiting_for_the_flush(lock_server):
         cursor = conn.cursor()
         cursor.execute("SET synchronous_commit = on")  # the test cluster runs with it off
         conn.commit()
-        admitted = pg_sql.add_waiter(
+        admitted = waiters_sql.add_waiter(
             cursor,
             waiter_id=uuid.uuid4(),
             key=key,
@@ -173,8 +175,8 @@ def test_only_a_queue_entry_commits_without_waiting_for_the_flush(lock_server):
         conn.commit()
         assert cursor.execute("SHOW synchronous_commit").fetchone() == ("on",)
         conn.commit()
-        assert pg_sql.release(cursor, key=key, token=token).handed is not None  # to the waiter
+        assert release_sql.release(cursor, key=key, token=token).handed is not None  # to the waiter
         assert cursor.execute("SHOW synchronous_commit").fetchone() == ("on",)
-        assert pg_sql.hand_off(cursor, key=key).waiter_id is None  # held now: nothing to do
+        assert release_sql.hand_off(cursor, key=key).waiter_id is None  # held now: nothing to do
         assert cursor.execute("SHOW synchronous_commit").fetchone() == ("on",)
         conn.commit()

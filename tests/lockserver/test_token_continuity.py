@@ -15,7 +15,8 @@ import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 from lockserver.backends.etcd.tokens import HIGH_WATER_BLOCK
 from tests.conftest import fresh_etcd
 from tests.lockserver.conftest import LockServer, assert_error, new_key, start_lock_server

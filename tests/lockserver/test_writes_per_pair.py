@@ -13,8 +13,11 @@ from collections import Counter
 
 import pytest
 
-from lockserver.backends import pg as pg_backend
 from lockserver.backends.pg import PgLockBackend
+from lockserver.backends.pg_sql.acquire import ACQUIRE_SQL
+from lockserver.backends.pg_sql.release import RELEASE_SQL
+from lockserver.backends.pg_store import PreparingCursor
+from lockserver.etcd_ops import writes
 from tests.lockserver.test_etcd_tokens_and_outage import backend_on
 
 
@@ -31,24 +34,24 @@ def test_pg_one_statement_per_acquire_and_one_per_release(monkeypatch):
         key = f"k-{uuid.uuid4().hex[:8]}"
         pair(backend, session.session_id, key)  # the token floor, the key's first row
         statements: list[str] = []
-        execute = pg_backend._PreparingCursor.execute
+        execute = PreparingCursor.execute
 
         def counted(self, query, params=None):
             statements.append(query)
             return execute(self, query, params)
 
-        monkeypatch.setattr(pg_backend._PreparingCursor, "execute", counted)
+        monkeypatch.setattr(PreparingCursor, "execute", counted)
         grant = backend.acquire(
             key=key, session_id=session.session_id, owner_id=None, ttl_ms=5_000, wait_ms=0
         )
-        assert statements == [pg_backend.sql.ACQUIRE_SQL]
+        assert statements == [ACQUIRE_SQL]
         backend.release(key=key, session_id=session.session_id, token=grant.fencing_token)
-        assert statements == [pg_backend.sql.ACQUIRE_SQL, pg_backend.sql.RELEASE_SQL]
+        assert statements == [ACQUIRE_SQL, RELEASE_SQL]
     finally:
         backend.close()
 
 
-WRITES = {"lease/grant", "lease/revoke"}
+WRITES = {"lease.LeaseGrant", "lease.LeaseRevoke"}
 
 
 @pytest.mark.etcd
@@ -58,23 +61,22 @@ def test_etcd_writes_per_pair(own_etcd):
         session = backend.open_session(owner_id="w", ttl_ms=10_000)
         pair(backend, session.session_id, "warm")  # the offset, the token reserve
         calls: Counter[str] = Counter()
-        post = backend.client._post
+        call = backend.client.call
 
-        def counted(path, body, *args, **kwargs):
-            ops = body.get("success", []) + body.get("failure", []) if path == "kv/txn" else []
-            writes = any("request_put" in op or "request_delete_range" in op for op in ops)
-            kind = "write" if path in WRITES or writes else "read"
-            calls[f"{kind} {path}"] += 1
-            return post(path, body, *args, **kwargs)
+        def counted(method, request, *args, **kwargs):
+            ops = [*request.success, *request.failure] if method == "kv.Txn" else []
+            kind = "write" if method in WRITES or writes(ops) else "read"
+            calls[f"{kind} {method}"] += 1
+            return call(method, request, *args, **kwargs)
 
-        backend.client._post = counted  # type: ignore[method-assign]
+        backend.client.call = counted  # type: ignore[method-assign]
         pair(backend, session.session_id, f"k-{uuid.uuid4().hex[:8]}")
         # the create transaction and the compare-and-delete; the grant's lease is the one the
         # warm-up's release emptied, used as it is while it covers the grant, else refreshed
         # by a keepalive (the leader's lessor: no raft proposal; test_etcd_calls_per_pair.py),
         # where a lease grant per pair was a third durable write
-        writes = {call: n for call, n in calls.items() if call.startswith("write")}
-        assert writes == {"write kv/txn": 2}, calls
-        assert calls["read lease/keepalive"] <= 1, calls
+        written = {call: n for call, n in calls.items() if call.startswith("write")}
+        assert written == {"write kv.Txn": 2}, calls
+        assert calls["read lease.LeaseKeepAlive"] <= 1, calls
     finally:
         backend.close()

@@ -18,7 +18,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from ops.reconciler import reconcile
-from payments import fenced_sql, seeding, selectors, services
+from payments import seeding, selectors, services
+from payments.fenced_sql import post as post_sql
 from payments.models import (
     Account,
     LedgerEntry,
@@ -228,7 +229,7 @@ def test_a_recovery_of_a_payout_posted_into_a_bucket_keeps_settlement_equal_to_i
 ):
     settings.PAY_SETTLEMENT_BUCKETS = 8
     payout, _, dup = _posted_by_p3_with_duplicate(_account())
-    bucket = fenced_sql.settlement_bucket(payout.payout_id, buckets=8)
+    bucket = post_sql.settlement_bucket(payout.payout_id, buckets=8)
     assert list(
         SettlementBucket.objects.filter(account_id="settlement:EUR").values_list(
             "bucket", "balance_minor"

@@ -11,7 +11,8 @@ import uuid
 import psycopg
 import pytest
 
-from devstack import free_port, manage
+from devstack.common import free_port
+from devstack.roles import manage
 from tests.conftest import migrated_live_databases
 
 pytestmark = [pytest.mark.live]

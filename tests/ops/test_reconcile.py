@@ -11,7 +11,8 @@ from django.core.management import call_command
 from django.db.models import F
 from django.utils import timezone
 
-from devstack import free_port, manage
+from devstack.common import free_port
+from devstack.roles import manage
 from ops.reconciler import reconcile
 from ops.report import metrics_text, render_text
 from payments import seeding, services

@@ -9,8 +9,9 @@ import uuid
 
 import pytest
 
+from devstack.common import free_port
+from devstack.roles import manage
 from dlock.client import LockClient
-from tests.conftest import free_port, manage
 from tests.executor.conftest import (
     account_ids,
     account_state,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import connections
 
-from lockserver.backends.etcd import EtcdLockBackend
+from lockserver.backends.etcd.backend import EtcdLockBackend
 from ops.tokens import etcd_issued_bound, highest_issued_token, pg_sequence_last
 from tests.conftest import fresh_etcd
 from tests.lockserver.test_etcd_tokens_and_outage import grant_and_release

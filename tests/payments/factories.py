@@ -10,7 +10,7 @@ from django.db import connection
 from prometheus_client import REGISTRY
 
 from dlock import proof
-from payments import selectors, services
+from payments import seeding, selectors
 from payments.models import (
     Account,
     IdempotencyRecord,
@@ -29,7 +29,7 @@ def next_token() -> int:
 
 
 def account(balance: int = 10_000, currency: str = "EUR") -> Account:
-    return services.create_account(
+    return seeding.create_account(
         account_id=f"acct-{uuid.uuid4().hex[:16]}",
         currency=currency,
         opening_balance_minor=balance,
@@ -37,7 +37,7 @@ def account(balance: int = 10_000, currency: str = "EUR") -> Account:
 
 
 def payout(acct: Account, amount: int = 1_000, state: str = "PENDING") -> Payout:
-    p = services.create_payout(account_id=acct.account_id, amount_minor=amount)
+    p = seeding.create_payout(account_id=acct.account_id, amount_minor=amount)
     if state != "PENDING":
         Payout.objects.filter(payout_id=p.payout_id).update(state=state)
         p.refresh_from_db()

@@ -9,7 +9,8 @@ from django.db import connections, transaction
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError, Code
-from payments import fenced_sql
+from payments.fenced_sql import account as account_sql
+from payments.fenced_sql import payout as payout_sql
 from payments.models import QUARANTINED_OR_TERMINAL, Account, Payout, PayoutEvent
 from payments.operator import push_fence_floor
 
@@ -37,7 +38,7 @@ def _payout(state: str = "CLAIMED") -> Payout:
 def test_transition_moves_the_payout_and_appends_its_event():
     payout = _payout("CLAIMED")
     with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
-        moved = fenced_sql.transition_payout(
+        moved = payout_sql.transition_payout(
             cur,
             payout_id=payout.payout_id,
             from_states=("CLAIMED",),
@@ -60,7 +61,7 @@ def test_transition_moves_the_payout_and_appends_its_event():
 def test_transition_from_the_wrong_state_moves_nothing_and_writes_no_event():
     payout = _payout("PENDING")
     with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
-        moved = fenced_sql.transition_payout(
+        moved = payout_sql.transition_payout(
             cur,
             payout_id=payout.payout_id,
             from_states=("CLAIMED", "SUBMITTING"),
@@ -76,7 +77,7 @@ def test_transition_from_the_wrong_state_moves_nothing_and_writes_no_event():
 
 def test_transition_of_an_unknown_payout_is_false():
     with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
-        assert not fenced_sql.transition_payout(
+        assert not payout_sql.transition_payout(
             cur,
             payout_id=uuid.uuid4(),
             from_states=("CLAIMED",),
@@ -90,7 +91,7 @@ def test_transition_of_an_unknown_payout_is_false():
 def test_no_token_bearing_transition_leaves_quarantine_and_the_row_stays(state):
     payout = _payout(state)
     with pytest.raises(ValueError), _cursor() as cur:
-        fenced_sql.transition_payout(
+        payout_sql.transition_payout(
             cur,
             payout_id=payout.payout_id,
             from_states=(state,),
@@ -105,21 +106,21 @@ def test_no_token_bearing_transition_leaves_quarantine_and_the_row_stays(state):
 
 def test_the_quarantine_set_is_rail_ambiguous_plus_the_terminal_states():
     assert {"RAIL_AMBIGUOUS", "POSTED", "FAILED", "ABANDONED"} == QUARANTINED_OR_TERMINAL
-    assert fenced_sql.QUARANTINED_OR_TERMINAL is QUARANTINED_OR_TERMINAL  # one definition
+    assert QUARANTINED_OR_TERMINAL is QUARANTINED_OR_TERMINAL  # one definition
 
 
 def test_raise_account_fence_never_lowers_it():
     payout = _payout()
     account_id = payout.account_id
     with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
-        assert fenced_sql.raise_account_fence(cur, account_id=account_id, floor=50) == 50
-        assert fenced_sql.raise_account_fence(cur, account_id=account_id, floor=10) == 50
+        assert account_sql.raise_account_fence(cur, account_id=account_id, floor=50) == 50
+        assert account_sql.raise_account_fence(cur, account_id=account_id, floor=10) == 50
     assert Account.objects.get(account_id=account_id).fence == 50
 
 
 def test_raise_account_fence_of_an_unknown_account_returns_none_and_creates_nothing():
     with transaction.atomic(using=alias_for("payments")), _cursor() as cur:
-        assert fenced_sql.raise_account_fence(cur, account_id="nobody", floor=5) is None
+        assert account_sql.raise_account_fence(cur, account_id="nobody", floor=5) is None
     assert not Account.objects.filter(account_id="nobody").exists()
 
 

@@ -7,8 +7,9 @@ import uuid
 
 import pytest
 
-from dlock import fencing, idempotency
+from dlock import idempotency
 from dlock.errors import ApiError, Code, allowed_statuses
+from dlock.fence import refusals
 from payments.models import IdempotencyRecord, Payout
 from tests.payments import factories as f
 
@@ -95,7 +96,7 @@ def test_a_fenced_claim_logs_fenced_out_at_the_kits_one_level(client, caplog):
     assert f.claim(client, p, newer - 1).status_code == 409
 
     (event,) = [r for r in caplog.records if getattr(r, "event", None) == "fenced_out"]
-    assert event.levelno == fencing.LOG_LEVEL == logging.WARNING
+    assert event.levelno == refusals.LOG_LEVEL == logging.WARNING
 
 
 def test_a_fenced_post_counts_the_account_and_never_the_ledger(client):
@@ -146,9 +147,22 @@ def test_status_overrides_come_only_from_the_catalogue():
         idempotency.recorded_error(418, {"code": "RAIL_AMBIGUOUS", "message": "m"})
 
 
-def test_the_fencing_kit_refuses_a_resource_the_metric_does_not_know():
+@pytest.mark.parametrize("resource", ["", "Stock", "stock items", "s" * 33, "1stock"])
+def test_the_fencing_kit_refuses_a_resource_type_that_is_no_metric_label(resource):
     with pytest.raises(ValueError):
-        fencing.fenced_out(resource="payout", resource_id="p", presented=1, highest=2, owner_id="w")
+        refusals.fenced_out(
+            resource=resource, resource_id="p", presented=1, highest=2, owner_id="w"
+        )
+
+
+def test_an_adopters_resource_type_is_counted_under_its_own_label():
+    before = f.fenced_count("stock")
+    refused = refusals.fenced_out(
+        resource="stock", resource_id="sku-1", presented=3, highest=4, owner_id="w"
+    )
+    assert isinstance(refused, refusals.FencedOut) and refused.status == 409
+    assert (refused.presented_token, refused.highest_token) == (3, 4)
+    assert f.fenced_count("stock") == before + 1
 
 
 def test_a_recorded_error_replays_its_status_header_and_original_trace_id():

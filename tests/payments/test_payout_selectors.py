@@ -9,18 +9,18 @@ import psycopg
 import pytest
 from django.db import connection
 
-from payments import selectors, services
+from payments import seeding, selectors
 from payments.models import Payout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _payouts() -> tuple[str, list[str]]:
-    account = services.create_account(
+    account = seeding.create_account(
         account_id=f"acct-{uuid.uuid4().hex[:12]}", opening_balance_minor=10_000
     )
     ids = [
-        str(services.create_payout(account_id=account.account_id, amount_minor=a).payout_id)
+        str(seeding.create_payout(account_id=account.account_id, amount_minor=a).payout_id)
         for a in (100, 200, 300)
     ]
     Payout.objects.filter(payout_id=ids[0]).update(state="RAIL_AMBIGUOUS")

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from dlock.dbrouter import alias_for
 from dlock.errors import ApiError
-from payments import fenced_sql, selectors, services
+from payments import selectors, services
+from payments.fenced_sql import payout as payout_sql
 from payments.models import LedgerEntry, Payout
 from tests.payments import factories as f
 
@@ -39,7 +40,7 @@ def _rail(payout, token: int, path: tuple[str, ...]) -> None:
     alias = alias_for("payments")
     with transaction.atomic(using=alias), connections[alias].cursor() as cur:
         for src, dst in zip(path, path[1:], strict=False):
-            if not fenced_sql.transition_payout(
+            if not payout_sql.transition_payout(
                 cur,
                 payout_id=payout.payout_id,
                 from_states=(src,),

@@ -14,8 +14,9 @@ import pytest
 from django.contrib.admin.utils import quote
 from django.urls import reverse
 
-from devstack import PROJECT
-from payments import fenced_sql, services
+from devstack.common import PROJECT
+from payments import services
+from payments.fenced_sql import post as post_sql
 from payments.models import Account, LedgerEntry, Payout, SettlementBucket
 from tests.payments import factories as f
 
@@ -53,7 +54,7 @@ def test_posts_of_one_currency_spread_over_the_buckets_and_p5_reads_their_sum(cl
 
     expected: dict[int, int] = defaultdict(int)
     for p in posted:
-        expected[fenced_sql.settlement_bucket(p.payout_id, buckets=8)] += p.amount_minor
+        expected[post_sql.settlement_bucket(p.payout_id, buckets=8)] += p.amount_minor
     assert _buckets("settlement:SEK") == dict(expected)
     assert len(expected) > 1  # 24 random ids all in one of 8 buckets: p ≈ 8^-23
     total = sum(p.amount_minor for p in posted)
@@ -105,7 +106,7 @@ def test_a_replayed_post_credits_its_bucket_once(client, settings):
     replay = f.post(client, p, token, body=body)
 
     assert replay.status_code == 200 and replay["Idempotent-Replayed"] == "true"
-    bucket = fenced_sql.settlement_bucket(p.payout_id, buckets=8)
+    bucket = post_sql.settlement_bucket(p.payout_id, buckets=8)
     assert _buckets("settlement:DKK") == {bucket: 900}
     assert f.balance("settlement:DKK") == 900
 
@@ -123,7 +124,7 @@ def test_a_settlement_balance_from_before_the_buckets_stays_on_its_row_and_still
     new = _posted(client, f.account(10_000, currency="PLN"), 600)
 
     assert Account.objects.get(pk=settlement.pk).balance_minor == 400
-    bucket = fenced_sql.settlement_bucket(new.payout_id, buckets=8)
+    bucket = post_sql.settlement_bucket(new.payout_id, buckets=8)
     assert _buckets("settlement:PLN") == {bucket: 600}
     books = _p5(client, "settlement:PLN")
     assert books["balanceMinor"] == books["ledgerSumMinor"] == 1_000
@@ -154,10 +155,10 @@ def test_sequential_payout_ids_still_spread_over_every_bucket():
     # Ids whose low bits do not vary (e.g. a time-ordered uuid's node field) must not all land
     # in one bucket: the bucket is a hash of the id, not its low bits.
     ids = [uuid.UUID(int=(n << 64) | 0xABCDEF) for n in range(64)]
-    assert {fenced_sql.settlement_bucket(i, buckets=8) for i in ids} == set(range(8))
-    assert {fenced_sql.settlement_bucket(i, buckets=1) for i in ids} == {0}
-    again = [fenced_sql.settlement_bucket(i, buckets=8) for i in ids]
-    assert again == [fenced_sql.settlement_bucket(i, buckets=8) for i in ids]  # stable
+    assert {post_sql.settlement_bucket(i, buckets=8) for i in ids} == set(range(8))
+    assert {post_sql.settlement_bucket(i, buckets=1) for i in ids} == {0}
+    again = [post_sql.settlement_bucket(i, buckets=8) for i in ids]
+    assert again == [post_sql.settlement_bucket(i, buckets=8) for i in ids]  # stable
 
 
 def test_the_admin_shows_a_settlement_accounts_balance_with_its_buckets(client, settings):

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 import requests
 
-from payments import fenced_sql
+from payments.fenced_sql import post as post_sql
 from tests.payments.factories import fence_proof
 
 pytestmark = pytest.mark.live
@@ -121,7 +121,7 @@ def test_concurrent_posts_of_one_currency_leave_every_balance_equal_to_its_ledge
     settlement = f"settlement:{CURRENCY}"
     expected: dict[int, int] = defaultdict(int)
     for payout_id in seeded["payouts"]:
-        expected[fenced_sql.settlement_bucket(uuid.UUID(payout_id), buckets=8)] += AMOUNT
+        expected[post_sql.settlement_bucket(uuid.UUID(payout_id), buckets=8)] += AMOUNT
     buckets = _paydb(
         live_stack,
         "SELECT bucket, balance_minor FROM settlement_bucket WHERE account_id = %s",

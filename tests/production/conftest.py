@@ -13,7 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from devstack import RoleProcess, free_port, manage
+from devstack.common import free_port
+from devstack.roles import RoleProcess, manage
 from tests.conftest import _create_db, migrated_db
 from tests.production.probe_urls import SCHEMA
 
@@ -50,7 +51,8 @@ class Probe:
                 self.process.wait()
 
 
-def start_probe(tmp_path: Path, **env: str) -> Probe:
+def start_probe(tmp_path: Path, tls: tuple[str, str] | None = None, **env: str) -> Probe:
+    """The probe role; `tls` = (certificate, key): its proxy speaks https."""
     db_url = _create_db(f"probe_{uuid.uuid4().hex[:12]}")
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(SCHEMA)
@@ -61,6 +63,7 @@ def start_probe(tmp_path: Path, **env: str) -> Probe:
         {"RAIL_DATABASE_URL": db_url, "DJANGO_DEBUG": "false", **env},
         tmp_path / f"probe-{port}.log",
         app="tests.production.probe_wsgi",
+        tls=tls,
     ).start()
     return Probe(port, db_url, role.logfile, role.process, role)
 

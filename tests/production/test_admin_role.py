@@ -31,7 +31,9 @@ import pytest
 import requests
 from requests.adapters import HTTPAdapter
 
-from devstack import PROJECT, PYTHON, RoleProcess, free_port, manage, write_env
+from devstack.common import PROJECT, PYTHON, free_port
+from devstack.envfile import write_env
+from devstack.roles import RoleProcess, manage
 from devstack.secrets_env import role_environment, stack_file_env
 from dlock import proof
 from tests.conftest import _create_db

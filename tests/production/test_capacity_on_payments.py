@@ -11,7 +11,8 @@ import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, wait_until
+from devstack.common import free_port, wait_until
+from devstack.roles import RoleProcess
 from dlock import proof
 from tests.production.conftest import migrated_paydb, seed_payouts
 

@@ -99,6 +99,9 @@ def test_health_metrics_schema_and_docs_stay_open(stack):
         for path in ("/health/live", "/health/ready", "/metrics", "/v1/schema", "/v1/docs"):
             answer = requests.get(f"{stack.url(role)}{path}", headers=NONE, timeout=10)
             assert answer.status_code == 200, (role, path)
+    # the lock server's public fencing keys carry no secret (decision 25): open too
+    keys = requests.get(f"{stack.url('lockserver')}/v1/fencing-keys", headers=NONE, timeout=10)
+    assert keys.status_code == 200 and keys.json()["keys"], keys.text
 
 
 def test_the_browsable_api_answers_a_browser_with_basic_auth(stack):

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from django.urls import Resolver404, resolve
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 from dlock import lifecycle
 from dlock.budgets import BUDGETS, RAIL_READ_TIMEOUT_S
 from dlock.roles import ROLES
@@ -50,11 +50,17 @@ def _documents() -> list[dict]:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     docs: list[dict] = []
     for name in kustomization["resources"]:
+        if (K8S / name).is_dir():  # a kustomization of its own (deploy/nginx: a generator)
+            inner = K8S / name
+            docs += _generated_configmaps(
+                yaml.safe_load((inner / "kustomization.yaml").read_text()), inner
+            )
+            continue
         docs += [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
     return docs + _generated_configmaps(kustomization)
 
 
-def _generated_configmaps(kustomization: dict) -> list[dict]:
+def _generated_configmaps(kustomization: dict, root: Path = K8S) -> list[dict]:
     """What kustomize's configMapGenerator makes, without kustomize: `files` entries
     (`key=path` or `path`) as data, the generator's labels, its name when unhashed."""
     maps = []
@@ -64,7 +70,7 @@ def _generated_configmaps(kustomization: dict) -> list[dict]:
         data = {}
         for entry in generator.get("files", []):
             key, _, path = entry.rpartition("=")
-            data[key or Path(path).name] = (K8S / path).read_text()
+            data[key or Path(path).name] = (root / path).read_text()
         metadata = {"name": generator["name"], "labels": options.get("labels", {})}
         maps.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
     return maps
@@ -122,7 +128,9 @@ def test_probe_paths_exist_in_the_roles_urlconf_and_ports_are_named(name):
     assert env_of(role_container)["GUNICORN_BIND"]["value"] == "127.0.0.1:8081"
     assert "PORT" not in env_of(role_container) and "METRICS_PORT" not in env_of(role_container)
     assert proxy["name"] == "proxy" and proxy["image"].rsplit("/", 1)[-1].startswith("nginx")
-    assert "env" not in proxy and "envFrom" not in proxy  # the sidecar holds no secret
+    # the sidecar holds no secret: its env is its config's literal values (EDGE_*, NGINX_*)
+    assert "envFrom" not in proxy
+    assert all(set(e) == {"name", "value"} for e in proxy["env"])
     assert {p["name"]: p["containerPort"] for p in proxy["ports"]} == {
         "http": 8080,
         "http-metrics": 9100,
@@ -149,40 +157,81 @@ def test_probe_paths_exist_in_the_roles_urlconf_and_ports_are_named(name):
     )
 
 
-def test_the_proxy_configmaps_are_rendered_from_the_template_and_nginx_accepts_them(tmp_path):
-    """k8s/nginx/<component>.conf are `python -m devstack.proxy k8s` of the current templates and
-    manifests, the kustomization's configMapGenerator makes each its `<component>-nginx`
-    ConfigMap, each config passes `nginx -t`, and each pod mounts its own."""
-    import shutil
+def proxy_container(name: str) -> dict:
+    (proxy,) = [
+        c
+        for c in pod_template(named("Deployment", name))["spec"]["containers"]
+        if c["name"] == "proxy"
+    ]
+    return proxy
 
+
+def proxy_files(name: str) -> dict[str, str]:
+    """What the nginx image's entrypoint makes of the dlock-nginx ConfigMap in `name`'s proxy
+    container: each template filled by envsubst (gettext's, as in the image) with the
+    container's environment, restricted to NGINX_ENVSUBST_FILTER's names; by file name."""
+    env = {e["name"]: e["value"] for e in proxy_container(name)["env"]}
+    names = " ".join(f"${{{n}}}" for n in env if re.search(env["NGINX_ENVSUBST_FILTER"], n))
+    files = {}
+    for key, text in named("ConfigMap", "dlock-nginx")["data"].items():
+        filled = subprocess.run(
+            ["envsubst", names], input=text, env=env, capture_output=True, text=True, check=True
+        )
+        files[key.removesuffix(".template")] = filled.stdout
+    return files
+
+
+def proxy_config(name: str) -> str:
+    """The files `name`'s nginx reads (its own role-*.conf, none of another role's), joined."""
+    own = f"role-{SERVER_ROLES[name]}"
+    return "\n".join(
+        text
+        for key, text in sorted(proxy_files(name).items())
+        if not key.startswith("role-") or key.removesuffix(".conf").split("-http")[0] == own
+    )
+
+
+def test_the_proxy_sidecars_fill_deploy_nginx_with_the_values_make_up_computes(tmp_path):
+    """One nginx configuration: the dlock-nginx ConfigMap is deploy/nginx/*.conf.template as
+    they are; each server pod mounts it where the official image's envsubst fills it, with
+    EDGE_* values equal to what `make up` computes from the same settings
+    (devstack.proxy.kubernetes_values); the filled files leave no placeholder the role reads,
+    and nginx accepts them."""
     from devstack import proxy
     from devstack.tls import ensure_tls
 
-    files = proxy.kubernetes_files()
-    assert sorted(files) == sorted((K8S / "nginx").glob("*.conf"))
-    for path, text in files.items():
-        assert path.read_text() == text, f"{path} is stale: run `python -m devstack.proxy k8s`"
-        configmap = named("ConfigMap", f"{path.stem}-nginx")
-        assert configmap["data"] == {"nginx.conf": text}
-        assert configmap["metadata"]["labels"][COMPONENT] == path.stem
+    templates = {path.name: path.read_text() for path in proxy.DIRECTORY.glob("*.template")}
+    configmap = named("ConfigMap", "dlock-nginx")
+    assert configmap["data"] == templates
+    assert configmap["metadata"]["labels"][COMPONENT] == "proxy"
     for name in SERVER_ROLES:
-        config = named("ConfigMap", f"{name}-nginx")["data"]["nginx.conf"]
+        container = proxy_container(name)
         volumes = {v["name"]: v for v in pod_template(named("Deployment", name))["spec"]["volumes"]}
-        assert volumes["nginx-config"]["configMap"]["name"] == f"{name}-nginx"
+        assert volumes["nginx-templates"]["configMap"]["name"] == "dlock-nginx"
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["nginx-templates"] == "/etc/nginx/templates"
+        assert mounts["nginx-tmp"] == "/tmp/nginx"  # NGINX_ENVSUBST_OUTPUT_DIR: writable
+        assert "command" not in container  # the image's entrypoint runs the envsubst step
+        assert container["args"][:5] == ["nginx", "-p", "/tmp/nginx", "-c", "/tmp/nginx/nginx.conf"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        edge = {k: v for k, v in env.items() if k.startswith("EDGE_")}
+        assert edge == proxy.kubernetes_values(name), name
+        assert env["NGINX_ENVSUBST_OUTPUT_DIR"] == "/tmp/nginx"
+        assert env["NGINX_ENVSUBST_FILTER"] == "^EDGE_"
+        config = proxy_config(name)
+        assert "${EDGE_" not in config and "$EDGE_" not in config, name
         assert "upstream dlock_role" in config and "server 127.0.0.1:8081" in config
         assert "proxy_next_upstream off;" in config
         if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
             prefix = tmp_path / name
             prefix.mkdir()
-            local = config.replace("/tmp/nginx", str(prefix)).replace(
-                "listen 8080", "listen 127.0.0.1:1"
-            )
-            local = local.replace("listen 9100", "listen 127.0.0.1:2")
-            # the dlock-tls Secret's files: a throwaway certificate of the same shape
-            files = ensure_tls(tmp_path / "tls")
-            local = local.replace("/etc/dlock-tls/tls.crt", str(files.certificate))
-            local = local.replace("/etc/dlock-tls/tls.key", str(files.key))
-            (prefix / "nginx.conf").write_text(local)
+            files = ensure_tls(tmp_path / "tls")  # the dlock-tls Secret's shape
+            for key, text in proxy_files(name).items():
+                text = text.replace("listen 8080", "listen 127.0.0.1:1")
+                text = text.replace("listen 9100", "listen 127.0.0.1:2")
+                text = text.replace("/etc/dlock-tls/tls.crt", str(files.certificate))
+                text = text.replace("/etc/dlock-tls/tls.key", str(files.key))
+                (prefix / key).write_text(text)
             checked = subprocess.run(
                 [
                     "/usr/sbin/nginx",
@@ -770,22 +819,29 @@ def test_the_docs_state_the_minimum_kubectl_and_kustomize_versions():
     assert re.search(r"kustomize\s*(>=|≥)\s*v?4\.5\.7", docs)
 
 
-PROOF_ROLES = {"lock-server", "payment-resource", "rail-proxy"}
+VERIFYING_ROLES = {"payment-resource", "rail-proxy"}
 
 
-def test_only_the_roles_that_sign_or_verify_proofs_mount_the_proof_key_ring():
+def test_only_the_lock_server_mounts_private_keys_and_the_verifiers_get_public_ones():
     assert "DLOCK_PROOF_KEYS" in named("Secret", "dlock-secrets")["stringData"]
+    assert "DLOCK_FENCING_PUBLIC_KEYS" not in named("Secret", "dlock-secrets")["stringData"]
+    assert "DLOCK_FENCING_PUBLIC_KEYS" in named("ConfigMap", "dlock-fencing-keys")["data"]
     for workload in WORKLOADS:
         for container in pod_template(workload)["spec"]["containers"]:
             env = env_of(container)
             name = workload["metadata"]["name"]
-            if container["name"] == "proxy":  # the nginx sidecar: no env at all
-                assert env == {}, name
-            elif name in PROOF_ROLES:
+            if container["name"] == "proxy":  # the nginx sidecar: its config's values only
+                assert all(n.startswith(("EDGE_", "NGINX_")) for n in env), name
+                assert all(set(e) == {"name", "value"} for e in env.values()), name
+                continue
+            if name == "lock-server":
                 ref = env["DLOCK_PROOF_KEYS"]["valueFrom"]["secretKeyRef"]
                 assert ref == {"name": "dlock-secrets", "key": "DLOCK_PROOF_KEYS"}, name
             else:
                 assert "DLOCK_PROOF_KEYS" not in env, name
+            if name in VERIFYING_ROLES:
+                ref = env["DLOCK_FENCING_PUBLIC_KEYS"]["valueFrom"]["configMapKeyRef"]
+                assert ref == {"name": "dlock-fencing-keys", "key": "DLOCK_FENCING_PUBLIC_KEYS"}
 
 
 REPAIR_JOB = PROJECT / "k8s" / "operator" / "repair-fence" / "job.yaml"
@@ -889,7 +945,7 @@ def test_every_database_url_verifies_the_server_certificate():
 
 def test_each_role_serves_https_behind_its_proxy_and_probes_speak_it():
     for name in SERVER_ROLES:
-        config = named("ConfigMap", f"{name}-nginx")["data"]["nginx.conf"]
+        config = proxy_config(name)
         assert "listen 8080 ssl" in config and "listen 9100 ssl" in config
         assert "ssl_certificate /etc/dlock-tls/tls.crt;" in config
         assert "CBC" not in config and ":AES128-SHA" not in config
@@ -934,7 +990,7 @@ def test_only_the_admins_proxy_limits_log_ins_and_the_admin_holds_no_ring_or_has
     """issue 38: the log-in limit lives in the admin's nginx (a 429 envelope), nowhere else; the
     admin pod gets paydb and the secret key, never the proof ring or the credential hashes."""
     for name in SERVER_ROLES:
-        config = named("ConfigMap", f"{name}-nginx")["data"]["nginx.conf"]
+        config = proxy_config(name)
         if name == "admin":
             assert "location = /admin/login/ {" in config
             assert "limit_req zone=admin_login" in config and "limit_req_status 429;" in config

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from devstack import wait_until
+from devstack.common import wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 

@@ -12,7 +12,8 @@ import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port, wait_until
+from devstack.common import free_port, wait_until
+from devstack.roles import RoleProcess
 from tests.conftest import migrated_db
 from tests.production.test_drain import connection_refused
 

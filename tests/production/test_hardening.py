@@ -9,7 +9,7 @@ import sys
 import pytest
 import requests
 
-from devstack import PROJECT, free_port
+from devstack.common import PROJECT, free_port
 from dlock import proof
 from tests.conftest import raw_request
 

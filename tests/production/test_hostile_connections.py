@@ -24,7 +24,8 @@ import psycopg
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 from tests import credentials
 from tests.production.conftest import migrated_paydb, seed_payouts
 
@@ -435,8 +436,7 @@ def test_free_port_never_returns_an_ephemeral_port():
 
 
 def test_a_bound_listener_holds_a_reserved_port_until_closed():
-    from devstack import bound_listener
-    from devstack.common import RESERVED_PORTS, ephemeral_range
+    from devstack.common import RESERVED_PORTS, bound_listener, ephemeral_range
 
     with bound_listener() as listener:
         port = listener.getsockname()[1]

@@ -33,10 +33,10 @@ import pytest
 import requests
 import yaml
 
-from devstack import PROJECT, RoleProcess, free_port
-from devstack.common import URL_ENV
-from devstack.envfile import new_proof_keys
+from devstack.common import PROJECT, URL_ENV, free_port
+from devstack.envfile import new_proof_keys, public_keys_of
 from devstack.proxy import ProxyConfig
+from devstack.roles import RoleProcess
 from devstack.secrets_env import role_environment
 from dlock.roles import SERVICE_NAMES
 from tests import credentials
@@ -61,6 +61,8 @@ POD_SECURITY = [
     "--security-opt",
     "no-new-privileges",
 ]
+
+PROOF_KEYS = new_proof_keys()
 
 
 def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -241,7 +243,10 @@ def _migrate_job() -> dict:
 def migrate_job_env(stack_env: dict[str, str]) -> dict[str, str]:
     """What the Job's manifest gives its container: its literal values, and each secret it
     names (secretKeyRef) with this stack's value; DLOCK_ENVIRONMENT=production is the image's."""
-    env = {"DJANGO_ALLOWED_HOSTS": stack_env["DJANGO_ALLOWED_HOSTS"]}
+    env = {
+        "DJANGO_ALLOWED_HOSTS": stack_env["DJANGO_ALLOWED_HOSTS"],
+        "DLOCK_ALLOW_UNVERIFIED_DATABASE": stack_env["DLOCK_ALLOW_UNVERIFIED_DATABASE"],
+    }
     for var in _migrate_job()["env"]:
         env[var["name"]] = var["value"] if "value" in var else stack_env[var["name"]]
     return env
@@ -270,12 +275,15 @@ def ports() -> dict[str, tuple[int, int]]:
 def stack_env(ports) -> dict[str, str]:
     return {
         "DJANGO_SECRET_KEY": os.urandom(32).hex(),
-        "DLOCK_PROOF_KEYS": new_proof_keys(),  # production refuses the development ring
+        "DLOCK_PROOF_KEYS": PROOF_KEYS,  # production refuses the development key
+        "DLOCK_FENCING_PUBLIC_KEYS": public_keys_of(PROOF_KEYS),  # the verifiers'
         "LOCK_BACKEND": "pg",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
         "DLOCK_EXECUTOR_CREDENTIAL": credentials.EXECUTOR,
         "DLOCK_OPERATOR_CREDENTIAL": credentials.OPERATOR,
+        # the suite's PostgreSQL speaks no TLS; production refuses such a URL otherwise
+        "DLOCK_ALLOW_UNVERIFIED_DATABASE": "true",
         **create_live_databases("container"),
         **{URL_ENV[role]: f"http://127.0.0.1:{port}" for role, (port, _) in ports.items()},
     }

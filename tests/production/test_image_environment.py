@@ -28,9 +28,9 @@ import psycopg
 import pytest
 import requests
 
-from devstack import PROJECT, RoleProcess, free_port, stop_all
-from devstack.common import URL_ENV
-from devstack.envfile import new_proof_keys
+from devstack.common import PROJECT, URL_ENV, free_port
+from devstack.envfile import new_proof_keys, public_keys_of
+from devstack.roles import RoleProcess, stop_all
 from devstack.secrets_env import role_environment
 from tests import credentials
 from tests.conftest import create_live_databases
@@ -41,6 +41,8 @@ DOCKERFILE = PROJECT / "Dockerfile"
 LOCK = PROJECT / "requirements.lock"
 CACHE = PROJECT / ".run" / "image-venv"
 SERVER_ROLES = ("lockserver", "payments", "railproxy", "railstub", "admin")
+
+PROOF_KEYS = new_proof_keys()
 
 
 # --------------------------------------------------------------------------- the Dockerfile
@@ -195,12 +197,15 @@ def image(tmp_path_factory) -> Image:
     logdir = tmp_path_factory.mktemp("image-logs")
     env = {
         "DJANGO_SECRET_KEY": os.urandom(32).hex(),
-        "DLOCK_PROOF_KEYS": new_proof_keys(),  # production refuses the development ring
+        "DLOCK_PROOF_KEYS": PROOF_KEYS,  # production refuses the development key
+        "DLOCK_FENCING_PUBLIC_KEYS": public_keys_of(PROOF_KEYS),  # the verifiers'
         "LOCK_BACKEND": "pg",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
         "DLOCK_EXECUTOR_CREDENTIAL": credentials.EXECUTOR,
         "DLOCK_OPERATOR_CREDENTIAL": credentials.OPERATOR,
+        # the suite's PostgreSQL speaks no TLS; production refuses such a URL otherwise
+        "DLOCK_ALLOW_UNVERIFIED_DATABASE": "true",
         **create_live_databases("image"),
     }
     return Image(venv, app, env, logdir)

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from devstack import PROJECT
+from devstack.common import PROJECT
 
 MONITORING = PROJECT / "monitoring"
 K8S_MONITORING = PROJECT / "k8s" / "monitoring"
@@ -182,7 +182,7 @@ def test_the_real_prometheus_loads_the_shipped_config_and_rules_with_the_jobs_na
 
     import requests
 
-    from devstack import free_port
+    from devstack.common import free_port
     from devstack.monitor import command, prepare
 
     ports = {

@@ -58,6 +58,8 @@ C3: dict[str, dict[tuple[str, str], tuple[str, set[str], set[str]]]] = {
             {"404", "409", "400"},
             {"revokedToken", "newTokenFloor", "revocationId"},
         ),
+        # ARCHITECTURE decision 25, CHANGELOG row 120: the public keys proofs are checked with
+        ("get", "/v1/fencing-keys"): ("200", set(), {"keys", "proofVersion", "signingKid"}),
     },
     "payments": {
         ("get", "/v1/payouts"): ("200", {"400"}, {"items", "nextCursor"}),

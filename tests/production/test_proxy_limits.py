@@ -18,7 +18,8 @@ import uuid
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 from dlock import proof
 from tests.production.conftest import migrated_paydb, seed_payouts
 from tests.production.test_hostile_connections import (

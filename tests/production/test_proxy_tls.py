@@ -12,7 +12,8 @@ import uuid
 import pytest
 import requests
 
-from devstack import RoleProcess, free_port
+from devstack.common import free_port
+from devstack.roles import RoleProcess
 from devstack.tls import ensure_tls
 from tests.conftest import _create_db
 from tests.production.probe_urls import SCHEMA
@@ -130,7 +131,7 @@ def test_tls_1_2_with_an_aead_suite_is_served(tls_role):
 def test_an_executor_that_cannot_verify_its_server_exits_non_zero_and_says_why(tls_role):
     """A certificate the executor cannot verify is a misconfiguration, not an idle queue: exit 1
     at once with one line naming the URL (it used to wait the outage out and exit 0)."""
-    from devstack import manage
+    from devstack.roles import manage
 
     role, files = tls_role
     env = {

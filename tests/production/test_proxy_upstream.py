@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from devstack import wait_until
+from devstack.common import wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 

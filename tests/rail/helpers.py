@@ -6,7 +6,8 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from devstack import RoleProcess, bound_listener, free_port
+from devstack.common import bound_listener, free_port
+from devstack.roles import RoleProcess
 from tests.conftest import LiveStack
 
 

@@ -151,7 +151,7 @@ def _pending_intents(cursor, ages: list[str]) -> list[tuple[uuid.UUID, uuid.UUID
 
 
 def test_sweep_quarantines_an_old_intent_once_and_leaves_a_fresh_one():
-    from railproxy.services import sweep_unresolved_intents
+    from railproxy.sweep import sweep_unresolved_intents
 
     with _cursor() as cursor:
         (old, _), (fresh, _) = _pending_intents(cursor, ["1 hour", "0 seconds"])

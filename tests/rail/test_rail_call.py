@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from devstack import free_port
+from devstack.common import free_port
 from railproxy.models import Outcome
 from railproxy.rail_call import forward
 from railproxy.submission import SubmissionRequest

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dlock import proof
+from dlock.fence.proofs import SigningKeys, new_signing_key
 
 FORGED_MAX = 2**63 - 1
 
@@ -23,7 +24,7 @@ def _refused(rail, payout, response, reason: str) -> None:
 
 @pytest.mark.parametrize(
     "forged, reason",
-    [(None, "missing"), ("v1.t1." + "B" * 43, "mismatch"), ("v1.t1.B", "malformed")],
+    [(None, "missing"), ("v2.t1." + "B" * 86, "mismatch"), ("v1.t1.B", "malformed")],
 )
 def test_a_forged_max_token_cannot_raise_the_rail_high_water_mark(rail, forged, reason):
     payout = rail.claimed_payout(token=5)
@@ -64,6 +65,26 @@ def test_a_proof_for_another_token_reaches_no_rail(rail):
 
 def test_a_proof_with_an_unknown_kid_reaches_no_rail(rail):
     payout = rail.claimed_payout(token=9)
-    unknown = "v1.retired." + "C" * 43
+    unknown = "v2.retired." + "C" * 86
     response = rail.submit(payout, headers={"X-Fencing-Proof": unknown})
     _refused(rail, payout, response, "unknown_kid")
+
+
+def _impostor_proof(payout, token: int) -> str:
+    """The right shape, the server's kid, another private key: what a forger can make."""
+    impostor = SigningKeys.parse(new_signing_key("t1"))
+    return impostor.sign(key=proof.payout_key(payout.account_id), token=token)
+
+
+def test_truncated_other_key_and_lower_token_proofs_reach_no_rail(rail):
+    payout = rail.claimed_payout(token=7)
+    genuine = proof.sign(key=proof.payout_key(payout.account_id), token=7)
+    cases = [
+        (genuine[:-1], "malformed"),
+        (genuine[:50], "malformed"),
+        (_impostor_proof(payout, 7), "mismatch"),
+        (proof.sign(key=proof.payout_key(payout.account_id), token=6), "mismatch"),
+    ]
+    for forged, reason in cases:
+        _refused(rail, payout, rail.submit(payout, headers={"X-Fencing-Proof": forged}), reason)
+    assert rail.submit(payout).status_code == 200  # the genuine proof still admits

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from devstack import free_port
+from devstack.common import free_port
 from tests.rail.helpers import start_proxy
 
 pytestmark = pytest.mark.live

@@ -16,10 +16,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from experiment import demo
-from experiment.config import RECOVERY_PRESET
+from experiment.config import CI_PRESET, RECOVERY_PRESET, ExperimentConfig
 from experiment.progress import LivePrinter
 from experiment.report import table
-from experiment.runner import CI_PRESET, ExperimentConfig, run
+from experiment.runner import run
 from experiment.schedule import RECOVERY_SETTLE_S, recovery_duration
 from experiment.stack import MissingPiece, from_stack_env, private_stack
 

@@ -21,7 +21,7 @@ MAX_SESSION_TTL_S = 60
 FRESH_LEASE_S = 0.1
 # A grant lease is granted this much longer than the grant's whole seconds, so an emptied one
 # can carry the next grant of the same TTL without a keepalive while its known remaining TTL
-# still covers that grant (`GrantsMixin._grant_lease`). etcd may delete such a grant up to
+# still covers that grant (`LeasePool.grant`). etcd may delete such a grant up to
 # this much after its recorded expiresAt; the recorded deadline is what every decision reads
 # (a contender takes over after EXPIRY_GRACE_S, a parked head wakes by then: `_await_turn`).
 LEASE_SLACK_S = 1

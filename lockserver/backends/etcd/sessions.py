@@ -21,35 +21,41 @@ from lockserver.backends.etcd.common import (
 )
 from lockserver.backends.etcd.keys import (
     KeySpace,
-    _deadline_passed,
-    _dump,
-    _from_ms,
-    _grace_left,
-    _ms,
-    _now,
+    deadline_passed,
+    dump_json,
+    epoch_ms,
+    from_epoch_ms,
+    grace_left,
+    utc_now,
 )
+from lockserver.backends.etcd.tokens import TokenAllocator
 from lockserver.errors import owner_mismatch, session_expired, session_unknown
-from lockserver.etcd_client import (
-    EtcdClient,
-    EtcdError,
-    EtcdUnavailable,
-    KeyValue,
-    compare,
-    delete,
-    get,
-    put,
-)
+from lockserver.etcd_client import EtcdClient, EtcdError, EtcdUnavailable
+from lockserver.etcd_ops import KeyValue, compare, delete, get, put
 
 logger = logging.getLogger("dlock.lockserver.etcd")
 
 
-class SessionsMixin(KeySpace):
-    name: str
-    client: EtcdClient
-    retention_s: int
-    _owners: dict[uuid.UUID, str]
-    _retention_lease: tuple[int, float] | None
-    _retention_guard: threading.Lock
+class Sessions:
+    """L1–L3, and what the other parts ask of a session (its owner, whether it lives)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        client: EtcdClient,
+        keys: KeySpace,
+        tokens: TokenAllocator,
+        retention_s: int,
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.keys = keys
+        self.tokens = tokens
+        self.retention_s = retention_s
+        self._owners: dict[uuid.UUID, str] = {}
+        self._retention_lease: tuple[int, float] | None = None  # (lease id, made, monotonic)
+        self._retention_guard = threading.Lock()
 
     def _retention(self) -> int:
         """The current metadata lease: rotated every retention/2, lives retention × 1.5 plus the
@@ -82,12 +88,8 @@ class SessionsMixin(KeySpace):
             raise owner_mismatch()
         return record
 
-    def _session_gone(self, session_id: uuid.UUID, meta: KeyValue | None) -> ApiError:
+    def gone(self, session_id: uuid.UUID, meta: KeyValue | None) -> ApiError:
         return session_unknown(session_id) if meta is None else session_expired(session_id)
-
-    # The credential that opened a session is kept in the session's own record (issue 27 item 3),
-    # written by the put that creates it: L1-L6 never need lockdb on this backend.
-    records_session_credential = True
 
     @store_call
     def open_session(
@@ -98,12 +100,12 @@ class SessionsMixin(KeySpace):
         if granted > seconds:
             logger.warning("etcd raised a %ss lease to its minimum %ss", seconds, granted)
         session_id = uuid.uuid4()
-        expires_at = _now() + dt.timedelta(seconds=seconds)
+        expires_at = utc_now() + dt.timedelta(seconds=seconds)
         record = {
             "ownerId": owner_id,
             "ttlMs": seconds * 1000,
             "lease": lease,
-            "expiresAt": _ms(expires_at),  # never before etcd's own expiry of the lease
+            "expiresAt": epoch_ms(expires_at),  # never before etcd's own expiry of the lease
         }
         if credential_id is not None:
             record["credentialId"] = credential_id
@@ -113,8 +115,8 @@ class SessionsMixin(KeySpace):
                 self.client.txn(
                     [],
                     [
-                        put(self._sess_key(session_id), _dump(record), lease),
-                        put(self._meta_key(session_id), _dump(record), retention),
+                        put(self.keys.sess_key(session_id), dump_json(record), lease),
+                        put(self.keys.meta_key(session_id), dump_json(record), retention),
                     ],
                 )
                 break
@@ -136,44 +138,44 @@ class SessionsMixin(KeySpace):
     def session_credential(self, session_id: uuid.UUID) -> tuple[bool, str | None]:
         """(the session is known, the credential that opened it); (True, None) for a session
         opened before its record carried one (lockserver.ownership then asks lockdb)."""
-        meta = self._read_meta(session_id)
+        meta = self.read_meta(session_id)
         if meta is None:
             return False, None
         return True, meta.json().get("credentialId")
 
-    def _read_meta(self, session_id: uuid.UUID) -> KeyValue | None:
-        return self.client.range(self._meta_key(session_id)).first()
+    def read_meta(self, session_id: uuid.UUID) -> KeyValue | None:
+        return self.client.range(self.keys.meta_key(session_id)).first()
 
     @store_call
     def heartbeat(self, *, session_id: uuid.UUID, owner_id: str) -> HeartbeatRecord:
         read = self.client.read(
-            get(self._meta_key(session_id)),
-            get(self._held_prefix(session_id), prefix=True),
-            get(self._sess_key(session_id)),
+            get(self.keys.meta_key(session_id)),
+            get(self.keys.held_prefix(session_id), prefix=True),
+            get(self.keys.sess_key(session_id)),
         )
         meta = read.responses[0].first()
         record = self._owned_record(meta, session_id, owner_id)
-        if _deadline_passed(read.responses[2].first()):
+        if deadline_passed(read.responses[2].first()):
             raise session_expired(session_id)  # a lease etcd renewed past it revives nothing
         held_lock_count = self._live_grant_count(read.responses[1].kvs)
         if self.client.lease_keepalive(record["lease"]) <= 0:
             raise session_expired(session_id)
-        now = _now()
-        record["expiresAt"] = _ms(now) + record["ttlMs"]
+        now = utc_now()
+        record["expiresAt"] = epoch_ms(now) + record["ttlMs"]
         self.client.txn(
-            [compare(self._sess_key(session_id), "CREATE", "GREATER", 0)],
-            [put(self._sess_key(session_id), _dump(record), record["lease"])],
+            [compare(self.keys.sess_key(session_id), "CREATE", "GREATER", 0)],
+            [put(self.keys.sess_key(session_id), dump_json(record), record["lease"])],
         )
         retention = self._retention()
         if meta.lease != retention:
             # keep the metadata at least `retention` past the last heartbeat (410 vs 404)
             self.client.txn(
-                [compare(self._meta_key(session_id), "MOD", "EQUAL", meta.mod_revision)],
-                [put(self._meta_key(session_id), meta.value, retention)],
+                [compare(self.keys.meta_key(session_id), "MOD", "EQUAL", meta.mod_revision)],
+                [put(self.keys.meta_key(session_id), meta.value, retention)],
             )
         return HeartbeatRecord(
             session_id=session_id,
-            expires_at=_from_ms(record["expiresAt"]),
+            expires_at=from_epoch_ms(record["expiresAt"]),
             server_time=now,
             held_lock_count=held_lock_count,
         )
@@ -183,17 +185,17 @@ class SessionsMixin(KeySpace):
         next lease sweep, up to ~500 ms later; pg counts by the deadline, and so do we)."""
         if not held:
             return 0
-        grants = self.client.read(*(get(self._lock_key(kv.value.decode())) for kv in held))
+        grants = self.client.read(*(get(self.keys.lock_key(kv.value.decode())) for kv in held))
         return sum(
             1
             for response in grants.responses
-            if (grant := response.first()) is not None and not _deadline_passed(grant)
+            if (grant := response.first()) is not None and not deadline_passed(grant)
         )
 
     @store_call
     def close_session(self, *, session_id: uuid.UUID, owner_id: str) -> None:
         read = self.client.read(
-            get(self._meta_key(session_id)), get(self._held_prefix(session_id), prefix=True)
+            get(self.keys.meta_key(session_id)), get(self.keys.held_prefix(session_id), prefix=True)
         )
         meta = read.responses[0].first()
         record = self._owned_record(meta, session_id, owner_id)
@@ -202,11 +204,11 @@ class SessionsMixin(KeySpace):
         # mark tells the expiry watcher that this deletion is L3, not an expiry.
         try:
             self.client.txn(
-                [compare(self._sess_key(session_id), "CREATE", "GREATER", 0)],
+                [compare(self.keys.sess_key(session_id), "CREATE", "GREATER", 0)],
                 [
                     put(
-                        self._sess_key(session_id),
-                        _dump({**record, "closing": True}),
+                        self.keys.sess_key(session_id),
+                        dump_json({**record, "closing": True}),
                         record["lease"],
                     )
                 ],
@@ -216,28 +218,28 @@ class SessionsMixin(KeySpace):
         except EtcdError:
             pass  # the lease is already gone (the session expired): nothing to mark
         self.client.lease_revoke(record["lease"])
-        held = self.client.range(self._held_prefix(session_id), prefix=True).kvs
+        held = self.client.range(self.keys.held_prefix(session_id), prefix=True).kvs
         for entry in {kv.key: kv for kv in [*read.responses[1].kvs, *held]}.values():
-            key = entry.key[len(self._held_prefix(session_id)) :]
-            grant = self.client.range(self._lock_key(key)).first()
+            key = entry.key[len(self.keys.held_prefix(session_id)) :]
+            grant = self.client.range(self.keys.lock_key(key)).first()
             if entry.lease and self.client.lease_revoke(entry.lease) and grant is not None:
                 log_event(
                     "lock_released",
                     backend=self.name,
                     key=key,
-                    fencingToken=self._token(grant),
+                    fencingToken=self.tokens.token(grant),
                     ownerId=record["ownerId"],
                     sessionId=str(session_id),
                     cause="session_closed",
                 )
-        self.client.txn([], [delete(self._meta_key(session_id))])
+        self.client.txn([], [delete(self.keys.meta_key(session_id))])
         self._owners.pop(session_id, None)
 
-    def _session_owner(self, session_id: uuid.UUID) -> str:
+    def owner(self, session_id: uuid.UUID) -> str:
         """A session's ownerId never changes, so it is cached per process (bounded)."""
         owner = self._owners.get(session_id)
         if owner is None:
-            meta = self._read_meta(session_id)
+            meta = self.read_meta(session_id)
             if meta is None:
                 raise session_unknown(session_id)
             owner = meta.json()["ownerId"]
@@ -246,17 +248,17 @@ class SessionsMixin(KeySpace):
             self._owners[session_id] = owner
         return owner
 
-    def _live_session(self, session_id: uuid.UUID) -> KeyValue:
+    def live(self, session_id: uuid.UUID) -> KeyValue:
         """Our session's key, or SESSION_UNKNOWN / SESSION_EXPIRED (after the same grace)."""
-        sess_key = self._sess_key(session_id)
+        sess_key = self.keys.sess_key(session_id)
         for settled in (False, True):
-            read = self.client.read(get(sess_key), get(self._meta_key(session_id)))
+            read = self.client.read(get(sess_key), get(self.keys.meta_key(session_id)))
             sess = read.responses[0].first()
             if sess is None:
-                raise self._session_gone(session_id, read.responses[1].first())
-            if not _deadline_passed(sess):
+                raise self.gone(session_id, read.responses[1].first())
+            if not deadline_passed(sess):
                 return sess
-            grace = _grace_left(sess, grace_s=EXPIRY_GRACE_S)
+            grace = grace_left(sess, grace_s=EXPIRY_GRACE_S)
             if settled or grace <= 0.0:  # the recorded deadline is authoritative, whatever
                 raise session_expired(session_id)  # the lease says (a renewed one: no wait)
             self.client.wait_for_change([sess_key], after_revision=read.revision, timeout_s=grace)

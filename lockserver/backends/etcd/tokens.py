@@ -31,7 +31,8 @@ import psycopg
 from dlock.logs import log_event
 from lockserver.backends import token_sql
 from lockserver.backends.etcd.keys import INT64_MAX, KeySpace
-from lockserver.etcd_client import EtcdClient, EtcdUnavailable, KeyValue, compare, get, put
+from lockserver.etcd_client import EtcdClient, EtcdUnavailable
+from lockserver.etcd_ops import KeyValue, compare, get, put
 
 logger = logging.getLogger("dlock.lockserver.etcd")
 
@@ -51,20 +52,33 @@ class TokenFloorUnavailable(EtcdUnavailable):
     outage to callers, 503 NOT_LEADER), retried on the next call."""
 
 
-class TokensMixin(KeySpace):
-    name: str
-    client: EtcdClient
-    token_floor: int
-    adopt_pg_sequence: bool  # read and keep the token high water in lockdb
-    reserve_block: int  # tokens reserved per lockdb write (LOCK_TOKEN_RESERVE_BLOCK)
-    _offset: int | None
-    _offset_guard: threading.Lock
+class TokenAllocator:
+    """The token offset in force (token = offset + create_revision) and the lockdb reservation
+    that covers every token issued."""
 
-    _ceiling: int  # the reserved ceiling last written (or read) in lockdb; -1: none yet
-    _ceiling_guard: threading.Lock
-    _unavailable_logged: bool
-    _refill_at: float  # monotonic time of the last background refill attempt
-    _refill_deferred_logged: bool
+    def __init__(
+        self,
+        *,
+        name: str,
+        client: EtcdClient,
+        keys: KeySpace,
+        token_floor: int,
+        adopt_pg_sequence: bool,
+        reserve_block: int,
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.keys = keys
+        self.token_floor = token_floor
+        self.adopt_pg_sequence = adopt_pg_sequence  # read and keep lockdb's token high water
+        self.reserve_block = reserve_block  # tokens reserved per lockdb write
+        self._offset: int | None = None
+        self._offset_guard = threading.Lock()
+        self._ceiling = -1  # the reserved ceiling last written (or read) in lockdb; -1: none yet
+        self._ceiling_guard = threading.Lock()
+        self._unavailable_logged = False
+        self._refill_at = -1e9  # monotonic time of the last background refill attempt
+        self._refill_deferred_logged = False
 
     def ensure_token_floor(self) -> int:
         """Persist (or raise) the token offset so that every next token exceeds the floor.
@@ -82,31 +96,31 @@ class TokensMixin(KeySpace):
         if floor >= INT64_MAX // 2:
             raise TokenFloorError(f"the token high water {floor} is outside 0..{INT64_MAX // 2}")
         offset, revision = self._raise_offset(floor)
-        self._reserve(offset + revision + 1)
+        self.reserve(offset + revision + 1)
         self._offset = offset
         return offset
 
     def _raise_offset(self, floor: int) -> tuple[int, int]:
         """(offset in force, revision read): offset + revision >= floor, compare-and-swapped."""
         while True:
-            read = self.client.read(get(self._offset_key))
+            read = self.client.read(get(self.keys.offset_key))
             revision = read.revision
             current = read.responses[0].first() if read.responses[0] else None
             if current is None:
                 offset = max(0, floor - revision)
-                guard = compare(self._offset_key, "CREATE", "EQUAL", 0)
+                guard = compare(self.keys.offset_key, "CREATE", "EQUAL", 0)
             else:
                 try:
                     stored = int(current.value)
                 except ValueError:
                     raise TokenFloorError(
-                        f"{self._offset_key} holds {current.value!r}, not an integer"
+                        f"{self.keys.offset_key} holds {current.value!r}, not an integer"
                     ) from None
                 if stored + revision >= floor:
                     return stored, revision
                 offset = floor - revision
-                guard = compare(self._offset_key, "MOD", "EQUAL", current.mod_revision)
-            result = self.client.txn([guard], [put(self._offset_key, str(offset))])
+                guard = compare(self.keys.offset_key, "MOD", "EQUAL", current.mod_revision)
+            result = self.client.txn([guard], [put(self.keys.offset_key, str(offset))])
             if result.succeeded:
                 log_event(
                     "token_offset_set",
@@ -120,7 +134,7 @@ class TokensMixin(KeySpace):
             # another lock-server replica wrote it first: read again
 
     @contextlib.contextmanager
-    def _lockdb(self, *, background: bool = False, probe: bool = False) -> Iterator[psycopg.Cursor]:
+    def lockdb(self, *, background: bool = False, probe: bool = False) -> Iterator[psycopg.Cursor]:
         """A short autocommit connection of its own to lockdb (rare: start-up, once per block).
         A failed `background` refill is not an outage to callers: it logs no ERROR. A readiness
         `probe` proves only that lockdb answers, not that the high water can be read: it leaves
@@ -161,13 +175,13 @@ class TokensMixin(KeySpace):
         """Every token this deployment issued (pg sequence, etcd reservations) is ≤ this."""
         if not self.adopt_pg_sequence:
             return 0
-        with self._lockdb() as cursor:
+        with self.lockdb() as cursor:
             row, sequence = token_sql.read_high_water(cursor)
         with self._ceiling_guard:
             self._ceiling = max(self._ceiling, row)
         return max(row, sequence)
 
-    def _reserve(self, token: int) -> None:
+    def reserve(self, token: int) -> None:
         """Make sure lockdb's high water covers `token` before anyone learns of it."""
         if not self.adopt_pg_sequence:
             return
@@ -178,7 +192,7 @@ class TokensMixin(KeySpace):
         with self._ceiling_guard:
             if token <= self._ceiling:
                 return
-            with self._lockdb() as cursor:
+            with self.lockdb() as cursor:
                 ceiling = token_sql.raise_high_water(
                     cursor, token=token + self.reserve_block, backend=self.name
                 )
@@ -199,7 +213,7 @@ class TokensMixin(KeySpace):
         if not self._ceiling_guard.acquire(blocking=False):
             return  # a synchronous reservation is running: it raises the ceiling itself
         try:
-            with self._lockdb(background=True) as cursor:
+            with self.lockdb(background=True) as cursor:
                 ceiling = token_sql.raise_high_water(
                     cursor, token=token + self.reserve_block, backend=self.name
                 )
@@ -224,10 +238,10 @@ class TokensMixin(KeySpace):
         again; None when the lockdb high water is off (LOCK_TOKEN_FLOOR_FROM_PG=false)."""
         if not self.adopt_pg_sequence:
             return None
-        revision = self.client.read(get(self._offset_key)).revision
-        return self._ceiling - (self._current_offset() + revision)
+        revision = self.client.read(get(self.keys.offset_key)).revision
+        return self._ceiling - (self.current_offset() + revision)
 
-    def _current_offset(self) -> int:
+    def current_offset(self) -> int:
         if self._offset is None:
             with self._offset_guard:
                 if self._offset is None:
@@ -235,13 +249,13 @@ class TokensMixin(KeySpace):
         assert self._offset is not None
         return self._offset
 
-    def _refresh_offset(self) -> None:
+    def refresh_offset(self) -> None:
         """The stored offset is not the one this process holds. Raised by another replica: adopt
         it (that replica ensured the floor when it raised it, and every token issued since
         carries an offset ≤ it, so stored + any later revision exceeds them all). Missing (a new
         cluster) or lower than ours (a restored store): ensure the floor again, from lockdb."""
         with self._offset_guard:
-            current = self.client.read(get(self._offset_key)).responses[0]
+            current = self.client.read(get(self.keys.offset_key)).responses[0]
             stored = current.first() if current else None
             try:
                 value = int(stored.value) if stored is not None else None
@@ -257,8 +271,8 @@ class TokensMixin(KeySpace):
 
     def next_token_lower_bound(self) -> int:
         """Every token issued from now on is greater than this (operators: the switch floor)."""
-        revision = self.client.read(get(self._offset_key)).revision
-        return self._current_offset() + revision
+        revision = self.client.read(get(self.keys.offset_key)).revision
+        return self.current_offset() + revision
 
-    def _token(self, kv: KeyValue) -> int:
+    def token(self, kv: KeyValue) -> int:
         return kv.json()["offset"] + kv.create_revision

@@ -6,7 +6,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from lockserver.backends.pg_sql.common import _ELIGIBLE, _LIVE, GrantRow, KeyState
+from lockserver.backends.base import GrantRecord
+from lockserver.backends.pg_sql.common import ELIGIBLE, LIVE, KeyState
 
 # One autocommit statement. A free or lapsed key is taken only while nobody is queued on it
 # (decision 23: a newcomer does not overtake the queue; acquire() hands the key to the head
@@ -42,7 +43,7 @@ WHERE (g.fencing_token IS NULL
        OR g.expires_at <= clock_timestamp()
        OR g.session_expires_at <= clock_timestamp())
   AND NOT EXISTS (SELECT 1 FROM lock_waiter AS w, lock_session AS s
-                  WHERE w.lock_key = g.lock_key AND {_ELIGIBLE})
+                  WHERE w.lock_key = g.lock_key AND {ELIGIBLE})
 RETURNING g.owner_id, g.fencing_token, g.acquired_at, g.expires_at,
           g.previous_token, g.previous_owner_id
 """
@@ -50,7 +51,7 @@ RETURNING g.owner_id, g.fencing_token, g.acquired_at, g.expires_at,
 
 @dataclass(frozen=True)
 class Acquired:
-    grant: GrantRow
+    grant: GrantRecord
     replaced_token: int | None  # a lapsed grant this one took over (lock_expired)
     replaced_owner_id: str | None
 
@@ -67,17 +68,18 @@ def try_acquire(
     if row is None:
         return None
     owner, token, acquired_at, expires_at, previous_token, previous_owner = row
-    grant = GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+    grant = GrantRecord(key, owner, session_id, token, acquired_at, expires_at)
     return Acquired(grant, previous_token, previous_owner)
 
 
-# The holding session acquires again (e.g. its release timed out): the same row, a NEW token drawn
-# under the row lock (the CTE locks first), so the old token is fenced everywhere (issue 16).
+# The holding session acquires again (e.g. its release timed out): the same row, a NEW token
+# drawn under the row lock (the CTE locks first), so the old token is fenced everywhere
+# (CHANGELOG row 43).
 ROTATE_SQL = f"""
 WITH cur AS (
     SELECT g.lock_key FROM lock_grant AS g
     WHERE g.lock_key = %(key)s AND g.session_id = %(session_id)s
-      AND g.fencing_token = %(token)s AND {_LIVE}
+      AND g.fencing_token = %(token)s AND {LIVE}
     FOR UPDATE
 ), sess AS (
     SELECT expires_at FROM lock_session
@@ -97,7 +99,7 @@ RETURNING g.owner_id, g.fencing_token, g.acquired_at, g.expires_at
 
 def rotate(
     cursor: Any, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int
-) -> GrantRow | None:
+) -> GrantRecord | None:
     """Give the live grant (key, token) of session_id a new, higher token; None if it is not
     (any longer) that session's live grant."""
     cursor.execute(
@@ -107,12 +109,12 @@ def rotate(
     if row is None:
         return None
     owner, new_token, acquired_at, expires_at = row
-    return GrantRow(key, owner, session_id, new_token, acquired_at, expires_at)
+    return GrantRecord(key, owner, session_id, new_token, acquired_at, expires_at)
 
 
 KEY_STATE_SQL = f"""
 SELECT g.lock_key IS NOT NULL,
-       COALESCE({_LIVE}, false),
+       COALESCE({LIVE}, false),
        g.session_id, g.owner_id, g.fencing_token, g.acquired_at, g.expires_at,
        CEIL(EXTRACT(EPOCH FROM (LEAST(g.expires_at, g.session_expires_at)
                                 - clock_timestamp())) * 1000)::bigint,
@@ -152,7 +154,7 @@ UPDATE lock_grant AS g SET
     session_expires_at = s.expires_at
 FROM lock_session AS s
 WHERE g.lock_key = %(key)s AND g.fencing_token = %(token)s AND g.session_id = %(session_id)s
-  AND {_LIVE}
+  AND {LIVE}
   AND s.session_id = g.session_id AND s.expires_at > clock_timestamp()
 RETURNING g.owner_id, g.acquired_at, g.expires_at
 """
@@ -160,7 +162,7 @@ RETURNING g.owner_id, g.acquired_at, g.expires_at
 
 def renew(
     cursor: Any, *, key: str, session_id: uuid.UUID, token: int, ttl_ms: int | None
-) -> GrantRow | None:
+) -> GrantRecord | None:
     """Extend the live grant (key, token) held by session_id; the token never changes."""
     cursor.execute(
         RENEW_SQL, {"key": key, "token": token, "session_id": session_id, "ttl_ms": ttl_ms}
@@ -169,4 +171,4 @@ def renew(
     if row is None:
         return None
     owner, acquired_at, expires_at = row
-    return GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+    return GrantRecord(key, owner, session_id, token, acquired_at, expires_at)

@@ -1,4 +1,7 @@
-"""The fragments every statement shares (liveness, queue head, hand-off, NOTIFY), the rows read."""
+"""The fragments every statement shares (liveness, queue head, hand-off, NOTIFY), the rows read.
+
+A grant read back is `lockserver.backends.base.GrantRecord`, the record the backend answers with.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +14,11 @@ NOTIFY_CHANNEL = "dlock_lock_free"
 # its grant, grant_payload).
 GRANT_CHANNEL = "dlock_lock_granted"
 
-_LIVE = (
+LIVE = (
     "g.fencing_token IS NOT NULL AND g.expires_at > clock_timestamp()"
     " AND g.session_expires_at > clock_timestamp()"
 )
-_FREE_HOLDER = (
+FREE_HOLDER = (
     "session_id = NULL, owner_id = NULL, fencing_token = NULL, ttl_ms = NULL,"
     " acquired_at = NULL, expires_at = NULL, session_expires_at = NULL"
 )
@@ -25,15 +28,16 @@ _FREE_HOLDER = (
 # after any row-lock wait (READ COMMITTED re-checks an updated row), never its older snapshot.
 # Either the waiter's mark commits first (the freeing statement sees it and notifies) or the
 # freeing statement holds the row first (the mark waits for its commit and sees the key free:
-# the waiter tries again at once). A payout's uncontended release sends no NOTIFY (issue 18).
-_NOTIFY_IF_WAITED = (
+# the waiter tries again at once). A payout's uncontended release sends no NOTIFY (CHANGELOG
+# row 57).
+NOTIFY_IF_WAITED = (
     f"CASE WHEN waiter_until > clock_timestamp() THEN pg_notify('{NOTIFY_CHANNEL}', lock_key) END"
 )
 
 # Grant order (ARCHITECTURE decision 23). Parked waiters are lock_waiter rows; `position` (a
 # sequence) is their arrival order. A waiter may be granted while its wait and its session are
 # live; the others are skipped, never granted. A waiter leaves the queue when it is granted.
-_ELIGIBLE = (
+ELIGIBLE = (
     "w.expires_at > clock_timestamp()"
     " AND s.session_id = w.session_id AND s.expires_at > clock_timestamp()"
 )
@@ -41,16 +45,16 @@ _ELIGIBLE = (
 # waiter row locked now is being withdrawn (its wait ran out) or its session closed (close_session
 # deletes its waiter rows first): the next one is the head. LockRows runs below LIMIT, so a row
 # skipped or gone makes the scan go on to the next waiter.
-_HEAD = f"""
+HEAD = f"""
     SELECT w.waiter_id, w.session_id, w.owner_id, w.ttl_ms,
            s.expires_at AS session_expires_at
     FROM lock_waiter AS w, lock_session AS s
-    WHERE w.lock_key = %(key)s::varchar AND EXISTS (SELECT 1 FROM cur) AND {_ELIGIBLE}
+    WHERE w.lock_key = %(key)s::varchar AND EXISTS (SELECT 1 FROM cur) AND {ELIGIBLE}
     ORDER BY w.position LIMIT 1
     FOR UPDATE OF w SKIP LOCKED
 """
 # Set on the key's row by a hand-off to `nxt` (when there is no `nxt`: the key is freed).
-_HANDED = (
+HANDED = (
     "session_id = nxt.session_id, owner_id = nxt.owner_id,"
     " fencing_token = CASE WHEN nxt.waiter_id IS NULL THEN NULL"
     " ELSE nextval('fencing_token_seq') END,"
@@ -61,19 +65,19 @@ _HANDED = (
 )
 # The granted waiter leaves the queue in the same statement; its grant travels in the NOTIFY
 # payload (grant_payload), so the parked acquire answers without another statement.
-_RECORD_HANDOFF = """
+RECORD_HANDOFF = """
     DELETE FROM lock_waiter AS w USING upd WHERE w.waiter_id = upd.waiter_id
     RETURNING w.waiter_id
 """
-_EPOCH_US = "(EXTRACT(EPOCH FROM {}) * 1000000)::bigint"
+EPOCH_US = "(EXTRACT(EPOCH FROM {}) * 1000000)::bigint"
 # payload: "<waiter id> <token> <acquiredAt µs> <expiresAt µs>"; a bare "<waiter id>" means the
 # entry was withdrawn (its session closed). The freeing statement also returns the payload, so a
 # waiter parked in the same process is woken at once after the commit (KeyListener.hand_over).
-_GRANT_PAYLOAD = (
+GRANT_PAYLOAD = (
     "concat_ws(' ', waiter_id, fencing_token,"
-    f" {_EPOCH_US.format('acquired_at')}, {_EPOCH_US.format('expires_at')})"
+    f" {EPOCH_US.format('acquired_at')}, {EPOCH_US.format('expires_at')})"
 )
-_NOTIFY_GRANTED = f"pg_notify('{GRANT_CHANNEL}', {_GRANT_PAYLOAD})"
+NOTIFY_GRANTED = f"pg_notify('{GRANT_CHANNEL}', {GRANT_PAYLOAD})"
 
 
 def grant_payload(payload: str) -> tuple[str, tuple[int, dt.datetime, dt.datetime] | None]:
@@ -96,16 +100,6 @@ class SessionRow:
     ttl_ms: int
     expires_at: dt.datetime
     live: bool
-
-
-@dataclass(frozen=True)
-class GrantRow:
-    key: str
-    owner_id: str
-    session_id: uuid.UUID
-    fencing_token: int
-    acquired_at: dt.datetime
-    expires_at: dt.datetime
 
 
 @dataclass(frozen=True)

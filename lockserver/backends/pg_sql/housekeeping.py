@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from lockserver.backends.pg_sql.common import _FREE_HOLDER, _LIVE
+from lockserver.backends.pg_sql.common import FREE_HOLDER, LIVE
 
 REAP_GRANTS_SQL = f"""
 WITH dead AS (
@@ -16,7 +16,7 @@ WITH dead AS (
     ORDER BY expires_at LIMIT 500
     FOR UPDATE SKIP LOCKED
 ), upd AS (
-    UPDATE lock_grant AS g SET {_FREE_HOLDER}
+    UPDATE lock_grant AS g SET {FREE_HOLDER}
     FROM dead WHERE g.lock_key = dead.lock_key
       AND (g.expires_at <= clock_timestamp() OR g.session_expires_at <= clock_timestamp())
     RETURNING dead.lock_key, dead.fencing_token, dead.owner_id, dead.session_id, g.waiter_until
@@ -76,7 +76,7 @@ def purge(cursor: Any, *, retention_ms: int) -> tuple[int, int]:
 
 LIVE_COUNTS_SQL = f"""
 SELECT (SELECT count(*) FROM lock_session WHERE expires_at > clock_timestamp()),
-       (SELECT count(*) FROM lock_grant AS g WHERE {_LIVE})
+       (SELECT count(*) FROM lock_grant AS g WHERE {LIVE})
 """
 
 

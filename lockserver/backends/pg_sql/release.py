@@ -6,40 +6,41 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from lockserver.backends.base import GrantRecord
 from lockserver.backends.pg_sql.common import (
-    _FREE_HOLDER,
-    _GRANT_PAYLOAD,
-    _HANDED,
-    _HEAD,
-    _LIVE,
-    _NOTIFY_GRANTED,
-    _RECORD_HANDOFF,
+    ELIGIBLE,
+    FREE_HOLDER,
+    GRANT_PAYLOAD,
+    HANDED,
+    HEAD,
+    LIVE,
     NOTIFY_CHANNEL,
-    GrantRow,
+    NOTIFY_GRANTED,
+    RECORD_HANDOFF,
 )
 
 # Compare-and-delete on (lock_key, fencing_token) and nothing else (C3 L6), and in the same
 # statement the hand-off to the head of the queue (decision 23): a new token drawn under the
 # key's row lock, the waiter's row told its grant, and a NOTIFY for that waiter only. With no
 # waiter to hand to, the key is freed; the key's broadcast NOTIFY then goes out only if a waiter
-# marked the row that this statement's snapshot does not show yet (_NOTIFY_IF_WAITED). The last
+# marked the row that this statement's snapshot does not show yet (NOTIFY_IF_WAITED). The last
 # column is the grant NOTIFY's payload, for a waiter parked in this process (Released.handed).
 RELEASE_SQL = f"""
 WITH cur AS (
     SELECT g.lock_key, g.owner_id, g.session_id FROM lock_grant AS g
-    WHERE g.lock_key = %(key)s AND g.fencing_token = %(token)s AND {_LIVE}
+    WHERE g.lock_key = %(key)s AND g.fencing_token = %(token)s AND {LIVE}
     FOR UPDATE
-), nxt AS ({_HEAD}), upd AS (
-    UPDATE lock_grant AS g SET {_HANDED}
+), nxt AS ({HEAD}), upd AS (
+    UPDATE lock_grant AS g SET {HANDED}
     FROM cur LEFT JOIN nxt ON true WHERE g.lock_key = cur.lock_key
     RETURNING cur.lock_key, cur.owner_id, cur.session_id, g.waiter_until, nxt.waiter_id,
               g.fencing_token, g.acquired_at, g.expires_at
-), handed AS ({_RECORD_HANDOFF})
+), handed AS ({RECORD_HANDOFF})
 SELECT owner_id, session_id, waiter_id,
-       CASE WHEN waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED}
+       CASE WHEN waiter_id IS NOT NULL THEN {NOTIFY_GRANTED}
             WHEN waiter_until > clock_timestamp()
             THEN pg_notify('{NOTIFY_CHANNEL}', lock_key) END,
-       CASE WHEN waiter_id IS NOT NULL THEN {_GRANT_PAYLOAD} END
+       CASE WHEN waiter_id IS NOT NULL THEN {GRANT_PAYLOAD} END
 FROM upd
 """
 
@@ -67,23 +68,23 @@ def release(cursor: Any, *, key: str, token: int) -> Released | None:
 HAND_OFF_SQL = f"""
 WITH cur AS (
     SELECT g.lock_key, g.fencing_token, g.owner_id, g.session_id FROM lock_grant AS g
-    WHERE g.lock_key = %(key)s AND NOT COALESCE({_LIVE}, false)
+    WHERE g.lock_key = %(key)s AND NOT COALESCE({LIVE}, false)
     FOR UPDATE
-), nxt AS ({_HEAD}), upd AS (
-    UPDATE lock_grant AS g SET {_HANDED}
+), nxt AS ({HEAD}), upd AS (
+    UPDATE lock_grant AS g SET {HANDED}
     FROM cur JOIN nxt ON true WHERE g.lock_key = cur.lock_key
     RETURNING nxt.waiter_id, nxt.session_id, g.owner_id, g.fencing_token, g.acquired_at,
               g.expires_at, LEAST(g.expires_at, g.session_expires_at) AS until,
               cur.fencing_token AS lapsed_token, cur.owner_id AS lapsed_owner,
               cur.session_id AS lapsed_session
-), handed AS ({_RECORD_HANDOFF})
+), handed AS ({RECORD_HANDOFF})
 SELECT upd.waiter_id, upd.lapsed_token, upd.lapsed_owner, upd.lapsed_session,
        CEIL(EXTRACT(EPOCH FROM (COALESCE(upd.until, (
            SELECT LEAST(g.expires_at, g.session_expires_at) FROM lock_grant AS g
-           WHERE g.lock_key = %(key)s AND {_LIVE})) - clock_timestamp())) * 1000)::bigint,
+           WHERE g.lock_key = %(key)s AND {LIVE})) - clock_timestamp())) * 1000)::bigint,
        upd.session_id, upd.owner_id, upd.fencing_token, upd.acquired_at, upd.expires_at,
-       CASE WHEN upd.waiter_id IS NOT NULL THEN {_NOTIFY_GRANTED} END,
-       CASE WHEN upd.waiter_id IS NOT NULL THEN {_GRANT_PAYLOAD} END
+       CASE WHEN upd.waiter_id IS NOT NULL THEN {NOTIFY_GRANTED} END,
+       CASE WHEN upd.waiter_id IS NOT NULL THEN {GRANT_PAYLOAD} END
 FROM (SELECT 1) AS one LEFT JOIN upd ON true
 """
 
@@ -95,7 +96,7 @@ class HandOff:
     lapsed_owner_id: str | None
     lapsed_session_id: uuid.UUID | None
     ms_until_free: int | None  # the key's holder after the statement lapses in this many ms
-    grant: GrantRow | None  # what the waiter was granted
+    grant: GrantRecord | None  # what the waiter was granted
     payload: str | None  # the grant NOTIFY's payload (KeyListener.hand_over)
 
 
@@ -109,7 +110,7 @@ def hand_off(cursor: Any, *, key: str) -> HandOff:
     grant = (
         None
         if waiter_id is None
-        else GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+        else GrantRecord(key, owner, session_id, token, acquired_at, expires_at)
     )
     return HandOff(
         waiter_id,
@@ -122,17 +123,53 @@ def hand_off(cursor: Any, *, key: str) -> HandOff:
     )
 
 
+# The hand-off of several keys freed in one transaction (the reaper's lapsed grants, a closed
+# session's grants) in one statement: each key that is not live goes to the head of its queue.
+# Rows are locked in key order, so two such statements never wait on each other in a cycle.
+HAND_OFF_KEYS_SQL = f"""
+WITH cur AS (
+    SELECT g.lock_key FROM lock_grant AS g
+    WHERE g.lock_key = ANY(%(keys)s::varchar[]) AND NOT COALESCE({LIVE}, false)
+    ORDER BY g.lock_key
+    FOR UPDATE
+), nxt AS (
+    SELECT cur.lock_key, head.* FROM cur CROSS JOIN LATERAL (
+        SELECT w.waiter_id, w.session_id, w.owner_id, w.ttl_ms,
+               s.expires_at AS session_expires_at
+        FROM lock_waiter AS w, lock_session AS s
+        WHERE w.lock_key = cur.lock_key AND {ELIGIBLE}
+        ORDER BY w.position LIMIT 1
+        FOR UPDATE OF w SKIP LOCKED
+    ) AS head
+), upd AS (
+    UPDATE lock_grant AS g SET {HANDED}
+    FROM nxt WHERE g.lock_key = nxt.lock_key
+    RETURNING nxt.waiter_id, g.fencing_token, g.acquired_at, g.expires_at
+), handed AS ({RECORD_HANDOFF})
+SELECT {NOTIFY_GRANTED}, {GRANT_PAYLOAD} FROM upd
+"""
+
+
+def hand_off_keys(cursor: Any, *, keys: list[str]) -> list[str]:
+    """Grant each of `keys` that is not live to the head of its queue, in one statement; the
+    grant NOTIFY's payload of every hand-off (KeyListener.hand_over, after the commit)."""
+    if not keys:
+        return []
+    cursor.execute(HAND_OFF_KEYS_SQL, {"keys": keys})
+    return [row[1] for row in cursor.fetchall()]
+
+
 WITHDRAW_SQL = "DELETE FROM lock_waiter WHERE waiter_id = %(waiter_id)s RETURNING 1"
 
 OWN_GRANT_SQL = f"""
 SELECT g.owner_id, g.fencing_token, g.acquired_at, g.expires_at FROM lock_grant AS g
-WHERE g.lock_key = %(key)s AND g.session_id = %(session_id)s AND {_LIVE}
+WHERE g.lock_key = %(key)s AND g.session_id = %(session_id)s AND {LIVE}
 """
 
 
 def withdraw(
     cursor: Any, *, waiter_id: uuid.UUID, key: str, session_id: uuid.UUID
-) -> GrantRow | None:
+) -> GrantRecord | None:
     """Leave the queue (the wait ran out). None: we were still queued, nobody can grant us now.
     Else the entry was gone: handed to us (a hand-off holding the row commits first; its NOTIFY
     may still be on its way) — the key's live grant of our session, if any — or withdrawn."""
@@ -144,17 +181,17 @@ def withdraw(
     if row is None:
         return None
     owner, token, acquired_at, expires_at = row
-    return GrantRow(key, owner, session_id, token, acquired_at, expires_at)
+    return GrantRecord(key, owner, session_id, token, acquired_at, expires_at)
 
 
 LOCK_KEY_SQL = f"""
-SELECT g.fencing_token, g.owner_id, g.session_id, COALESCE({_LIVE}, false)
+SELECT g.fencing_token, g.owner_id, g.session_id, COALESCE({LIVE}, false)
 FROM lock_grant AS g WHERE g.lock_key = %(key)s FOR UPDATE
 """
 
 REVOKE_SQL = f"""
 WITH upd AS (
-    UPDATE lock_grant SET {_FREE_HOLDER}
+    UPDATE lock_grant SET {FREE_HOLDER}
     WHERE lock_key = %(key)s AND fencing_token = %(token)s
     RETURNING lock_key
 ), rev AS (

@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from lockserver.backends.pg_sql.common import _FREE_HOLDER, _LIVE, GRANT_CHANNEL, SessionRow
+from lockserver.backends.pg_sql.common import FREE_HOLDER, GRANT_CHANNEL, LIVE, SessionRow
 
 OPEN_SESSION_SQL = """
 INSERT INTO lock_session (session_id, owner_id, ttl_ms, created_at, expires_at,
@@ -53,7 +53,7 @@ RETURNING expires_at, clock_timestamp()
 # session row FOR SHARE while this heartbeat waited is refreshed too.
 HEARTBEAT_GRANTS_SQL = f"""
 UPDATE lock_grant AS g SET session_expires_at = %(expires_at)s
-WHERE g.session_id = %(session_id)s AND {_LIVE}
+WHERE g.session_id = %(session_id)s AND {LIVE}
 """
 
 
@@ -81,7 +81,7 @@ WITH cur AS (
     WHERE session_id = %(session_id)s AND fencing_token IS NOT NULL
     FOR UPDATE
 ), upd AS (
-    UPDATE lock_grant AS g SET {_FREE_HOLDER}
+    UPDATE lock_grant AS g SET {FREE_HOLDER}
     FROM cur WHERE g.lock_key = cur.lock_key
     RETURNING cur.lock_key, cur.fencing_token, cur.owner_id
 )

@@ -1,16 +1,16 @@
-"""The waiter queue: admit a waiter (marking the key's row) and remove it."""
+"""The waiter queue: admit a waiter, marking the key's row (release.withdraw removes it)."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from lockserver.backends.pg_sql.common import _LIVE
+from lockserver.backends.pg_sql.common import LIVE
 
 # Soft cap: two waiters racing for the last slot may both get in (the count is a snapshot).
 # Admitted only for a live session (owned by owner_id when given) that does not hold the key
 # itself; else nothing is written and the caller reads why (get_session, key_state). An admitted
-# waiter also marks the key's row (waiter_until, see _NOTIFY_IF_WAITED) and reads back from the
+# waiter also marks the key's row (waiter_until, see NOTIFY_IF_WAITED) and reads back from the
 # newest row version whether the key is still held and when its holder lapses: if a freeing
 # statement held the row meanwhile, it may not have seen this entry, so the caller hands the
 # key over itself (hand_off) instead of parking.
@@ -36,13 +36,13 @@ WITH sess AS (
            WHERE lock_key = %(key)s::varchar AND expires_at > clock_timestamp()) < %(cap)s
       AND NOT EXISTS (SELECT 1 FROM lock_grant AS g
                       WHERE g.lock_key = %(key)s::varchar AND g.session_id = sess.session_id
-                        AND {_LIVE})
+                        AND {LIVE})
     RETURNING expires_at
 ), mark AS (
     UPDATE lock_grant AS g
     SET waiter_until = GREATEST(g.waiter_until, (SELECT expires_at FROM ins))
     WHERE g.lock_key = %(key)s::varchar AND EXISTS (SELECT 1 FROM ins)
-    RETURNING {_LIVE} AS held,
+    RETURNING {LIVE} AS held,
               CEIL(EXTRACT(EPOCH FROM (LEAST(g.expires_at, g.session_expires_at)
                                        - clock_timestamp())) * 1000)::bigint AS ms
 )
@@ -81,7 +81,3 @@ def add_waiter(
     )
     admitted, held, ms = cursor.fetchone()
     return bool(admitted), bool(held), None if ms is None else max(0, int(ms))
-
-
-def remove_waiter(cursor: Any, *, waiter_id: uuid.UUID) -> None:
-    cursor.execute("DELETE FROM lock_waiter WHERE waiter_id = %(w)s", {"w": waiter_id})

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from payments import services
+from payments import seeding
 
 if TYPE_CHECKING:
     import argparse
@@ -50,7 +50,7 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--currency must be an ISO-4217 code like EUR, got {currency!r}", returncode=2
             )
-        result = services.seed(
+        result = seeding.seed(
             accounts=_positive("accounts", options["accounts"]),
             payouts_per_account=_positive(
                 "payouts-per-account", options["payouts_per_account"], allow_zero=True
