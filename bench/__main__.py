@@ -5,8 +5,7 @@ disk), `bench.peers` (dlock beside ZooKeeper/kazoo and etcd's lock API, interlea
 table and its goal lines), `bench.lockserver` (dlock over HTTP vs its SQL sent directly vs a
 no-framework floor; it runs `bench.lock_etcd` for the etcd rows), `bench.e2e` (payouts end to
 end, CPU per payout by role, the like-for-like floor). On request: `lockpath` (the lock path's
-CPU by layer, in process), `compare` (`--before REV`: two trees' stacks, interleaved; it runs
-`transport` too) and `transport` (the HTTP client's CPU per call, two trees interleaved).
+CPU by layer), `compare` (`--before REV`: two trees' stacks; runs `transport`, their clients).
 docs/performance.md says which part prints which of its tables. A part that is not built yet
 is reported as missing; a part that fails is reported with its error; the others still run. The
 summary (printed and written to `.run/bench/summary.json`) puts the numbers next to each other
@@ -88,16 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="*", choices=(*PARTS, *OPTIONAL), help="run only these parts"
     )
-    parser.add_argument(
-        "--before", help="compare, transport: the git revision measured before (e.g. 55d13fe)"
-    )
+    parser.add_argument("--before", help="compare, transport: the revision before (e.g. 55d13fe)")
     parser.add_argument("--after", help="compare: the revision after (default: this tree)")
     args = parser.parse_args(argv)
-    names = list(args.only or PARTS)
-    if args.before and "compare" not in names and "transport" not in names:
-        names.append("compare")
-    if "compare" in names and "transport" not in names:
-        names.append("transport")  # the client transport's hot path, the same two trees
+    names = list(args.only or PARTS) + (["compare"] if args.before and not args.only else [])
+    names += ["transport"] if "compare" in names and "transport" not in names else []
     if "compare" in names and not args.before:
         parser.error("compare needs --before <git revision>")
     setup_django()

@@ -74,7 +74,6 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     lines += goals_lines(results)
     lines += part_lines(results)
     lines += compare_lines(results.get("compare"))
-    lines += transport_lines(results.get("transport"))
     lines += goal_lines(goals(results))
     return lines
 
@@ -386,20 +385,4 @@ def compare_lines(entry: dict | None) -> list[str]:
         f"  GOAL (issue 25) server CPU per payout after ÷ before: {ratio}×"
         f" | <= {GOAL_25_AFTER_OVER_BEFORE}× | {verdict}"
     )
-    return lines
-
-
-def transport_lines(entry: dict | None) -> list[str]:
-    if not entry or entry.get("status") != "ok":
-        return (
-            [] if not entry else ["", f"transport: {entry.get('status')} {entry.get('error', '')}"]
-        )
-    result = entry["result"]
-    trees = " → ".join(t["commit"][:12] for t in result["trees"].values())
-    lines = ["", f"HTTP client CPU per call (bench.transport, {trees})", "-" * 48]
-    for arm, row in result["arms"].items():
-        lines.append(
-            f"  {arm}: {row['before_us']} → {row['after_us']} µs, median of per-round ratios"
-            f" {row['after_over_before']}× ({result['workload']})"
-        )
     return lines

@@ -102,8 +102,9 @@ def run(out_dir: str | Path, *, before: str | None = None, after: str | None = N
         rows["ratios"] = [
             round(a / b, 3) for a, b in zip(rows["after"], rows["before"], strict=True)
         ]
-        arms[arm] = {f"{k}_us": median(rows[k]) for k in ("before", "after")}
-        arms[arm] |= {"after_over_before": median(rows["ratios"]), "rounds": rows}
+        us = {f"{k}_us": median(rows[k]) for k in ("before", "after")}
+        arms[arm] = {**us, "after_over_before": median(rows["ratios"]), "rounds": rows}
+        print(f"[bench] transport {arm}: CPU per call {us}, {median(rows['ratios'])}× (median)")
     data = {
         "name": "transport",
         "trees": {name: {"path": str(tree), "commit": sha} for name, (tree, sha) in trees.items()},

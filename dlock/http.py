@@ -7,11 +7,8 @@ module only decides what dlock needs on top of it (ARCHITECTURE decision 19, CHA
 
 - **One request function** (`request`): `pool.urlopen(..., retries=NO_RETRY, redirect=False,
   preload_content=False)` and the body read, for exchanges (`exchange`), one-shot sends
-  (`send_once`) and streams (`dlock.http_stream.open_stream`) alike. What does not change
-  between calls is made once (the Retry, a Timeout per budget, an origin's parse, a header
-  name's check): the hot path pays only urlopen's own per-request work. A request asks for an
-  identity body (`Accept-Encoding: identity`, written by http.client unless the caller sends
-  its own).
+  (`send_once`) and streams (`dlock.http_stream.open_stream`) alike; what does not change
+  between calls (the Retry, a Timeout per budget, an origin, a header name's check) made once.
 - **No retry, no redirect** inside the library: a POST is presented at most once per call
   (urllib3's default would silently re-send a request whose pooled connection dropped). Retries
   are the caller's decision (`dlock.client.RetryPolicy`, or an explicit loop over
@@ -40,6 +37,7 @@ module only decides what dlock needs on top of it (ARCHITECTURE decision 19, CHA
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
@@ -76,22 +74,18 @@ _TARGET_SAFE = "/%:@!$&'()*+,;=-._~?"
 _TARGET_UNSAFE = re.compile(r"[^A-Za-z0-9/%:@!$&'()*+,;=\-._~?]")
 # A header name is an RFC 9110 token; a value has no control characters but tab.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_header_name = functools.lru_cache(maxsize=1024)(_HEADER_NAME.fullmatch)  # once per name
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-# Header names already found to be tokens (a process sends a handful).
-_header_names: set[str] = set()
-# `scheme://authority` of a URL (what urlsplit reads the origin from), and the origins read.
+# `scheme://authority` of a URL: what urlsplit reads the origin from.
 _ORIGIN_PREFIX = re.compile(r"[^:/?#]*://[^/?#]*")
-_origins: dict[str, tuple[str, str, int]] = {}
 # What a request can fail with once urllib3 has it. Of these, NOT_SENT_ERRORS are urllib3's
 # connect-phase types (and a pool closed under the caller): no request byte was written.
 TRANSPORT_ERRORS = (Urllib3Error, http.client.HTTPException, OSError, ValueError)
 NOT_SENT_ERRORS = (ConnectTimeoutError, ClosedPoolError)
-# What every request passes to `urlopen`: no retry, no redirect (the object urllib3 would build
-# from `retries=False, redirect=False` on each call; it never changes one it is given).
+# No retry, no redirect: what urllib3 makes of `retries=False` per call, made once.
 NO_RETRY = Retry(total=False, redirect=False)
-# One urllib3 Timeout per (connect, read) pair a caller uses (the budgets are a handful), made
-# once: urllib3 copies the one it is given and never changes it.
-_timeouts: dict[tuple[float, float], Timeout] = {}
+# urllib3's Timeout per (connect, read) pair, made once: urllib3 copies it, never changes it.
+_timeout = functools.lru_cache(maxsize=256)(Timeout)
 
 
 class TransportError(Exception):
@@ -146,8 +140,8 @@ def client_certificate() -> tuple[str, str] | None:
 
 
 def _tls_options(scheme: str) -> dict[str, Any]:
-    """Verification settings for an https origin: DLOCK_CA_BUNDLE, else the system store; and
-    the client certificate, when this process has one."""
+    """An https origin's verification (DLOCK_CA_BUNDLE, else the system store; the client
+    certificate, when this process has one); none for http."""
     if scheme != "https":
         return {}
     options: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED", "ca_certs": ca_bundle()}
@@ -158,21 +152,17 @@ def _tls_options(scheme: str) -> dict[str, Any]:
 
 
 def _origin(url: str) -> tuple[str, str, int]:
-    """(scheme, host, port) of `url`, parsed once per origin (`scheme://authority`)."""
-    prefix = _ORIGIN_PREFIX.match(url)
-    key = prefix.group() if prefix else url
-    found = _origins.get(key)
-    if found is None:
-        parts = urlsplit(key)
-        scheme = parts.scheme or "http"
-        if scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
-        found = (scheme, parts.hostname, parts.port or (443 if scheme == "https" else 80))
-        if prefix:
-            if len(_origins) >= 1024:
-                _origins.clear()
-            _origins[key] = found
-    return found
+    return _parsed_origin(prefix.group() if (prefix := _ORIGIN_PREFIX.match(url)) else url)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_origin(origin: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an origin, parsed once (a refused one is parsed each time)."""
+    parts = urlsplit(origin)
+    scheme = parts.scheme or "http"
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {origin!r}")
+    return scheme, parts.hostname, parts.port or (443 if scheme == "https" else 80)
 
 
 def _urllib3_pool(
@@ -185,9 +175,8 @@ def _urllib3_pool(
     tls: Mapping[str, Any],
     registry: weakref.WeakSet[Any] | None = None,
 ) -> HTTPConnectionPool:
-    """A pool that never re-sends, never follows a redirect and never makes a thread wait for a
-    connection; `keep_alive_s` and `registry` go to each connection it makes (urllib3's
-    `conn_kw`)."""
+    """A pool that never re-sends, never follows a redirect and never makes a thread wait; each
+    connection it makes gets `keep_alive_s` and `registry` (urllib3's `conn_kw`)."""
     return (TLSPool if scheme == "https" else Pool)(
         host,
         port,
@@ -317,9 +306,6 @@ def close_pools() -> None:
     _one_shot.clear()
 
 
-# -- requests ----------------------------------------------------------------------------------
-
-
 def _target(url: str, params: dict[str, Any] | None) -> str:
     """The request target (path and query) of `url`, with `params` appended form-encoded."""
     rest = url.split("://", 1)[-1]
@@ -365,15 +351,9 @@ def _merge(into: dict[str, str], extra: Mapping[str, str | None]) -> None:
 def _checked(headers: Mapping[str, str]) -> dict[str, str]:
     """The headers as sent; ValueError for a name or value HTTP cannot carry (never written)."""
     out = {name: str(value) for name, value in headers.items()}
-    if _BAD_VALUE.search("\t".join(out.values())):  # tab is allowed: one search for all
-        bad = next(name for name, text in out.items() if _BAD_VALUE.search(text))
+    if _BAD_VALUE.search("\t".join(out.values())) or not all(map(_header_name, out)):
+        bad = next(n for n, v in out.items() if _BAD_VALUE.search(v) or not _header_name(n))
         raise ValueError(f"header {bad!r} cannot be sent as is")
-    for name in out:
-        if name not in _header_names:
-            if not _HEADER_NAME.fullmatch(name):
-                raise ValueError(f"header {name!r} cannot be sent as is")
-            if len(_header_names) < 1024:
-                _header_names.add(name)
     return out
 
 
@@ -395,16 +375,6 @@ def _read_body(response: BaseHTTPResponse) -> bytes:
         if size > MAX_BODY_BYTES:
             raise ValueError("response body too large")
         chunks.append(chunk)
-
-
-def _timeout(connect_s: float, read_s: float) -> Timeout:
-    """urllib3's Timeout for a (connect, read) pair, made once per pair."""
-    found = _timeouts.get((connect_s, read_s))
-    if found is None:
-        if len(_timeouts) >= 256:  # budgets computed per call (a deadline's rest): keep it small
-            _timeouts.clear()
-        found = _timeouts[connect_s, read_s] = Timeout(connect=connect_s, read=read_s)
-    return found
 
 
 def discard(response: BaseHTTPResponse) -> None:
@@ -444,7 +414,7 @@ def request(
             headers=checked,
             retries=NO_RETRY,
             redirect=False,
-            timeout=_timeout(connect_s, read_s),
+            timeout=_timeout(connect=connect_s, read=read_s),
             preload_content=False,
         )
     except NOT_SENT_ERRORS as exc:
@@ -475,10 +445,7 @@ def exchange(
 ) -> Reply:
     """Send one request within `hop`'s budget on a pooled keep-alive connection; raise
     TransportError when no response came. Never retried, never redirected."""
-    sent_headers: dict[str, str] = {
-        "Accept": "application/json",
-        "traceparent": traceparent(trace_id),
-    }
+    sent_headers = {"Accept": "application/json", "traceparent": traceparent(trace_id)}
     if owner_id is not None:
         sent_headers["X-Owner-Id"] = owner_id
     if headers:
@@ -523,13 +490,8 @@ def send_once(
         pool = one_shot_pool(scheme, host, port, _tls_options(scheme))
     except ValueError as exc:
         raise TransportError(method, url, sent=False, cause=exc) from exc
+    headers = {**headers, "Connection": "close"}
     response, raw = request(
-        pool,
-        method,
-        url,
-        body=body,
-        headers={**headers, "Connection": "close"},
-        connect_s=connect_s,
-        read_s=read_s,
+        pool, method, url, body=body, headers=headers, connect_s=connect_s, read_s=read_s
     )
     return response.status, response.headers, raw
