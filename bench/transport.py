@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.compare import tree_for
 from bench.rounds import median, rotated
-from devstack import PYTHON, bound_listener
+from devstack.common import PYTHON, bound_listener
 
 BEFORE = os.environ.get("BENCH_TRANSPORT_BEFORE", "2510dc8")
 ROUNDS = int(os.environ.get("BENCH_TRANSPORT_ROUNDS", "15"))
