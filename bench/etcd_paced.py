@@ -30,7 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.proc import tree_cpu_seconds
-from devstack import EtcdServer, free_port
+from devstack.common import free_port
+from devstack.etcd import EtcdServer
 
 RATE = float(os.environ.get("BENCH_ETCD_PACED_RATE", "400"))
 CLIENTS = int(os.environ.get("BENCH_ETCD_PACED_CLIENTS", "8"))

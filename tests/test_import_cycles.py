@@ -24,10 +24,8 @@ PACKAGES = (
     "scripts",
     "settings",
 )
-# Cycles other changes are removing; each entry goes when its cycle does.
-KNOWN: list[frozenset[str]] = [
-    frozenset({"lockserver.backends.pg", "lockserver.backends.pg_wait"}),  # the pg backend split
-]
+# A cycle listed here is one a change is removing; none is left.
+KNOWN: list[frozenset[str]] = []
 
 
 def _module_name(path: Path) -> str:

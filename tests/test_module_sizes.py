@@ -31,13 +31,17 @@ REASON_OVER = 400  # an entry above this many lines carries its reason
 SLACK = 0.2  # a module this far under its budget (and SLACK_LINES) has it lowered
 SLACK_LINES = 25
 MAX_FUNCTION_LINES = 80
+# grpcio-tools' output (make etcd-stubs), checked against its .proto files, never edited by hand
+GENERATED = PROJECT / "lockserver" / "etcd_proto"
 
 
 def _modules() -> list[Path]:
     found = [PROJECT / "manage.py"]
     for package in PACKAGES:
         found += [
-            path for path in (PROJECT / package).rglob("*.py") if "migrations" not in path.parts
+            path
+            for path in (PROJECT / package).rglob("*.py")
+            if "migrations" not in path.parts and GENERATED not in path.parents
         ]
     return sorted(found)
 

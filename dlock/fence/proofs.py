@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
+import urllib3
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -323,22 +323,31 @@ class Verifier:
 
 
 def fetch_public_keys(
-    lock_server_url: str, *, timeout: float = 5.0, session: requests.Session | None = None
+    lock_server_url: str,
+    *,
+    timeout: float = 5.0,
+    http: urllib3.PoolManager | None = None,
+    ca_certs: str | None = None,
 ) -> PublicKeys:
     """The lock server's current public keys from `GET /v1/fencing-keys` (no credential; the
-    first of a comma-separated URL list that answers). Raises requests' errors or
-    KeyFormatError; call it at start-up and as a Verifier's `refresh`."""
-    http = session or requests
+    first of a comma-separated URL list that answers), over urllib3 (`http`: a pool manager of
+    your own, else one made for the call, verifying https against `ca_certs` or the system's
+    CAs). Raises urllib3's errors, KeyFormatError, or ValueError for a non-200 answer; call it
+    at start-up and as a Verifier's `refresh`."""
+    pool = http or urllib3.PoolManager(ca_certs=ca_certs)
     failure: Exception | None = None
     for url in (part.strip().rstrip("/") for part in lock_server_url.split(",")):
         if not url:
             continue
         try:
-            answer = http.get(f"{url}/v1/fencing-keys", timeout=timeout)
-        except requests.ConnectionError as exc:  # not reached: the next endpoint may answer
+            answer = pool.request(
+                "GET", f"{url}/v1/fencing-keys", timeout=timeout, retries=False, redirect=False
+            )
+        except urllib3.exceptions.NewConnectionError as exc:  # nothing reached: try the next
             failure = exc
             continue
-        answer.raise_for_status()
+        if answer.status != 200:
+            raise ValueError(f"{url}/v1/fencing-keys answered {answer.status}")
         return PublicKeys.from_document(answer.json())
     raise failure or ValueError("no lock server URL given")
 

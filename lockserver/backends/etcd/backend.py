@@ -117,6 +117,10 @@ class EtcdLockBackend:
             tokens=self.tokens,
             stopping=self._stopping,
         )
+        self._start(ensure_floor=ensure_floor, housekeeping=housekeeping)
+
+    def _start(self, *, ensure_floor: bool, housekeeping: bool) -> None:
+        """The composed parts' start-up work: the token floor, then the background threads."""
         if ensure_floor:
             try:
                 self.tokens.ensure_token_floor()
