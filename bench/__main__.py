@@ -5,7 +5,7 @@ disk), `bench.peers` (dlock beside ZooKeeper/kazoo and etcd's lock API, interlea
 table and its goal lines), `bench.lockserver` (dlock over HTTP vs its SQL sent directly vs a
 no-framework floor; it runs `bench.lock_etcd` for the etcd rows), `bench.e2e` (payouts end to
 end, CPU per payout by role, the like-for-like floor). On request: `lockpath` (the lock path's
-CPU by layer, in process) and `compare` (`--before REV`: two trees' stacks, interleaved).
+CPU by layer), `compare` (`--before REV`: two trees' stacks; runs `transport`, their clients).
 docs/performance.md says which part prints which of its tables. A part that is not built yet
 is reported as missing; a part that fails is reported with its error; the others still run. The
 summary (printed and written to `.run/bench/summary.json`) puts the numbers next to each other
@@ -32,7 +32,7 @@ from bench.report import summary_lines
 from devstack.common import PROJECT
 
 PARTS = ("fsync", "peers", "lockserver", "e2e")
-OPTIONAL = ("compare", "lockpath")  # compare needs --before
+OPTIONAL = ("compare", "lockpath", "transport")  # compare needs --before
 MODULES = {name: f"bench.{name}" for name in (*PARTS, *OPTIONAL)}
 
 
@@ -87,12 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="*", choices=(*PARTS, *OPTIONAL), help="run only these parts"
     )
-    parser.add_argument("--before", help="compare: the git revision measured before (e.g. 55d13fe)")
+    parser.add_argument("--before", help="compare, transport: the revision before (e.g. 55d13fe)")
     parser.add_argument("--after", help="compare: the revision after (default: this tree)")
     args = parser.parse_args(argv)
-    names = list(args.only or PARTS)
-    if args.before and "compare" not in names:
-        names.append("compare")
+    names = list(args.only or PARTS) + (["compare"] if args.before and not args.only else [])
+    names += ["transport"] if "compare" in names and "transport" not in names else []
     if "compare" in names and not args.before:
         parser.error("compare needs --before <git revision>")
     setup_django()
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = {"status": "missing", "error": f"{MODULES[name]} is not built yet"}
                 print(f"[bench] {name}: missing ({MODULES[name]} not built yet)", flush=True)
                 continue
-            if name == "compare":
+            if name in ("compare", "transport"):
                 result = module.run(out, before=args.before, after=args.after)
             else:
                 result = module.run(out)

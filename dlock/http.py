@@ -5,9 +5,10 @@ urllib3 (the transport `requests` is built on) frames and parses HTTP and keeps 
 module only decides what dlock needs on top of it (ARCHITECTURE decision 19, CHANGELOG rows
 "clients on urllib3" and "urllib3's documented surface"):
 
-- **One request function** (`request`): `pool.urlopen(..., retries=False, redirect=False,
+- **One request function** (`request`): `pool.urlopen(..., retries=NO_RETRY, redirect=False,
   preload_content=False)` and the body read, for exchanges (`exchange`), one-shot sends
-  (`send_once`) and streams (`dlock.http_stream.open_stream`) alike.
+  (`send_once`) and streams (`dlock.http_stream.open_stream`) alike; what does not change
+  between calls (the Retry, a Timeout per budget, an origin, a header name's check) made once.
 - **No retry, no redirect** inside the library: a POST is presented at most once per call
   (urllib3's default would silently re-send a request whose pooled connection dropped). Retries
   are the caller's decision (`dlock.client.RetryPolicy`, or an explicit loop over
@@ -36,6 +37,7 @@ module only decides what dlock needs on top of it (ARCHITECTURE decision 19, CHA
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
@@ -48,7 +50,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
-from urllib3 import BaseHTTPResponse, HTTPConnectionPool, Timeout
+from urllib3 import BaseHTTPResponse, HTTPConnectionPool, Retry, Timeout
 from urllib3.exceptions import ClosedPoolError, ConnectTimeoutError, ProtocolError, SSLError
 from urllib3.exceptions import HTTPError as Urllib3Error
 
@@ -72,11 +74,18 @@ _TARGET_SAFE = "/%:@!$&'()*+,;=-._~?"
 _TARGET_UNSAFE = re.compile(r"[^A-Za-z0-9/%:@!$&'()*+,;=\-._~?]")
 # A header name is an RFC 9110 token; a value has no control characters but tab.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_header_name = functools.lru_cache(maxsize=1024)(_HEADER_NAME.fullmatch)  # once per name
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# `scheme://authority` of a URL: what urlsplit reads the origin from.
+_ORIGIN_PREFIX = re.compile(r"[^:/?#]*://[^/?#]*")
 # What a request can fail with once urllib3 has it. Of these, NOT_SENT_ERRORS are urllib3's
 # connect-phase types (and a pool closed under the caller): no request byte was written.
 TRANSPORT_ERRORS = (Urllib3Error, http.client.HTTPException, OSError, ValueError)
 NOT_SENT_ERRORS = (ConnectTimeoutError, ClosedPoolError)
+# No retry, no redirect: what urllib3 makes of `retries=False` per call, made once.
+NO_RETRY = Retry(total=False, redirect=False)
+# urllib3's Timeout per (connect, read) pair, made once: urllib3 copies it, never changes it.
+_timeout = functools.lru_cache(maxsize=256)(Timeout)
 
 
 class TransportError(Exception):
@@ -131,8 +140,8 @@ def client_certificate() -> tuple[str, str] | None:
 
 
 def _tls_options(scheme: str) -> dict[str, Any]:
-    """Verification settings for an https origin: DLOCK_CA_BUNDLE, else the system store; and
-    the client certificate, when this process has one."""
+    """An https origin's verification (DLOCK_CA_BUNDLE, else the system store; the client
+    certificate, when this process has one); none for http."""
     if scheme != "https":
         return {}
     options: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED", "ca_certs": ca_bundle()}
@@ -143,10 +152,16 @@ def _tls_options(scheme: str) -> dict[str, Any]:
 
 
 def _origin(url: str) -> tuple[str, str, int]:
-    parts = urlsplit(url)
+    return _parsed_origin(prefix.group() if (prefix := _ORIGIN_PREFIX.match(url)) else url)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_origin(origin: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an origin, parsed once (a refused one is parsed each time)."""
+    parts = urlsplit(origin)
     scheme = parts.scheme or "http"
     if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
+        raise ValueError(f"not an http(s) URL: {origin!r}")
     return scheme, parts.hostname, parts.port or (443 if scheme == "https" else 80)
 
 
@@ -160,9 +175,8 @@ def _urllib3_pool(
     tls: Mapping[str, Any],
     registry: weakref.WeakSet[Any] | None = None,
 ) -> HTTPConnectionPool:
-    """A pool that never re-sends, never follows a redirect and never makes a thread wait for a
-    connection; `keep_alive_s` and `registry` go to each connection it makes (urllib3's
-    `conn_kw`)."""
+    """A pool that never re-sends, never follows a redirect and never makes a thread wait; each
+    connection it makes gets `keep_alive_s` and `registry` (urllib3's `conn_kw`)."""
     return (TLSPool if scheme == "https" else Pool)(
         host,
         port,
@@ -242,7 +256,7 @@ _one_shot: dict[tuple[Any, ...], HTTPConnectionPool] = {}
 def one_shot_pool(scheme: str, host: str, port: int, tls: Mapping[str, Any]) -> HTTPConnectionPool:
     """The process's pool of one-shot connections to an origin with these TLS settings: each
     connection serves one request and is closed before it could serve another."""
-    key = (scheme, host, port, *sorted(tls.items()))
+    key = (scheme, host, port, *sorted(tls.items())) if tls else (scheme, host, port)
     pool = _one_shot.get(key)
     if pool is None:
         with _pools_mutex:
@@ -292,9 +306,6 @@ def close_pools() -> None:
     _one_shot.clear()
 
 
-# -- requests ----------------------------------------------------------------------------------
-
-
 def _target(url: str, params: dict[str, Any] | None) -> str:
     """The request target (path and query) of `url`, with `params` appended form-encoded."""
     rest = url.split("://", 1)[-1]
@@ -339,12 +350,10 @@ def _merge(into: dict[str, str], extra: Mapping[str, str | None]) -> None:
 
 def _checked(headers: Mapping[str, str]) -> dict[str, str]:
     """The headers as sent; ValueError for a name or value HTTP cannot carry (never written)."""
-    out = {}
-    for name, value in headers.items():
-        text = str(value)
-        if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(text):
-            raise ValueError(f"header {name!r} cannot be sent as is")
-        out[name] = text
+    out = {name: str(value) for name, value in headers.items()}
+    if _BAD_VALUE.search("\t".join(out.values())) or not all(map(_header_name, out)):
+        bad = next(n for n, v in out.items() if _BAD_VALUE.search(v) or not _header_name(n))
+        raise ValueError(f"header {bad!r} cannot be sent as is")
     return out
 
 
@@ -403,9 +412,9 @@ def request(
             target,
             body=body,
             headers=checked,
-            retries=False,
+            retries=NO_RETRY,
             redirect=False,
-            timeout=Timeout(connect=connect_s, read=read_s),
+            timeout=_timeout(connect=connect_s, read=read_s),
             preload_content=False,
         )
     except NOT_SENT_ERRORS as exc:
@@ -436,11 +445,7 @@ def exchange(
 ) -> Reply:
     """Send one request within `hop`'s budget on a pooled keep-alive connection; raise
     TransportError when no response came. Never retried, never redirected."""
-    sent_headers: dict[str, str] = {
-        "Accept": "application/json",
-        "Accept-Encoding": "identity",
-        "traceparent": traceparent(trace_id),
-    }
+    sent_headers = {"Accept": "application/json", "traceparent": traceparent(trace_id)}
     if owner_id is not None:
         sent_headers["X-Owner-Id"] = owner_id
     if headers:
@@ -485,13 +490,8 @@ def send_once(
         pool = one_shot_pool(scheme, host, port, _tls_options(scheme))
     except ValueError as exc:
         raise TransportError(method, url, sent=False, cause=exc) from exc
+    headers = {**headers, "Connection": "close"}
     response, raw = request(
-        pool,
-        method,
-        url,
-        body=body,
-        headers={"Accept-Encoding": "identity", **headers, "Connection": "close"},
-        connect_s=connect_s,
-        read_s=read_s,
+        pool, method, url, body=body, headers=headers, connect_s=connect_s, read_s=read_s
     )
     return response.status, response.headers, raw

@@ -7,7 +7,7 @@ connect phase, one read deadline per response, and how long an idle connection m
 - **One read deadline per response**: `read_s` (urllib3's read timeout, which it sets on the
   connection before it asks for the response) bounds the whole answer, head and body, from the
   moment the request is written, not each read: a peer that trickles its answer cannot stretch
-  it (`DeadlineSocket`, the socket wrapped when the connection connects).
+  it (`DeadlineSocket`, the socket wrapped on connect: each read sets what is left of it).
 - **Reuse**: `keep_alive_s` is how long after its last answer a connection may serve another
   request (urllib3 asks `is_connected` before it reuses one; False makes it close the
   connection and connect anew); None makes a one-shot connection, whose socket is closed as
@@ -27,30 +27,39 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 from urllib3.exceptions import HTTPError as Urllib3Error
 
+# The socket's methods urllib3 and http.client call on every request.
+_PER_REQUEST = ("sendall", "fileno", "shutdown", "close")
+# The set of a pool's connections (`ConnectionPool.idle`), if it keeps one.
+Registry = weakref.WeakSet[Any] | None
+
 
 class DeadlineSocket:
     """A connected socket as urllib3 and http.client see it, except that the reader http.client
     makes from it (`makefile`) keeps the current response's `deadline`. `busy` is True from a
     request's answer until it has been read; `used_at` is when the last answer ended."""
 
-    __slots__ = ("sock", "keep_alive_s", "deadline", "used_at", "busy")
+    __slots__ = ("sock", "keep_alive_s", "deadline", "used_at", "busy", *_PER_REQUEST)
 
     def __init__(self, sock: Any, *, keep_alive_s: float | None) -> None:
         self.sock = sock
+        for name in _PER_REQUEST:  # bound once, not looked up through __getattr__ per request
+            setattr(self, name, getattr(sock, name))
         self.keep_alive_s = keep_alive_s
         self.deadline: float | None = None  # monotonic: the whole response must be in by then
         self.used_at = time.monotonic()
         self.busy = False
 
     def reusable(self) -> bool:
-        """Whether the connection may serve another request now (idle for no longer than its
-        keep-alive; never, for a one-shot connection)."""
+        """Whether it may serve another request now (idle within its keep-alive; not one-shot)."""
         limit = self.keep_alive_s
         return limit is not None and time.monotonic() - self.used_at <= limit
 
+    def settimeout(self, value: float | None) -> None:
+        if not (self.busy and self.deadline is not None):  # else each read sets what is left
+            self.sock.settimeout(value)
+
     def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
-        raw = self.sock.makefile("rb", buffering=0)  # counts as a reference, like http.client's
-        return io.BufferedReader(_DeadlineIO(raw, self))
+        return io.BufferedReader(_DeadlineIO(self.sock.makefile("rb", buffering=0), self))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sock, name)
@@ -75,7 +84,8 @@ class _DeadlineIO(io.RawIOBase):
             if left <= 0:
                 raise TimeoutError("the response did not complete within the read budget")
             self._owner.sock.settimeout(left)
-        return self._raw.readinto(buffer)
+        # `_raw` (the socket's reader: a reference, like http.client's) is kept for its close.
+        return self._owner.sock.recv_into(buffer)
 
     def close(self) -> None:
         if not self.closed:
@@ -105,8 +115,7 @@ def _connect(conn: HTTPConnection, connect: Callable[[], None], keep_alive_s: fl
 
 
 def _answer_due(conn: HTTPConnection) -> DeadlineSocket | None:
-    """Start the response's deadline: urllib3 has set the connection's timeout to the read
-    budget by the time it asks for the response."""
+    """Start the response's deadline (urllib3 has set the timeout to the read budget by now)."""
     sock = conn.sock
     if not isinstance(sock, DeadlineSocket):
         return None
@@ -122,11 +131,7 @@ class Connection(HTTPConnection):
     last response is read from (a stream moves its deadline)."""
 
     def __init__(
-        self,
-        *args: Any,
-        keep_alive_s: float | None,
-        registry: weakref.WeakSet[Any] | None = None,
-        **kwargs: Any,
+        self, *args: Any, keep_alive_s: float | None, registry: Registry = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self.keep_alive_s = keep_alive_s
@@ -151,11 +156,7 @@ class TLSConnection(HTTPSConnection):
     """`Connection` for https origins: urllib3's verified TLS connection, the same changes."""
 
     def __init__(
-        self,
-        *args: Any,
-        keep_alive_s: float | None,
-        registry: weakref.WeakSet[Any] | None = None,
-        **kwargs: Any,
+        self, *args: Any, keep_alive_s: float | None, registry: Registry = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self.keep_alive_s = keep_alive_s
@@ -189,8 +190,7 @@ class TLSPool(HTTPSConnectionPool):
 
 
 def idle_connections(registry: weakref.WeakSet[Any]) -> int:
-    """Connections of a pool's `registry` open and not serving a request right now (for tests
-    and diagnostics; a connection still writing its request counts as idle)."""
+    """Connections of a `registry` open and not answering a request (tests, diagnostics)."""
     return sum(
         1 for conn in list(registry) if isinstance(conn.sock, DeadlineSocket) and not conn.sock.busy
     )

@@ -98,7 +98,7 @@ def open_stream(
         method,
         url,
         body=body,
-        headers={"Accept-Encoding": "identity", **headers},
+        headers=headers,
         connect_s=connect_s,
         read_s=read_s,
         stream=True,
