@@ -48,8 +48,8 @@ def _section(title: str) -> list[str]:
 
 
 def part_lines(results: dict[str, dict]) -> list[str]:
-    """The e2e and fsync parts: their own summary rows, else their numbers."""
-    lines: list[str] = []
+    """The e2e and fsync parts: their own summary rows, else their numbers; etcd_paced's rows."""
+    lines = etcd_paced_lines(results.get("etcd_paced"))
     for name, title in (
         ("e2e", "Payouts end to end (durable PostgreSQL)"),
         ("fsync", "Disk"),
@@ -72,6 +72,39 @@ def part_lines(results: dict[str, dict]) -> list[str]:
         else:
             for label, value in flat_numbers(result)[:24]:
                 lines.append(f"  {label:<60} {value}")
+    return lines
+
+
+def etcd_paced_lines(entry: dict | None) -> list[str]:
+    """bench.etcd_paced: per arm and pace every round's figures, then the medians of per-round
+    ratios of etcd's CPU per pair, dlock's backend ÷ the recipe."""
+    if not entry:
+        return []
+    lines = _section("etcd's CPU per pair at one rate (bench.etcd_paced, in process, no HTTP)")
+    if entry.get("status") != "ok":
+        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
+    result = entry["result"]
+    lines.append(f"  {result['clients']} threads per arm; paced: {result['rate']} pairs/s")
+    lines.append(
+        "  arm, pace: every round's pairs/s | etcd CPU ms per pair | put+delete ops per pair"
+    )
+    for name, rows in result["rows"].items():
+        lines.append(
+            f"  {name:<16} "
+            + " | ".join(
+                "/".join(str(row[field]) for row in rows)
+                for field in (
+                    "pairs_per_s",
+                    "etcd_cpu_ms_per_pair",
+                    "etcd_put_delete_ops_per_pair",
+                )
+            )
+        )
+    ratios = result["etcd_cpu_dlock_over_recipe"]
+    lines.append(
+        "  etcd CPU per pair, dlock ÷ recipe (median of per-round ratios): "
+        + ", ".join(f"{pace} {value}×" for pace, value in ratios.items())
+    )
     return lines
 
 

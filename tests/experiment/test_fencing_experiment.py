@@ -420,3 +420,31 @@ def test_the_bench_summary_puts_the_payout_floor_and_every_interleaved_round_bes
         " 1.66× | <= 1.25× | FAIL"
     )
     assert all(" | NOT RUN " in line for line in goals[:3])  # no bench.peers result given
+
+
+def test_the_bench_summary_prints_every_etcd_paced_round_and_the_ratios():
+    from bench.report import summary_lines
+
+    def row(pairs: float, cpu: float, ops: float) -> dict:
+        return {
+            "pairs_per_s": pairs,
+            "etcd_cpu_ms_per_pair": cpu,
+            "etcd_put_delete_ops_per_pair": ops,
+        }
+
+    result = {
+        "rate": 400.0,
+        "clients": 8,
+        "rows": {
+            "dlock unpaced": [row(1106.0, 0.53, 4.0), row(1264.0, 0.4, 4.0)],
+            "recipe unpaced": [row(1493.0, 0.32, 2.0), row(2026.0, 0.28, 2.0)],
+        },
+        "etcd_cpu_dlock_over_recipe": {"unpaced": 1.43, "paced": 1.02},
+    }
+    text = "\n".join(summary_lines({"etcd_paced": {"status": "ok", "result": result}}))
+    assert "8 threads per arm; paced: 400.0 pairs/s" in text
+    assert "dlock unpaced    1106.0/1264.0 | 0.53/0.4 | 4.0/4.0" in text
+    assert "recipe unpaced   1493.0/2026.0 | 0.32/0.28 | 2.0/2.0" in text
+    assert "dlock ÷ recipe (median of per-round ratios): unpaced 1.43×, paced 1.02×" in text
+    failed = summary_lines({"etcd_paced": {"status": "failed", "error": "RuntimeError: no etcd"}})
+    assert "  failed: RuntimeError: no etcd" in failed
