@@ -39,6 +39,7 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     lines += goals_lines(results)
     lines += part_lines(results)
     lines += compare_lines(results.get("compare"))
+    lines += transport_lines(results.get("transport"))
     lines += goal_lines(goals(results))
     return lines
 
@@ -329,4 +330,26 @@ def compare_lines(entry: dict | None) -> list[str]:
         f"  GOAL (issue 25) server CPU per payout after ÷ before: {ratio}×"
         f" | <= {GOAL_25_AFTER_OVER_BEFORE}× | {verdict}"
     )
+    return lines
+
+
+def transport_lines(entry: dict | None) -> list[str]:
+    """bench.transport: the client's CPU per call in each tree, and the median of per-round
+    ratios after ÷ before."""
+    if not entry:
+        return []
+    lines = _section("The HTTP client transport, CPU per call (bench.transport)")
+    if entry.get("status") != "ok":
+        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
+    result = entry["result"]
+    trees = result["trees"]
+    lines.append(
+        f"  before {trees['before']['commit'][:12]}, after {trees['after']['commit'][:12]};"
+        f" {result['workload']}; load {result.get('loadavg_1m')}"
+    )
+    for arm, row in result["arms"].items():
+        lines.append(
+            f"  {arm:<10} {row['before_us']} → {row['after_us']} µs per call,"
+            f" after ÷ before {row['after_over_before']}× (median of per-round ratios)"
+        )
     return lines

@@ -448,3 +448,21 @@ def test_the_bench_summary_prints_every_etcd_paced_round_and_the_ratios():
     assert "dlock ÷ recipe (median of per-round ratios): unpaced 1.43×, paced 1.02×" in text
     failed = summary_lines({"etcd_paced": {"status": "failed", "error": "RuntimeError: no etcd"}})
     assert "  failed: RuntimeError: no etcd" in failed
+
+
+def test_the_bench_summary_prints_the_transports_cpu_per_call_in_both_trees():
+    from bench.report import summary_lines
+
+    result = {
+        "trees": {"before": {"commit": "2510dc8" + "0" * 33}, "after": {"commit": "f" * 40}},
+        "workload": "15 interleaved rounds x 1000 calls per arm and tree",
+        "arms": {
+            "exchange": {"before_us": 140.0, "after_us": 153.0, "after_over_before": 1.09},
+            "send_once": {"before_us": 205.0, "after_us": 215.0, "after_over_before": 1.05},
+        },
+        "loadavg_1m": 1.0,
+    }
+    text = "\n".join(summary_lines({"transport": {"status": "ok", "result": result}}))
+    assert "before 2510dc800000, after ffffffffffff; 15 interleaved rounds" in text
+    assert "exchange   140.0 → 153.0 µs per call, after ÷ before 1.09×" in text
+    assert "send_once  205.0 → 215.0 µs per call, after ÷ before 1.05×" in text
