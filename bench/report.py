@@ -40,6 +40,7 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     lines += part_lines(results)
     lines += compare_lines(results.get("compare"))
     lines += transport_lines(results.get("transport"))
+    lines += lockpath_lines(results.get("lockpath"))
     lines += goal_lines(goals(results))
     return lines
 
@@ -352,4 +353,26 @@ def transport_lines(entry: dict | None) -> list[str]:
             f"  {arm:<10} {row['before_us']} → {row['after_us']} µs per call,"
             f" after ÷ before {row['after_over_before']}× (median of per-round ratios)"
         )
+    return lines
+
+
+def lockpath_lines(entry: dict | None) -> list[str]:
+    """bench.lockpath: the lock path's CPU per pair in process, by layer, and each cut's arm."""
+    if not entry:
+        return []
+    lines = _section("The lock path's CPU per pair in process (bench.lockpath)")
+    if entry.get("status") != "ok":
+        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
+    data = entry["result"]
+    lines.append(
+        f"  {data['backend']}: {data['cpu_ms_per_pair']} ms of CPU per pair (no gunicorn, no"
+        f" nginx; by log level {data['cpu_ms_per_pair_by_log_level']})"
+    )
+    lines.append(
+        "  by layer: " + ", ".join(f"{k} {v} %" for k, v in data["layers_percent"].items())
+    )
+    top = list(data.get("dlock_functions_percent", {}).items())[:3]
+    lines.append("  dlock's busiest functions: " + ", ".join(f"{k} {v} %" for k, v in top))
+    for cut, saved in data["cuts_us_per_pair"].items():
+        lines.append(f"  cut: {cut}: {saved} µs of CPU per pair (median per-round difference)")
     return lines

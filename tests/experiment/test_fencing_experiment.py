@@ -466,3 +466,21 @@ def test_the_bench_summary_prints_the_transports_cpu_per_call_in_both_trees():
     assert "before 2510dc800000, after ffffffffffff; 15 interleaved rounds" in text
     assert "exchange   140.0 → 153.0 µs per call, after ÷ before 1.09×" in text
     assert "send_once  205.0 → 215.0 µs per call, after ÷ before 1.05×" in text
+
+
+def test_the_bench_summary_prints_the_lock_paths_cpu_by_layer_and_every_cut():
+    from bench.report import summary_lines
+
+    result = {
+        "backend": "pg",
+        "cpu_ms_per_pair": 0.89,
+        "cpu_ms_per_pair_by_log_level": {"INFO": 1.0, "WARNING": 0.89},
+        "layers_percent": {"django": 27.7, "C built-ins": 19.3, "dlock": 15.9},
+        "dlock_functions_percent": {"dlock/x.py:1 f": 0.9},
+        "cuts_us_per_pair": {"4 metric updates per request": 116.0},
+    }
+    text = "\n".join(summary_lines({"lockpath": {"status": "ok", "result": result}}))
+    assert "pg: 0.89 ms of CPU per pair" in text
+    assert "by layer: django 27.7 %, C built-ins 19.3 %, dlock 15.9 %" in text
+    assert "dlock's busiest functions: dlock/x.py:1 f 0.9 %" in text
+    assert "cut: 4 metric updates per request: 116.0 µs of CPU per pair" in text
