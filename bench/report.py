@@ -225,7 +225,7 @@ def peers_lines(entry: dict | None) -> list[str]:
         return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
     peers = entry["result"]
     lines.append(
-        f"  {'point':<14} {'arm':<11} {'pairs/s':>9} {'acq p50':>8} {'acq p99':>8}"
+        f"  {'point':<14} {'arm':<16} {'pairs/s':>9} {'acq p50':>8} {'acq p99':>8}"
         f" {'pair p99':>9} {'CPU ms/pair':>12} {'of it LS':>9} {'writes/pair':>12}"
         f" {'errors':>7}"
     )
@@ -235,7 +235,7 @@ def peers_lines(entry: dict | None) -> list[str]:
             ls_cpu = row.get("lockserver_cpu_ms_per_pair")
             writes = row.get("writes_per_pair")
             lines.append(
-                f"  {name:<14} {arm:<11} {row['pairs_per_s'] or 0:>9.1f}"
+                f"  {name:<14} {arm:<16} {row['pairs_per_s'] or 0:>9.1f}"
                 f" {row['acquire_p50_ms'] or 0:>8.2f} {row['acquire_p99_ms'] or 0:>8.2f}"
                 f" {row['p99_ms'] or 0:>9.2f} {row['server_cpu_ms_per_pair'] or 0:>12.3f}"
                 f" {'—' if ls_cpu is None else f'{ls_cpu:.3f}':>9}"
