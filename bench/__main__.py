@@ -2,10 +2,10 @@
 
 Parts (each writes `.run/bench/<name>.json` and returns a dict), by default: `bench.fsync` (the
 disk), `bench.peers` (dlock beside ZooKeeper/kazoo and etcd's lock API, interleaved: the lock
-table and its goal lines), `bench.lockserver` (dlock over HTTP vs its SQL sent directly vs a
-no-framework floor; it runs `bench.lock_etcd` for the etcd rows), `bench.e2e` (payouts end to
-end, CPU per payout by role, the like-for-like floor). On request: `lockpath` (the lock path's
-CPU by layer), `compare` (`--before REV`: two trees' stacks; runs `transport`, their clients).
+table and its goal lines), `bench.e2e` (payouts end to end, CPU per payout by role, the
+like-for-like floor). On request: `lockpath` (the lock path's CPU by layer), `etcd_paced`
+(etcd's CPU per pair, dlock's etcd backend beside the bare recipe at one rate), `compare`
+(`--before REV`: two trees' stacks; runs `transport`, their clients).
 docs/performance.md says which part prints which of its tables. A part that is not built yet
 is reported as missing; a part that fails is reported with its error; the others still run. The
 summary (printed and written to `.run/bench/summary.json`) puts the numbers next to each other
@@ -31,8 +31,8 @@ from bench.goals import goals
 from bench.report import summary_lines
 from devstack.common import PROJECT
 
-PARTS = ("fsync", "peers", "lockserver", "e2e")
-OPTIONAL = ("compare", "lockpath", "transport")  # compare needs --before
+PARTS = ("fsync", "peers", "e2e")
+OPTIONAL = ("compare", "lockpath", "transport", "etcd_paced")  # compare needs --before
 MODULES = {name: f"bench.{name}" for name in (*PARTS, *OPTIONAL)}
 
 

@@ -8,14 +8,13 @@ their work. This measures the work: both arms paced to `BENCH_ETCD_PACED_RATE` p
 400, about dlock-etcd's rate through HTTP on a 2-core box), `BENCH_ETCD_PACED_CLIENTS` threads
 (8), `BENCH_ETCD_PACED_ROUNDS` rounds (3) of `BENCH_ETCD_PACED_ROUND_S` seconds (3). Prints and
 returns per arm and pace: pairs/s, etcd CPU ms/pair, put+delete ops/pair (etcd's counters), and
-the medians of per-round ratios dlock ÷ recipe.
+the medians of per-round ratios dlock ÷ recipe; writes `<out>/etcd_paced.json`.
 
-    .venv/bin/python -m bench.etcd_paced
+    .venv/bin/python -m bench.etcd_paced [out_dir]     # or: python -m bench --only etcd_paced
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -23,11 +22,13 @@ import secrets
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import requests
 
 from bench.proc import tree_cpu_seconds
 from devstack.common import free_port
@@ -39,14 +40,9 @@ ROUNDS = int(os.environ.get("BENCH_ETCD_PACED_ROUNDS", "3"))
 ROUND_S = float(os.environ.get("BENCH_ETCD_PACED_ROUND_S", "3"))
 
 
-def _ops(port: int) -> float:
+def _ops(url: str) -> float:
     """etcd's put + delete operations so far."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-    finally:
-        conn.close()
+    text = requests.get(f"{url}/metrics", timeout=5).text
     return sum(
         float(found.group(1))
         for name in ("etcd_mvcc_put_total", "etcd_mvcc_delete_total")
@@ -76,14 +72,11 @@ def _drive(make_pair: Callable[[int], Callable[[], None]], rate: float, etcd: Et
             done[index] += 1
             due += gap
 
-    cpu, ops = tree_cpu_seconds(etcd.process.pid), _ops(etcd.client_port)
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(CLIENTS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    cpu, ops = tree_cpu_seconds(etcd.process.pid), _ops(etcd.url)
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(worker, range(CLIENTS)))
     elapsed = time.monotonic() - begin
-    cpu, ops = tree_cpu_seconds(etcd.process.pid) - cpu, _ops(etcd.client_port) - ops
+    cpu, ops = tree_cpu_seconds(etcd.process.pid) - cpu, _ops(etcd.url) - ops
     total = max(1, sum(done))
     return {
         "pairs_per_s": round(total / elapsed, 1),
@@ -126,7 +119,7 @@ def _recipe(client) -> Callable[[int], Callable[[], None]]:
     return make
 
 
-def run() -> dict:
+def run(out_dir: Path | str = ".run/bench") -> dict:
     work = Path(tempfile.mkdtemp(prefix="dlock-bench-paced-"))
     work.chmod(0o755)
     etcd = EtcdServer(work / "etcd", free_port(), free_port())
@@ -172,8 +165,13 @@ def run() -> dict:
         "etcd_cpu_dlock_over_recipe": {pace: round(value, 3) for pace, value in ratios.items()},
     }
     print(json.dumps(result["etcd_cpu_dlock_over_recipe"]))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "etcd_paced.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
 if __name__ == "__main__":
-    run()
+    import sys
+
+    run(sys.argv[1] if len(sys.argv) > 1 else ".run/bench")

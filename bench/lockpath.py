@@ -370,16 +370,7 @@ def run(out_dir: str | Path = ".run/bench", pairs: int = PAIRS) -> dict:
         if etcd is not None:
             etcd.stop()
         pg.stop("immediate")
-    data = json.loads((out / f"{NAME}.json").read_text())
-    print(
-        f"[bench] {NAME}: {data['cpu_ms_per_pair']} ms of CPU per pair in process"
-        f" (no gunicorn, no nginx; by log level {data['cpu_ms_per_pair_by_log_level']}); by layer: "
-        + ", ".join(f"{k} {v} %" for k, v in list(data["layers_percent"].items())[:8]),
-        flush=True,
-    )
-    for cut, saved in data["cuts_us_per_pair"].items():
-        print(f"[bench] {NAME}: {cut}: {saved} us of CPU per pair", flush=True)
-    return data
+    return json.loads((out / f"{NAME}.json").read_text())  # bench.report prints it
 
 
 if __name__ == "__main__":

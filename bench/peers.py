@@ -126,7 +126,7 @@ ETCD_COUNTERS = {
 }
 
 
-def _chosen_points(text: str) -> tuple[tuple[str, int], ...]:
+def chosen_points(text: str) -> tuple[tuple[str, int], ...]:
     """BENCH_PEERS_POINTS, e.g. "own:8,hot:32" (a subset to re-measure); empty: every point."""
     chosen = []
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -137,7 +137,7 @@ def _chosen_points(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(chosen) or ALL_POINTS
 
 
-def _chosen_arms(text: str) -> tuple[str, ...]:
+def chosen_arms(text: str) -> tuple[str, ...]:
     """BENCH_PEERS_ARMS, e.g. "dlock-etcd,etcd-lock"; empty: every arm."""
     chosen = tuple(filter(None, (a.strip() for a in text.split(","))))
     unknown = [arm for arm in chosen if arm not in ALL_ARMS]
@@ -146,8 +146,8 @@ def _chosen_arms(text: str) -> tuple[str, ...]:
     return chosen or ALL_ARMS
 
 
-POINTS = _chosen_points(os.environ.get("BENCH_PEERS_POINTS", ""))
-ARMS = _chosen_arms(os.environ.get("BENCH_PEERS_ARMS", ""))
+POINTS = chosen_points(os.environ.get("BENCH_PEERS_POINTS", ""))
+ARMS = chosen_arms(os.environ.get("BENCH_PEERS_ARMS", ""))
 
 
 # ----------------------------------------------------------------------------- the run
@@ -266,7 +266,7 @@ def _counter(text: str, metric: str) -> int | None:
     return int(float(found.group(1))) if found else None
 
 
-def _with_etcd_work(row: dict, before: dict, after: dict) -> dict:
+def with_etcd_work(row: dict, before: dict, after: dict) -> dict:
     """An etcd arm's round row with etcd's own CPU, keys written and watch events per pair."""
     pairs = row["pairs"]
     delta = {
@@ -448,7 +448,7 @@ def _run_point(
                     stack.write_counter(arm),
                 )
                 if etcd_before is not None:
-                    row = _with_etcd_work(row, etcd_before, stack.etcd_counters())
+                    row = with_etcd_work(row, etcd_before, stack.etcd_counters())
                 one["arms"][arm] = row
             one["loadavg_1m"] = round(os.getloadavg()[0], 2)
             done.append(one)

@@ -6,47 +6,13 @@ from __future__ import annotations
 
 from bench.goals import GOAL_25_AFTER_OVER_BEFORE, GOAL_CPU_OVER_FLOOR, goal_lines, goals
 
-
-def lock_rows(name: str, result: dict) -> list[dict]:
-    """Rows {label, clients, pairs_per_s, p50_ms, p99_ms} from any lock-shaped result: a dict
-    with `clients` whose values (or itself) carry `pairs_per_s`."""
-    rows: list[dict] = []
-
-    def walk(node, context: str) -> None:
-        if isinstance(node, dict):
-            label = str(node.get("backend") or node.get("name") or context)
-            if "clients" in node:
-                if "pairs_per_s" in node:
-                    rows.append(_row(label, node["clients"], node))
-                for key, value in node.items():
-                    if isinstance(value, dict) and "pairs_per_s" in value:
-                        rows.append(_row(f"{label} {key}", node["clients"], value))
-            for key, value in node.items():
-                if isinstance(value, (dict, list)) and key != "summary":
-                    walk(value, label if key in ("levels", "rows") else f"{label} {key}")
-        elif isinstance(node, list):
-            for item in node:
-                walk(item, context)
-
-    walk(result, name)
-    seen = set()
-    unique = []
-    for row in rows:
-        key = (row["label"], row["clients"])
-        if key not in seen:
-            seen.add(key)
-            unique.append(row)
-    return unique
-
-
-def _row(label: str, clients, values: dict) -> dict:
-    return {
-        "label": label.strip(),
-        "clients": clients,
-        "pairs_per_s": values.get("pairs_per_s"),
-        "p50_ms": values.get("p50_ms"),
-        "p99_ms": values.get("p99_ms"),
-    }
+# bench.peers' etcd ratios (medians of per-round ratios) as the summary names them
+ETCD_RATIOS = {
+    "etcd_over_pg": "pairs/s ÷ dlock-pg's",
+    "etcd_over_etcd_lock": "÷ etcd-lock's",
+    "etcd_over_etcd_lock_grpc": "÷ etcd-lock-grpc's",
+    "etcd_cpu_over_etcd_lock_grpc": "etcd CPU per pair ÷ etcd-lock-grpc's",
+}
 
 
 def flat_numbers(result: dict, prefix: str = "", depth: int = 0) -> list[tuple[str, float]]:
@@ -70,10 +36,11 @@ def flat_numbers(result: dict, prefix: str = "", depth: int = 0) -> list[tuple[s
 
 def summary_lines(results: dict[str, dict]) -> list[str]:
     lines = peers_lines(results.get("peers"))
-    lines += lock_lines(results)
     lines += goals_lines(results)
     lines += part_lines(results)
     lines += compare_lines(results.get("compare"))
+    lines += transport_lines(results.get("transport"))
+    lines += lockpath_lines(results.get("lockpath"))
     lines += goal_lines(goals(results))
     return lines
 
@@ -82,58 +49,9 @@ def _section(title: str) -> list[str]:
     return ["", title, "-" * len(title)]
 
 
-def lock_lines(results: dict[str, dict]) -> list[str]:
-    """Every lock-shaped row of bench.lockserver, its ratio to dlock's PostgreSQL backend over
-    HTTP at the same clients, and to the disk's fsync floor."""
-    fsync = results.get("fsync", {}).get("result") or {}
-    floor = fsync.get("fdatasync_ops_per_s")
-    lines = _section("Lock: acquire+release pairs/s (p50 / p99 ms)")
-    all_lock: list[dict] = []
-    result = results.get("lockserver", {}).get("result")
-    if result:
-        all_lock += lock_rows("lockserver", result)
-    if not all_lock:
-        lines.append("  (no lock results)")
-    for row in sorted(all_lock, key=lambda r: (str(r["label"]), r["clients"])):
-        lines.append(
-            f"  {row['label']:<42} {row['clients']:>3} clients {row['pairs_per_s'] or 0:>10.1f}"
-            f"   {row['p50_ms']} / {row['p99_ms']}"
-        )
-    # Ratios at equal concurrency: everything against the dlock PostgreSQL backend over HTTP.
-    reference = {
-        r["clients"]: r
-        for r in all_lock
-        if "http" in r["label"].lower() and "etcd" not in r["label"].lower()
-    }
-    if reference:
-        lines += _section(
-            "Ratios against the dlock lock server (PostgreSQL backend, HTTP), same clients"
-        )
-        for row in sorted(all_lock, key=lambda r: (str(r["label"]), r["clients"])):
-            ref = reference.get(row["clients"])
-            if ref is None or row is ref or not ref["pairs_per_s"] or not row["pairs_per_s"]:
-                continue
-            lines.append(
-                f"  {row['label']:<42} {row['clients']:>3} clients  "
-                f"{row['pairs_per_s'] / ref['pairs_per_s']:>7.2f}×"
-            )
-    if floor:
-        lines += _section(
-            f"Durable locks against the disk's fsync floor ({floor:.0f} flushes/s, one writer)"
-        )
-        for row in all_lock:
-            if not row["pairs_per_s"]:
-                continue
-            lines.append(
-                f"  {row['label']:<42} {row['clients']:>3} clients  "
-                f"{row['pairs_per_s'] / floor:>7.2f}× the flush rate"
-            )
-    return lines
-
-
 def part_lines(results: dict[str, dict]) -> list[str]:
-    """The e2e and fsync parts: their own summary rows, else their numbers."""
-    lines: list[str] = []
+    """The e2e and fsync parts: their own summary rows, else their numbers; etcd_paced's rows."""
+    lines = etcd_paced_lines(results.get("etcd_paced"))
     for name, title in (
         ("e2e", "Payouts end to end (durable PostgreSQL)"),
         ("fsync", "Disk"),
@@ -159,10 +77,43 @@ def part_lines(results: dict[str, dict]) -> list[str]:
     return lines
 
 
+def etcd_paced_lines(entry: dict | None) -> list[str]:
+    """bench.etcd_paced: per arm and pace every round's figures, then the medians of per-round
+    ratios of etcd's CPU per pair, dlock's backend ÷ the recipe."""
+    if not entry:
+        return []
+    lines = _section("etcd's CPU per pair at one rate (bench.etcd_paced, in process, no HTTP)")
+    if entry.get("status") != "ok":
+        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
+    result = entry["result"]
+    lines.append(f"  {result['clients']} threads per arm; paced: {result['rate']} pairs/s")
+    lines.append(
+        "  arm, pace: every round's pairs/s | etcd CPU ms per pair | put+delete ops per pair"
+    )
+    for name, rows in result["rows"].items():
+        lines.append(
+            f"  {name:<16} "
+            + " | ".join(
+                "/".join(str(row[field]) for row in rows)
+                for field in (
+                    "pairs_per_s",
+                    "etcd_cpu_ms_per_pair",
+                    "etcd_put_delete_ops_per_pair",
+                )
+            )
+        )
+    ratios = result["etcd_cpu_dlock_over_recipe"]
+    lines.append(
+        "  etcd CPU per pair, dlock ÷ recipe (median of per-round ratios): "
+        + ", ".join(f"{pace} {value}×" for pace, value in ratios.items())
+    )
+    return lines
+
+
 def goals_lines(results: dict[str, dict]) -> list[str]:
-    """Payouts end to end beside the like-for-like floor, and the lock server beside its floor
-    arm: this run, the numbers before issue 18 (its absolute goals are withdrawn by issue 28:
-    the goals are now ratios to arms measured in the same run, `goals`)."""
+    """Payouts end to end beside the like-for-like floor: this run, the numbers before issue 18
+    (its absolute goals are withdrawn by issue 28: the goals are now ratios to arms measured in
+    the same run, `goals`)."""
     from bench.e2e import GOALS, PREVIOUS
 
     lines = [
@@ -212,42 +163,7 @@ def goals_lines(results: dict[str, dict]) -> list[str]:
             f" load {best.get('loadavg_1m_at_start')}"
         )
     else:
-        lines.append("  (no e2e result: run `python -m bench --only e2e lockserver`)")
-    lines += _lockserver_floor_lines((results.get("lockserver") or {}).get("result") or {})
-    return lines
-
-
-def _lockserver_floor_lines(lock: dict) -> list[str]:
-    """The lock server beside its floor arm at 8 clients (bench.lockserver)."""
-    from bench.e2e import GOALS
-
-    eight = next((lvl for lvl in lock.get("levels", []) if lvl.get("clients") == 8), None)
-    if eight and "floor_no_django" not in eight:  # a result from before the floor arm
-        return ["  (lockserver result without the floor arm: rerun `--only lockserver`)"]
-    if not eight:
-        return ["  (no lockserver result with its floor arm at 8 clients)"]
-    http, floor = eight["http"], eight["floor_no_django"]
-    rounds = eight.get("http_over_floor_rounds")
-    how = f"median of {len(rounds)} interleaved rounds" if rounds else "one run each"
-    lines: list[str] = []
-    lines.append(
-        f"  lock pairs/s at 8 clients, HTTP / floor arm ({how}):"
-        f" {eight.get('http_over_floor')}× | >= {GOALS['lock_http_over_floor_8']}× | 0.4× |"
-        f" floor {floor['pairs_per_s']}/s vs dlock {http['pairs_per_s']}/s"
-    )
-    if rounds:
-        lines.append(
-            "    every round (dlock/floor pairs/s = ratio, load): "
-            + ", ".join(
-                f"{r['http']['pairs_per_s']}/{r['floor_no_django']['pairs_per_s']}"
-                f" = {r['http_over_floor']}× ({r.get('loadavg_1m')})"
-                for r in eight.get("rounds", [])
-            )
-        )
-    lines.append(
-        f"    server CPU per pair: dlock {http.get('server_cpu_ms_per_pair')} ms,"
-        f" floor {floor.get('server_cpu_ms_per_pair')} ms"
-    )
+        lines.append("  (no e2e result: run `python -m bench --only e2e`)")
     return lines
 
 
@@ -309,7 +225,7 @@ def peers_lines(entry: dict | None) -> list[str]:
         return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
     peers = entry["result"]
     lines.append(
-        f"  {'point':<14} {'arm':<11} {'pairs/s':>9} {'acq p50':>8} {'acq p99':>8}"
+        f"  {'point':<14} {'arm':<16} {'pairs/s':>9} {'acq p50':>8} {'acq p99':>8}"
         f" {'pair p99':>9} {'CPU ms/pair':>12} {'of it LS':>9} {'writes/pair':>12}"
         f" {'errors':>7}"
     )
@@ -319,7 +235,7 @@ def peers_lines(entry: dict | None) -> list[str]:
             ls_cpu = row.get("lockserver_cpu_ms_per_pair")
             writes = row.get("writes_per_pair")
             lines.append(
-                f"  {name:<14} {arm:<11} {row['pairs_per_s'] or 0:>9.1f}"
+                f"  {name:<14} {arm:<16} {row['pairs_per_s'] or 0:>9.1f}"
                 f" {row['acquire_p50_ms'] or 0:>8.2f} {row['acquire_p99_ms'] or 0:>8.2f}"
                 f" {row['p99_ms'] or 0:>9.2f} {row['server_cpu_ms_per_pair'] or 0:>12.3f}"
                 f" {'—' if ls_cpu is None else f'{ls_cpu:.3f}':>9}"
@@ -332,6 +248,7 @@ def peers_lines(entry: dict | None) -> list[str]:
         " the lock server alone; writes/pair: the store's durable writes (pg transaction ids,"
         " etcd raft proposals, ZooKeeper zxids) over the window, background included"
     )
+    lines += _etcd_lines(peers.get("points", []))
     tokens = peers.get("tokens") or {}
     if tokens:
         lines.append(
@@ -343,6 +260,35 @@ def peers_lines(entry: dict | None) -> list[str]:
             )
         )
     lines.append(f"  load average before → after: {peers.get('loadavg_1m_before_after')}")
+    return lines
+
+
+def _etcd_lines(points: list[dict]) -> list[str]:
+    """bench.peers' etcd columns (etcd's own counters per pair, medians over rounds) and its etcd
+    ratios (medians of per-round ratios), per point where an etcd arm ran."""
+    lines: list[str] = []
+    for point in points:
+        where = f"{point['workload']} ×{point['clients']}"
+        etcd = {arm: row for arm, row in point["arms"].items() if "etcd_cpu_ms_per_pair" in row}
+        if etcd:
+            lines.append(
+                f"  etcd per pair, {where} (etcd CPU ms / put+delete ops / watch events): "
+                + ", ".join(
+                    f"{arm} {row['etcd_cpu_ms_per_pair']}"
+                    f" / {row.get('etcd_put_delete_ops_per_pair')}"
+                    f" / {row.get('etcd_watch_events_per_pair')}"
+                    for arm, row in etcd.items()
+                )
+            )
+        ratios = point.get("etcd_ratios") or {}
+        if any(ratios.get(name) is not None for name in ETCD_RATIOS):
+            lines.append(
+                f"  dlock-etcd, {where}: "
+                + ", ".join(
+                    f"{text} {'—' if ratios.get(name) is None else f'{ratios[name]}×'}"
+                    for name, text in ETCD_RATIOS.items()
+                )
+            )
     return lines
 
 
@@ -385,4 +331,48 @@ def compare_lines(entry: dict | None) -> list[str]:
         f"  GOAL (issue 25) server CPU per payout after ÷ before: {ratio}×"
         f" | <= {GOAL_25_AFTER_OVER_BEFORE}× | {verdict}"
     )
+    return lines
+
+
+def transport_lines(entry: dict | None) -> list[str]:
+    """bench.transport: the client's CPU per call in each tree, and the median of per-round
+    ratios after ÷ before."""
+    if not entry:
+        return []
+    lines = _section("The HTTP client transport, CPU per call (bench.transport)")
+    if entry.get("status") != "ok":
+        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
+    result = entry["result"]
+    trees = result["trees"]
+    lines.append(
+        f"  before {trees['before']['commit'][:12]}, after {trees['after']['commit'][:12]};"
+        f" {result['workload']}; load {result.get('loadavg_1m')}"
+    )
+    for arm, row in result["arms"].items():
+        lines.append(
+            f"  {arm:<10} {row['before_us']} → {row['after_us']} µs per call,"
+            f" after ÷ before {row['after_over_before']}× (median of per-round ratios)"
+        )
+    return lines
+
+
+def lockpath_lines(entry: dict | None) -> list[str]:
+    """bench.lockpath: the lock path's CPU per pair in process, by layer, and each cut's arm."""
+    if not entry:
+        return []
+    lines = _section("The lock path's CPU per pair in process (bench.lockpath)")
+    if entry.get("status") != "ok":
+        return lines + [f"  {entry.get('status', 'not run')}: {entry.get('error', '')[:300]}"]
+    data = entry["result"]
+    lines.append(
+        f"  {data['backend']}: {data['cpu_ms_per_pair']} ms of CPU per pair (no gunicorn, no"
+        f" nginx; by log level {data['cpu_ms_per_pair_by_log_level']})"
+    )
+    lines.append(
+        "  by layer: " + ", ".join(f"{k} {v} %" for k, v in data["layers_percent"].items())
+    )
+    top = list(data.get("dlock_functions_percent", {}).items())[:3]
+    lines.append("  dlock's busiest functions: " + ", ".join(f"{k} {v} %" for k, v in top))
+    for cut, saved in data["cuts_us_per_pair"].items():
+        lines.append(f"  cut: {cut}: {saved} µs of CPU per pair (median per-round difference)")
     return lines

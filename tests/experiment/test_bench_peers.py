@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from bench import peers
-from bench.peer_rounds import TokenOrderError
+from bench.peer_clients import ZkLockClient
+from bench.peer_rounds import (
+    TokenLog,
+    TokenOrderError,
+    assert_tokens_increase,
+    check_tokens,
+    ratios,
+)
 from bench.zookeeper import ZooKeeperServer
 from devstack.common import free_port
 
@@ -27,9 +34,9 @@ def zookeeper():
 
 
 def test_the_zookeeper_arm_token_check_catches_a_token_that_does_not_increase(zookeeper):
-    log = peers.TokenLog()
-    first = peers.ZkLockClient(zookeeper.hosts, "tokens.k1")
-    second = peers.ZkLockClient(zookeeper.hosts, "tokens.k1")  # another session, same key
+    log = TokenLog()
+    first = ZkLockClient(zookeeper.hosts, "tokens.k1")
+    second = ZkLockClient(zookeeper.hosts, "tokens.k1")  # another session, same key
     try:
         for client in (first, second, first, second):
             token = client.acquire()
@@ -40,13 +47,13 @@ def test_the_zookeeper_arm_token_check_catches_a_token_that_does_not_increase(zo
         second.close()
     grants = log.by_key[("zookeeper", "tokens.k1")]
     assert len(grants) == 4 and grants == sorted(set(grants))  # the recipe's own order
-    report = peers.assert_tokens_increase(log.by_key)
+    report = assert_tokens_increase(log.by_key)
     assert report["zookeeper"] == {"keys": 1, "grants": 4, "violations": []}
 
     log.record("zookeeper", "tokens.k1", grants[-1])  # a grant that does not exceed the last one
     with pytest.raises(TokenOrderError, match="tokens.k1"):
-        peers.assert_tokens_increase(log.by_key)
-    violations = peers.check_tokens(log.by_key)["zookeeper"]["violations"]
+        assert_tokens_increase(log.by_key)
+    violations = check_tokens(log.by_key)["zookeeper"]["violations"]
     assert violations == [
         {"key": "tokens.k1", "grant": 4, "previous": grants[-1], "token": grants[-1]}
     ]
@@ -80,11 +87,11 @@ def test_the_summary_ends_with_issue_28s_goal_lines_judged_on_per_round_ratios()
             }
         },
     ]
-    ratios = peers.ratios(rounds)
-    assert ratios["rounds"]["pg_over_best_peer"] == [1.2, 0.8]
-    assert ratios["pg_over_best_peer"] == 1.0  # median of 1.2 and 0.8: PASS (>= 1.0)
-    assert ratios["etcd_over_etcd_lock"] == pytest.approx((0.8 + 150 / 275) / 2, abs=1e-3)
-    assert ratios["pg_p99_over_best_peer"] == 1.3
+    found = ratios(rounds)
+    assert found["rounds"]["pg_over_best_peer"] == [1.2, 0.8]
+    assert found["pg_over_best_peer"] == 1.0  # median of 1.2 and 0.8: PASS (>= 1.0)
+    assert found["etcd_over_etcd_lock"] == pytest.approx((0.8 + 150 / 275) / 2, abs=1e-3)
+    assert found["pg_p99_over_best_peer"] == 1.3
     point = {
         "workload": "own",
         "clients": 8,
@@ -99,7 +106,7 @@ def test_the_summary_ends_with_issue_28s_goal_lines_judged_on_per_round_ratios()
             }
             for arm in peers.ARMS
         },
-        "ratios": ratios,
+        "ratios": found,
     }
     results = {
         "peers": {"status": "ok", "result": {"points": [point], "tokens": {}}},
@@ -187,7 +194,7 @@ def test_the_summary_prints_issue_39s_goal_lines_against_zookeeper():
             "workload": workload,
             "clients": clients,
             "arms": arms,
-            "ratios": peers.ratios(rounds),
+            "ratios": ratios(rounds),
         }
 
     points = [
@@ -210,27 +217,27 @@ def test_the_summary_prints_issue_39s_goal_lines_against_zookeeper():
 
 
 def test_a_subset_of_points_and_arms_is_chosen_by_name_and_a_wrong_name_is_refused():
-    assert peers._chosen_points("own:8, hot:32") == (("own", 8), ("hot", 32))
-    assert peers._chosen_points("") == peers._chosen_points(" , ")
-    assert ("own", 1) in peers._chosen_points("")  # empty: every point
-    assert peers._chosen_arms("dlock-etcd,etcd-lock") == ("dlock-etcd", "etcd-lock")
-    assert "zookeeper" in peers._chosen_arms("")  # empty: every arm
+    assert peers.chosen_points("own:8, hot:32") == (("own", 8), ("hot", 32))
+    assert peers.chosen_points("") == peers.chosen_points(" , ")
+    assert ("own", 1) in peers.chosen_points("")  # empty: every point
+    assert peers.chosen_arms("dlock-etcd,etcd-lock") == ("dlock-etcd", "etcd-lock")
+    assert "zookeeper" in peers.chosen_arms("")  # empty: every arm
     for wrong in ("own", "warm:8", "own:eight"):
         with pytest.raises(ValueError, match="BENCH_PEERS_POINTS"):
-            peers._chosen_points(wrong)
+            peers.chosen_points(wrong)
     with pytest.raises(ValueError, match="BENCH_PEERS_ARMS"):
-        peers._chosen_arms("dlock-etcd,redis")
+        peers.chosen_arms("dlock-etcd,redis")
 
 
 def test_etcd_arms_report_etcds_own_work_per_pair_and_the_etcd_goal_ratios():
     row = {"pairs": 100, "server_cpu_ms_per_pair_by_process": {"lockserver": 2.0, "etcd": 0.5}}
     before = {"put": 10, "delete": 5, "events": 7}
     after = {"put": 210, "delete": 205, "events": 7}
-    worked = peers._with_etcd_work(row, before, after)
+    worked = peers.with_etcd_work(row, before, after)
     assert worked["etcd_cpu_ms_per_pair"] == 0.5
     assert worked["etcd_put_delete_ops_per_pair"] == 4.0
     assert worked["etcd_watch_events_per_pair"] == 0.0
-    unknown = peers._with_etcd_work(row, before, {**after, "events": None})
+    unknown = peers.with_etcd_work(row, before, {**after, "events": None})
     assert unknown["etcd_watch_events_per_pair"] is None
 
     def arm(rate: float, etcd_cpu: float | None = None) -> dict:
