@@ -152,29 +152,9 @@ class Connection(HTTPConnection):
         return isinstance(sock, DeadlineSocket) and sock.reusable() and super().is_connected
 
 
-class TLSConnection(HTTPSConnection):
-    """`Connection` for https origins: urllib3's verified TLS connection, the same changes."""
-
-    def __init__(
-        self, *args: Any, keep_alive_s: float | None, registry: Registry = None, **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.keep_alive_s = keep_alive_s
-        self.reader: DeadlineSocket | None = None
-        if registry is not None:
-            registry.add(self)
-
-    def connect(self) -> None:
-        _connect(self, super().connect, self.keep_alive_s)
-
-    def getresponse(self) -> Any:
-        self.reader = _answer_due(self)
-        return super().getresponse()
-
-    @property
-    def is_connected(self) -> bool:
-        sock = self.sock
-        return isinstance(sock, DeadlineSocket) and sock.reusable() and super().is_connected
+class TLSConnection(Connection, HTTPSConnection):
+    """`Connection` for https origins: its changes over urllib3's verified TLS connection (the
+    method order puts HTTPSConnection under Connection, so its connect does the handshake)."""
 
 
 class Pool(HTTPConnectionPool):

@@ -8,38 +8,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parent.parent
-PACKAGES = (
-    "admin",
-    "bench",
-    "devstack",
-    "dlock",
-    "executor",
-    "experiment",
-    "lockserver",
-    "ops",
-    "payments",
-    "railproxy",
-    "railstub",
-    "scripts",
-    "settings",
-)
+from tests.project_modules import PROJECT, module_name, package_files
+
 # A cycle listed here is one a change is removing; none is left.
 KNOWN: list[frozenset[str]] = []
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PROJECT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def project_modules() -> dict[str, Path]:
     modules = {"manage": PROJECT / "manage.py"}
-    for package in PACKAGES:
-        for path in (PROJECT / package).rglob("*.py"):
-            modules[_module_name(path)] = path
+    modules.update({module_name(path): path for path in package_files()})
     return modules
 
 

@@ -11,43 +11,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parent.parent
-PACKAGES = (
-    "admin",
-    "bench",
-    "devstack",
-    "dlock",
-    "examples",
-    "executor",
-    "experiment",
-    "lockserver",
-    "ops",
-    "payments",
-    "railproxy",
-    "railstub",
-    "scripts",
-    "settings",
-)
+from tests.project_modules import module_name, package_files
+
 PUBLIC_APIS = ("dlock.client", "dlock.fence", "payments.models")
 GENERATED = ("lockserver.etcd_proto",)  # grpcio-tools' output imports its siblings as it likes
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PROJECT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
 def _modules() -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for package in PACKAGES:
-        root = PROJECT / package
-        if root.is_dir():
-            for path in root.rglob("*.py"):
-                if "migrations" not in path.parts:
-                    found[_module_name(path)] = path
-    return found
+    return {module_name(path): path for path in package_files(with_migrations=False)}
 
 
 MODULES = _modules()

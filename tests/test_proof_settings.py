@@ -76,8 +76,12 @@ def _check(
     role: str, private: str | None, public: str | None = None, *, production: bool = False
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "ROLE": role, "DJANGO_DEBUG": "false"}
-    if production:
+    if production:  # its database URLs verified, as production requires
         env["DLOCK_ENVIRONMENT"] = "production"
+        for name in ("LOCK_DATABASE_URL", "PAY_DATABASE_URL", "RAIL_DATABASE_URL"):
+            if env.get(name):
+                joiner = "&" if "?" in env[name] else "?"
+                env[name] += f"{joiner}sslmode=verify-full&sslrootcert=/nonexistent/ca.pem"
     env.pop("DLOCK_PROOF_KEYS", None)
     env.pop("DLOCK_FENCING_PUBLIC_KEYS", None)
     if private is not None:
