@@ -115,7 +115,7 @@ demo: up
 # running stack's PostgreSQL (its own database), the stale holder refused with 409 FENCED_OUT.
 example: up
 	set -a; . .run/stack.env; set +a; \
-	EXAMPLE_PORT=$${EXAMPLE_PORT:-$$($(BIN)/python -c 'from devstack import free_port; print(free_port())')} \
+	EXAMPLE_PORT=$${EXAMPLE_PORT:-$$($(BIN)/python -c 'from devstack.common import free_port; print(free_port())')} \
 	$(BIN)/python -m examples.stock.story
 
 # Debian's prometheus (scripts/sysdeps.sh) against the running stack: monitoring/prometheus.yml

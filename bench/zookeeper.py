@@ -4,7 +4,7 @@ Debian's `zookeeper` package (`bash scripts/sysdeps.sh` installs it): the
 standalone server class from /usr/share/java/zookeeper.jar (its manifest names every jar it
 needs), a private config with `forceSync=yes` (every transaction-log write is fsynced before the
 server answers, as PostgreSQL's commit and etcd's WAL are), its data directory beside the
-benchmark's PostgreSQL data (same disk), a port from `devstack.free_port()`, the admin HTTP
+benchmark's PostgreSQL data (same disk), a port from `devstack.common.free_port()`, the admin HTTP
 server off. `stop()` ends it and nothing else.
 """
 

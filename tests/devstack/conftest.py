@@ -1,4 +1,4 @@
-"""A dev stack of the tests' own: `devstack.up` on free ports in a temporary run directory."""
+"""A dev stack of the tests' own: `devstack.stack.up` on free ports in a temporary run directory."""
 
 from __future__ import annotations
 
