@@ -59,7 +59,7 @@ def say(message: str) -> None:
 # Ports the stack and the tests listen on come from here: below the kernel's ephemeral range
 # (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 on Linux by default), which outgoing
 # connections draw their source ports from, so no client connection can take a port between
-# free_port() choosing it and a server binding it (issue 24: "Address already in use").
+# free_port() choosing it and a server binding it ("Address already in use").
 # DLOCK_PORT_SLICE="i/n" narrows it to its i-th of n equal slices (0-based) for one process and
 # its children: each parallel test worker draws from a slice of its own (tests/pgplugin.py), so
 # two processes can never choose the same port between one's probe and its bind.

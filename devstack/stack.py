@@ -46,7 +46,7 @@ from devstack.postgres import PgCluster, private_datadir, state_root
 from devstack.roles import RoleProcess, migrate_all, read_record, remove_pod_dir, write_record
 from devstack.secrets_env import role_environment, stack_file_env
 from devstack.tls import ensure_tls
-from dlock.auth import credentials_entry, new_credential  # issue 15
+from dlock.auth import credentials_entry, new_credential
 
 
 class TopologyMismatch(StackError):
@@ -359,7 +359,7 @@ def up(
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DLOCK_REPLICAS": str(topology.replicas),
     }
-    # --- issue 15 (credentials): one executor and one operator credential per stack, kept
+    # Credentials: one executor and one operator credential per stack, kept
     # across `make up` (else the caller's, else new); the roles get only their hashes,
     # stack.env the plaintexts (below).
     stored = read_env(run / "stack.env")  # the roles' environment holds only the hashes
@@ -375,7 +375,6 @@ def up(
             credentials_entry(credentials["DLOCK_OPERATOR_CREDENTIAL"], "operator"),
         ]
     )
-    # --- end issue 15
     scheme = _tls(env, run, tls)
     _databases(env, previous, run)
     if topology.backend == "etcd":
@@ -387,7 +386,7 @@ def up(
     say("migrating lockdb, paydb, raildb")
     migrate_all(env)
     _start_roles(env, topology, run, running_records(run))
-    env.update(credentials)  # issue 15: callers read DLOCK_{EXECUTOR,OPERATOR}_CREDENTIAL
+    env.update(credentials)  # callers read DLOCK_{EXECUTOR,OPERATOR}_CREDENTIAL
     write_env(run / "stack.env", stack_file_env(env))
     say(f"wrote {run / 'stack.env'} ({topology.describe()})")
     return env

@@ -196,7 +196,7 @@ def get_payout(*, payout_id: uuid.UUID) -> dict[str, Any]:
 
 def balance_sql(account: str = "a") -> str:
     """The balance of the `account` row (a table alias or name) as an SQL expression: its own
-    balance_minor plus its settlement buckets (issue 28 item 3: P3 spreads the credits to
+    balance_minor plus its settlement buckets (CHANGELOG row 75: P3 spreads the credits to
     `settlement:<ccy>` over bucket rows; other accounts have none, so the sum is 0). The one
     definition every reader of a balance uses — P5, the admin, the reconciler, the experiment —
     so none reads a settlement account's row alone. An index probe on the buckets' primary key."""

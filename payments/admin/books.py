@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 @admin.register(Account)
 class AccountAdmin(ReadOnlyAdmin):
     """The balance shown is the account's balance (selectors.balance_sql): a settlement
-    account's row holds only part of it, the rest is in its buckets (issue 28 item 3)."""
+    account's row holds only part of it, the rest is in its buckets (CHANGELOG row 75)."""
 
     list_display = ("account_id", "kind", "currency", "balance", "fence", "updated_at_utc")
     list_filter = ("kind", "currency")

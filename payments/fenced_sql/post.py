@@ -37,7 +37,7 @@ SELECT account_id, amount_minor, currency FROM moved
 # credit) and the identity's recorded 200, in one statement; nothing is written unless the
 # payout moved. The entry ids and the body come from the caller, who knows them from the locked
 # account and payout rows. The credit lands in the payout's bucket row of the settlement
-# account (issue 28 item 3), not on the account row: the posts of one currency would otherwise
+# account (CHANGELOG row 75), not on the account row: the posts of one currency would otherwise
 # queue on that one row's lock until each commit's fsync. ON CONFLICT DO NOTHING takes no row
 # lock, so `settled` only creates the account (ledger entries and buckets reference it).
 POST_SQL = """

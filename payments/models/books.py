@@ -46,7 +46,7 @@ class Account(models.Model):
 
 
 class SettlementBucket(models.Model):
-    """One of the rows P3 spreads a settlement account's credits over (issue 28 item 3): a post
+    """One of the rows P3 spreads a settlement account's credits over (CHANGELOG row 75): a post
     credits bucket `hash(payout id) mod PAY_SETTLEMENT_BUCKETS` of `settlement:<currency>`, so
     the posts of one currency lock one of N rows, not one row, until their commits' fsync.
 

@@ -299,7 +299,7 @@ class Acquirer:
 
     def _end_own_grant(self, key: str, session_id: uuid.UUID, holder: KeyValue) -> None:
         """Re-acquire by the holding session: end its grant so the next create issues a new,
-        higher token (never the same one twice, issue 16). etcd cannot delete and create one key
+        higher token (never the same one twice). etcd cannot delete and create one key
         in a txn, so another session may win the key in between, as after a release."""
         lock_key = self.keys.lock_key(key)
         ended = self.client.txn(

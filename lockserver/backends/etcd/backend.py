@@ -42,8 +42,8 @@ class EtcdLockBackend:
     `waiters`, the `acquirer` that uses them for L4, and `housekeeping`."""
 
     name = "etcd"
-    # The credential that opened a session is kept in the session's own record (issue 27 item
-    # 3), written by the put that creates it: L1-L6 never need lockdb on this backend.
+    # The credential that opened a session is kept in the session's own record, written by
+    # the put that creates it: L1-L6 never need lockdb on this backend.
     records_session_credential = True
 
     def __init__(

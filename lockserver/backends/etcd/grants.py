@@ -105,8 +105,7 @@ class Grants:
         EXPIRY_GRACE_S after the deadline; not at all once that is over). If the key is
         still there afterwards, the recorded deadline is authoritative all the same
         (lapsed=True): etcd renews every lease to its full TTL when a new leader is elected,
-        and a grant must never outlive its reported expiresAt by more than about a second
-        (issue 16 item 4).
+        and a grant must never outlive its reported expiresAt by more than about a second.
 
         `known`: the grant as the caller just read it (a refused create answers it), used for the
         first look instead of reading it again.

@@ -71,7 +71,7 @@ def grace_left(*kvs: KeyValue | None, grace_s: float) -> float:
     """Seconds left of etcd's chance to delete keys whose recorded deadline passed: until the
     latest such deadline + `grace_s`. 0 when that is over — a key still there then was kept by
     a lease renewal (a new leader renews every lease to its full TTL, e.g. after a quorum
-    loss), and waiting longer for its deletion would only delay the caller (issue 27 item 5)."""
+    loss), and waiting longer for its deletion would only delay the caller."""
     now = epoch_ms(utc_now())
     left = [
         kv.json()["expiresAt"] + grace_s * 1000 - now

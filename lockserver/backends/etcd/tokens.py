@@ -10,7 +10,7 @@ start on pg or on a fresh etcd cluster then starts above it. If lockdb cannot be
 written when a token above the ceiling is due, no token is issued: 503 NOT_LEADER, readiness
 DOWN, one `token_floor_unavailable` line.
 
-The block is refilled ahead of need (issue 27 item 3): once fewer than half a block of tokens
+The block is refilled ahead of need: once fewer than half a block of tokens
 remain under the ceiling, a background attempt raises it again, so while lockdb is reachable the
 backend always holds at least half a block of tokens it may issue without lockdb. That is
 how long it serves through a lockdb outage: until etcd's revision (every write, not only grants,
