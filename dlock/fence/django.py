@@ -23,6 +23,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from dlock.errors import ApiError
 from dlock.fence.proofs import KeyFormatError, PublicKeys, Verifier, verified_token
@@ -64,7 +65,9 @@ def fenced_view(
     **kwargs)` names, then call the view with `fencing_token=<token>`. A refusal from the check
     (400 INVALID_TOKEN) or from the view (409 FENCED_OUT, or any ApiError) is answered with the
     C3 envelope; the view's own transaction rolls back as the exception leaves it, and an
-    enclosing one (ATOMIC_REQUESTS) is marked to roll back."""
+    enclosing one (ATOMIC_REQUESTS) is marked to roll back. The view is exempt from Django's
+    CSRF check: its caller is a worker, not a browser, and what authorises the write is the
+    proof, a header no other site can make a browser send."""
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @functools.wraps(view)
@@ -82,6 +85,6 @@ def fenced_view(
                         connection.set_rollback(True)
                 return error_response(error)
 
-        return wrapper
+        return csrf_exempt(wrapper)
 
     return decorate

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 from django.http import JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
 from django.test import RequestFactory, override_settings
 from psycopg import sql
 
@@ -405,6 +406,20 @@ def test_the_decorator_hands_the_view_its_token_and_answers_refusals_with_the_c3
     stale = post(4, LOCK_SERVER.sign(key="stock:a", token=4))
     assert stale.status_code == 409 and json.loads(stale.content)["code"] == "FENCED_OUT"
     assert json.loads(stale.content)["details"]["highestToken"] == 5
+
+
+@override_settings(DLOCK_FENCING_PUBLIC_KEYS=PUBLIC.setting_value())
+def test_a_worker_without_a_csrf_cookie_reaches_the_fence_not_a_403_page():
+    """A new project has CsrfViewMiddleware on; a worker's POST carries a proof, no CSRF token."""
+    request = RequestFactory().post(
+        "/stock/a",
+        HTTP_X_FENCING_TOKEN="6",
+        HTTP_X_FENCING_PROOF=LOCK_SERVER.sign(key="stock:a", token=6),
+    )
+    request._dont_enforce_csrf_checks = False
+    middleware = CsrfViewMiddleware(lambda request: _take_view(request, "a"))
+    assert middleware.process_view(request, _take_view, ("a",), {}) is None
+    assert _take_view(request, "a").status_code == 200
 
 
 @fenced_view(key=lambda request, sku: f"stock:{sku}")
