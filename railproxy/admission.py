@@ -7,6 +7,8 @@
 1. strict high-water advance for the account → else a FENCED row, 409 FENCED_OUT;
 2. no live submission for the payout → else 409 DUPLICATE_SUBMISSION;
 3. the payout CLAIMED under this very token → SUBMITTING, intent row PENDING; COMMIT.
+Steps 1–3 are the fence kit's side-effect gate (`fenced_sql.RAIL_GATE.admit`): the payout's
+claim is its precondition, the FENCED row its kept refusal, the submission row its intent.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from django.db import IntegrityError, transaction
 
 from dlock import idempotency, metrics
 from dlock.errors import ApiError, Code, not_found, payout_not_claimable, validation_error
-from dlock.fence.refusals import fenced_out
+from dlock.fence.gate import DuplicateOperation, Intent, Superseded
+from dlock.fence.refusals import FencedOut
 from dlock.logs import log_event
 from dlock.prepared import prepared_cursor
 from payments.fenced_sql.payout import transition_payout
@@ -35,20 +38,7 @@ from railproxy.submission import (
     stored_error,
 )
 
-FENCED_MESSAGE = {
-    "fenced_high_water": "a newer fencing token already reached the rail for this account",
-    "fenced_claim": "the payout was claimed under a newer fencing token",
-}
-
-
-class _Fenced(Exception):
-    """A step-1 or step-3 refusal: recorded as a FENCED row, the high-water mark unmoved."""
-
-    def __init__(self, *, highest: int, resource_id: str, detail: str) -> None:
-        self.highest = highest
-        self.resource_id = resource_id
-        self.detail = detail
-        super().__init__(detail)
+FENCED_CLAIM_MESSAGE = "the payout was claimed under a newer fencing token"
 
 
 def admit(request: SubmissionRequest) -> Admitted | Replay | FencedRecorded:
@@ -76,8 +66,10 @@ def admit(request: SubmissionRequest) -> Admitted | Replay | FencedRecorded:
 
         try:
             return _steps_one_to_three(cursor, request, step.payout)
-        except _Fenced as fenced:
-            return _record_fenced(cursor, request, fenced)
+        except FencedOut as fenced:  # on record (a FENCED row), committed with the mark unmoved
+            return FencedRecorded(fenced)
+        except DuplicateOperation as duplicate:  # raised out of the transaction: nothing written
+            raise _duplicate(request, existing=duplicate.existing) from None
         except IntegrityError:
             # Two submissions for one payout raced past step 2: the partial unique index wins.
             # Raised out of the transaction, which rolls back whole.
@@ -115,56 +107,57 @@ def _check_request_names_the_payout(
 def _steps_one_to_three(
     cursor: Any, request: SubmissionRequest, payout: fenced_sql.PayoutRow
 ) -> Admitted:
-    """Steps 1–3 on the payout row-locked by step 0. A refusal raised here either rolls the
-    whole transaction back or (_Fenced) is recorded with the mark where it was."""
+    """Steps 1–3 through the rail's side-effect gate, on the payout row-locked by step 0: the
+    account's strict high-water advance, one live submission per payout whatever the token
+    (FR-18), then the payout CLAIMED under this very token → SUBMITTING and the intent row.
+    A fenced refusal is recorded (a FENCED row) with the mark where it was and raised."""
     # A newer holder re-claimed the payout: the presenter lost its lock (step 3's refusal). Step
     # 1 is then only asked, so the refusal leaves the mark unmoved.
-    claimed_by_newer = payout.claim_token is not None and payout.claim_token > request.token
-    # Step 1: the strict conditional write; its row lock serialises every admission per account.
-    if claimed_by_newer:
-        highest, admits = fenced_sql.high_water_admits(
-            cursor, account_id=request.account_id, token=request.token, payout_id=request.payout_id
+    superseded = None
+    if payout.claim_token is not None and payout.claim_token > request.token:
+        superseded = Superseded(
+            resource_id=str(request.payout_id),
+            highest_token=payout.claim_token,
+            reason="fenced_claim",
+            message=FENCED_CLAIM_MESSAGE,
         )
-    else:
-        admits = (
-            fenced_sql.advance_high_water(
-                cursor,
-                account_id=request.account_id,
-                token=request.token,
-                payout_id=request.payout_id,
-            )
-            is not None
+
+    def claimed_under_this_token(cursor: Any, intent: Intent) -> None:
+        if payout.state != "CLAIMED" or payout.claim_token != request.token:
+            raise _not_claimable(request, payout)
+        moved = transition_payout(
+            cursor,
+            payout_id=request.payout_id,
+            from_states=("CLAIMED",),
+            to_state="SUBMITTING",
+            token=request.token,
+            owner_id=request.owner_id,
+            note=f"rail submission {intent.intent_id}",
         )
-        highest = 0 if admits else fenced_sql.high_water(cursor, account_id=request.account_id)
-    if not admits:
-        raise _Fenced(highest=highest, resource_id=request.account_id, detail="fenced_high_water")
-    # Step 2: one submission per payout, whatever the token (FR-18).
-    existing = fenced_sql.live_submission(cursor, payout_id=request.payout_id)
-    if existing is not None:
-        raise _duplicate(request, existing=existing)
-    # Step 3: the payout must be CLAIMED under this very token; then the intent commits.
-    if claimed_by_newer:
-        raise _Fenced(
-            highest=payout.claim_token, resource_id=str(request.payout_id), detail="fenced_claim"
+        if not moved:  # pragma: no cover - the row is locked FOR UPDATE above
+            raise _not_claimable(request, payout)
+
+    def pending_row(cursor: Any, intent: Intent) -> Any:
+        return insert_submission(
+            cursor, request, submission_id=intent.intent_id, outcome=Outcome.PENDING
         )
-    if payout.state != "CLAIMED" or payout.claim_token != request.token:
-        raise _not_claimable(request, payout)
-    submission_id = uuid.uuid4()
-    moved = transition_payout(
+
+    def fenced_row(cursor: Any, refusal: FencedOut, reason: str) -> None:
+        _record_fenced(cursor, request, refusal, reason)
+
+    intent = fenced_sql.RAIL_GATE.admit(
         cursor,
-        payout_id=request.payout_id,
-        from_states=("CLAIMED",),
-        to_state="SUBMITTING",
+        resource_id=request.account_id,
+        operation_id=str(request.payout_id),
         token=request.token,
         owner_id=request.owner_id,
-        note=f"rail submission {submission_id}",
+        superseded=superseded,
+        precondition=claimed_under_this_token,
+        write_intent=pending_row,
+        on_fenced=fenced_row,
+        log_fields={"payoutId": str(request.payout_id)},
     )
-    if not moved:  # pragma: no cover - the row is locked FOR UPDATE above
-        raise _not_claimable(request, payout)
-    submitted_at = insert_submission(
-        cursor, request, submission_id=submission_id, outcome=Outcome.PENDING
-    )
-    return Admitted(submission_id, submitted_at)
+    return Admitted(intent.intent_id, intent.written)
 
 
 def insert_submission(
@@ -199,30 +192,19 @@ def insert_submission(
     )
 
 
-def _record_fenced(cursor: Any, request: SubmissionRequest, fenced: _Fenced) -> FencedRecorded:
+def _record_fenced(cursor: Any, request: SubmissionRequest, error: FencedOut, reason: str) -> None:
     """The refusal stays on record (a FENCED row) without blocking a later legitimate holder."""
-    error = fenced_out(
-        resource="rail",
-        resource_id=fenced.resource_id,
-        presented=request.token,
-        highest=fenced.highest,
-        owner_id=request.owner_id,
-        message=FENCED_MESSAGE[fenced.detail],
-        payoutId=str(request.payout_id),
-        reason=fenced.detail,
-    )
     insert_submission(
         cursor,
         request,
         submission_id=uuid.uuid4(),
         outcome=Outcome.FENCED,
-        highest_token=fenced.highest,
-        detail=fenced.detail,
+        highest_token=error.highest_token,
+        detail=reason,
         response_status=error.status,
         response_body=stored_error(error),
     )
     metrics.rail_submission.labels(outcome="fenced").inc()
-    return FencedRecorded(error)
 
 
 def _duplicate(request: SubmissionRequest, *, existing: tuple | None) -> ApiError:

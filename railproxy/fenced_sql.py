@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dlock.fence.gate import HighWaterMark, IntentLog
+from dlock.fence.gate import SideEffectGate
+from dlock.fence.marks import AMBIGUOUS, FAILED, NOT_SENT, SUCCEEDED, HighWaterMark, IntentLog
 from dlock.idempotency import stored_body
 from payments.selectors import PAYOUT_FOR_SUBMISSION_SQL, payout_for_submission
 
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 # The rail's side-effect gate is the fence kit's (dlock.fence.gate) on the proxy's own tables:
 # the high-water mark per account, with the one payout that may come back under the same token
 # after a NOT_SENT attempt, and the submissions as the intent log (FENCED and NOT_SENT rows
-# never presented anything, so they are not live).
+# never presented anything, so they are not live). Admission (steps 1–3) and the outcome's
+# record run through RAIL_GATE; railproxy.admission and railproxy.recording bring the payout.
 RAIL_MARK = HighWaterMark(
     table="rail_high_water",
     resource_column="account_id",
@@ -45,14 +47,15 @@ RAIL_INTENTS = IntentLog(
     token_column="presented_token",  # noqa: S106 - a column name
     live_outcomes=("PENDING", "ACKED", "TIMEOUT", "DECLINED"),
 )
-# Admission step 1 (C3 §3.5), one statement (strict `>`, or the NOT_SENT payout's same token).
-ADVANCE_HIGH_WATER_SQL = RAIL_MARK.advance_sql
-HIGH_WATER_SQL = RAIL_MARK.highest_sql
-HIGH_WATER_ADMITS_SQL = RAIL_MARK.admits_sql
-RAISE_HIGH_WATER_SQL = RAIL_MARK.raise_floor_sql
-REOPEN_FOR_RETRY_SQL = RAIL_MARK.allow_retry_sql
-# Admission step 2 (FR-18).
-LIVE_SUBMISSION_SQL = RAIL_INTENTS.live_sql
+# The gate's outcome of each rail outcome (railproxy.models.Outcome).
+GATE_OUTCOME = {"ACKED": SUCCEEDED, "TIMEOUT": AMBIGUOUS, "DECLINED": FAILED, "NOT_SENT": NOT_SENT}
+FENCED_HIGH_WATER_MESSAGE = "a newer fencing token already reached the rail for this account"
+RAIL_GATE = SideEffectGate(
+    resource_type="rail",
+    mark=RAIL_MARK,
+    intents=RAIL_INTENTS,
+    fenced_message=FENCED_HIGH_WATER_MESSAGE,
+)
 
 # Admission step 0, after the identity's lock (an earlier statement, so this snapshot sees a
 # twin's committed row): the identity's recorded row, else the payout, row-locked for the whole
@@ -204,14 +207,6 @@ def replay_or_payout(cursor: Any, *, key: str, token: int, payout_id: uuid.UUID)
     if row[5] is None:
         return ReplayOrPayout(None, None)
     return ReplayOrPayout(None, PayoutRow(*row[5:]))
-
-
-def high_water_admits(
-    cursor: Any, *, account_id: str, token: int, payout_id: uuid.UUID
-) -> tuple[int, bool]:
-    """(highest token, would ADVANCE_HIGH_WATER_SQL admit `token`), the mark row-locked; an
-    account without a mark admits every (positive) token."""
-    return RAIL_MARK.admits(cursor, resource_id=account_id, token=token, operation=str(payout_id))
 
 
 def insert_submission(

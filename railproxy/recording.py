@@ -20,6 +20,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from dlock import idempotency, metrics
 from dlock.errors import ApiError, Code
+from dlock.fence.gate import Intent
 from dlock.logs import log_event
 from dlock.prepared import prepared_cursor
 from dlock.timefmt import rfc3339_ms
@@ -144,10 +145,14 @@ def _write(
     body: dict[str, Any] | None,
     error: ApiError | None,
 ) -> tuple[tuple | None, tuple | None]:
-    """One transaction: (the resolved row's times, None), or (None, the row as someone else
-    resolved it: the sweep, or an earlier attempt of ours whose COMMIT landed)."""
-    using = alias()
-    with transaction.atomic(using=using), prepared_cursor(using) as cursor:
+    """One transaction through the rail's side-effect gate (its record, on `resolve`):
+    (the resolved row's times, None), or (None, the row as someone else resolved it: the sweep,
+    or an earlier attempt of ours whose COMMIT landed)."""
+    intent = Intent(
+        admitted.submission_id, str(request.payout_id), request.account_id, request.token
+    )
+
+    def resolve(cursor: Any) -> tuple | None:  # the row's own resolve, and the payout's move
         resolved = fenced_sql.resolve_submission(
             cursor,
             submission_id=admitted.submission_id,
@@ -158,14 +163,36 @@ def _write(
             response_body=body if error is None else stored_error(error),
             stamped=error is None,  # the 200's times are the row's, stored with it
         )
+        to_state = PAYOUT_STATE_AFTER[answer.outcome]
+        if resolved is not None and not transition_payout(
+            cursor,
+            payout_id=request.payout_id,
+            from_states=("SUBMITTING",),
+            to_state=to_state,
+            token=request.token,
+            owner_id=request.owner_id,
+            note=f"rail {answer.outcome.value.lower()} ({answer.detail}) {admitted.submission_id}",
+        ):
+            log_event(
+                "rail_payout_not_submitting",
+                level=logging.ERROR,
+                payoutId=str(request.payout_id),
+                submissionId=str(admitted.submission_id),
+                wanted=to_state,
+            )
+        return resolved
+
+    with transaction.atomic(using=alias()), prepared_cursor(alias()) as cursor:
+        resolved = fenced_sql.RAIL_GATE.record(  # NOT_SENT re-opens the mark for this payout
+            cursor, intent, outcome=fenced_sql.GATE_OUTCOME[answer.outcome], resolve=resolve
+        )
         if resolved is None:
             # Resolved already: the sweep declared it ambiguous (we were paused that long).
             return None, fenced_sql.submission(cursor, submission_id=admitted.submission_id)
-        if error is None and body is not None:
-            body["submittedAt"] = rfc3339_ms(resolved[0])
-            body["resolvedAt"] = rfc3339_ms(resolved[1])
-        _move_payout(cursor, request, admitted, answer)
-        return resolved, None
+    if error is None and body is not None:
+        body["submittedAt"] = rfc3339_ms(resolved[0])
+        body["resolvedAt"] = rfc3339_ms(resolved[1])
+    return resolved, None
 
 
 def _ours(
@@ -263,33 +290,6 @@ def _answer_for(
             details={**base, "outcome": "NOT_SENT"},
         )
     return error.status, None, error
-
-
-def _move_payout(
-    cursor: Any, request: SubmissionRequest, admitted: Admitted, answer: RailAnswer
-) -> None:
-    to_state = PAYOUT_STATE_AFTER[answer.outcome]
-    moved = transition_payout(
-        cursor,
-        payout_id=request.payout_id,
-        from_states=("SUBMITTING",),
-        to_state=to_state,
-        token=request.token,
-        owner_id=request.owner_id,
-        note=f"rail {answer.outcome.value.lower()} ({answer.detail}) {admitted.submission_id}",
-    )
-    if not moved:
-        log_event(
-            "rail_payout_not_submitting",
-            level=logging.ERROR,
-            payoutId=str(request.payout_id),
-            submissionId=str(admitted.submission_id),
-            wanted=to_state,
-        )
-    if answer.outcome == Outcome.NOT_SENT:
-        fenced_sql.allow_same_token_retry(
-            cursor, account_id=request.account_id, token=request.token, payout_id=request.payout_id
-        )
 
 
 def answer_replay(request: SubmissionRequest, replay: Replay) -> Accepted:

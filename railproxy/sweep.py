@@ -1,10 +1,9 @@
 """The sweep: intents nobody recorded an outcome for become TIMEOUT, their payouts RAIL_AMBIGUOUS.
 
-`sweep_unresolved_intents()` is one sweep (also `manage.py rail_sweep`). The background
-sweeper thread runs it in the rail-proxy server process only (never in management commands),
-at start-up and every RAIL_SWEEP_INTERVAL_MS. Any number of proxy processes may sweep at once:
-rows are taken FOR UPDATE SKIP LOCKED and resolved by a conditional UPDATE, so each intent is
-quarantined exactly once.
+`sweep_unresolved_intents()` is one sweep (also `manage.py rail_sweep`); the sweeper thread
+runs it in a rail-proxy server process only, at start-up and every RAIL_SWEEP_INTERVAL_MS. Any
+number of processes may sweep at once: rows are taken FOR UPDATE SKIP LOCKED and quarantined by
+the side-effect gate's conditional record, so each intent is quarantined exactly once.
 """
 
 from __future__ import annotations
@@ -12,12 +11,15 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from functools import partial
 
 from django.conf import settings
 from django.db import connections, transaction
 
 from dlock import metrics
 from dlock.errors import ApiError, Code
+from dlock.fence.gate import Intent
+from dlock.fence.marks import AMBIGUOUS
 from dlock.logs import log_event
 from payments.fenced_sql.payout import transition_payout
 from railproxy import fenced_sql
@@ -80,9 +82,8 @@ def sweep_unresolved_intents(*, older_than_s: float | None = None) -> int:
             + settings.RAIL_READ_TIMEOUT_MS
             + settings.RAIL_SWEEP_MARGIN_MS
         ) / 1000
-    using = alias()
     swept = 0
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    with transaction.atomic(using=alias()), connections[alias()].cursor() as cursor:
         for submission_id, payout_id, account_id, token, owner_id in fenced_sql.stale_intents(
             cursor, older_than_s=older_than_s
         ):
@@ -97,18 +98,17 @@ def sweep_unresolved_intents(*, older_than_s: float | None = None) -> int:
                     "reason": "sweep",
                 },
             )
-            if (
-                fenced_sql.resolve_submission(
-                    cursor,
-                    submission_id=submission_id,
-                    outcome=Outcome.TIMEOUT,
-                    detail="sweep",
-                    rail_reference=None,
-                    response_status=error.status,
-                    response_body=stored_error(error),
-                )
-                is None
-            ):
+            resolve = partial(  # the gate's AMBIGUOUS quarantine, on the row's own resolve
+                fenced_sql.resolve_submission,
+                submission_id=submission_id,
+                outcome=Outcome.TIMEOUT,
+                detail="sweep",
+                rail_reference=None,
+                response_status=error.status,
+                response_body=stored_error(error),
+            )
+            intent = Intent(submission_id, str(payout_id), account_id, token)
+            if not fenced_sql.RAIL_GATE.record(cursor, intent, outcome=AMBIGUOUS, resolve=resolve):
                 continue
             transition_payout(
                 cursor,

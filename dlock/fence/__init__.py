@@ -22,16 +22,15 @@ Every FencedOut the kit raises counts `lock_fenced_out_total{resource}` on `fenc
 from __future__ import annotations
 
 from dlock.fence.gate import (
-    GATE_SCHEMA_SQL,
     Ambiguous,
     Declined,
     DuplicateOperation,
-    HighWaterMark,
     Intent,
-    IntentLog,
     NotSent,
     SideEffectGate,
+    Superseded,
 )
+from dlock.fence.marks import GATE_SCHEMA_SQL, HighWaterMark, IntentLog
 from dlock.fence.proofs import (
     HEADER,
     TOKEN_HEADER,
@@ -68,6 +67,7 @@ __all__ = [
     "PublicKeys",
     "SideEffectGate",
     "SigningKeys",
+    "Superseded",
     "Verifier",
     "fence_predicate",
     "fenced_out",

@@ -7,10 +7,9 @@ and the C3 error envelope for the kit's refusals.
     def take(request, sku, *, fencing_token):
         ...  # fenced_update(..., token=fencing_token); FencedOut becomes 409 FENCED_OUT
 
-Keys come from the project's settings: `DLOCK_FENCING_PUBLIC_KEYS` (`kid:<public key>[,…]`,
-what the lock server's `GET /v1/fencing-keys` publishes; `manage.py fencing_keys --public`
-prints it). A bad value fails loudly at the first request. The verifier (and its memory of
-verified proofs) is made once per distinct value, so tests may override the setting.
+Keys come from settings.DLOCK_FENCING_PUBLIC_KEYS (`kid:<public key>[,…]`, what `GET
+/v1/fencing-keys` publishes and `manage.py fencing_keys --public` prints); a bad value fails
+loudly at the first request. One verifier per distinct value: tests may override the setting.
 """
 
 from __future__ import annotations
@@ -61,13 +60,12 @@ def error_response(error: ApiError) -> HttpResponse:
 def fenced_view(
     *, key: Callable[..., str], verifier: Callable[[], Verifier] = settings_verifier
 ) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
-    """Verify X-Fencing-Token and X-Fencing-Proof for the lock key `key(request, *args,
-    **kwargs)` names, then call the view with `fencing_token=<token>`. A refusal from the check
-    (400 INVALID_TOKEN) or from the view (409 FENCED_OUT, or any ApiError) is answered with the
-    C3 envelope; the view's own transaction rolls back as the exception leaves it, and an
-    enclosing one (ATOMIC_REQUESTS) is marked to roll back. The view is exempt from Django's
-    CSRF check: its caller is a worker, not a browser, and what authorises the write is the
-    proof, a header no other site can make a browser send."""
+    """Verify X-Fencing-Token and X-Fencing-Proof for the key `key(request, *args, **kwargs)`,
+    then call the view with `fencing_token=<token>`. A refusal (400 INVALID_TOKEN, 409
+    FENCED_OUT, any ApiError) is answered with the C3 envelope; the view's own transaction
+    rolls back, an enclosing one (ATOMIC_REQUESTS) is marked to. Exempt from Django's CSRF
+    check: the caller is a worker, and the proof is a header no other site can make a browser
+    send."""
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @functools.wraps(view)
@@ -78,8 +76,7 @@ def fenced_view(
                 )
                 return view(request, *args, fencing_token=token, **kwargs)
             except ApiError as error:
-                # Answered, not raised: an enclosing atomic block (ATOMIC_REQUESTS) must still
-                # roll back what the view wrote before it was refused (as DRF's handler does).
+                # Answered, not raised: an enclosing atomic block must still roll back (as DRF's).
                 for connection in connections.all(initialized_only=True):
                     if connection.in_atomic_block:
                         connection.set_rollback(True)

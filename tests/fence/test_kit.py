@@ -25,11 +25,15 @@ from dlock.fence import (
     Declined,
     DuplicateOperation,
     FencedOut,
+    HighWaterMark,
+    Intent,
+    IntentLog,
     InvalidToken,
     NotSent,
     PublicKeys,
     SideEffectGate,
     SigningKeys,
+    Superseded,
     Verifier,
     fenced_update,
     verified_token,
@@ -451,3 +455,185 @@ def test_a_refusal_answered_by_the_decorator_rolls_back_an_enclosing_atomic_requ
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM fence_probe")
         assert cursor.fetchone() == (0,)
+
+
+# ------------------------------------------------------------ the gate's hooks (rail-proxy's)
+
+
+def _mark_of(conn, resource: str) -> int | None:
+    row = conn.execute(
+        "SELECT highest_token FROM fence_high_water WHERE resource_id = %s", [resource]
+    ).fetchone()
+    return row[0] if row else None
+
+
+def _keep_refusal(cursor, refusal: FencedOut, reason: str) -> None:
+    """An adopter's on_fenced: the refusal stays on record, outside the live outcomes."""
+    cursor.execute(
+        "INSERT INTO fence_intent (intent_id, operation_id, resource_id, token, owner_id, outcome,"
+        " result) VALUES (%s, %s, %s, %s, %s, 'FENCED', %s)",
+        [
+            uuid.uuid4(),
+            refusal.details["resourceId"],
+            refusal.resource_id,
+            refusal.presented_token,
+            refusal.owner_id,
+            json.dumps({"reason": reason, "highest": refusal.highest_token}),
+        ],
+    )
+
+
+def test_a_superseded_operation_is_fenced_after_step_two_its_refusal_kept_the_mark_unmoved(conn):
+    """The operation's own record belongs to a newer token (a re-claimed payout): step 1 only
+    asks the mark, the refusal names the record's token, is kept on record, and blocks no later
+    legitimate attempt."""
+    gate = SideEffectGate(resource_type="mailer")
+    resource, operation = f"user-{uuid.uuid4().hex[:6]}", f"mail-{uuid.uuid4().hex[:6]}"
+    gate.run(
+        conn,
+        resource_id=resource,
+        operation_id="warm-up-" + operation,
+        token=3,
+        owner_id="a",
+        call=lambda: "sent",
+    )
+    with conn.transaction(), conn.cursor() as cursor, pytest.raises(FencedOut) as refused:
+        gate.admit(
+            cursor,
+            resource_id=resource,
+            operation_id=operation,
+            token=5,  # would advance the mark: a superseded admission must not
+            owner_id="a",
+            superseded=Superseded(resource_id=operation, highest_token=9, reason="fenced_claim"),
+            on_fenced=_keep_refusal,
+        )
+    assert (refused.value.resource_id, refused.value.highest_token) == (operation, 9)
+    assert _mark_of(conn, resource) == 3
+    kept = conn.execute(
+        "SELECT outcome, result FROM fence_intent WHERE operation_id = %s AND token = 5",
+        [operation],
+    ).fetchall()
+    assert kept == [("FENCED", {"reason": "fenced_claim", "highest": 9})]
+    # The newer holder's attempt goes through: the kept refusal is not live.
+    assert (
+        gate.run(
+            conn,
+            resource_id=resource,
+            operation_id=operation,
+            token=9,
+            owner_id="b",
+            call=lambda: "sent",
+        )
+        == "sent"
+    )
+    assert _intents(conn, operation) == [("FENCED", 5), ("SUCCEEDED", 9)]
+
+
+def test_a_stale_token_is_fenced_at_step_one_even_when_superseded(conn):
+    gate = SideEffectGate(resource_type="mailer", fenced_message="the mailer saw a newer token")
+    resource, operation = f"user-{uuid.uuid4().hex[:6]}", f"mail-{uuid.uuid4().hex[:6]}"
+    gate.run(
+        conn,
+        resource_id=resource,
+        operation_id="first-" + operation,
+        token=8,
+        owner_id="b",
+        call=lambda: "sent",
+    )
+    reasons = []
+    with conn.transaction(), conn.cursor() as cursor, pytest.raises(FencedOut) as refused:
+        gate.admit(
+            cursor,
+            resource_id=resource,
+            operation_id=operation,
+            token=4,
+            owner_id="a",
+            superseded=Superseded(resource_id=operation, highest_token=6, reason="fenced_claim"),
+            on_fenced=lambda cursor, refusal, reason: reasons.append(reason),
+        )
+    assert reasons == ["fenced_high_water"]
+    assert (refused.value.resource_id, refused.value.highest_token) == (resource, 8)
+    assert refused.value.message == "the mailer saw a newer token"
+    assert _mark_of(conn, resource) == 8
+
+
+def test_a_precondition_refusal_rolls_the_admission_back_whole(conn):
+    gate = SideEffectGate(resource_type="mailer")
+    resource, operation = f"user-{uuid.uuid4().hex[:6]}", f"mail-{uuid.uuid4().hex[:6]}"
+    seen = []
+
+    def not_ready(cursor, intent: Intent) -> None:
+        seen.append(intent.token)
+        raise ValueError("the record is not ready for this token")
+
+    with pytest.raises(ValueError), conn.transaction(), conn.cursor() as cursor:
+        gate.admit(
+            cursor,
+            resource_id=resource,
+            operation_id=operation,
+            token=4,
+            owner_id="a",
+            precondition=not_ready,
+        )
+    assert seen == [4]
+    assert _mark_of(conn, resource) is None and _intents(conn, operation) == []
+
+
+def test_a_gate_on_tables_of_your_own_writes_and_resolves_its_own_rows(conn):
+    """Configurable tables: the default statements built from the adopter's column names, or
+    the adopter's own writer and resolver; NOT_SENT re-opens only what a resolve moved."""
+    suffix = uuid.uuid4().hex[:6]
+    marks, attempts = f"job_mark_{suffix}", f"job_attempt_{suffix}"
+    conn.execute(
+        f"CREATE TABLE {marks} (job text PRIMARY KEY, top bigint NOT NULL, again text,"
+        " updated_at timestamptz)"
+    )
+    conn.execute(
+        f"CREATE TABLE {attempts} (attempt uuid PRIMARY KEY, step text, job text, tok bigint,"
+        " who text, state text, answer jsonb, done_at timestamptz)"
+    )
+    gate = SideEffectGate(
+        resource_type="jobs",
+        mark=HighWaterMark(
+            table=marks, resource_column="job", token_column="top", retry_column="again"
+        ),
+        intents=IntentLog(
+            table=attempts,
+            id_column="attempt",
+            operation_column="step",
+            outcome_column="state",
+            token_column="tok",
+            resource_column="job",
+            owner_column="who",
+            result_column="answer",
+            resolved_column="done_at",
+        ),
+    )
+    assert gate.run(
+        conn, resource_id="j1", operation_id="s1", token=2, owner_id="w", call=lambda: {"ok": 1}
+    ) == {"ok": 1}
+    with pytest.raises(FencedOut):
+        gate.run(
+            conn, resource_id="j1", operation_id="s2", token=2, owner_id="w", call=lambda: "never"
+        )
+    assert conn.execute(
+        f"SELECT state, tok, answer FROM {attempts} WHERE step = 's1'"
+    ).fetchall() == [("SUCCEEDED", 2, {"ok": 1})]
+
+    # The table's own writer and resolver: a resolve that moved nothing re-opens nothing.
+    with conn.transaction(), conn.cursor() as cursor:
+        intent = gate.admit(
+            cursor,
+            resource_id="j1",
+            operation_id="s3",
+            token=3,
+            owner_id="w",
+            write_intent=lambda cursor, intent: "written by the adopter",
+        )
+    assert intent.written == "written by the adopter"
+    with conn.transaction(), conn.cursor() as cursor:
+        assert gate.record(cursor, intent, outcome="NOT_SENT", resolve=lambda cursor: None) is None
+        assert gate.record(cursor, intent, outcome="NOT_SENT", resolve=lambda cursor: (1,)) == (1,)
+    assert conn.execute(f"SELECT top, again FROM {marks} WHERE job = 'j1'").fetchone() == (3, "s3")
+    with pytest.raises(ValueError):
+        IntentLog(table=attempts, owner_column="who; DROP TABLE stock")

@@ -8,6 +8,7 @@ import uuid
 import pytest
 from django.db import connections, transaction
 
+from devstack.common import PROJECT
 from dlock.dbrouter import alias_for
 from dlock.prepared import prepared_cursor
 from railproxy import fenced_sql
@@ -271,3 +272,29 @@ def test_an_outcome_arriving_after_the_sweep_answers_the_sweeps_record_and_moves
             [str(submission_id)],
         )
         assert cursor.fetchone() == ("TIMEOUT", None, json.dumps(swept), "RAIL_AMBIGUOUS")
+
+
+def test_admission_recording_and_the_sweep_go_through_the_kits_gate_only():
+    """One side-effect gate in the tree: rail-proxy's steps 1-3 and every outcome it records
+    are the fence kit's SideEffectGate (admit / record) on the proxy's tables, never its own
+    sequence of the mark's and the intent log's statements."""
+    orchestration = {
+        "admission.py": "RAIL_GATE.admit(",
+        "recording.py": "RAIL_GATE.record(",
+        "sweep.py": "RAIL_GATE.record(",
+    }
+    own_steps = (
+        "advance_high_water",
+        "high_water(",
+        "live_submission",
+        "allow_same_token_retry",
+        "RAIL_MARK",
+        "RAIL_INTENTS",
+        "fenced_out(",
+    )
+    for name, gate_call in orchestration.items():
+        source = (PROJECT / "railproxy" / name).read_text()
+        assert gate_call in source, name
+        assert [step for step in own_steps if step in source] == [], name
+    assert fenced_sql.RAIL_GATE.mark is fenced_sql.RAIL_MARK
+    assert fenced_sql.RAIL_GATE.intents is fenced_sql.RAIL_INTENTS
