@@ -271,10 +271,11 @@ def database(url_env: str) -> dict:
         )
     config["ENGINE"] = DB_ENGINE
     config["CONN_MAX_AGE"] = 0
-    # With a pool, Django passes this on as psycopg_pool's `check`
-    # (ConnectionPool.check_connection): every connection is checked (one empty query) before
-    # the pool hands it out, so after a database restart the pool discards its dead connections
-    # and connects anew instead of handing each out once more and failing that request.
+    # With a pool, Django passes this on as psycopg_pool's `check` (dlock.pgbackend's
+    # SweepingCheck): every connection is checked before the pool hands it out (a poll of its
+    # socket; an empty query when the server wrote to it or closed it), so after a database
+    # restart the pool discards its dead connections and connects anew instead of handing each
+    # out once more and failing that request.
     config["CONN_HEALTH_CHECKS"] = True
     options = config["OPTIONS"]
     options["options"] = (

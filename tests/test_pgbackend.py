@@ -37,3 +37,26 @@ def test_a_statement_on_a_fresh_connection_is_counted():
         cursor.execute("SELECT 1")
         assert cursor.fetchone() == (1,)
     assert REGISTRY.get_sample_value("django_db_execute_total", labels) == before + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_connection_the_server_ended_is_not_quiet_and_fails_its_check():
+    """The pool's check skips the round trip only for a connection the server has not written to
+    or closed; one whose backend was terminated (what a restart does) is checked, and fails."""
+    from dlock.pgbackend.base import SweepingCheck, quiet
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params["autocommit"] = True
+    with psycopg.connect(**params) as idle, psycopg.connect(**params) as admin:
+        assert quiet(idle)
+        SweepingCheck()(idle)  # quiet: handed out with no statement
+        pid = idle.info.backend_pid
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        for _ in range(200):  # the backend ends asynchronously; its FATAL then reaches the socket
+            if not quiet(idle):
+                break
+            admin.execute("SELECT pg_sleep(0.01)")
+        assert not quiet(idle)
+        with pytest.raises(psycopg.OperationalError):
+            SweepingCheck()(idle)

@@ -8,7 +8,8 @@ The class made here is django-prometheus' own (`ExportingCursorWrapper`), cached
 metrics, labels and behaviour.
 
 The pool is Django's, built as Django builds it, with one difference in its `check`: psycopg_pool
-checks every connection before handing it out, and when a check fails (the server restarted or
+checks every connection before handing it out (a poll of its socket; an empty query when the
+server sent something or closed it), and when a check fails (the server restarted or
 the network broke) `ConnectionPool.check()` sweeps every other idle connection at once. Without
 the sweep, each request after a restart met the pool's dead connections one at a time, a
 second's back-off apiece, and ran out of its queue deadline (503 OVERLOADED).
@@ -16,6 +17,7 @@ second's back-off apiece, and ran out of its queue deadline (503 OVERLOADED).
 
 from __future__ import annotations
 
+import select
 from functools import cache
 from typing import Any
 
@@ -46,13 +48,29 @@ def check_connection(conn: Connection) -> None:
             conn.autocommit = False
 
 
+def quiet(conn: Connection) -> bool:
+    """True when an idle connection's socket has nothing to read. An idle connection the server
+    ended (a restart's "terminating connection", a closed socket) has its message or its EOF
+    waiting to be read, and one psycopg already found broken says so; either is checked with a
+    round trip. A poll of the socket costs no round trip."""
+    if conn.closed or conn.broken:
+        return False
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN | select.POLLPRI)
+    return not poller.poll(0)
+
+
 class SweepingCheck:
-    """psycopg_pool's check of one connection; when it fails, every idle one is checked too."""
+    """psycopg_pool's check of one connection; when it fails, every idle one is checked too.
+    A quiet connection (nothing from the server since its last answer) is handed out without
+    the empty query: the round trip would tell nothing the socket does not."""
 
     def __init__(self) -> None:
         self.pool: ConnectionPool | None = None
 
     def __call__(self, conn: Connection) -> None:
+        if quiet(conn):
+            return
         try:
             check_connection(conn)
         except Exception:
