@@ -17,3 +17,12 @@ USE_TZ = True
 # The lock server's public keys, `kid:<key>[,…]`: from the environment (make up writes them to
 # .run/stack.env) or read once from its GET /v1/fencing-keys (story.py does that when unset).
 DLOCK_FENCING_PUBLIC_KEYS = os.environ.get("DLOCK_FENCING_PUBLIC_KEYS", "")
+# The kit's events (`fenced_out` with its tokens, resource and owner) as one JSON line each on
+# stderr, through python-json-logger: what your log pipeline would read.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "pythonjsonlogger.json.JsonFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"}},
+    "loggers": {"dlock": {"handlers": ["stderr"], "level": "INFO", "propagate": False}},
+}

@@ -14,6 +14,7 @@ the lock server's GET /v1/fencing-keys when unset. Exit 0 when the story ends as
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import requests
 from psycopg import sql
+from pythonjsonlogger.json import JsonFormatter
 
 from dlock.client import DlockError, LockClient
 from dlock.fence import fetch_public_keys
@@ -147,6 +149,11 @@ def play(lock_url: str, base: str, database_url: str) -> bool:
 
 
 def main() -> int:
+    # The lock client's events (`lock_lost` when A's lease runs out) as JSON lines, as the
+    # service's settings log the kit's.
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    logging.getLogger("dlock").addHandler(handler)
     lock_url = os.environ["LOCK_SERVER_URL"]
     env = dict(os.environ)
     if not env.get("DLOCK_FENCING_PUBLIC_KEYS"):
