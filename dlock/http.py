@@ -7,7 +7,7 @@ module only decides what dlock needs on top of it (ARCHITECTURE decision 19, CHA
 
 - **One request function** (`request`): `pool.urlopen(..., retries=NO_RETRY, redirect=False,
   preload_content=False)` and the body read, for exchanges (`exchange`), one-shot sends
-  (`send_once`) and streams (`dlock.http_stream.open_stream`) alike; what does not change
+  (`send_once`) alike; what does not change
   between calls (the Retry, a Timeout per budget, an origin, a header name's check) made once.
 - **No retry, no redirect** inside the library: a POST is presented at most once per call
   (urllib3's default would silently re-send a request whose pooled connection dropped). Retries
@@ -27,7 +27,7 @@ module only decides what dlock needs on top of it (ARCHITECTURE decision 19, CHA
   connection classes of `dlock.http_connection`.
 - **Pools per origin**, shared by the process's threads and sized by the caller
   (`pool_for(url, size=N)`); a thread never waits for a connection. One-shot connections
-  (`send_once`, streams) come from a pool whose connections serve one request each.
+  (`send_once`) come from a pool whose connections serve one request each.
 - **Limits**: an answer larger than MAX_BODY_BYTES is a transport failure, not a memory blow-up.
 - **TLS**: `https://` peers are verified against the PEM bundle named by `DLOCK_CA_BUNDLE`
   when it is set, else against the system store; verification is never turned off. A process
@@ -194,7 +194,6 @@ class ConnectionPool:
 
     `size` bounds the idle connections kept, not the connections in use: a thread never waits for
     a connection, it opens one when none is idle, and one returned to a full pool is closed.
-    `one_shot()` is the origin's pool of connections that serve one request each (streams).
     """
 
     def __init__(self, scheme: str, host: str, port: int, *, size: int = DEFAULT_POOL_SIZE) -> None:
@@ -223,9 +222,6 @@ class ConnectionPool:
 
     def __repr__(self) -> str:
         return f"<ConnectionPool {self.scheme}://{self.host}:{self.port} size={self.size}>"
-
-    def one_shot(self) -> HTTPConnectionPool:
-        return one_shot_pool(self.scheme, self.host, self.port, self.tls)
 
     def grow(self, size: int) -> None:
         """Keep at least `size` idle connections (done when a caller is set up, not per call)."""
@@ -394,11 +390,9 @@ def request(
     connect_s: float,
     read_s: float,
     params: dict[str, Any] | None = None,
-    stream: bool = False,
 ) -> tuple[BaseHTTPResponse, bytes]:
-    """One request to `url` on a connection of `pool`, and its whole answer (with `stream`, the
-    head only: the body is the caller's to read, then to `discard` or read to its end). The one
-    place `sent` is decided, for exchanges, sends and streams: a header HTTP cannot carry or a
+    """One request to `url` on a connection of `pool`, and its whole answer. The one place
+    `sent` is decided, for exchanges and sends: a header HTTP cannot carry or a
     connect-phase error sent nothing; whatever fails after the connect may have reached the
     server. Never retried, never redirected."""
     try:
@@ -421,8 +415,6 @@ def request(
         raise TransportError(method, url, sent=False, cause=exc) from exc
     except TRANSPORT_ERRORS as exc:
         raise TransportError(method, url, sent=True, cause=exc) from exc
-    if stream:
-        return response, b""
     try:
         return response, _read_body(response)
     except TRANSPORT_ERRORS as exc:

@@ -114,28 +114,25 @@ def _connect(conn: HTTPConnection, connect: Callable[[], None], keep_alive_s: fl
     conn.sock = DeadlineSocket(conn.sock, keep_alive_s=keep_alive_s)
 
 
-def _answer_due(conn: HTTPConnection) -> DeadlineSocket | None:
+def _answer_due(conn: HTTPConnection) -> None:
     """Start the response's deadline (urllib3 has set the timeout to the read budget by now)."""
     sock = conn.sock
     if not isinstance(sock, DeadlineSocket):
-        return None
+        return
     sock.busy = True
     if isinstance(conn.timeout, (int, float)):
         sock.deadline = time.monotonic() + conn.timeout
-    return sock
 
 
 class Connection(HTTPConnection):
     """urllib3's HTTP connection with dlock's connect phase, read deadline and reuse limit.
-    Each connection joins the `registry` its pool was given, if any; `reader` is the socket the
-    last response is read from (a stream moves its deadline)."""
+    Each connection joins the `registry` its pool was given, if any."""
 
     def __init__(
         self, *args: Any, keep_alive_s: float | None, registry: Registry = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self.keep_alive_s = keep_alive_s
-        self.reader: DeadlineSocket | None = None
         if registry is not None:
             registry.add(self)
 
@@ -143,7 +140,7 @@ class Connection(HTTPConnection):
         _connect(self, super().connect, self.keep_alive_s)
 
     def getresponse(self) -> Any:
-        self.reader = _answer_due(self)
+        _answer_due(self)
         return super().getresponse()
 
     @property
