@@ -28,6 +28,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
 from dlock.errors import not_found
+from dlock.fence.django import verifier_for
 from dlock.fence.proofs import (
     PublicKeys,
     SigningKeys,
@@ -134,15 +135,10 @@ def _public_of(keys: SigningKeys) -> PublicKeys:
     return keys.public()
 
 
-@lru_cache(maxsize=4)
-def _verifier_for(keys: PublicKeys) -> Verifier:
-    return Verifier(keys)
-
-
 def verifier() -> Verifier:
     """This process's verifier for the configured keys (one per key set: a settings change, as
     in a test's override_settings, gets a fresh one and a fresh memory of verified proofs)."""
-    return _verifier_for(public_keys())
+    return verifier_for(public_keys())
 
 
 def sign(*, key: str, token: int, ring: SigningKeys | None = None) -> str:

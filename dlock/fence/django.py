@@ -32,7 +32,8 @@ SETTING = "DLOCK_FENCING_PUBLIC_KEYS"
 
 
 @functools.lru_cache(maxsize=8)
-def _verifier_for(keys: PublicKeys) -> Verifier:
+def verifier_for(keys: PublicKeys) -> Verifier:
+    """One Verifier (and its memory of verified proofs) per key set in this process."""
     return Verifier(keys)
 
 
@@ -46,7 +47,7 @@ def settings_verifier() -> Verifier:
             raise ImproperlyConfigured(str(exc)) from None
     if not configured:
         raise ImproperlyConfigured(f"{SETTING} must name the lock server's public keys")
-    return _verifier_for(configured)
+    return verifier_for(configured)
 
 
 def error_response(error: ApiError) -> HttpResponse:
