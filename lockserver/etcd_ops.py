@@ -37,11 +37,6 @@ def range_end(prefix: str) -> bytes:
     return bytes(raw)
 
 
-def prefix_end(prefix: str) -> str:
-    """`range_end` as text."""
-    return range_end(prefix).decode()
-
-
 @dataclass(frozen=True)
 class KeyValue:
     key: str
