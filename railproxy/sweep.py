@@ -73,13 +73,18 @@ def _loop() -> None:
 
 
 def sweep_unresolved_intents(*, older_than_s: float | None = None) -> int:
-    """Every intent PENDING for longer than the rail read timeout (+ margin) → TIMEOUT and its
+    """Every intent PENDING for longer than its forwarder can still record it → TIMEOUT and its
     payout → RAIL_AMBIGUOUS. Never re-forwarded, by anyone, under any token. Returns the count.
+
+    The forwarder may record up to rail connect + read + the recording's retry
+    (RAIL_RECORD_RETRY_MS, while paydb cannot be reached) after admission; the sweep waits that
+    long plus its margin, so it never quarantines an answer the recorder is still writing.
     """
     if older_than_s is None:
         older_than_s = (
             settings.RAIL_CONNECT_TIMEOUT_MS
             + settings.RAIL_READ_TIMEOUT_MS
+            + settings.RAIL_RECORD_RETRY_MS
             + settings.RAIL_SWEEP_MARGIN_MS
         ) / 1000
     swept = 0

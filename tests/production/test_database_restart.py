@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -45,16 +46,40 @@ def cluster(tmp_path_factory):
     shutil.rmtree(pg.datadir, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def stack(cluster):
+def stack_on(cluster: PgCluster, prefix: str, env: dict[str, str] | None = None) -> LiveStack:
+    """A stack whose lockdb and paydb are new databases on `cluster`."""
     urls = {
-        "LOCK_DATABASE_URL": cluster.create_database("lockdb"),
-        "PAY_DATABASE_URL": cluster.create_database("paydb"),
+        "LOCK_DATABASE_URL": cluster.create_database(f"{prefix}_lockdb"),
+        "PAY_DATABASE_URL": cluster.create_database(f"{prefix}_paydb"),
     }
     manage(["migrate", "--no-input", "-v", "0"], urls, role="lockserver")
     manage(["migrate", "--no-input", "-v", "0"], urls, role="admin")
-    live = start_stack("restart", extra_env=urls)
+    return start_stack(prefix, extra_env=urls | (env or {}))
+
+
+@pytest.fixture(scope="module")
+def stack(cluster):
+    live = stack_on(cluster, "restart")
     live.start_admin()
+    yield live
+    stop_stack(live)
+
+
+# Short rail timeouts (as the rail tests use), so an outage outlasts both the rail-proxy's nginx
+# read timeout (queue 0.5 + connect 0.5 + read 1.5 + margin 0.25 = 2.75 s) and connect + read +
+# sweep margin (2.5 s) within the recording's retry (5 s); the sweeper looks every 0.3 s.
+SHORT_RAIL_ENV = {
+    "RAIL_CONNECT_TIMEOUT_MS": "500",
+    "RAIL_READ_TIMEOUT_MS": "1500",
+    "RAIL_SWEEP_MARGIN_MS": "500",
+    "RAIL_SWEEP_INTERVAL_MS": "300",
+    "RAIL_RECORD_RETRY_MS": "5000",
+}
+
+
+@pytest.fixture(scope="module")
+def short_rail_stack(cluster):
+    live = stack_on(cluster, "restart_short", SHORT_RAIL_ENV)
     yield live
     stop_stack(live)
 
@@ -196,6 +221,46 @@ def test_a_rail_answer_that_arrives_while_paydb_is_down_is_recorded_when_it_is_b
 
     assert answer and answer[0].status_code == 200, answer and answer[0].text
     assert answer[0].json()["outcome"] == "ACKED"
+    assert rail.payout_state(payout.payout_id) == "RAIL_ACKED"
+    assert [s[0] for s in rail.submissions(payout.payout_id)] == ["ACKED"]
+    assert len(rail.transfers(payout.payout_id)) == 1
+    assert quarantined(rail) == []
+
+
+def test_an_answer_recorded_after_the_callers_read_and_the_sweep_threshold_is_not_quarantined(
+    short_rail_stack, cluster
+):
+    """paydb stays down past the rail-proxy's nginx read timeout and past connect + read +
+    sweep margin: the caller gets 504 UPSTREAM_TIMEOUT (sent, outcome unknown: the executor
+    emits `rail_ambiguous` and stops, C3 §3.7, and the next holder posts the RAIL_ACKED payout),
+    and the sweeper, which runs as soon as paydb is back, leaves the intent to the recorder that
+    is still retrying. Before the sweep's threshold counted RAIL_RECORD_RETRY_MS, it quarantined
+    a payout whose rail answer was known."""
+    rail = Rail(short_rail_stack)
+    rail.stub_config(latency_ms=1_000)
+    payout = rail.claimed_payout(token=7)
+    answer: list[requests.Response] = []
+    submitter = threading.Thread(target=lambda: answer.append(rail.submit(payout)))
+    submitter.start()
+    old_threshold_s = (500 + 1_500 + 500) / 1000  # connect + read + sweep margin
+    try:
+        rail.wait_for(lambda: rail.payout_state(payout.payout_id) == "SUBMITTING")
+        admitted = time.monotonic()
+        cluster.stop("fast")
+        # The rail answered (raildb is on the suite's server) while paydb is down, the
+        # caller's read ran out at the proxy (nginx answered it), and the intent is older than
+        # the old threshold when paydb comes back.
+        Rail.wait_for(lambda: len(rail.transfers(payout.payout_id)) == 1, TIMEOUT)
+        submitter.join(TIMEOUT)
+        time.sleep(max(0.0, admitted + old_threshold_s + 0.5 - time.monotonic()))
+    finally:
+        cluster.start()
+        rail.stub_config()
+    assert answer and answer[0].status_code == 504, answer and answer[0].text
+    assert answer[0].json()["code"] == "UPSTREAM_TIMEOUT"
+
+    # The recorder or the sweeper resolves the intent; only the recorder may.
+    Rail.wait_for(lambda: rail.payout_state(payout.payout_id) != "SUBMITTING", TIMEOUT)
     assert rail.payout_state(payout.payout_id) == "RAIL_ACKED"
     assert [s[0] for s in rail.submissions(payout.payout_id)] == ["ACKED"]
     assert len(rail.transfers(payout.payout_id)) == 1

@@ -37,10 +37,12 @@ def stub_config_statement(**values) -> tuple[str, dict]:
     )
 
 
-# Short timeouts keep ambiguous outcomes fast: connect 0.5 s, read 1.5 s, sweep after 2.5 s.
+# Short timeouts keep ambiguous outcomes fast: connect 0.5 s, read 1.5 s, the recording's retry
+# 1 s, sweep after 3.5 s (connect + read + retry + margin).
 RAIL_ENV = {
     "RAIL_CONNECT_TIMEOUT_MS": "500",
     "RAIL_READ_TIMEOUT_MS": "1500",
+    "RAIL_RECORD_RETRY_MS": "1000",
     "RAIL_SWEEP_MARGIN_MS": "500",
     "RAIL_SWEEP_INTERVAL_MS": "300",
 }
