@@ -250,24 +250,37 @@ DB_PREPARE_THRESHOLD = 1
 DB_ENGINE = "dlock.pgbackend"
 
 
-# In production every database connection is TLS with the server's certificate verified
-# (sslmode=verify-full, as k8s/ gives it); a URL without it is refused at start-up. A test of
-# the production image against a local cluster without TLS sets this to true, nothing else.
-DLOCK_ALLOW_UNVERIFIED_DATABASE = env_bool("DLOCK_ALLOW_UNVERIFIED_DATABASE", False)
+# In production every database connection is TLS to a server the URL names, its certificate
+# verified (sslmode=verify-full, as k8s/ gives it); any other URL is refused at start-up, and no
+# setting lifts that. A Unix-socket host is refused too: libpq speaks no TLS on a socket (it
+# ignores sslmode there), so nothing would verify the server, and the environment decides whether
+# libpq uses the socket at all (PGHOSTADDR or a PGSERVICE entry's hostaddr turns it into TCP,
+# in clear text without verify-full). So is a URL that names no host (libpq takes PGHOST).
+def unverified_database(config: dict) -> str | None:
+    """Why libpq could reach the database of this DATABASES entry without verifying the server
+    over TLS, as the end of a one-line refusal; None when it cannot."""
+    options = config["OPTIONS"]
+    if options.get("sslmode") != "verify-full":
+        return "must carry sslmode=verify-full (and sslrootcert)"
+    # Django's backend gives libpq HOST (the URL's host) over OPTIONS' `host` (a query parameter).
+    hosts = config["HOST"] or options.get("host", "")
+    if not hosts:
+        return "must name the database server's host (libpq would take PGHOST or a local socket)"
+    # libpq: a host starting with "/" (a directory) or "@" (Linux's abstract namespace) is a
+    # Unix socket; a comma-separated list is tried in order.
+    if any(host.strip().startswith(("/", "@")) for host in hosts.split(",")):
+        return "must name a TCP host, not a Unix socket (a socket carries no TLS to verify)"
+    return None
 
 
 def database(url_env: str) -> dict:
     """One pooled PostgreSQL alias with the request deadline applied server-side; Django's
     PostgreSQL backend as django-prometheus wraps it (the django_db_* metrics)."""
     config = env_database(url_env)
-    if (
-        DLOCK_ENVIRONMENT == "production"
-        and not DLOCK_ALLOW_UNVERIFIED_DATABASE
-        and config["OPTIONS"].get("sslmode") != "verify-full"
-    ):
+    if DLOCK_ENVIRONMENT == "production" and (refused := unverified_database(config)):
         raise ImproperlyConfigured(
-            f"{url_env} must carry sslmode=verify-full (and sslrootcert) when "
-            "DLOCK_ENVIRONMENT=production: the database's certificate is verified"
+            f"{url_env} {refused} when DLOCK_ENVIRONMENT=production: the database's "
+            "certificate is verified"
         )
     config["ENGINE"] = DB_ENGINE
     config["CONN_MAX_AGE"] = 0

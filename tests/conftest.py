@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,8 +14,10 @@ import pytest
 
 from devstack.common import DB_URL_ENV, URL_ENV, free_port
 from devstack.etcd import EtcdServer
+from devstack.postgres import PgCluster
 from devstack.roles import RoleProcess, manage, stop_all
 from devstack.secrets_env import role_environment
+from devstack.tls import ensure_tls
 from tests import credentials, pgplugin
 
 ROLES = ("lockserver", "payments", "railproxy", "railstub")
@@ -53,8 +56,34 @@ class LiveStack:
         return self.procs["admin"]
 
 
-def create_live_databases(prefix: str) -> dict[str, str]:
+def create_live_databases(prefix: str, cluster: PgCluster | None = None) -> dict[str, str]:
+    """One fresh database per database URL variable, on the suite's server or on `cluster`
+    (tls_postgres: then every URL carries sslmode=verify-full and the cluster's CA)."""
+    if cluster is not None:
+        return {
+            var: cluster.create_database(f"{prefix}_{name}", recreate=True)
+            for name, var in DB_URL_ENV.items()
+        }
     return {var: _create_db(f"{prefix}_{name}") for name, var in DB_URL_ENV.items()}
+
+
+@pytest.fixture(scope="module")
+def tls_postgres() -> Iterator[PgCluster]:
+    """A PostgreSQL cluster of the module's own that speaks TLS only, as production's does:
+    devstack.tls's CA and server certificate (127.0.0.1), pg_hba `hostssl` (a clear-text
+    connection is refused), URLs with `sslmode=verify-full&sslrootcert=<its CA>` (the CA is
+    readable by anyone: a container's user reads it through a read-only mount). On a reserved
+    port (free_port); stopped and removed when the module ends. The production image refuses
+    any other URL, so the image tests run against this, not the suite's own server."""
+    parent = Path(tempfile.mkdtemp(prefix="dlock-test-tlspg-"))
+    parent.chmod(0o755)  # as root the cluster runs as `postgres`, which must reach its datadir
+    cluster = PgCluster(parent / "data", free_port(), fast=True, tls=ensure_tls(parent / "tls"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop("immediate")
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def migrated_live_databases(prefix: str) -> dict[str, str]:

@@ -8,7 +8,10 @@ pulled here either, and its configuration, not its packaging, is what the pod se
 `devstack.pod` runs both, so stopping the role drains nginx, then the container (podman run
 passes SIGTERM to its PID 1). Every role answers /health/ready 200 through its proxy and runs as
 uid 10001; the migrate Job's own command (k8s/reconciler.yaml) migrates fresh databases first,
-and the executor (`--until-idle`) pays seeded payouts through the pods.
+and the executor (`--until-idle`) pays seeded payouts through the pods. The databases are on a
+cluster that speaks TLS only (tests.conftest.tls_postgres); every container reads its CA
+read-only where k8s mounts Secret `dlock-db-ca` and its URLs say `sslmode=verify-full` with
+`sslrootcert` there, as k8s/config.yaml's do: the image refuses any other URL.
 
 Skipped with the reason when podman is absent or the Dockerfile's base image is not on this
 machine: `scripts/base-image.sh` pulls it, or builds a stand-in where no registry answers.
@@ -33,7 +36,7 @@ import pytest
 import requests
 import yaml
 
-from devstack.common import PROJECT, URL_ENV, free_port
+from devstack.common import DB_URL_ENV, PROJECT, URL_ENV, free_port
 from devstack.envfile import new_proof_keys, public_keys_of
 from devstack.proxy import ProxyConfig
 from devstack.roles import RoleProcess
@@ -63,6 +66,9 @@ POD_SECURITY = [
 ]
 
 PROOF_KEYS = new_proof_keys()
+# Where k8s mounts Secret `dlock-db-ca`'s ca.crt (k8s/*.yaml), the path the URLs' sslrootcert
+# names inside every container.
+DB_CA_IN_POD = "/etc/dlock-db-ca/ca.crt"
 
 
 def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -143,18 +149,31 @@ class Built:
     tag: str
     run_flags: list[str]
     stand_in: bool
+    db_ca: Path  # the TLS cluster's CA on this host
+
+    def pod_flags(self) -> list[str]:
+        """The pods' security, the engine's flags, and the database CA mounted read-only."""
+        return [*POD_SECURITY, "--volume", f"{self.db_ca}:{DB_CA_IN_POD}:ro", *self.run_flags]
+
+    def pod_env(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` as a container has it: each database URL's sslrootcert the mounted CA."""
+        host, pod = f"sslrootcert={self.db_ca}", f"sslrootcert={DB_CA_IN_POD}"
+        return {
+            key: value.replace(host, pod) if key in DB_URL_ENV.values() else value
+            for key, value in env.items()
+        }
 
     def run(self, *args: str, env: dict[str, str], timeout: float = 300):
         """A one-off container of the image (a Job, an executor), with the pods' security; its
         values from podman's environment (no secret on a command line). One that outlives
         `timeout` is removed, its log in the failure."""
         name = f"dlock-run-{os.getpid()}-{next(_runs)}"
-        argv = ["podman", "run", "--rm", "--name", name, "--network", "host", *POD_SECURITY]
-        argv += [*self.run_flags, *[f"--env={key}" for key in env], *args]
+        argv = ["podman", "run", "--rm", "--name", name, "--network", "host", *self.pod_flags()]
+        argv += [*[f"--env={key}" for key in env], *args]
         try:
             return subprocess.run(
                 argv,
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env},
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **self.pod_env(env)},
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -170,10 +189,14 @@ _runs = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def built() -> Iterator[Built]:
+def engine() -> None:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def built(engine, tls_postgres) -> Iterator[Built]:
     base = base_image()
     run_flags, failures = engine_flags(base)
     if failures and not run_flags:
@@ -186,7 +209,8 @@ def built() -> Iterator[Built]:
     )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     try:
-        yield Built(tag, run_flags, stand_in)
+        assert tls_postgres.tls is not None
+        yield Built(tag, run_flags, stand_in, tls_postgres.tls.ca)
     finally:
         podman("rmi", "-f", tag)
 
@@ -202,7 +226,8 @@ class ContainerRole(RoleProcess):
     forwarded: list[str] = field(default_factory=list)
 
     def environment(self) -> dict[str, str]:
-        env = super().environment()
+        assert self.image is not None
+        env = self.image.pod_env(super().environment())
         env["GUNICORN_BIND"] = f"127.0.0.1:{self.upstream_port}"
         self.forwarded = sorted(set(env) - {"PATH", "HOME"})
         return {**env, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # podman's, not the container's
@@ -224,8 +249,7 @@ class ContainerRole(RoleProcess):
             self.container,
             "--network",
             "host",
-            *POD_SECURITY,
-            *self.image.run_flags,
+            *self.image.pod_flags(),
             *[f"--env={key}" for key in self.forwarded],
             self.image.tag,
         ]
@@ -243,10 +267,7 @@ def _migrate_job() -> dict:
 def migrate_job_env(stack_env: dict[str, str]) -> dict[str, str]:
     """What the Job's manifest gives its container: its literal values, and each secret it
     names (secretKeyRef) with this stack's value; DLOCK_ENVIRONMENT=production is the image's."""
-    env = {
-        "DJANGO_ALLOWED_HOSTS": stack_env["DJANGO_ALLOWED_HOSTS"],
-        "DLOCK_ALLOW_UNVERIFIED_DATABASE": stack_env["DLOCK_ALLOW_UNVERIFIED_DATABASE"],
-    }
+    env = {"DJANGO_ALLOWED_HOSTS": stack_env["DJANGO_ALLOWED_HOSTS"]}
     for var in _migrate_job()["env"]:
         env[var["name"]] = var["value"] if "value" in var else stack_env[var["name"]]
     return env
@@ -272,7 +293,7 @@ def ports() -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture(scope="module")
-def stack_env(ports) -> dict[str, str]:
+def stack_env(ports, tls_postgres) -> dict[str, str]:
     return {
         "DJANGO_SECRET_KEY": os.urandom(32).hex(),
         "DLOCK_PROOF_KEYS": PROOF_KEYS,  # production refuses the development key
@@ -282,9 +303,8 @@ def stack_env(ports) -> dict[str, str]:
         "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
         "DLOCK_EXECUTOR_CREDENTIAL": credentials.EXECUTOR,
         "DLOCK_OPERATOR_CREDENTIAL": credentials.OPERATOR,
-        # the suite's PostgreSQL speaks no TLS; production refuses such a URL otherwise
-        "DLOCK_ALLOW_UNVERIFIED_DATABASE": "true",
-        **create_live_databases("container"),
+        # production takes verify-full URLs only: a cluster that speaks TLS, as k8s's does
+        **create_live_databases("container", tls_postgres),
         **{URL_ENV[role]: f"http://127.0.0.1:{port}" for role, (port, _) in ports.items()},
     }
 
@@ -333,11 +353,14 @@ def test_the_migrate_job_migrates_every_database_from_the_image(migrated, stack_
         assert applied and applied[0] > 0, var
 
 
-def test_the_migrate_job_as_its_manifest_configures_it_runs_from_the_image(built, stack_env):
+def test_the_migrate_job_as_its_manifest_configures_it_runs_from_the_image(
+    built, stack_env, tls_postgres
+):
     """Exactly the manifest's env: database URLs, no key ring, no credentials (a migration signs
     and verifies nothing; dlock.proof.RING_FREE_COMMANDS)."""
     env = migrate_job_env(stack_env)
-    scratch = create_live_databases("container_job")  # not the stack's: this may half-migrate
+    # not the stack's: this may half-migrate
+    scratch = create_live_databases("container_job", tls_postgres)
     env |= {var: url for var, url in scratch.items() if var in env}
     job = built.run("--entrypoint", "/bin/sh", built.tag, "-c", _migrate_job()["args"][0], env=env)
     assert job.returncode == 0, job.stderr[-2000:]
@@ -410,9 +433,11 @@ def test_without_the_base_image_the_skip_names_the_script_that_makes_it(monkeypa
     assert reason and "localhost/dlock-no-such-base:never" in reason and BASE_SCRIPT in reason
 
 
-def test_ops_migrate_runs_from_the_image_one_database_alias_at_a_time(built, stack_env):
+def test_ops_migrate_runs_from_the_image_one_database_alias_at_a_time(
+    built, stack_env, tls_postgres
+):
     """docs/operations.md's ROLE=ops commands: paydb (default), then lockdb, then raildb."""
-    fresh = create_live_databases("container_ops")
+    fresh = create_live_databases("container_ops", tls_postgres)
     env = {
         "ROLE": "ops",
         "DJANGO_SECRET_KEY": stack_env["DJANGO_SECRET_KEY"],

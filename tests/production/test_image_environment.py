@@ -8,6 +8,8 @@ the test tree nor the development tools can be imported. Each server role is sta
 `scripts/container-entrypoint.sh` with the final stage's ENV (listening on loopback) and the
 environment devstack gives that role, and must answer /health/ready 200; then the executor
 pays seeded payouts and two ops commands (the migrate Job's migrations, reconcile) run from it.
+The databases are on a cluster that speaks TLS only (tests.conftest.tls_postgres), reached with
+`sslmode=verify-full` URLs as in k8s: the image refuses any other, and nothing lifts that.
 
 The image itself, built by podman and run as the pods run it: test_image_container.py."""
 
@@ -191,7 +193,7 @@ class Image:
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory) -> Image:
+def image(tmp_path_factory, tls_postgres) -> Image:
     venv = image_venv()
     app = copy_application(tmp_path_factory.mktemp("app"))
     logdir = tmp_path_factory.mktemp("image-logs")
@@ -204,9 +206,8 @@ def image(tmp_path_factory) -> Image:
         "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
         "DLOCK_EXECUTOR_CREDENTIAL": credentials.EXECUTOR,
         "DLOCK_OPERATOR_CREDENTIAL": credentials.OPERATOR,
-        # the suite's PostgreSQL speaks no TLS; production refuses such a URL otherwise
-        "DLOCK_ALLOW_UNVERIFIED_DATABASE": "true",
-        **create_live_databases("image"),
+        # production takes verify-full URLs only: a cluster that speaks TLS, as k8s's does
+        **create_live_databases("image", tls_postgres),
     }
     return Image(venv, app, env, logdir)
 
@@ -284,6 +285,21 @@ def test_every_server_role_starts_from_the_image_environment_to_ready(image, ima
     assert not {"DLOCK_PROOF_KEYS", "DLOCK_CREDENTIALS"} & set(image_roles["admin"].started_env)
     # and payment-resource serves no admin page at all
     assert requests.get(f"{image_roles['payments'].url}/admin/", timeout=5).status_code == 404
+
+
+def test_every_role_reaches_its_database_over_verified_tls(image, image_roles):
+    url = image.env["PAY_DATABASE_URL"]
+    assert "sslmode=verify-full" in url and "sslrootcert=" in url
+    with pytest.raises(psycopg.OperationalError):  # the cluster refuses clear text
+        psycopg.connect(url.split("?")[0] + "?sslmode=disable", connect_timeout=5).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT a.application_name, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s "
+            "USING (pid) WHERE a.application_name = ANY(%s)",
+            (list(SERVER_ROLES),),
+        ).fetchall()
+    assert {name for name, _ in rows} == set(SERVER_ROLES), rows  # each role's pool
+    assert all(ssl for _, ssl in rows), rows
 
 
 def test_the_executor_and_the_ops_commands_run_from_the_image_environment(image, image_roles):
