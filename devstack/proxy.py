@@ -181,6 +181,13 @@ def _pcre_escape(text: str) -> str:
     return "".join("\\" + c if not (c.isalnum() or c in "-_") else c for c in text)
 
 
+def events_port(env: Mapping[str, str]) -> int | None:
+    """The role's PROXY_EVENTS_PORT: the UDP port on 127.0.0.1 where it receives one datagram
+    per answer its proxy made itself (dlock.edge_events); None (unset or empty): no events."""
+    raw = env.get("PROXY_EVENTS_PORT", "")
+    return int(raw) if raw else None
+
+
 def values(config: ProxyConfig) -> dict[str, str]:
     """What fills deploy/nginx/*.conf.template for `config` (each an EDGE_* name)."""
     names = config.names
@@ -214,6 +221,8 @@ def values(config: ProxyConfig) -> dict[str, str]:
         "EDGE_HSTS": HSTS if tls else "",
         "EDGE_METRICS": "on" if config.metrics_listen else "off",
         "EDGE_METRICS_LISTEN": config.metrics_listen or "",
+        "EDGE_EVENTS": "on" if events_port(env) else "off",
+        "EDGE_EVENTS_SERVER": f"127.0.0.1:{events_port(env)}" if events_port(env) else "",
         **(proxy_admin.values(env) if config.role == "admin" else {}),
     }
 
