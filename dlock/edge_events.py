@@ -11,9 +11,10 @@ the role runs.
 
 The receiver trusts nothing it reads: a datagram is at most DATAGRAM_BYTES, must be exactly
 our fixed format with a reason of dlock.metrics.PROXY_REFUSAL_REASONS, a server of SERVERS, a
-three-digit status and an IP address, else it is dropped unread. Per (reason, server) it writes at most one `proxy_refused` line a
-PERIOD_S (`count`: how many datagrams it stands for; `clients`: the busiest addresses, never a
-metric label) and adds the same count to `dlock_proxy_refusals_total{reason}` (every reason's series at 0 from start-up).
+three-digit status and an IP address, else it is dropped unread. Per (reason, server) it
+writes at most one `proxy_refused` line a PERIOD_S (`count`: how many datagrams it stands for;
+`clients`: the busiest addresses, never a metric label) and adds the same count to
+`dlock_proxy_refusals_total{reason}` (every reason's series at 0 from start-up).
 
 Counts are a floor: a datagram the socket's receive buffer has no room for is dropped by the
 kernel without a word, and so are those sent while the role was not running

@@ -1,0 +1,262 @@
+"""What a role's proxy answers itself reaches the on-call as aggregated events, never a line
+each: nginx sends one datagram per refusal to the role (deploy/nginx/events-on.conf.template),
+the role writes at most one `proxy_refused` line a second per reason and server with the count,
+and `dlock_proxy_refusals_total{reason}` moves by the same count (dlock.edge_events).
+
+Real nginx and a real payment-resource pod. The attacker connects from 127.0.0.2. Waiting is
+causal: after a spray, one request of another reason (a TRACE: `method`) is sent from the same
+proxy; datagrams of one nginx worker arrive in order, so once that reason's line is in the log,
+every line of the spray before it is too.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from devstack import proxy
+from devstack.common import free_port
+from devstack.roles import RoleProcess, new_pod_dir, remove_pod_dir
+from dlock.edge_events import DATAGRAM_BYTES, parse
+from dlock.metrics import PROXY_REFUSAL_REASONS
+from tests.production.conftest import migrated_paydb, seed_payouts
+from tests.production.test_hostile_connections import ending, statuses
+
+pytestmark = [pytest.mark.live, pytest.mark.slow]
+
+ATTACKER = "127.0.0.2"
+FOREIGN = b"10.42.7.19:8080"
+CAP = 8  # PROXY_CONN_PER_CLIENT of the pod below
+SPRAY = 300
+
+
+@pytest.fixture(scope="module")
+def payments(tmp_path_factory):
+    _, env = migrated_paydb("events", PROXY_CONN_PER_CLIENT=str(CAP))
+    ids = seed_payouts(env, payouts=1)
+    logdir = tmp_path_factory.mktemp("events")
+    proc = RoleProcess("payments", free_port(), env, logdir / "payments.log").start()
+    proc.payout_id = ids["payouts"][0]
+    yield proc
+    proc.stop()
+
+
+def send(port: int, request: bytes, source: str = ATTACKER) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as s:
+        s.sendall(request)
+        return ending(s, 30)
+
+
+def probe_post(port: int) -> bytes:
+    """POST to a probe path under a foreign Host: the default server's 405 (GET/HEAD only)."""
+    return send(
+        port,
+        b"POST /health/live HTTP/1.1\r\nHost: %s\r\nContent-Length: 5\r\n"
+        b"Connection: close\r\n\r\nhello" % FOREIGN,
+    )
+
+
+def refused_lines(proc: RoleProcess, since: int = 0) -> list[dict]:
+    lines = []
+    with proc.logfile.open("rb") as fh:
+        fh.seek(since)
+        for raw in fh:
+            if b'"proxy_refused"' not in raw:
+                continue
+            line = json.loads(raw)
+            if line.get("event") == "proxy_refused":
+                lines.append(line)
+    return lines
+
+
+def marker_seen(proc: RoleProcess, since: int, timeout: float = 30) -> list[dict]:
+    """Send one TRACE (reason `method`) after the spray and read the log until its line is
+    there; the lines from `since` on."""
+    answer = send(
+        proc.port, b"TRACE /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    assert statuses(answer) == [405], answer
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = refused_lines(proc, since)
+        if any(line["reason"] == "method" for line in lines):
+            return lines
+        time.sleep(0.1)
+    raise AssertionError(f"no `method` line within {timeout} s: {refused_lines(proc, since)}")
+
+
+def refusals_metric(proc: RoleProcess) -> dict[str, float]:
+    text = requests.get(f"{proc.url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "dlock_proxy_refusals":
+            return {
+                s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")
+            }
+    raise AssertionError("dlock_proxy_refusals_total is not exported")
+
+
+def test_every_refusal_reason_is_exported_at_zero_from_start_up(payments):
+    assert set(refusals_metric(payments)) == set(PROXY_REFUSAL_REASONS)
+
+
+def test_a_spray_of_probe_posts_under_a_foreign_host_is_a_few_lines_whose_counts_add_up(
+    payments,
+):
+    since = payments.logfile.stat().st_size
+    proxy_log = payments.proxy_log.stat().st_size if payments.proxy_log.exists() else 0
+    before = refusals_metric(payments)
+    answers = [probe_post(payments.port) for _ in range(SPRAY)]
+    assert all(statuses(a) == [405] for a in answers), answers[:2]
+
+    lines = [line for line in marker_seen(payments, since) if line["reason"] == "probe_method"]
+    counted = sum(line["count"] for line in lines)
+    # a floor (a datagram the receiver had no room for is dropped) and never more
+    assert SPRAY * 0.9 <= counted <= SPRAY, (counted, lines)
+    assert len(lines) <= SPRAY // 10, len(lines)
+    for line in lines:
+        assert line["server"] == "default" and line["status"] == 405 and line["level"] == "WARNING"
+        assert set(line["clients"]) == {ATTACKER}
+    after = refusals_metric(payments)
+    assert after["probe_method"] - before["probe_method"] == counted
+    # nginx's own error log wrote no line per refusal
+    text = payments.proxy_log.read_bytes()[proxy_log:] if payments.proxy_log.exists() else b""
+    assert text.count(b"\n") < 3, text[-2000:]
+
+
+def test_connections_over_the_per_address_cap_are_counted_as_overloaded(payments):
+    since = payments.logfile.stat().st_size
+    before = refusals_metric(payments)
+    head = (
+        b"POST /v1/payouts/%s/claim HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 600\r\n\r\n{"
+        % payments.payout_id.encode()
+    )
+    held = []
+    for _ in range(CAP):
+        sock = socket.create_connection(
+            ("127.0.0.1", payments.port), timeout=30, source_address=(ATTACKER, 0)
+        )
+        sock.sendall(head)
+        held.append(sock)
+    try:
+        over = 100
+        answers = [
+            send(
+                payments.port,
+                b"GET /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+            )
+            for _ in range(over)
+        ]
+    finally:
+        for sock in held:
+            sock.close()
+    refused = sum(1 for a in answers if statuses(a) == [503])
+    assert refused > over // 2, [a[:100] for a in answers[:3]]
+    lines = [line for line in marker_seen(payments, since) if line["reason"] == "overloaded"]
+    counted = sum(line["count"] for line in lines)
+    assert refused * 0.9 <= counted <= refused, (refused, lines)
+    assert all(line["server"] == "role" and line["status"] == 503 for line in lines)
+    assert refusals_metric(payments)["overloaded"] - before["overloaded"] == counted
+
+
+def test_hostile_datagrams_to_the_events_port_are_dropped(payments):
+    """Anything on the port that is not exactly the proxy's format moves nothing."""
+    since = payments.logfile.stat().st_size
+    before = refusals_metric(payments)
+    port = int(payments.started_env["PROXY_EVENTS_PORT"])
+    header = b"<190>Dec  6 15:19:04 dlock_edge: dlock-edge-1 "
+    hostile = [
+        header + b"evil_reason role 400 127.0.0.9",  # a reason outside the fixed set
+        header + b"overloaded pod 503 127.0.0.9",  # a server outside the fixed set
+        header + b"overloaded role 503 not-an-address",
+        header + b"overloaded role 503 127.0.0.9 extra",
+        header + b"overloaded role 503 127.0.0.9" + b" " * DATAGRAM_BYTES,  # oversized
+        b"\xff\xfe" * 300,
+        b"",
+    ]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        for datagram in hostile:
+            udp.sendto(datagram, ("127.0.0.1", port))
+    lines = marker_seen(payments, since)
+    assert [line["reason"] for line in lines] == ["method"], lines
+    after = refusals_metric(payments)
+    assert {r: after[r] - before[r] for r in after if after[r] != before[r]} == {"method": 1}
+
+
+def test_parse_takes_only_the_proxys_own_format():
+    good = b"<190>Dec  6 15:19:04 dlock_edge: dlock-edge-1 foreign_host default 400 ::1"
+    answer = parse(good)
+    assert answer is not None
+    assert (answer.reason, answer.server, answer.status, answer.client) == (
+        "foreign_host",
+        "default",
+        400,
+        "::1",
+    )
+    assert parse(good.replace(b"foreign_host", b"FOREIGN")) is None
+    assert parse(good.replace(b"dlock_edge", b"other_tag")) is None
+    assert parse(good + b"\n\x00") is None
+
+
+def test_with_no_receiver_a_spray_of_refusals_writes_nothing_in_the_proxys_error_log():
+    """The proxy alone (its role not running): nothing listens on the events port, so every
+    other datagram comes back as a refused send, which nginx logs at `error`, below its log's
+    level: the error log stays empty however many refusals."""
+    port = free_port()
+    pod = new_pod_dir("events-alone", port)
+    error_log = pod / "error.log"
+    config = proxy.ProxyConfig(
+        role="payments",
+        listen=f"127.0.0.1:{port}",
+        upstream=f"unix:{pod / 'nowhere.sock'}",
+        error_log=str(error_log),
+        env={"PROXY_EVENTS_PORT": str(free_port())},
+    )
+    conf = proxy.fill(pod, config)
+    user = proxy.worker_user()
+    nginx = subprocess.Popen(
+        [
+            proxy.NGINX,
+            "-p",
+            str(pod),
+            "-c",
+            str(conf),
+            "-e",
+            str(error_log),
+            "-g",
+            "daemon off;" + (f" user {user};" if user else ""),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and nginx.poll() is None, "nginx not up"
+                time.sleep(0.05)
+        for _ in range(100):
+            assert statuses(probe_post(port)) == [405]
+            big = send(
+                port,
+                b"POST /v1/payouts/x/claim HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Length: 5000\r\nConnection: close\r\n\r\n",
+            )
+            assert statuses(big) == [413]
+            foreign = send(
+                port, b"GET /v1/payouts HTTP/1.1\r\nHost: evil\r\nConnection: close\r\n\r\n"
+            )
+            assert statuses(foreign) == [400]
+    finally:
+        nginx.terminate()
+        nginx.wait(30)
+    text = error_log.read_text(errors="replace") if error_log.exists() else ""
+    remove_pod_dir(pod)
+    assert text == "", text[-2000:]
