@@ -165,6 +165,36 @@ def test_connections_over_the_per_address_cap_are_counted_as_overloaded(payments
     assert refusals_metric(payments)["overloaded"] - before["overloaded"] == counted
 
 
+def test_two_workers_share_the_port_and_their_counts_add_up(tmp_path):
+    """GUNICORN_WORKERS=2: the master holds the port, both workers read it, each writes its
+    own lines; together they count the spray once, and /metrics sums both workers' counts."""
+    directory = tmp_path / "prom"
+    directory.mkdir()
+    _, env = migrated_paydb(
+        "events2", GUNICORN_WORKERS="2", PROMETHEUS_MULTIPROC_DIR=str(directory)
+    )
+    proc = RoleProcess("payments", free_port(), env, tmp_path / "payments.log").start()
+    try:
+        before = refusals_metric(proc)["foreign_host"]
+        request = b"GET /v1/payouts HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
+        answers = [send(proc.port, request) for _ in range(SPRAY)]
+        assert all(statuses(a) == [400] for a in answers), answers[:2]
+        deadline = time.monotonic() + 30
+        while True:  # each worker flushes its own share within its period
+            lines = [line for line in refused_lines(proc) if line["reason"] == "foreign_host"]
+            counted = sum(line["count"] for line in lines)
+            moved = refusals_metric(proc)["foreign_host"] - before
+            if (counted >= SPRAY * 0.9 and moved == counted) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        proc.stop()
+    assert SPRAY * 0.9 <= counted <= SPRAY, (counted, lines)
+    assert moved == counted
+    assert all(line["server"] == "default" for line in lines)  # no server has that name
+    assert len(lines) <= SPRAY // 10, len(lines)
+
+
 def test_hostile_datagrams_to_the_events_port_are_dropped(payments):
     """Anything on the port that is not exactly the proxy's format moves nothing."""
     since = payments.logfile.stat().st_size
