@@ -5,9 +5,8 @@ foreign Host, a probe path asked with POST, a body over its route's limit, ...) 
 for an upstream that failed. For each it sends one small syslog datagram over UDP to
 127.0.0.1:PROXY_EVENTS_PORT (deploy/nginx/events-on.conf.template): nginx cannot count, and a
 disk line per refusal is what an attacker would like. The gunicorn master binds that port once
-(`listen`, its `on_starting` hook in settings/gunicorn.py) and every worker reads the shared
-socket in one daemon thread (`start`, `post_worker_init`), so the port is held for as long as
-the role runs.
+(dlock.edge_listener) and every worker reads the shared socket in one daemon thread (`start`,
+its `post_worker_init` hook), so the port is held for as long as the role runs.
 
 The receiver trusts nothing it reads: a datagram is at most DATAGRAM_BYTES, must be exactly
 our fixed format with a reason of dlock.metrics.PROXY_REFUSAL_REASONS, a server of SERVERS, a
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import re
 import socket
 import threading
@@ -33,16 +31,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from dlock.edge_listener import bound_socket
 from dlock.logs import log_event
 from dlock.metrics import PROXY_REFUSAL_REASONS, proxy_refusals
 
-PORT_ENV = "PROXY_EVENTS_PORT"
 SERVERS = ("role", "default", "metrics")
 PERIOD_S = 1.0
 DATAGRAM_BYTES = 512  # ours are under 128; a longer one is truncated and then fails the format
-RECEIVE_BUFFER_BYTES = 256 * 1024
 TOP_CLIENTS = 3  # addresses named on a line
 CLIENTS_TRACKED = 256  # distinct addresses counted per (reason, server) and period
+DRAIN_AT_EXIT = 10_000  # datagrams an exiting worker reads at most
 # "<PRI>Mmm dd hh:mm:ss dlock_edge: dlock-edge-1 <reason> <server> <status> <client>" (nginx's
 # syslog header with `nohostname`, then our log_format).
 _LINE = re.compile(
@@ -124,25 +122,13 @@ class Aggregator:
             )
 
 
-def configured_port(environ: dict[str, str] | None = None) -> int | None:
-    """PROXY_EVENTS_PORT, or None when unset or empty (no proxy events: a role run bare)."""
-    raw = (os.environ if environ is None else environ).get(PORT_ENV, "")
-    if not raw:
-        return None
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ValueError(f"{PORT_ENV}={raw!r}: want a UDP port number")
-    return int(raw)
-
-
 class Receiver:
-    """The bound socket (made in the gunicorn master) and, in each worker, its reading thread."""
+    """In a worker: the reading thread over the socket the master bound (dlock.edge_listener)."""
 
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
-        self.sock.bind(("127.0.0.1", port))
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
         self.thread: threading.Thread | None = None
+        self.stopping = threading.Event()
 
     def start(self) -> None:
         """In a worker: read and aggregate in a daemon thread."""
@@ -152,7 +138,7 @@ class Receiver:
     def run(self) -> None:
         aggregator = Aggregator()
         self.sock.settimeout(aggregator.period_s / 4)
-        while True:
+        while not self.stopping.is_set():
             try:
                 answer = parse(self.sock.recv(DATAGRAM_BYTES))
             except (TimeoutError, BlockingIOError):  # another worker took it, or nothing came
@@ -162,22 +148,37 @@ class Receiver:
             now = time.monotonic()
             if aggregator.due(now):
                 aggregator.flush(now)
+        # What is already queued, then what this worker counted since its last line; bounded
+        # (a receive buffer holds a few thousand), so a flood cannot hold the exit.
+        self.sock.settimeout(0)
+        for _ in range(DRAIN_AT_EXIT):
+            try:
+                answer = parse(self.sock.recv(DATAGRAM_BYTES))
+            except BlockingIOError:
+                break
+            if answer is not None:
+                aggregator.add(answer)
+        aggregator.flush(time.monotonic())
+
+    def stop(self) -> None:
+        """In a worker that is exiting: write what it counted, within one read timeout."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(PERIOD_S)
 
 
-_receiver: Receiver | None = None
-
-
-def listen(server: object = None) -> None:
-    """gunicorn `on_starting` (the master, once): bind PROXY_EVENTS_PORT when it is set. A port
-    that cannot be bound stops the role from starting (its proxy would be counting into
-    nothing)."""
-    global _receiver
-    port = configured_port()
-    if port is not None and _receiver is None:
-        _receiver = Receiver(port)
+_receivers: list[Receiver] = []
 
 
 def start(worker: object = None) -> None:
-    """gunicorn `post_worker_init` (each worker): start reading, when the master listens."""
-    if _receiver is not None:
-        _receiver.start()
+    """gunicorn `post_worker_init` (each worker): read the master's socket, when it has one."""
+    sock = bound_socket()
+    if sock is not None and not _receivers:
+        _receivers.append(Receiver(sock))
+        _receivers[0].start()
+
+
+def stop(server: object = None, worker: object = None) -> None:
+    """gunicorn `worker_exit` (each worker, as it exits): its last counts are written."""
+    for receiver in _receivers:
+        receiver.stop()

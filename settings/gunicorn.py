@@ -57,7 +57,7 @@ def on_exit(server) -> None:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 
 
-from dlock import edge_events, lifecycle  # noqa: E402 - after PROMETHEUS_MULTIPROC_DIR is set
+from dlock import edge_listener, lifecycle  # noqa: E402 - after PROMETHEUS_MULTIPROC_DIR is set
 from dlock.budgets import LONGEST_REQUEST_S  # noqa: E402
 
 # Behind the role's proxy (nginx: devstack.pod locally, a sidecar in Kubernetes), gunicorn is
@@ -145,9 +145,10 @@ secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # line comes from the worker, dlock.serving).
 when_ready = lifecycle.when_ready
 # What the role's proxy answered itself arrives as datagrams on PROXY_EVENTS_PORT (UDP,
-# 127.0.0.1): the master binds it once, each worker reads it in a thread (post_worker_init) and
-# writes the aggregated `proxy_refused` events (dlock.edge_events).
-on_starting = edge_events.listen
+# 127.0.0.1): the master binds it once (dlock.edge_listener), each worker reads it in a thread
+# (post_worker_init) and writes the aggregated `proxy_refused` events (dlock.edge_events, imported
+# in the worker only: the master makes no metric).
+on_starting = edge_listener.listen
 # gunicorn's control socket (gunicornc) is off: nothing uses it, and its default path under
 # $HOME is read-only in the image (it logged "Control server error: [Errno 30]" on every start).
 control_socket_disable = True
@@ -160,4 +161,13 @@ def post_worker_init(worker) -> None:
     0.27 s of the four roles' CPU before, 0.08 s after (0.09 ms per payout, 0.6 %).
     Then the proxy's events are read (dlock.edge_events)."""
     gc.freeze()
+    from dlock import edge_events
+
     edge_events.start(worker)
+
+
+def worker_exit(server, worker) -> None:
+    """A worker's last proxy_refused counts are written before it goes (dlock.edge_events)."""
+    from dlock import edge_events
+
+    edge_events.stop(server, worker)

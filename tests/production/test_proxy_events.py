@@ -195,6 +195,20 @@ def test_two_workers_share_the_port_and_their_counts_add_up(tmp_path):
     assert len(lines) <= SPRAY // 10, len(lines)
 
 
+def test_a_role_that_stops_right_after_a_spray_writes_what_it_counted(tmp_path):
+    """The pod is stopped as soon as the spray was answered, without waiting for a period:
+    the exiting worker writes its last counts (gunicorn's worker_exit), so none is lost."""
+    _, env = migrated_paydb("events_stop")
+    proc = RoleProcess("payments", free_port(), env, tmp_path / "payments.log").start()
+    try:
+        answers = [probe_post(proc.port) for _ in range(SPRAY // 3)]
+    finally:
+        proc.stop()
+    assert all(statuses(a) == [405] for a in answers), answers[:2]
+    lines = [line for line in refused_lines(proc) if line["reason"] == "probe_method"]
+    assert sum(line["count"] for line in lines) == len(answers), lines
+
+
 def test_hostile_datagrams_to_the_events_port_are_dropped(payments):
     """Anything on the port that is not exactly the proxy's format moves nothing."""
     since = payments.logfile.stat().st_size
