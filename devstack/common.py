@@ -101,8 +101,8 @@ _handed_lock = threading.Lock()
 
 def free_port(attempts: int = 200) -> int:
     """A random port of RESERVED_PORTS that nothing listens on or is bound to right now (a
-    probe bind on 127.0.0.1 and on all addresses, TCP and UDP), never one of the ephemeral
-    range, and never one this process was given before."""
+    probe bind on 127.0.0.1 and on all addresses), never one of the ephemeral range, and never
+    one this process was given before."""
     ephemeral = ephemeral_range()
     usable = [p for p in RESERVED_PORTS if p not in ephemeral]
     with _handed_lock:
@@ -130,14 +130,8 @@ def bound_listener(backlog: int = 128, attempts: int = 20) -> socket.socket:
 
 
 def _bindable(port: int) -> bool:
-    """TCP on 127.0.0.1 and all addresses, and UDP on 127.0.0.1 (a role's PROXY_EVENTS_PORT)."""
-    probes = (
-        (socket.SOCK_STREAM, "127.0.0.1"),
-        (socket.SOCK_STREAM, "0.0.0.0"),  # noqa: S104 - a probe bind, closed at once
-        (socket.SOCK_DGRAM, "127.0.0.1"),
-    )
-    for kind, host in probes:
-        with socket.socket(socket.AF_INET, kind) as sock:
+    for host in ("127.0.0.1", "0.0.0.0"):  # noqa: S104 - a probe bind, closed at once
+        with socket.socket() as sock:
             try:
                 sock.bind((host, port))
             except OSError:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devstack import proxy
-from devstack.common import PROJECT, PYTHON, StackError, free_port, ready, wait_until
+from devstack import proxy, proxy_events
+from devstack.common import PROJECT, PYTHON, StackError, ready, wait_until
 from devstack.envfile import public_keys_of
 from devstack.pod import LOG_MAX_BYTES
 from devstack.secrets_env import caller_environment
@@ -149,12 +149,8 @@ class RoleProcess:
     def environment(self) -> dict[str, str]:
         base = caller_environment() if self.inherit_environ else {}
         assert self.pod_dir is not None
-        given = {**base, **self.env}
         return {
-            **fencing_keys_for(self.role, given),
-            # where its proxy's own answers arrive (dlock.edge_events): a free port of the
-            # reserved range unless given ("" turns them off)
-            "PROXY_EVENTS_PORT": given.get("PROXY_EVENTS_PORT", str(free_port())),
+            **fencing_keys_for(self.role, proxy_events.with_port({**base, **self.env})),
             "ROLE": self.role,
             "PORT": str(self.port),
             "GUNICORN_BIND": f"unix:{self.socket_path}",

@@ -5,11 +5,11 @@ foreign Host, a probe path asked with POST, a body over its route's limit, ...) 
 for an upstream that failed. For each it sends one small syslog datagram over UDP to
 127.0.0.1:PROXY_EVENTS_PORT (deploy/nginx/events-on.conf.template): nginx cannot count, and a
 disk line per refusal is what an attacker would like. The gunicorn master binds that port once
-(dlock.edge_listener) and every worker reads the shared socket in one daemon thread (`start`,
-its `post_worker_init` hook), so the port is held for as long as the role runs.
+and every worker forked from it reads the shared socket in one daemon thread
+(dlock.edge_listener, `start`), so the port is held for as long as the role runs.
 
 The receiver trusts nothing it reads: a datagram is at most DATAGRAM_BYTES, must be exactly
-our fixed format with a reason of dlock.metrics.PROXY_REFUSAL_REASONS, a server of SERVERS, a
+our fixed format with a reason of PROXY_REFUSAL_REASONS, a server of SERVERS, a
 three-digit status and an IP address, else it is dropped unread. Per (reason, server) it
 writes at most one `proxy_refused` line a PERIOD_S (`count`: how many datagrams it stands for;
 `clients`: the busiest addresses, never a metric label) and adds the same count to
@@ -22,19 +22,54 @@ kernel without a word, and so are those sent while the role was not running
 
 from __future__ import annotations
 
+import atexit
+import collections
 import ipaddress
 import logging
 import re
 import socket
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
-from dlock.edge_listener import bound_socket
-from dlock.logs import log_event
-from dlock.metrics import PROXY_REFUSAL_REASONS, proxy_refusals
+from prometheus_client import REGISTRY, Counter
 
+from dlock.logs import log_event
+
+# What the proxy answered, as deploy/nginx/nginx.conf's $dlock_refused map names it: the label
+# values of `dlock_proxy_refusals_total{reason}` (docs/operations.md "The proxy's own answers").
+PROXY_REFUSAL_REASONS = (
+    "overloaded",  # over limit_conn per_client or per_proxy: 503 OVERLOADED, nothing forwarded
+    "login_limited",  # the admin's log-in limit (limit_req): 429
+    "foreign_host",  # a Host outside DJANGO_ALLOWED_HOSTS: 400
+    "header_control",  # a control byte in a header dlock reads: 400
+    "bad_request",  # nginx could not parse the request: 400
+    "plain_http",  # plain HTTP on a TLS port: 400
+    "http_version",  # neither HTTP/1.0 nor HTTP/1.1: 400
+    "method",  # a method no route has: 405
+    "probe_method",  # a probe or scrape path asked with another method than GET or HEAD: 405
+    "slow_client",  # a body that did not arrive in time: 408 (the connection closed)
+    "chunked_body",  # a transfer-coded request body: 411
+    "body_too_large",  # over the route's body limit: 413
+    "uri_too_long",  # 414
+    "header_too_large",  # 431
+    "not_found",  # the proxy's own paths, the monitoring listener's other paths: 404
+    "proxy_error",  # the proxy failed: 500
+    "upstream_unreachable",  # the role could not be reached: 503, nothing forwarded
+    "upstream_timeout",  # the role did not answer in time: 504
+    "upstream_failed",  # the role's answer was cut or malformed: 502
+)
+# Declared here, beside what moves it, and exported by a role whose proxy feeds it (`start`):
+# dlock.metrics' rule holds (no id as a label, every series at 0 from start-up).
+proxy_refusals = Counter(
+    "dlock_proxy_refusals",
+    "Requests the role's proxy answered itself (a refusal, or an upstream that failed), by "
+    "reason; a floor: a datagram the role had no room for is not counted (dlock.edge_events).",
+    ["reason"],
+    registry=None,
+)
+for _reason in PROXY_REFUSAL_REASONS:
+    proxy_refusals.labels(reason=_reason)
 SERVERS = ("role", "default", "metrics")
 PERIOD_S = 1.0
 DATAGRAM_BYTES = 512  # ours are under 128; a longer one is truncated and then fails the format
@@ -82,7 +117,7 @@ def parse(datagram: bytes) -> Answer | None:
 class _Tally:
     status: int
     count: int = 0
-    clients: Counter[str] = field(default_factory=Counter)
+    clients: collections.Counter[str] = field(default_factory=collections.Counter)
     other_clients: int = 0
 
 
@@ -170,15 +205,13 @@ class Receiver:
 _receivers: list[Receiver] = []
 
 
-def start(worker: object = None) -> None:
-    """gunicorn `post_worker_init` (each worker): read the master's socket, when it has one."""
-    sock = bound_socket()
-    if sock is not None and not _receivers:
-        _receivers.append(Receiver(sock))
-        _receivers[0].start()
-
-
-def stop(server: object = None, worker: object = None) -> None:
-    """gunicorn `worker_exit` (each worker, as it exits): its last counts are written."""
-    for receiver in _receivers:
-        receiver.stop()
+def start(sock: socket.socket) -> None:
+    """In a worker (dlock.edge_listener.read_in_child): export the counter, read `sock` in a
+    thread, and write what is left when the worker exits."""
+    if _receivers:
+        return
+    REGISTRY.register(proxy_refusals)
+    receiver = Receiver(sock)
+    _receivers.append(receiver)
+    receiver.start()
+    atexit.register(receiver.stop)

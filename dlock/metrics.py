@@ -150,40 +150,6 @@ admin_lockouts = Counter(
 )
 
 
-# What the role's proxy answered itself (dlock.edge_events), by reason: deploy/nginx/nginx.conf's
-# $dlock_refused map names them.
-PROXY_REFUSAL_REASONS = (
-    "overloaded",  # over limit_conn per_client or per_proxy: 503 OVERLOADED, nothing forwarded
-    "login_limited",  # the admin's log-in limit (limit_req): 429
-    "foreign_host",  # a Host outside DJANGO_ALLOWED_HOSTS: 400
-    "header_control",  # a control byte in a header dlock reads: 400
-    "bad_request",  # nginx could not parse the request: 400
-    "plain_http",  # plain HTTP on a TLS port: 400
-    "http_version",  # neither HTTP/1.0 nor HTTP/1.1: 400
-    "method",  # a method no route has: 405
-    "probe_method",  # a probe or scrape path asked with another method than GET or HEAD: 405
-    "slow_client",  # a head or body that did not arrive in time: 408 (the connection closed)
-    "chunked_body",  # a transfer-coded request body: 411
-    "body_too_large",  # over the route's body limit: 413
-    "uri_too_long",  # 414
-    "header_too_large",  # 431
-    "not_found",  # the proxy's own paths, the monitoring listener's other paths: 404
-    "proxy_error",  # the proxy failed: 500
-    "upstream_unreachable",  # the role could not be reached: 503, nothing forwarded
-    "upstream_timeout",  # the role did not answer in time: 504
-    "upstream_failed",  # the role's answer was cut or malformed: 502
-)
-proxy_refusals = Counter(
-    "dlock_proxy_refusals",
-    "Requests the role's proxy answered itself (a refusal, or an upstream that failed), by "
-    "reason; a floor: a datagram the role had no room for is not counted (dlock.edge_events).",
-    ["reason"],
-    registry=None,
-)
-for _reason in PROXY_REFUSAL_REASONS:
-    proxy_refusals.labels(reason=_reason)
-
-
 # Which role moves which series (ops runs every app in one process: the suite, management commands).
 FENCED_BY_ROLE = {
     "payments": ("account", "ledger"),
@@ -197,18 +163,11 @@ ROLE_METRICS = {
         lock_live_grants,
         lock_waiter_wakeups,
         requests_shed,
-        proxy_refusals,
     ),
-    "payments": (lock_fenced_out, requests_shed, proxy_refusals),
-    "railproxy": (
-        lock_fenced_out,
-        rail_duplicate_attempted,
-        rail_submission,
-        requests_shed,
-        proxy_refusals,
-    ),
-    "railstub": (requests_shed, proxy_refusals),
-    "admin": (admin_login_failed, admin_lockouts, requests_shed, proxy_refusals),
+    "payments": (lock_fenced_out, requests_shed),
+    "railproxy": (lock_fenced_out, rail_duplicate_attempted, rail_submission, requests_shed),
+    "railstub": (requests_shed,),
+    "admin": (admin_login_failed, admin_lockouts, requests_shed),
     "executor": (
         payout_execute,
         payout_backlog_age,

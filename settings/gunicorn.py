@@ -124,8 +124,7 @@ limit_request_field_size = 8190
 
 # The worker's heartbeat touches a file in worker_tmp_dir from the event loop; on a disk or
 # overlay filesystem that is a metadata write each time, in memory it is not (gunicorn's own
-# advice for containers).
-# gunicorn makes its file there with mkstemp and unlinks it at once.
+# advice for containers); gunicorn makes its file there with mkstemp and unlinks it at once.
 _shm = "/dev/shm"  # noqa: S108 - see above
 worker_tmp_dir = os.environ.get("GUNICORN_WORKER_TMP_DIR") or (
     _shm if os.path.isdir(_shm) and os.access(_shm, os.W_OK) else None
@@ -144,11 +143,7 @@ secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # One JSON line when the role is ready and one when it has stopped (dlock.lifecycle; the drain
 # line comes from the worker, dlock.serving).
 when_ready = lifecycle.when_ready
-# What the role's proxy answered itself arrives as datagrams on PROXY_EVENTS_PORT (UDP,
-# 127.0.0.1): the master binds it once (dlock.edge_listener), each worker reads it in a thread
-# (post_worker_init) and writes the aggregated `proxy_refused` events (dlock.edge_events, imported
-# in the worker only: the master makes no metric).
-on_starting = edge_listener.listen
+on_starting = edge_listener.listen  # its proxy's datagrams, read in every worker
 # gunicorn's control socket (gunicornc) is off: nothing uses it, and its default path under
 # $HOME is read-only in the image (it logged "Control server error: [Errno 30]" on every start).
 control_socket_disable = True
@@ -158,16 +153,5 @@ def post_worker_init(worker) -> None:
     """The objects the worker made loading the app (modules, settings, URLconf: most of the
     heap) go to the collector's permanent generation, so its full collections never walk them
     again. Measured at 1 x 32, rail 0 (bench e2e, 2 048 payouts): full collections took
-    0.27 s of the four roles' CPU before, 0.08 s after (0.09 ms per payout, 0.6 %).
-    Then the proxy's events are read (dlock.edge_events)."""
+    0.27 s of the four roles' CPU before, 0.08 s after (0.09 ms per payout, 0.6 %)."""
     gc.freeze()
-    from dlock import edge_events
-
-    edge_events.start(worker)
-
-
-def worker_exit(server, worker) -> None:
-    """A worker's last proxy_refused counts are written before it goes (dlock.edge_events)."""
-    from dlock import edge_events
-
-    edge_events.stop(server, worker)

@@ -23,8 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devstack import proxy
 from devstack.common import free_port
 from devstack.roles import RoleProcess, new_pod_dir, remove_pod_dir
-from dlock.edge_events import DATAGRAM_BYTES, parse
-from dlock.metrics import PROXY_REFUSAL_REASONS
+from dlock.edge_events import DATAGRAM_BYTES, PROXY_REFUSAL_REASONS, parse
 from tests.production.conftest import migrated_paydb, seed_payouts
 from tests.production.test_hostile_connections import ending, statuses
 
