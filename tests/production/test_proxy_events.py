@@ -11,6 +11,7 @@ every line of the spray before it is too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -248,11 +249,11 @@ def test_parse_takes_only_the_proxys_own_format():
     assert parse(good + b"\n\x00") is None
 
 
-def test_with_no_receiver_a_spray_of_refusals_writes_nothing_in_the_proxys_error_log():
-    """The proxy alone (its role not running): nothing listens on the events port, so every
-    other datagram comes back as a refused send, which nginx logs at `error`, below its log's
-    level: the error log stays empty however many refusals."""
-    port = free_port()
+@contextlib.contextmanager
+def proxy_alone(events_port: int, **env: str):
+    """The payments role's nginx with no role behind it (its upstream socket does not exist),
+    sending its datagrams to `events_port`; yields (port, metrics port, error log)."""
+    port, metrics_port = free_port(), free_port()
     pod = new_pod_dir("events-alone", port)
     error_log = pod / "error.log"
     config = proxy.ProxyConfig(
@@ -260,23 +261,14 @@ def test_with_no_receiver_a_spray_of_refusals_writes_nothing_in_the_proxys_error
         listen=f"127.0.0.1:{port}",
         upstream=f"unix:{pod / 'nowhere.sock'}",
         error_log=str(error_log),
-        env={"PROXY_EVENTS_PORT": str(free_port())},
+        env={"PROXY_EVENTS_PORT": str(events_port), **env},
+        metrics_listen=f"127.0.0.1:{metrics_port}",
     )
     conf = proxy.fill(pod, config)
     user = proxy.worker_user()
-    nginx = subprocess.Popen(
-        [
-            proxy.NGINX,
-            "-p",
-            str(pod),
-            "-c",
-            str(conf),
-            "-e",
-            str(error_log),
-            "-g",
-            "daemon off;" + (f" user {user};" if user else ""),
-        ]
-    )
+    main = "daemon off;" + (f" user {user};" if user else "")
+    command = [proxy.NGINX, "-p", str(pod), "-c", str(conf), "-e", str(error_log), "-g", main]
+    nginx = subprocess.Popen(command)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -286,6 +278,119 @@ def test_with_no_receiver_a_spray_of_refusals_writes_nothing_in_the_proxys_error
             except OSError:
                 assert time.monotonic() < deadline and nginx.poll() is None, "nginx not up"
                 time.sleep(0.05)
+        yield port, metrics_port, error_log
+    finally:
+        nginx.terminate()
+        nginx.wait(30)
+        remove_pod_dir(pod)
+
+
+# What a client sends, and the reason and server the proxy's datagram must name.
+ANSWERS = [
+    (b"GET /v1/payouts HTTP/1.1\r\nHost: evil.example\r\n", "foreign_host", "default", 400),
+    (
+        b"GET http://evil.example/v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+        "foreign_host",
+        "default",
+        400,
+    ),
+    (b"POST /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n", "probe_method", "role", 405),
+    (b"TRACE /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\n", "method", "role", 405),
+    (
+        b"POST /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n",
+        "chunked_body",
+        "role",
+        411,
+    ),
+    (
+        b"GET /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: a\x01b\r\n",
+        "header_control",
+        "role",
+        400,
+    ),
+    (
+        b"POST /v1/payouts/x/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5000\r\n",
+        "body_too_large",
+        "role",
+        413,
+    ),
+    (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n", "uri_too_long", "default", 414),
+    (
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"b" * 5000 + b"\r\n",
+        "header_too_large",
+        "role",
+        431,
+    ),
+    (b"GET /\x00 HTTP/1.1\r\nHost: 127.0.0.1\r\n", "bad_request", "default", 400),
+    (b"GET / HTTP/2.0\r\nHost: 127.0.0.1\r\n", "http_version", "default", 400),
+    (b"GET /_dlock/503 HTTP/1.1\r\nHost: 127.0.0.1\r\n", "not_found", "role", 404),
+    (b"GET /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\n", "upstream_unreachable", "role", 503),
+]
+
+
+def test_each_answer_the_proxy_makes_itself_is_one_datagram_naming_its_reason():
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+        contextlib.ExitStack() as stack,
+    ):
+        events_port = free_port()
+        udp.bind(("127.0.0.1", events_port))
+        udp.settimeout(10)
+        port, metrics_port, _ = stack.enter_context(proxy_alone(events_port))
+        for request, reason, server, status in ANSWERS:
+            answer = send(port, request + b"Connection: close\r\n\r\n", source="127.0.0.1")
+            assert statuses(answer)[:1] == [status], (reason, answer[:300])
+            got = parse(udp.recv(DATAGRAM_BYTES))
+            assert got is not None and (got.reason, got.server, got.status, got.client) == (
+                reason,
+                server,
+                status,
+                "127.0.0.1",
+            ), request[:80]
+        # the monitoring listener's other paths
+        send(metrics_port, b"GET /v1/payouts HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        got = parse(udp.recv(DATAGRAM_BYTES))
+        assert got is not None and (got.reason, got.server) == ("not_found", "metrics")
+        # a client that hangs up mid-body was answered nothing: no datagram for it
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(
+                b"POST /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 50\r\n\r\n{"
+            )
+        marker = send(port, b"TRACE / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert statuses(marker) == [405]
+        got = parse(udp.recv(DATAGRAM_BYTES))
+        assert got is not None and got.reason == "method", got
+
+
+def test_over_the_per_address_cap_the_datagram_says_overloaded():
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+        contextlib.ExitStack() as stack,
+    ):
+        events_port = free_port()
+        udp.bind(("127.0.0.1", events_port))
+        udp.settimeout(10)
+        port, _, _ = stack.enter_context(proxy_alone(events_port, PROXY_CONN_PER_CLIENT="1"))
+        held = socket.create_connection(("127.0.0.1", port), timeout=30)
+        stack.callback(held.close)
+        held.sendall(b"POST /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 50\r\n\r\n{")
+        request = b"GET /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        reasons = []
+        while "overloaded" not in reasons and len(reasons) < 20:  # until nginx holds `held`
+            assert statuses(send(port, request, source="127.0.0.1")) == [503]
+            got = parse(udp.recv(DATAGRAM_BYTES))
+            assert got is not None and (got.server, got.status) == ("role", 503), got
+            reasons.append(got.reason)
+        # before nginx counted `held`, the request went on and found no role
+        assert set(reasons) <= {"upstream_unreachable", "overloaded"}
+        assert reasons[-1] == "overloaded", reasons
+
+
+def test_with_no_receiver_a_spray_of_refusals_writes_nothing_in_the_proxys_error_log():
+    """The proxy alone (its role not running): nothing listens on the events port, so every
+    other datagram comes back as a refused send, which nginx logs at `error`, below its log's
+    level: the error log stays empty however many refusals."""
+    with proxy_alone(free_port()) as (port, _, error_log):
         for _ in range(100):
             assert statuses(probe_post(port)) == [405]
             big = send(
@@ -298,9 +403,5 @@ def test_with_no_receiver_a_spray_of_refusals_writes_nothing_in_the_proxys_error
                 port, b"GET /v1/payouts HTTP/1.1\r\nHost: evil\r\nConnection: close\r\n\r\n"
             )
             assert statuses(foreign) == [400]
-    finally:
-        nginx.terminate()
-        nginx.wait(30)
-    text = error_log.read_text(errors="replace") if error_log.exists() else ""
-    remove_pod_dir(pod)
+        text = error_log.read_text(errors="replace") if error_log.exists() else ""
     assert text == "", text[-2000:]
