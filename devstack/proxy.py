@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devstack import proxy_admin
+from devstack import proxy_admin, proxy_events
 from devstack.common import PROJECT
 from dlock.budgets import BUDGETS, LONGEST_REQUEST_S, RAIL_READ_TIMEOUT_S
 from dlock.roles import SERVICE_NAMES
@@ -183,7 +183,6 @@ def _pcre_escape(text: str) -> str:
 
 def values(config: ProxyConfig) -> dict[str, str]:
     """What fills deploy/nginx/*.conf.template for `config` (each an EDGE_* name)."""
-    names = config.names
     env = config.env
     tls = config.tls
     return {
@@ -203,9 +202,9 @@ def values(config: ProxyConfig) -> dict[str, str]:
         "EDGE_UPSTREAM": config.upstream,
         "EDGE_READ_TIMEOUT_MS": str(read_timeout_ms(config.role, env)),
         "EDGE_PASS_DROPS": "1" if passes_drops(config) else "0",
-        "EDGE_HOST_PATTERN": host_pattern(names),
+        "EDGE_HOST_PATTERN": host_pattern(config.names),
         # "" also takes requests without a Host header (HTTP/1.0)
-        "EDGE_SERVER_NAME": " ".join([*names, '""']) if "*" not in names else '~. ""',
+        "EDGE_SERVER_NAME": " ".join([*config.names, '""']) if "*" not in config.names else '~. ""',
         "EDGE_LISTEN": config.listen,
         "EDGE_TLS": "on" if tls else "off",
         "EDGE_SSL": "ssl" if tls else "",
@@ -214,6 +213,7 @@ def values(config: ProxyConfig) -> dict[str, str]:
         "EDGE_HSTS": HSTS if tls else "",
         "EDGE_METRICS": "on" if config.metrics_listen else "off",
         "EDGE_METRICS_LISTEN": config.metrics_listen or "",
+        **proxy_events.values(env),
         **(proxy_admin.values(env) if config.role == "admin" else {}),
     }
 

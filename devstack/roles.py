@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devstack import proxy
+from devstack import proxy, proxy_events
 from devstack.common import PROJECT, PYTHON, StackError, ready, wait_until
 from devstack.envfile import public_keys_of
 from devstack.pod import LOG_MAX_BYTES
@@ -150,7 +150,7 @@ class RoleProcess:
         base = caller_environment() if self.inherit_environ else {}
         assert self.pod_dir is not None
         return {
-            **fencing_keys_for(self.role, {**base, **self.env}),
+            **fencing_keys_for(self.role, proxy_events.with_port({**base, **self.env})),
             "ROLE": self.role,
             "PORT": str(self.port),
             "GUNICORN_BIND": f"unix:{self.socket_path}",

@@ -57,7 +57,7 @@ def on_exit(server) -> None:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 
 
-from dlock import lifecycle  # noqa: E402 - after PROMETHEUS_MULTIPROC_DIR is set
+from dlock import edge_listener, lifecycle  # noqa: E402 - after PROMETHEUS_MULTIPROC_DIR is set
 from dlock.budgets import LONGEST_REQUEST_S  # noqa: E402
 
 # Behind the role's proxy (nginx: devstack.pod locally, a sidecar in Kubernetes), gunicorn is
@@ -124,8 +124,7 @@ limit_request_field_size = 8190
 
 # The worker's heartbeat touches a file in worker_tmp_dir from the event loop; on a disk or
 # overlay filesystem that is a metadata write each time, in memory it is not (gunicorn's own
-# advice for containers).
-# gunicorn makes its file there with mkstemp and unlinks it at once.
+# advice for containers); gunicorn makes its file there with mkstemp and unlinks it at once.
 _shm = "/dev/shm"  # noqa: S108 - see above
 worker_tmp_dir = os.environ.get("GUNICORN_WORKER_TMP_DIR") or (
     _shm if os.path.isdir(_shm) and os.access(_shm, os.W_OK) else None
@@ -144,6 +143,7 @@ secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # One JSON line when the role is ready and one when it has stopped (dlock.lifecycle; the drain
 # line comes from the worker, dlock.serving).
 when_ready = lifecycle.when_ready
+on_starting = edge_listener.listen  # its proxy's datagrams, read in every worker
 # gunicorn's control socket (gunicornc) is off: nothing uses it, and its default path under
 # $HOME is read-only in the image (it logged "Control server error: [Errno 30]" on every start).
 control_socket_disable = True
