@@ -1,8 +1,8 @@
 """Where the role's proxy sends one datagram per answer it made itself: a UDP socket on
 127.0.0.1:PROXY_EVENTS_PORT, bound once by the gunicorn master (`listen`, its `on_starting`
 hook in settings/gunicorn.py), so the port is held for as long as the role runs, and read in
-every worker forked from it: `listen` asks for `read_in_child` after each fork, which starts
-the worker's reading thread (dlock.edge_events). Apart from dlock.edge_events because the
+every worker forked from it (`read_in_child`, its `post_fork` hook), which starts the worker's
+reading thread (dlock.edge_events). Apart from dlock.edge_events because the
 master must not import the metrics: a labelled series made there would be one more process's
 file in prometheus_client's multiprocess directory.
 """
@@ -31,9 +31,8 @@ def configured_port(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def listen(server: object = None) -> None:
-    """gunicorn `on_starting` (the master, once): bind PROXY_EVENTS_PORT when it is set, and
-    have every worker forked from here read it. A port that cannot be bound stops the role from
-    starting (its proxy would count into nothing)."""
+    """gunicorn `on_starting` (the master, once): bind PROXY_EVENTS_PORT when it is set. A port
+    that cannot be bound stops the role from starting (its proxy would count into nothing)."""
     port = configured_port()
     if port is None or _bound:
         return
@@ -41,11 +40,13 @@ def listen(server: object = None) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
     sock.bind(("127.0.0.1", port))
     _bound.append(sock)
-    os.register_at_fork(after_in_child=read_in_child)
 
 
-def read_in_child() -> None:
-    """In a process just forked from the master (a gunicorn worker): start reading."""
+def read_in_child(server: object = None, worker: object = None) -> None:
+    """gunicorn `post_fork` (in each worker, just forked from the master): start reading the
+    socket the master bound, if it bound one."""
+    if not _bound:
+        return
     from dlock import edge_events  # the worker's first import of the metrics, never the master's
 
     edge_events.start(_bound[0])

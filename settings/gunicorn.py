@@ -143,7 +143,8 @@ secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # One JSON line when the role is ready and one when it has stopped (dlock.lifecycle; the drain
 # line comes from the worker, dlock.serving).
 when_ready = lifecycle.when_ready
-on_starting = edge_listener.listen  # its proxy's datagrams, read in every worker
+on_starting = edge_listener.listen  # its proxy's datagrams: bound by the master,
+post_fork = edge_listener.read_in_child  # and read in every worker
 # gunicorn's control socket (gunicornc) is off: nothing uses it, and its default path under
 # $HOME is read-only in the image (it logged "Control server error: [Errno 30]" on every start).
 control_socket_disable = True
