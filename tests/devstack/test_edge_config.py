@@ -115,9 +115,14 @@ def test_a_placeholder_the_role_reads_without_a_value_is_refused(tmp_path, monke
 def test_envsubst_and_the_local_filler_make_the_same_files(tmp_path):
     """What the nginx image does (gettext's envsubst, restricted to the EDGE_* names) and what
     `make up` does (devstack.proxy.fill) give the same text."""
-    values = proxy.values(config("admin", metrics_listen="127.0.0.1:2"))
+    inner = {
+        "metrics_listen": "127.0.0.1:2",
+        "http_listen": f"unix:{tmp_path}/http.sock",
+        "metrics_http_listen": f"unix:{tmp_path}/metrics.sock",
+    }
+    values = proxy.values(config("admin", **inner))
     names = " ".join(f"${{{name}}}" for name in values)
-    proxy.fill(tmp_path, config("admin", metrics_listen="127.0.0.1:2"))
+    proxy.fill(tmp_path, config("admin", **inner))
     for path in sorted(proxy.DIRECTORY.glob(f"*{proxy.SUFFIX}")):
         filled = subprocess.run(
             ["envsubst", names],
@@ -151,5 +156,6 @@ def test_nginx_accepts_every_shape_a_role_runs_in(tmp_path, role, tls, metrics):
     assert checked.returncode == 0, checked.stderr
     text = "\n".join(p.read_text() for p in Path(prefix).glob("*.conf"))
     assert ("ssl_certificate " in (prefix / "tls-on.conf").read_text()) and (
-        ("listen 127.0.0.1:1 ssl" in text) == tls
+        (f"listen unix:{prefix}/http.sock ssl proxy_protocol" in text) == tls
     )
+    assert "listen 127.0.0.1:1;" in text  # the stream hop: bytes as they are
