@@ -226,6 +226,9 @@ def test_the_proxy_sidecars_fill_deploy_nginx_with_the_values_make_up_computes(t
             prefix = tmp_path / name
             prefix.mkdir()
             files = ensure_tls(tmp_path / "tls")  # the dlock-tls Secret's shape
+            # the official image has the stream module built in; Debian's nginx loads it
+            module = proxy.stream_module_path()
+            load_stream = ["-g", f"load_module {module};"] if module else []
             for key, text in proxy_files(name).items():
                 text = text.replace("listen 8080", "listen 127.0.0.1:1")
                 text = text.replace("listen 9100", "listen 127.0.0.1:2")
@@ -236,8 +239,7 @@ def test_the_proxy_sidecars_fill_deploy_nginx_with_the_values_make_up_computes(t
                 [
                     "/usr/sbin/nginx",
                     "-t",
-                    # the official image has the stream module built in; Debian's loads it
-                    *(["-g", f"load_module {module};"] if (module := proxy.stream_module_path()) else []),
+                    *load_stream,
                     "-p",
                     str(prefix),
                     "-c",
