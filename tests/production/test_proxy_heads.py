@@ -26,9 +26,10 @@ import requests
 
 from devstack.common import free_port
 from devstack.roles import RoleProcess
+from devstack.tls import ensure_tls
 from tests import credentials
 from tests.conftest import migrated_db
-from tests.production.conftest import migrated_paydb, seed_payouts
+from tests.production.conftest import migrated_paydb, seed_payouts, start_probe
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -167,7 +168,9 @@ def test_one_address_holding_more_unfinished_connections_than_the_proxy_has_leav
 ):
     """127.0.0.2 keeps opening connections (more than worker_connections) that each send a
     partial head, or nothing, and reopens each one the proxy closes. While it holds them, honest
-    calls from 127.0.0.1 are answered (2xx, or the 503 envelope), never reset or refused."""
+    calls from 127.0.0.1 are answered (2xx, or the 503 envelope), never reset or refused, and
+    the proxy never runs out of connections (without the cap at accept, partial heads reset
+    the honest calls; silent connects were drained by nginx, one alert line each)."""
     proc = request.getfixturevalue(role)
     with Holder(proc.port, first, "127.0.0.2", WORKER_CONNECTIONS + 100) as held:
         for _ in range(5):
@@ -181,3 +184,53 @@ def test_one_address_holding_more_unfinished_connections_than_the_proxy_has_leav
     log = proc.proxy_log.read_text(errors="replace") if proc.proxy_log.exists() else ""
     assert "worker_connections are not enough" not in log, log[-2000:]
     assert "limiting connections" not in log, log[-2000:]
+
+
+# ------------------------------------------------ under TLS, and on the monitoring listener
+
+# The first bytes of a TLS record carrying a ClientHello (handshake, TLS 1.0 record version,
+# 512 bytes announced), the rest never sent: a handshake nginx has started and waits on.
+PARTIAL_CLIENT_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+
+
+@pytest.fixture(scope="module")
+def tls_probe(tmp_path_factory):
+    """The probe app behind its nginx speaking TLS, with a monitoring listener, scaled down."""
+    base = tmp_path_factory.mktemp("heads-tls")
+    files = ensure_tls(base / "tls")
+    metrics_port = free_port()
+    probe = start_probe(
+        base,
+        tls=(str(files.certificate), str(files.key)),
+        DLOCK_CA_BUNDLE=str(files.ca),
+        METRICS_PORT=str(metrics_port),
+        **SCALED,
+    )
+    yield probe.role, metrics_port, files
+    probe.stop()
+
+
+@pytest.mark.parametrize("listener", ["role port", "monitoring listener"])
+def test_one_address_holding_unfinished_tls_handshakes_leaves_https_calls_served(
+    tls_probe, listener
+):
+    """127.0.0.2 holds more connections than the proxy has, each having sent the start of a
+    ClientHello, on the role's TLS port or the monitoring listener. While it holds them, an
+    https probe from 127.0.0.1 is answered on the same port."""
+    role, metrics_port, files = tls_probe
+    port = role.port if listener == "role port" else metrics_port
+    with Holder(port, PARTIAL_CLIENT_HELLO, "127.0.0.2", WORKER_CONNECTIONS + 100) as held:
+        for _ in range(3):
+            before = held.rounds
+            answer = requests.get(
+                f"https://127.0.0.1:{port}/health/live",
+                headers={"Connection": "close"},
+                verify=str(files.ca),
+                timeout=30,
+            )
+            assert answer.status_code == 200, answer.text
+            held.wait_rounds(1)
+            assert held.rounds > before and held.thread.is_alive()
+        assert held.socks
+    log = role.proxy_log.read_text(errors="replace") if role.proxy_log.exists() else ""
+    assert "worker_connections are not enough" not in log, log[-2000:]
