@@ -12,11 +12,13 @@ parity test expects there). docs/operations.md "Serving topology".
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import string
+import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from devstack import proxy_admin, proxy_events
@@ -39,13 +41,33 @@ RAILSTUB_READ_TIMEOUT_MS = 60_000
 # Behind SNAT or a mesh sidecar every caller shares one address and so this cap:
 # docs/operations.md "Serving topology".
 DEFAULT_CONN_PER_CLIENT = 256
+# Connections per client address counted at accept, before any byte (the stream hop's
+# limit_conn): whatever an address sends -- partial heads, nothing at all, idle keep-alives --
+# it holds no more of the proxy's connections than this. Twice its requests in progress
+# (PROXY_CONN_PER_CLIENT), so a busy honest address meets the 503 envelope long before a closed
+# connection. Default: that multiple of the address's cap.
+TCP_PER_CLIENT_FACTOR = 2
 # Connections one proxy holds (worker_connections), and requests in progress in all
-# (limit_conn per_proxy): a forwarded request holds two connections (client and gunicorn), so
-# the sum stays below half of them; the rest is headroom for idle keep-alives, heads being read
-# and refusals, so an honest caller meets a 503 envelope at worst, never a reset. The count
-# bounds the sidecar's memory too (docs/operations.md "Serving topology").
-DEFAULT_WORKER_CONNECTIONS = 2048
-DEFAULT_CONN_PER_PROXY = 768
+# (limit_conn per_proxy). Each client connection costs three of them (the client's, the stream
+# hop's to the inner http listener, and that listener's end) and a forwarded request one more
+# (gunicorn's), plus up to UPSTREAM_KEEPALIVE idle ones to gunicorn: one address at its
+# PROXY_TCP_PER_CLIENT and the sum at PROXY_CONN_PER_PROXY take
+# 3 x 512 + 4 x 512 + 64 = 3 648 of 4 096 (k8s: 3 x 256 + ... = 2 880); the rest is headroom for
+# other addresses' idle keep-alives, heads being read and refusals, so an honest caller meets a
+# 503 envelope at worst, never a reset. `connection_budget()` is that sum; values() refuses a
+# worker_connections at or below it. The count bounds the sidecar's memory too: an idle TLS
+# keep-alive costs about 26 KiB with its stream hop, and nginx holds at most a third of
+# worker_connections of them (docs/operations.md "Serving topology").
+DEFAULT_WORKER_CONNECTIONS = 4096
+DEFAULT_CONN_PER_PROXY = 512
+UPSTREAM_KEEPALIVE = 64  # nginx.conf's `keepalive` to gunicorn
+# Where the stream hop passes each connection to the http servers: a unix socket in the pod's
+# directory (a new directory per start: no stale socket), or in Kubernetes a loopback port of
+# the pod (an emptyDir outlives a crashed nginx, a socket file in it would stop the next start).
+HTTP_SOCKET = "http.sock"
+METRICS_SOCKET = "metrics.sock"
+K8S_HTTP_LISTEN = "127.0.0.1:8082"
+K8S_METRICS_HTTP_LISTEN = "127.0.0.1:9101"
 # Between two reads of a request body (client_body_timeout). nginx has no timer on a whole body,
 # only this one per read, so it is short: an honest client writes its body (< 4 KiB, one
 # segment) right behind the head; a trickle slower than one byte a second is closed at its
@@ -63,6 +85,37 @@ HSTS = "max-age=31536000"
 def _ms(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "")
     return int(raw) if raw else default
+
+
+def tcp_per_client(env: Mapping[str, str]) -> int:
+    """PROXY_TCP_PER_CLIENT, by default twice PROXY_CONN_PER_CLIENT."""
+    default = TCP_PER_CLIENT_FACTOR * _ms(env, "PROXY_CONN_PER_CLIENT", DEFAULT_CONN_PER_CLIENT)
+    return _ms(env, "PROXY_TCP_PER_CLIENT", default)
+
+
+def connection_budget(env: Mapping[str, str]) -> int:
+    """The connections one address at its cap and the sum of requests in progress take:
+    worker_connections must exceed this, the rest being headroom."""
+    return (
+        3 * tcp_per_client(env)
+        + 4 * _ms(env, "PROXY_CONN_PER_PROXY", DEFAULT_CONN_PER_PROXY)
+        + UPSTREAM_KEEPALIVE
+    )
+
+
+@functools.cache
+def stream_module_path(nginx: str = NGINX) -> str | None:
+    """The stream module this nginx must load (its path), or None when it is built in (or there
+    is no nginx here to ask)."""
+    try:
+        built = subprocess.run([nginx, "-V"], capture_output=True, text=True, check=True).stderr
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    if "--with-stream=dynamic" not in built:
+        return None
+    found = re.search(r"--modules-path=(\S+)", built)
+    modules = found.group(1) if found else "/usr/lib/nginx/modules"
+    return f"{modules}/ngx_stream_module.so"
 
 
 def role_deadline_ms(role: str, env: Mapping[str, str]) -> int:
@@ -141,6 +194,12 @@ class ProxyConfig:
     metrics_listen: str | None = None  # a listener answering /metrics and /health/* only
     tls_certificate: str | None = None
     tls_key: str | None = None
+    # The stream hop's inner listeners ("unix:/path" or "127.0.0.1:port"); fill() puts unix
+    # sockets in its directory when these are empty.
+    http_listen: str = ""
+    metrics_http_listen: str = ""
+    # The stream module to load (a path), or None when nginx has it built in.
+    stream_module: str | None = field(default_factory=stream_module_path)
 
     @property
     def names(self) -> list[str]:
@@ -185,20 +244,28 @@ def values(config: ProxyConfig) -> dict[str, str]:
     """What fills deploy/nginx/*.conf.template for `config` (each an EDGE_* name)."""
     env = config.env
     tls = config.tls
+    worker_connections = _ms(env, "PROXY_WORKER_CONNECTIONS", DEFAULT_WORKER_CONNECTIONS)
+    if worker_connections <= connection_budget(env):
+        raise ValueError(
+            f"PROXY_WORKER_CONNECTIONS ({worker_connections}) must exceed 3 x "
+            f"PROXY_TCP_PER_CLIENT + 4 x PROXY_CONN_PER_PROXY + {UPSTREAM_KEEPALIVE} "
+            f"({connection_budget(env)}): an honest caller would meet a reset"
+        )
     return {
         "EDGE_ROLE": config.role,
         "EDGE_SERVICE": SERVICE_NAMES.get(config.role, config.role),
         "EDGE_ERROR_LOG": config.error_log,
         "EDGE_SHUTDOWN_TIMEOUT_S": str(shutdown_timeout_s(config.role, env)),
-        "EDGE_WORKER_CONNECTIONS": str(
-            _ms(env, "PROXY_WORKER_CONNECTIONS", DEFAULT_WORKER_CONNECTIONS)
-        ),
+        "EDGE_WORKER_CONNECTIONS": str(worker_connections),
         "EDGE_HEADER_TIMEOUT_MS": str(_ms(env, "SERVER_HEADER_TIMEOUT_MS", 3_000)),
         "EDGE_BODY_TIMEOUT_MS": str(_ms(env, "PROXY_BODY_TIMEOUT_MS", DEFAULT_BODY_TIMEOUT_MS)),
         "EDGE_MAX_BODY_BYTES": str(_ms(env, "DLOCK_MAX_BODY_BYTES", 64 * 1024)),
         "EDGE_PAGE_MAX_BODY_BYTES": str(PAGE_MAX_BODY_BYTES.get(config.role, 1024)),
         "EDGE_CONN_PER_CLIENT": str(_ms(env, "PROXY_CONN_PER_CLIENT", DEFAULT_CONN_PER_CLIENT)),
         "EDGE_CONN_PER_PROXY": str(_ms(env, "PROXY_CONN_PER_PROXY", DEFAULT_CONN_PER_PROXY)),
+        "EDGE_TCP_PER_CLIENT": str(tcp_per_client(env)),
+        "EDGE_STREAM_MODULE": "load" if config.stream_module else "builtin",
+        "EDGE_STREAM_MODULE_PATH": config.stream_module or "",
         "EDGE_UPSTREAM": config.upstream,
         "EDGE_READ_TIMEOUT_MS": str(read_timeout_ms(config.role, env)),
         "EDGE_PASS_DROPS": "1" if passes_drops(config) else "0",
@@ -206,6 +273,8 @@ def values(config: ProxyConfig) -> dict[str, str]:
         # "" also takes requests without a Host header (HTTP/1.0)
         "EDGE_SERVER_NAME": " ".join([*config.names, '""']) if "*" not in config.names else '~. ""',
         "EDGE_LISTEN": config.listen,
+        "EDGE_HTTP_LISTEN": config.http_listen,
+        "EDGE_METRICS_HTTP_LISTEN": config.metrics_http_listen if config.metrics_listen else "",
         "EDGE_TLS": "on" if tls else "off",
         "EDGE_SSL": "ssl" if tls else "",
         "EDGE_TLS_CERTIFICATE": config.tls_certificate or "",
@@ -229,7 +298,14 @@ class EdgeTemplate(string.Template):
 def fill(directory: Path, config: ProxyConfig) -> Path:
     """deploy/nginx/*.conf.template filled for `config` as directory/*.conf (nginx -p directory
     -c directory/nginx.conf); the path of nginx.conf. A placeholder left unfilled in a file the
-    role includes is an error (another role's role-*.conf may keep its own)."""
+    role includes is an error (another role's role-*.conf may keep its own). The stream hop's
+    inner listeners, unless `config` names them, are unix sockets in `directory` (one left by a
+    killed nginx is removed: nginx would not bind over it)."""
+    sockets = {"http_listen": HTTP_SOCKET, "metrics_http_listen": METRICS_SOCKET}
+    for name, socket_name in sockets.items():
+        if not getattr(config, name):
+            (directory / socket_name).unlink(missing_ok=True)
+            config = replace(config, **{name: f"unix:{directory / socket_name}"})
     filled = values(config)
     for template in sorted(DIRECTORY.glob(f"*{SUFFIX}")):
         text = EdgeTemplate(template.read_text()).safe_substitute(filled)
@@ -282,6 +358,9 @@ def kubernetes_config(component: str) -> ProxyConfig:
         metrics_listen="9100",
         tls_certificate=str(K8S_TLS / "tls.crt"),
         tls_key=str(K8S_TLS / "tls.key"),
+        http_listen=K8S_HTTP_LISTEN,
+        metrics_http_listen=K8S_METRICS_HTTP_LISTEN,
+        stream_module=None,  # built into the official nginx image
     )
 
 

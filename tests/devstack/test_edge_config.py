@@ -115,9 +115,14 @@ def test_a_placeholder_the_role_reads_without_a_value_is_refused(tmp_path, monke
 def test_envsubst_and_the_local_filler_make_the_same_files(tmp_path):
     """What the nginx image does (gettext's envsubst, restricted to the EDGE_* names) and what
     `make up` does (devstack.proxy.fill) give the same text."""
-    values = proxy.values(config("admin", metrics_listen="127.0.0.1:2"))
+    inner = {
+        "metrics_listen": "127.0.0.1:2",
+        "http_listen": f"unix:{tmp_path}/http.sock",
+        "metrics_http_listen": f"unix:{tmp_path}/metrics.sock",
+    }
+    values = proxy.values(config("admin", **inner))
     names = " ".join(f"${{{name}}}" for name in values)
-    proxy.fill(tmp_path, config("admin", metrics_listen="127.0.0.1:2"))
+    proxy.fill(tmp_path, config("admin", **inner))
     for path in sorted(proxy.DIRECTORY.glob(f"*{proxy.SUFFIX}")):
         filled = subprocess.run(
             ["envsubst", names],
@@ -151,5 +156,40 @@ def test_nginx_accepts_every_shape_a_role_runs_in(tmp_path, role, tls, metrics):
     assert checked.returncode == 0, checked.stderr
     text = "\n".join(p.read_text() for p in Path(prefix).glob("*.conf"))
     assert ("ssl_certificate " in (prefix / "tls-on.conf").read_text()) and (
-        ("listen 127.0.0.1:1 ssl" in text) == tls
+        (f"listen unix:{prefix}/http.sock ssl proxy_protocol" in text) == tls
     )
+    assert "listen 127.0.0.1:1;" in text  # the stream hop: bytes as they are
+
+
+def test_every_listener_is_capped_per_address_at_accept_and_http_listens_only_inside(tmp_path):
+    """The role's port and the monitoring listener are the stream module's (limit_conn per
+    address at accept); every http server listens only on an inner listener, with the PROXY
+    protocol, and takes the client's address from it."""
+    conf = proxy.fill(tmp_path, config("payments", metrics_listen="127.0.0.1:2"))
+    main = conf.read_text()
+    stream = main[main.index("\nstream {") : main.index("\nhttp {")]
+    assert "limit_conn tcp_per_client 512;" in stream
+    assert "listen 127.0.0.1:1;" in stream and f"proxy_pass unix:{tmp_path}/http.sock;" in stream
+    metrics_stream = (tmp_path / "stream-metrics-on.conf").read_text()
+    assert "listen 127.0.0.1:2;" in metrics_stream
+    assert f"proxy_pass unix:{tmp_path}/metrics.sock;" in metrics_stream
+    http = main[main.index("\nhttp {") :] + (tmp_path / "metrics-on.conf").read_text()
+    listens = re.findall(r"^\s*listen (\S+)[^;]*;", http, re.MULTILINE)
+    assert listens and all(addr.startswith(f"unix:{tmp_path}/") for addr in listens), listens
+    assert all("proxy_protocol" in line for line in re.findall(r"^\s*listen .*$", http, re.M))
+    assert "real_ip_header proxy_protocol;" in http and "set_real_ip_from unix:;" in http
+
+
+def test_a_worker_connections_that_cannot_hold_one_address_and_the_sum_is_refused():
+    """A client connection costs three of nginx's connections, a forwarded request four: one
+    address at PROXY_TCP_PER_CLIENT and PROXY_CONN_PER_PROXY in progress must fit, with gunicorn's
+    idle keep-alives, below worker_connections."""
+    env = {"PROXY_WORKER_CONNECTIONS": "512", "PROXY_CONN_PER_PROXY": "160"}
+    with pytest.raises(ValueError, match="PROXY_WORKER_CONNECTIONS"):
+        proxy.values(config("payments", env=env))
+    assert proxy.connection_budget({}) == 3 * 512 + 4 * 512 + 64 < 4096
+    values = proxy.values(config("payments"))
+    assert values["EDGE_TCP_PER_CLIENT"] == "512" and values["EDGE_WORKER_CONNECTIONS"] == "4096"
+    for component in proxy.K8S_ROLES:
+        k8s = proxy.kubernetes_values(component)
+        assert k8s["EDGE_TCP_PER_CLIENT"] == "256" and k8s["EDGE_STREAM_MODULE"] == "builtin"

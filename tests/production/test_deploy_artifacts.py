@@ -226,6 +226,9 @@ def test_the_proxy_sidecars_fill_deploy_nginx_with_the_values_make_up_computes(t
             prefix = tmp_path / name
             prefix.mkdir()
             files = ensure_tls(tmp_path / "tls")  # the dlock-tls Secret's shape
+            # the official image has the stream module built in; Debian's nginx loads it
+            module = proxy.stream_module_path()
+            load_stream = ["-g", f"load_module {module};"] if module else []
             for key, text in proxy_files(name).items():
                 text = text.replace("listen 8080", "listen 127.0.0.1:1")
                 text = text.replace("listen 9100", "listen 127.0.0.1:2")
@@ -236,6 +239,7 @@ def test_the_proxy_sidecars_fill_deploy_nginx_with_the_values_make_up_computes(t
                 [
                     "/usr/sbin/nginx",
                     "-t",
+                    *load_stream,
                     "-p",
                     str(prefix),
                     "-c",
@@ -946,7 +950,10 @@ def test_every_database_url_verifies_the_server_certificate():
 def test_each_role_serves_https_behind_its_proxy_and_probes_speak_it():
     for name in SERVER_ROLES:
         config = proxy_config(name)
-        assert "listen 8080 ssl" in config and "listen 9100 ssl" in config
+        # each port is capped per address at accept (stream), then TLS on its inner listener
+        assert "listen 8080;" in config and "listen 9100;" in config
+        assert "listen 127.0.0.1:8082 ssl proxy_protocol" in config
+        assert "listen 127.0.0.1:9101 ssl proxy_protocol" in config
         assert "ssl_certificate /etc/dlock-tls/tls.crt;" in config
         assert "CBC" not in config and ":AES128-SHA" not in config
         assert "ssl_ciphers ECDHE-ECDSA-AES128-GCM-SHA256:" in config

@@ -285,8 +285,11 @@ def test_600_idle_keep_alive_sockets_hold_nothing(target):
     log = target.log_size()
     idle = []
     try:
-        for _ in range(600):
-            sock = open_socket(target.port)
+        # from three addresses: one holds at most PROXY_TCP_PER_CLIENT connections (512)
+        for n in range(600):
+            sock = socket.create_connection(
+                ("127.0.0.1", target.port), timeout=30, source_address=(f"127.0.0.{2 + n % 3}", 0)
+            )
             idle.append(sock)
         # each answered once and kept alive (one at a time: 600 at once from one address would
         # be over its cap of requests in progress, PROXY_CONN_PER_CLIENT)
@@ -294,7 +297,9 @@ def test_600_idle_keep_alive_sockets_hold_nothing(target):
             sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             answer = b""
             while b"\r\n\r\n" not in answer:
-                answer += sock.recv(65536)
+                data = sock.recv(65536)
+                assert data, answer  # closed without an answer
+                answer += data
             head, _, body = answer.partition(b"\r\n\r\n")
             length = int(
                 next(
