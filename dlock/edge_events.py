@@ -40,6 +40,7 @@ from dlock.logs import log_event
 # values of `dlock_proxy_refusals_total{reason}` (docs/operations.md "The proxy's own answers").
 PROXY_REFUSAL_REASONS = (
     "overloaded",  # over limit_conn per_client or per_proxy: 503 OVERLOADED, nothing forwarded
+    "connections_per_client",  # over PROXY_TCP_PER_CLIENT: closed at accept, nothing read
     "login_limited",  # the admin's log-in limit (limit_req): 429
     "foreign_host",  # a Host outside DJANGO_ALLOWED_HOSTS: 400
     "header_control",  # a control byte in a header dlock reads: 400

@@ -165,6 +165,52 @@ def test_connections_over_the_per_address_cap_are_counted_as_overloaded(payments
     assert refusals_metric(payments)["overloaded"] - before["overloaded"] == counted
 
 
+def test_connections_closed_at_accept_over_the_address_cap_are_counted(payments):
+    """Over PROXY_TCP_PER_CLIENT (2 × CAP here) the stream hop closes a connection at accept,
+    before any byte: one datagram each (stream-events-on.conf), reason
+    `connections_per_client`, while the held ones are still open."""
+    since = payments.logfile.stat().st_size
+    before = refusals_metric(payments)
+    held = []
+    try:
+        for _ in range(2 * CAP):
+            sock = socket.create_connection(
+                ("127.0.0.1", payments.port), timeout=30, source_address=(ATTACKER, 0)
+            )
+            sock.sendall(b"GET /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nX: ")
+            held.append(sock)
+        over = 40
+        closed = 0
+        for _ in range(over):
+            with socket.create_connection(
+                ("127.0.0.1", payments.port), timeout=30, source_address=(ATTACKER, 0)
+            ) as sock:
+                try:
+                    closed += sock.recv(1) == b""
+                except ConnectionResetError:
+                    closed += 1
+        # an honest caller from another address is answered meanwhile
+        honest = send(
+            payments.port,
+            b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+            source="127.0.0.1",
+        )
+        assert statuses(honest) == [200], honest[:200]
+    finally:
+        for sock in held:
+            sock.close()
+    assert closed == over
+    lines = [
+        line for line in marker_seen(payments, since) if line["reason"] == "connections_per_client"
+    ]
+    counted = sum(line["count"] for line in lines)
+    assert over * 0.9 <= counted <= over, (over, lines)
+    assert all(line["server"] == "role" and line["status"] == 503 for line in lines), lines
+    assert all(set(line["clients"]) == {ATTACKER} for line in lines), lines
+    after = refusals_metric(payments)
+    assert after["connections_per_client"] - before["connections_per_client"] == counted
+
+
 def test_two_workers_share_the_port_and_their_counts_add_up(tmp_path):
     """GUNICORN_WORKERS=2: the master holds the port, both workers read it, each writes its
     own lines; together they count the spray once, and /metrics sums both workers' counts."""
