@@ -1,0 +1,429 @@
+"""`make soak` / `python -m bench.soak`: a long run that measures what grows.
+
+A private stack (bench-style: its own PostgreSQL cluster, fsync off, and the four server roles,
+each a pod of gunicorn behind its nginx) and K real executors (`run_executor --concurrency N`)
+run for `--minutes` under a steady stream of payouts (`--rate` per second, seeded in-process
+every few seconds) or a backlog seeded at the start (`--backlog`), against a rail stub with
+faults (latency, failures split between 5xx / drop before / drop after booking, duplicate acks)
+and one `pg_ctl restart -m fast` of the cluster at a quarter of the run. Every `--sample-s`
+seconds bench.soak_probe samples each process (executors; each role's pod, gunicorn master and
+workers, nginx master and workers): RSS, open descriptors, threads; the connections per role
+(pg_stat_activity), the rows of every table and the bytes of every log.
+
+Then the seeding stops, the executors drain what is left (`--drain-s`), and the summary
+(printed, and written to `<out>/summary.json` and `<out>/summary.md`) says: growth per minute of
+every series by a least-squares line over the second half of the load phase (after warm-up);
+payouts done; payouts presented to the rail more than once (must be 0); payouts stuck in a
+non-terminal state; payouts quarantined (RAIL_AMBIGUOUS) and why (the transition's note and the
+reconciler's classification); whether the books balance (experiment.measure's invariants and
+`manage.py reconcile`); log bytes per payout per log and the events that take them; CPU per
+payout per role. Exit 0 when nothing was presented twice, nothing is stuck and the books
+balance; 1 otherwise (growth is reported, not judged: a number for a human).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.proc import role_pids, tree_cpu_seconds
+from bench.soak_probe import Probe
+from bench.soak_report import growth, log_events, markdown
+from devstack.common import PROJECT
+from experiment.stack import ROLES, StackHandle, private_stack
+from experiment.workers import spawn_executor
+
+NON_TERMINAL = ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")
+BATCH_S = 5.0  # how often the rate mode seeds what is due
+AMOUNT_MINOR = 100
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+@dataclass
+class SoakConfig:
+    minutes: float = 12.0
+    rate: float = 8.0  # payouts seeded per second (0 with a backlog)
+    backlog: int = 0  # payouts seeded at the start instead of a rate
+    executors: int = 2
+    concurrency: int = 4
+    sample_s: float = 10.0
+    rail_latency_ms: int = 20
+    failure_rate: float = 0.03
+    duplicate_ack_rate: float = 0.02
+    pg_restart: bool = True
+    drain_s: float = 90.0
+    out: Path = PROJECT / ".run" / "soak"
+
+    @property
+    def seconds(self) -> float:
+        return self.minutes * 60.0
+
+
+def parse(argv: list[str] | None) -> SoakConfig:
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    p.add_argument("--minutes", type=float, default=float(_env("SOAK_MINUTES", "12")))
+    p.add_argument("--rate", type=float, default=float(_env("SOAK_RATE", "8")))
+    p.add_argument("--backlog", type=int, default=int(_env("SOAK_BACKLOG", "0")))
+    p.add_argument("--executors", type=int, default=int(_env("SOAK_EXECUTORS", "2")))
+    p.add_argument("--concurrency", type=int, default=int(_env("SOAK_CONCURRENCY", "4")))
+    p.add_argument("--sample-s", type=float, default=float(_env("SOAK_SAMPLE_S", "10")))
+    p.add_argument("--rail-latency-ms", type=int, default=20)
+    p.add_argument("--failure-rate", type=float, default=0.03)
+    p.add_argument("--duplicate-ack-rate", type=float, default=0.02)
+    p.add_argument("--no-faults", action="store_true", help="a clean rail, no PostgreSQL restart")
+    p.add_argument(
+        "--no-pg-restart",
+        action="store_true",
+        default=_env("SOAK_PG_RESTART", "1") == "0",
+        help="no `pg_ctl restart -m fast` at a quarter of the run",
+    )
+    p.add_argument("--drain-s", type=float, default=90.0)
+    p.add_argument("--out", type=Path, default=PROJECT / ".run" / "soak")
+    a = p.parse_args(argv)
+    if a.minutes <= 0 or a.executors < 1 or a.concurrency < 1 or a.sample_s <= 0:
+        p.error("--minutes, --sample-s > 0; --executors, --concurrency >= 1")
+    if a.rate <= 0 and a.backlog <= 0:
+        p.error("give a --rate > 0 or a --backlog > 0")
+    faults = not a.no_faults
+    return SoakConfig(
+        minutes=a.minutes,
+        rate=0.0 if a.backlog else a.rate,
+        backlog=a.backlog,
+        executors=a.executors,
+        concurrency=a.concurrency,
+        sample_s=a.sample_s,
+        rail_latency_ms=a.rail_latency_ms,
+        failure_rate=a.failure_rate if faults else 0.0,
+        duplicate_ack_rate=a.duplicate_ack_rate if faults else 0.0,
+        pg_restart=faults and not a.no_pg_restart,
+        drain_s=a.drain_s,
+        out=a.out,
+    )
+
+
+def setup_django(stack: StackHandle) -> None:
+    """The soak seeds payouts and reads the books in-process, on the private stack's databases."""
+    for name in ("PAY_DATABASE_URL", "LOCK_DATABASE_URL", "RAIL_DATABASE_URL"):
+        os.environ[name] = stack.env[name]
+    os.environ["DJANGO_SECRET_KEY"] = stack.env["DJANGO_SECRET_KEY"]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings.tooling")
+    import django
+
+    django.setup()
+
+
+def configure_rail(stack: StackHandle, config: SoakConfig) -> None:
+    args = ["railstub_config", "--reset", "--latency-ms", str(config.rail_latency_ms)]
+    if config.failure_rate:
+        args += ["--failure-rate", str(config.failure_rate), "--hold-ms", "200"]
+        args += ["--split-5xx", "1", "--split-drop-before", "1", "--split-drop-after", "1"]
+    if config.duplicate_ack_rate:
+        args += ["--duplicate-ack-rate", str(config.duplicate_ack_rate)]
+    result = stack.manage(*args)
+    if result.returncode != 0:
+        raise RuntimeError(f"railstub_config failed: {result.stderr[-800:]}")
+
+
+class Seeder:
+    """PENDING payouts in paydb, in-process (payments.seeding): `due` payouts spread over fresh
+    accounts, twice what they pay in balance. A batch that meets a restarting database is
+    dropped and its payouts are due again at the next one."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.ids: list[str] = []
+        self.failed_batches = 0
+
+    def seed(self, due: int) -> None:
+        from django.db import Error, connections
+
+        from payments.seeding import seed
+
+        if due <= 0:
+            return
+        accounts = max(1, min(due, 2 * self.slots))
+        per_account = max(1, due // accounts)
+        try:
+            result = seed(
+                accounts=accounts,
+                payouts_per_account=per_account,
+                balance_minor=2 * per_account * AMOUNT_MINOR,
+                amount_minor=AMOUNT_MINOR,
+            )
+        except Error:
+            self.failed_batches += 1
+            connections.close_all()
+            return
+        self.ids += [str(p) for p in result["payouts"]]
+
+
+class Executors:
+    """K executor processes, each respawned (same owner id and log) if it exits on its own."""
+
+    def __init__(self, stack: StackHandle, config: SoakConfig, logdir: Path) -> None:
+        self.spawn = spawn_executor(stack.env, logdir, concurrency=config.concurrency)
+        self.owners = [f"soak-e{i}" for i in range(config.executors)]
+        self.procs = {owner: self.spawn(owner, None) for owner in self.owners}
+        self.respawns = 0
+        self.logdir = logdir
+
+    def pids(self) -> dict[str, int]:
+        for owner, proc in list(self.procs.items()):
+            if proc.poll() is not None:
+                self.respawns += 1
+                self.procs[owner] = self.spawn(owner, None)
+        return {owner: proc.pid for owner, proc in self.procs.items()}
+
+    def cpu_seconds(self) -> float:
+        return sum(tree_cpu_seconds(p.pid) for p in self.procs.values())
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except Exception:
+                proc.kill()
+                proc.wait()
+
+
+def _states(pay_url: str, ids: list[str]) -> dict[str, int]:
+    import psycopg
+
+    from payments.selectors import payout_state_counts
+
+    try:
+        with psycopg.connect(pay_url, connect_timeout=3) as conn:
+            return payout_state_counts(conn.cursor(), payout_ids=ids)
+    except psycopg.OperationalError:
+        return {}
+
+
+def _load_phase(stack, config, seeder, executors, probe, samples, t0) -> dict:
+    """Seed, sample, restart PostgreSQL once; returns when the load phase is over."""
+    end = t0 + config.seconds
+    next_sample = next_batch = t0
+    restart_at = t0 + config.seconds / 4 if config.pg_restart else None
+    events: dict = {}
+    if config.backlog:
+        seeder.seed(config.backlog)
+    while (now := time.monotonic()) < end:
+        if config.rate and now >= next_batch:
+            seeder.seed(int(config.rate * (now - t0 + BATCH_S)) - len(seeder.ids))
+            next_batch = now + BATCH_S
+        if restart_at is not None and now >= restart_at:
+            before = time.monotonic()
+            stack.pg_cluster.restart("fast")
+            events["pg_restart"] = {
+                "at_s": round(before - t0, 1),
+                "took_s": round(time.monotonic() - before, 1),
+            }
+            restart_at = None
+        if now >= next_sample:
+            samples.append({"t": round(now - t0, 2), **probe.sample()})
+            next_sample += config.sample_s
+        executors.pids()
+        time.sleep(0.2)
+    return events
+
+
+def _drain(stack, config, seeder, executors, probe, samples, t0) -> dict[str, int]:
+    deadline = time.monotonic() + config.drain_s
+    states: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        states = _states(stack.env["PAY_DATABASE_URL"], seeder.ids)
+        if states and not any(states.get(s) for s in NON_TERMINAL):
+            break
+        executors.pids()
+        time.sleep(2.0)
+    samples.append({"t": round(time.monotonic() - t0, 2), **probe.sample()})
+    return states
+
+
+def run(config: SoakConfig) -> dict:
+    config.out.mkdir(parents=True, exist_ok=True)
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    stack, stop = private_stack(config.out / "stack")
+    try:
+        setup_django(stack)
+        configure_rail(stack, config)
+        logdir = config.out / "executors"
+        logdir.mkdir(exist_ok=True)
+        for old in logdir.glob("*.log"):
+            old.unlink()
+        pods = {role: pid for role, pid in role_pids(stack).items() if role != "postgres"}
+        cpu0 = {role: tree_cpu_seconds(pid) for role, pid in pods.items()}
+        executors = Executors(stack, config, logdir)
+        logs = {role: stack.run_dir / "logs" / f"{role}.log" for role in ROLES}
+        logs |= {f"{r}.nginx": stack.run_dir / "logs" / f"{r}.nginx.log" for r in ROLES}
+        logs |= {owner: logdir / f"{owner}.log" for owner in executors.owners}
+        db_urls = {n: stack.env[f"{n.upper()}_DATABASE_URL"] for n in ("pay", "lock", "rail")}
+        probe = Probe(pods=pods, executors=executors.pids, db_urls=db_urls, logs=logs)
+        seeder = Seeder(config.executors * config.concurrency)
+        samples: list[dict] = []
+        t0 = time.monotonic()
+        try:
+            events = _load_phase(stack, config, seeder, executors, probe, samples, t0)
+            load_end = time.monotonic() - t0
+            states = _drain(stack, config, seeder, executors, probe, samples, t0)
+            cpu = {role: tree_cpu_seconds(pid) - cpu0[role] for role, pid in pods.items()}
+            cpu["executors"] = executors.cpu_seconds()
+        finally:
+            executors.stop()
+            probe.close()
+        events |= {"executor_respawns": executors.respawns, "seed_batches_failed":
+                   seeder.failed_batches, "load_s": round(load_end, 1)}  # fmt: skip
+        books = check_books(stack, seeder.ids)
+        return summarise(
+            config, started, samples, load_end, states, books, cpu, logs, events, seeder.ids
+        )
+    finally:
+        stop()
+
+
+def check_books(stack: StackHandle, ids: list[str]) -> dict:
+    """The experiment's ground truth (experiment.measure) and the reconciler's verdict."""
+    from experiment.arms.fenced import classified_after_reconcile
+    from experiment.measure import collect
+    from experiment.verdict import unexplained_findings
+
+    truth = collect(
+        arm="fenced",
+        pay_url=stack.env["PAY_DATABASE_URL"],
+        rail_url_db=stack.env["RAIL_DATABASE_URL"],
+        payout_ids=ids,
+        account_ids=[],
+        run_id="",
+    )
+    result = stack.manage("reconcile", "--json", "--metrics-file", str(stack.run_dir / "r.prom"))
+    reconcile: dict = {"exit_code": result.returncode}
+    try:
+        reconcile["report"] = json.loads(result.stdout)
+    except ValueError:
+        reconcile["output"] = (result.stdout + result.stderr)[-1500:]
+    return {
+        "truth": truth,
+        "reconcile_exit_code": result.returncode,
+        "unexplained": unexplained_findings(reconcile, truth, ids),
+        "quarantine_classes": classified_after_reconcile(reconcile, ids),
+        "quarantine_notes": quarantine_notes(stack.env["PAY_DATABASE_URL"], ids),
+    }
+
+
+QUARANTINE_NOTES = """
+SELECT coalesce(from_state, '') || ': '
+       || coalesce(regexp_replace(left(note, 160), '[0-9a-f-]{36}', '<id>', 'g'), '(no note)'),
+       count(*)
+  FROM payout_event WHERE to_state = 'RAIL_AMBIGUOUS' AND payout_id = ANY(%s::uuid[])
+ GROUP BY 1 ORDER BY 2 DESC
+"""
+
+
+def quarantine_notes(pay_url: str, ids: list[str]) -> dict[str, int]:
+    import psycopg
+
+    with psycopg.connect(pay_url) as conn:
+        return dict(conn.execute(QUARANTINE_NOTES, (ids,)).fetchall())
+
+
+def summarise(config, started, samples, load_end, states, books, cpu, logs, events, ids) -> dict:
+    truth = books["truth"]
+    done = int(states.get("POSTED", 0))
+    by_state = truth["by_state"]
+    stuck = sum(by_state.get(s, 0) for s in NON_TERMINAL)
+    grown = growth(samples, warmup_until=load_end / 2, load_end=load_end)
+    tables = {
+        name.removeprefix("table/"): {
+            "rows": int(g["last"]),
+            "per_1000_payouts": round((g["last"] - g["first"]) * 1000 / max(done, 1), 1),
+        }
+        for name, g in grown.items()
+        if name.startswith("table/") and g["last"]
+    }
+    last = samples[-1] if samples else {}
+    log_summary = {
+        name: {
+            "bytes": int(last.get(f"log/{name}", 0)),
+            "per_payout": round(last.get(f"log/{name}", 0) / max(done, 1), 1),
+            "top_events": log_events(path),
+        }
+        for name, path in logs.items()
+    }
+    quarantined = by_state.get("RAIL_AMBIGUOUS", 0)
+    growing = sorted(
+        n for n, g in grown.items() if g["grows"] and not n.startswith(("table/", "log/"))
+    )
+    balanced = truth["invariant_violation_count"] == 0 and not books["unexplained"]
+    cpu_total = sum(cpu.values())
+    verdict = [
+        f"payouts seeded {len(ids)}, done (POSTED) {done} in {config.minutes} min of load"
+        f" + drain; {round(done / max(cpu_total, 1e-9), 2)} payouts per CPU-second (all roles,"
+        f" executors; PostgreSQL not counted)",
+        f"presented to the rail more than once: {truth['duplicates_caused']}",
+        f"stuck (non-terminal after the drain): {stuck}",
+        f"quarantined (RAIL_AMBIGUOUS): {quarantined}; why: {books['quarantine_notes'] or '-'};"
+        f" reconciler: {books['quarantine_classes'] or '-'}",
+        f"books balance: {'yes' if balanced else 'NO'} (invariant violations"
+        f" {truth['invariant_violation_count']}, unexplained reconciler findings"
+        f" {len(books['unexplained'])}, rail duplicate acks {truth['rail_duplicate_acks']})",
+        "still growing after warm-up: " + (", ".join(growing) or "nothing"),
+    ]
+    return {
+        "started": started,
+        "machine": f"{os.cpu_count()} CPUs, {platform.node()}, load {os.getloadavg()[0]:.2f}",
+        "config": {**asdict(config), "out": str(config.out)},
+        "events": events,
+        "payouts_seeded": len(ids),
+        "payouts_done": done,
+        "by_state": by_state,
+        "presented_twice": truth["duplicates_caused"],
+        "stuck": stuck,
+        "quarantined": quarantined,
+        "quarantine_reasons": {
+            "notes": books["quarantine_notes"],
+            "reconciler": books["quarantine_classes"],
+        },
+        "books_balance": balanced,
+        "reconcile_exit_code": books["reconcile_exit_code"],
+        "unexplained_findings": books["unexplained"][:20],
+        "invariant_violations": truth["invariant_violations"][:20],
+        "rail_duplicate_acks": truth["rail_duplicate_acks"],
+        "cpu_seconds": {k: round(v, 1) for k, v in cpu.items()},
+        "cpu_ms_per_payout": {k: round(v * 1000 / max(done, 1), 2) for k, v in cpu.items()},
+        "growth": grown,
+        "growing": growing,
+        "tables": tables,
+        "logs": log_summary,
+        "verdict": verdict,
+        "samples": samples,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse(argv)
+    print(f"[soak] {config.minutes} min, {config.executors} executors × {config.concurrency},"
+          f" {'backlog ' + str(config.backlog) if config.backlog else f'{config.rate}/s'}",
+          flush=True)  # fmt: skip
+    summary = run(config)
+    (config.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    text = markdown(summary)
+    (config.out / "summary.md").write_text(text)
+    print(text)
+    print(f"[soak] wrote {config.out}/summary.json and summary.md")
+    ok = not summary["presented_twice"] and not summary["stuck"] and summary["books_balance"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
