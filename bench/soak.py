@@ -26,21 +26,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.proc import role_pids, tree_cpu_seconds
+from bench.soak_books import check_books
 from bench.soak_probe import Probe
-from bench.soak_report import growth, log_events, markdown
+from bench.soak_report import NON_TERMINAL, markdown, summarise
 from devstack.common import PROJECT
 from experiment.stack import ROLES, StackHandle, private_stack
 from experiment.workers import spawn_executor
 
-NON_TERMINAL = ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")
 BATCH_S = 5.0  # how often the rate mode seeds what is due
 AMOUNT_MINOR = 100
 
@@ -107,7 +106,7 @@ def parse(argv: list[str] | None) -> SoakConfig:
         duplicate_ack_rate=a.duplicate_ack_rate if faults else 0.0,
         pg_restart=faults and not a.no_pg_restart,
         drain_s=a.drain_s,
-        out=a.out,
+        out=a.out.resolve(),  # nginx resolves a relative log path against its prefix
     )
 
 
@@ -233,9 +232,19 @@ def _load_phase(stack, config, seeder, executors, probe, samples, t0) -> dict:
         if now >= next_sample:
             samples.append({"t": round(now - t0, 2), **probe.sample()})
             next_sample += config.sample_s
+            progress(samples[-1], len(seeder.ids))
         executors.pids()
         time.sleep(0.2)
     return events
+
+
+def progress(sample: dict, seeded: int) -> None:
+    """One line per sample: time, payouts seeded, each executor's RSS and descriptors."""
+    executors = sorted({k.split("/")[0] for k in sample if k.startswith("soak-e")})
+    parts = [f"{e} {sample.get(e + '/rss_kib', 0) / 1024:.1f} MiB" for e in executors]
+    conns = sum(v for k, v in sample.items() if k.startswith("pg/connections/"))
+    print(f"[soak] t={sample['t']:.0f}s seeded {seeded}; {', '.join(parts)}; {conns:g} connections",
+          flush=True)  # fmt: skip
 
 
 def _drain(stack, config, seeder, executors, probe, samples, t0) -> dict[str, int]:
@@ -290,124 +299,6 @@ def run(config: SoakConfig) -> dict:
         )
     finally:
         stop()
-
-
-def check_books(stack: StackHandle, ids: list[str]) -> dict:
-    """The experiment's ground truth (experiment.measure) and the reconciler's verdict."""
-    from experiment.arms.fenced import classified_after_reconcile
-    from experiment.measure import collect
-    from experiment.verdict import unexplained_findings
-
-    truth = collect(
-        arm="fenced",
-        pay_url=stack.env["PAY_DATABASE_URL"],
-        rail_url_db=stack.env["RAIL_DATABASE_URL"],
-        payout_ids=ids,
-        account_ids=[],
-        run_id="",
-    )
-    result = stack.manage("reconcile", "--json", "--metrics-file", str(stack.run_dir / "r.prom"))
-    reconcile: dict = {"exit_code": result.returncode}
-    try:
-        reconcile["report"] = json.loads(result.stdout)
-    except ValueError:
-        reconcile["output"] = (result.stdout + result.stderr)[-1500:]
-    return {
-        "truth": truth,
-        "reconcile_exit_code": result.returncode,
-        "unexplained": unexplained_findings(reconcile, truth, ids),
-        "quarantine_classes": classified_after_reconcile(reconcile, ids),
-        "quarantine_notes": quarantine_notes(stack.env["PAY_DATABASE_URL"], ids),
-    }
-
-
-QUARANTINE_NOTES = """
-SELECT coalesce(from_state, '') || ': '
-       || coalesce(regexp_replace(left(note, 160), '[0-9a-f-]{36}', '<id>', 'g'), '(no note)'),
-       count(*)
-  FROM payout_event WHERE to_state = 'RAIL_AMBIGUOUS' AND payout_id = ANY(%s::uuid[])
- GROUP BY 1 ORDER BY 2 DESC
-"""
-
-
-def quarantine_notes(pay_url: str, ids: list[str]) -> dict[str, int]:
-    import psycopg
-
-    with psycopg.connect(pay_url) as conn:
-        return dict(conn.execute(QUARANTINE_NOTES, (ids,)).fetchall())
-
-
-def summarise(config, started, samples, load_end, states, books, cpu, logs, events, ids) -> dict:
-    truth = books["truth"]
-    done = int(states.get("POSTED", 0))
-    by_state = truth["by_state"]
-    stuck = sum(by_state.get(s, 0) for s in NON_TERMINAL)
-    grown = growth(samples, warmup_until=load_end / 2, load_end=load_end)
-    tables = {
-        name.removeprefix("table/"): {
-            "rows": int(g["last"]),
-            "per_1000_payouts": round((g["last"] - g["first"]) * 1000 / max(done, 1), 1),
-        }
-        for name, g in grown.items()
-        if name.startswith("table/") and g["last"]
-    }
-    last = samples[-1] if samples else {}
-    log_summary = {
-        name: {
-            "bytes": int(last.get(f"log/{name}", 0)),
-            "per_payout": round(last.get(f"log/{name}", 0) / max(done, 1), 1),
-            "top_events": log_events(path),
-        }
-        for name, path in logs.items()
-    }
-    quarantined = by_state.get("RAIL_AMBIGUOUS", 0)
-    growing = sorted(
-        n for n, g in grown.items() if g["grows"] and not n.startswith(("table/", "log/"))
-    )
-    balanced = truth["invariant_violation_count"] == 0 and not books["unexplained"]
-    cpu_total = sum(cpu.values())
-    verdict = [
-        f"payouts seeded {len(ids)}, done (POSTED) {done} in {config.minutes} min of load"
-        f" + drain; {round(done / max(cpu_total, 1e-9), 2)} payouts per CPU-second (all roles,"
-        f" executors; PostgreSQL not counted)",
-        f"presented to the rail more than once: {truth['duplicates_caused']}",
-        f"stuck (non-terminal after the drain): {stuck}",
-        f"quarantined (RAIL_AMBIGUOUS): {quarantined}; why: {books['quarantine_notes'] or '-'};"
-        f" reconciler: {books['quarantine_classes'] or '-'}",
-        f"books balance: {'yes' if balanced else 'NO'} (invariant violations"
-        f" {truth['invariant_violation_count']}, unexplained reconciler findings"
-        f" {len(books['unexplained'])}, rail duplicate acks {truth['rail_duplicate_acks']})",
-        "still growing after warm-up: " + (", ".join(growing) or "nothing"),
-    ]
-    return {
-        "started": started,
-        "machine": f"{os.cpu_count()} CPUs, {platform.node()}, load {os.getloadavg()[0]:.2f}",
-        "config": {**asdict(config), "out": str(config.out)},
-        "events": events,
-        "payouts_seeded": len(ids),
-        "payouts_done": done,
-        "by_state": by_state,
-        "presented_twice": truth["duplicates_caused"],
-        "stuck": stuck,
-        "quarantined": quarantined,
-        "quarantine_reasons": {
-            "notes": books["quarantine_notes"],
-            "reconciler": books["quarantine_classes"],
-        },
-        "books_balance": balanced,
-        "reconcile_exit_code": books["reconcile_exit_code"],
-        "unexplained_findings": books["unexplained"][:20],
-        "invariant_violations": truth["invariant_violations"][:20],
-        "rail_duplicate_acks": truth["rail_duplicate_acks"],
-        "cpu_seconds": {k: round(v, 1) for k, v in cpu.items()},
-        "cpu_ms_per_payout": {k: round(v * 1000 / max(done, 1), 2) for k, v in cpu.items()},
-        "growth": grown,
-        "growing": growing,
-        "tables": tables,
-        "logs": log_summary,
-        "verdict": verdict,
-        "samples": samples,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

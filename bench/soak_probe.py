@@ -82,33 +82,30 @@ def pod_sample(role: str, pod: int) -> dict[str, float]:
     return out
 
 
-def log_sizes(path: Path) -> int:
-    """Bytes of a log and its rotated files (FILE.1 .. FILE.3) as they stand."""
-    total = 0
+def log_files(path: Path) -> dict[int, int]:
+    """inode -> size of a log and its rotated files (FILE.1 .. FILE.9) as they stand."""
+    found: dict[int, int] = {}
     for candidate in [path, *(path.with_name(f"{path.name}.{i}") for i in range(1, 10))]:
         try:
-            total += candidate.stat().st_size
+            st = candidate.stat()
         except FileNotFoundError:
             continue
-    return total
+        found[st.st_ino] = st.st_size
+    return found
 
 
 class LogMeter:
-    """Bytes a log took in since the start, rotation included: when the files' sum shrinks, the
-    oldest file was dropped, and what it held (the shrink plus what was written since) counts."""
+    """Bytes a log took in since the start, across rotations: each file is followed by its inode
+    (a rotation renames, keeping it), and a file that was dropped keeps the size last seen."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.start = log_sizes(path)
-        self.last = self.start
-        self.dropped = 0
+        self.first = log_files(path)
+        self.last = dict(self.first)
 
     def written(self) -> int:
-        now = log_sizes(self.path)
-        if now < self.last:
-            self.dropped += self.last - now
-        self.last = now
-        return now + self.dropped - self.start
+        self.last.update(log_files(self.path))
+        return sum(size - self.first.get(inode, 0) for inode, size in self.last.items())
 
 
 class Probe:

@@ -5,14 +5,20 @@ summary as markdown."""
 from __future__ import annotations
 
 import json
+import os
+import platform
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
-# A series "grows" when its fitted line rises over the fitted window by more than this share
-# of its mean and by more than its floor (a few KiB of RSS, one descriptor, ...): noise and
-# steps stay below; a leak of ~100 kB/min over six minutes does not.
-GROWTH_SHARE = 0.05
-FLOORS = {"rss_kib": 1024.0, "fds": 2.0, "threads": 2.0, "processes": 1.0, "connections": 2.0}
+NON_TERMINAL = ("PENDING", "CLAIMED", "SUBMITTING", "RAIL_ACKED")
+
+# A series "grows" when its fitted line rises over the fitted window by more than its floor
+# (512 KiB of RSS, two descriptors, threads or connections) and by more than this share of its
+# mean: a warm-up step before the window stays below; a leak of ~100 kB/min over six minutes of
+# window does not. A flag is a prompt to look (the samples are in the JSON), not a verdict.
+GROWTH_SHARE = 0.005
+FLOORS = {"rss_kib": 512.0, "fds": 2.0, "threads": 2.0, "processes": 1.0, "connections": 2.0}
 
 
 def slope_per_minute(times: list[float], values: list[float]) -> float:
@@ -58,6 +64,7 @@ def growth(samples: list[dict], *, warmup_until: float, load_end: float) -> dict
             "last": every[-1],
             "window_mean": round(mean, 1),
             "per_minute": round(slope, 3),
+            "window_rise": round(rise, 1),
             "grows": rise > max(GROWTH_SHARE * abs(mean), _floor(name)),
         }
     return out
@@ -86,6 +93,79 @@ def log_events(path: Path, *, limit: int = 8) -> list[dict]:
         {"event": event, "lines": counts[event], "bytes": size}
         for event, size in sizes.most_common(limit)
     ]
+
+
+def summarise(config, started, samples, load_end, states, books, cpu, logs, events, ids) -> dict:
+    truth = books["truth"]
+    done = int(states.get("POSTED", 0))
+    by_state = truth["by_state"]
+    stuck = sum(by_state.get(s, 0) for s in NON_TERMINAL)
+    grown = growth(samples, warmup_until=load_end / 2, load_end=load_end)
+    tables = {
+        name.removeprefix("table/"): {
+            "rows": int(g["last"]),
+            "per_1000_payouts": round((g["last"] - g["first"]) * 1000 / max(done, 1), 1),
+        }
+        for name, g in grown.items()
+        if name.startswith("table/") and g["last"]
+    }
+    last = samples[-1] if samples else {}
+    log_summary = {
+        name: {
+            "bytes": int(last.get(f"log/{name}", 0)),
+            "per_payout": round(last.get(f"log/{name}", 0) / max(done, 1), 1),
+            "top_events": log_events(path),
+        }
+        for name, path in logs.items()
+    }
+    quarantined = by_state.get("RAIL_AMBIGUOUS", 0)
+    growing = sorted(
+        n for n, g in grown.items() if g["grows"] and not n.startswith(("table/", "log/"))
+    )
+    balanced = truth["invariant_violation_count"] == 0 and not books["unexplained"]
+    cpu_total = sum(cpu.values())
+    verdict = [
+        f"payouts seeded {len(ids)}, done (POSTED) {done} in {config.minutes} min of load"
+        f" + drain; {round(done / max(cpu_total, 1e-9), 2)} payouts per CPU-second (all roles,"
+        f" executors; PostgreSQL not counted)",
+        f"presented to the rail more than once: {truth['duplicates_caused']}",
+        f"stuck (non-terminal after the drain): {stuck}",
+        f"quarantined (RAIL_AMBIGUOUS): {quarantined}; why: {books['quarantine_notes'] or '-'};"
+        f" reconciler: {books['quarantine_classes'] or '-'}",
+        f"books balance: {'yes' if balanced else 'NO'} (invariant violations"
+        f" {truth['invariant_violation_count']}, unexplained reconciler findings"
+        f" {len(books['unexplained'])}, rail duplicate acks {truth['rail_duplicate_acks']})",
+        "still growing after warm-up: " + (", ".join(growing) or "nothing"),
+    ]
+    return {
+        "started": started,
+        "machine": f"{os.cpu_count()} CPUs, {platform.node()}, load {os.getloadavg()[0]:.2f}",
+        "config": {**asdict(config), "out": str(config.out)},
+        "events": events,
+        "payouts_seeded": len(ids),
+        "payouts_done": done,
+        "by_state": by_state,
+        "presented_twice": truth["duplicates_caused"],
+        "stuck": stuck,
+        "quarantined": quarantined,
+        "quarantine_reasons": {
+            "notes": books["quarantine_notes"],
+            "reconciler": books["quarantine_classes"],
+        },
+        "books_balance": balanced,
+        "reconcile_exit_code": books["reconcile_exit_code"],
+        "unexplained_findings": books["unexplained"][:20],
+        "invariant_violations": truth["invariant_violations"][:20],
+        "rail_duplicate_acks": truth["rail_duplicate_acks"],
+        "cpu_seconds": {k: round(v, 1) for k, v in cpu.items()},
+        "cpu_ms_per_payout": {k: round(v * 1000 / max(done, 1), 2) for k, v in cpu.items()},
+        "growth": grown,
+        "growing": growing,
+        "tables": tables,
+        "logs": log_summary,
+        "verdict": verdict,
+        "samples": samples,
+    }
 
 
 def _growth_rows(summary: dict) -> list[str]:
