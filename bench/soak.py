@@ -34,6 +34,7 @@ from pathlib import Path
 
 from bench.proc import role_pids, tree_cpu_seconds
 from bench.soak_books import check_books
+from bench.soak_heap import HeapWatch, traced_env
 from bench.soak_probe import Probe
 from bench.soak_report import NON_TERMINAL, markdown, summarise
 from devstack.common import PROJECT
@@ -61,6 +62,7 @@ class SoakConfig:
     duplicate_ack_rate: float = 0.02
     pg_restart: bool = True
     drain_s: float = 90.0
+    tracemalloc: bool = False
     out: Path = PROJECT / ".run" / "soak"
 
     @property
@@ -87,6 +89,11 @@ def parse(argv: list[str] | None) -> SoakConfig:
         help="no `pg_ctl restart -m fast` at a quarter of the run",
     )
     p.add_argument("--drain-s", type=float, default=90.0)
+    p.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="trace allocations in every worker and executor (slow): what grew after warm-up",
+    )
     p.add_argument("--out", type=Path, default=PROJECT / ".run" / "soak")
     a = p.parse_args(argv)
     if a.minutes <= 0 or a.executors < 1 or a.concurrency < 1 or a.sample_s <= 0:
@@ -106,6 +113,7 @@ def parse(argv: list[str] | None) -> SoakConfig:
         duplicate_ack_rate=a.duplicate_ack_rate if faults else 0.0,
         pg_restart=faults and not a.no_pg_restart,
         drain_s=a.drain_s,
+        tracemalloc=a.tracemalloc,
         out=a.out.resolve(),  # nginx resolves a relative log path against its prefix
     )
 
@@ -209,9 +217,11 @@ def _states(pay_url: str, ids: list[str]) -> dict[str, int]:
         return {}
 
 
-def _load_phase(stack, config, seeder, executors, probe, samples, t0) -> dict:
-    """Seed, sample, restart PostgreSQL once; returns when the load phase is over."""
+def _load_phase(stack, config, seeder, executors, probe, samples, t0, heap) -> dict:
+    """Seed, sample, restart PostgreSQL once, snapshot the heaps (`heap`, when tracing) at the
+    end of warm-up and of the load; returns when the load phase is over."""
     end = t0 + config.seconds
+    heap_at = [t0 + config.seconds / 2, end - 1.0] if heap is not None else []
     next_sample = next_batch = t0
     restart_at = t0 + config.seconds / 4 if config.pg_restart else None
     events: dict = {}
@@ -233,8 +243,13 @@ def _load_phase(stack, config, seeder, executors, probe, samples, t0) -> dict:
             samples.append({"t": round(now - t0, 2), **probe.sample()})
             next_sample += config.sample_s
             progress(samples[-1], len(seeder.ids))
+        if heap_at and now >= heap_at[0]:
+            heap.snapshot()
+            heap_at.pop(0)
         executors.pids()
         time.sleep(0.2)
+    if heap is not None and heap.taken < 2:
+        heap.snapshot()
     return events
 
 
@@ -263,7 +278,8 @@ def _drain(stack, config, seeder, executors, probe, samples, t0) -> dict[str, in
 def run(config: SoakConfig) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    stack, stop = private_stack(config.out / "stack")
+    traced = traced_env(config.out / "tracemalloc") if config.tracemalloc else {}
+    stack, stop = private_stack(config.out / "stack", extra_env=traced)
     try:
         setup_django(stack)
         configure_rail(stack, config)
@@ -280,11 +296,14 @@ def run(config: SoakConfig) -> dict:
         db_urls = {n: stack.env[f"{n.upper()}_DATABASE_URL"] for n in ("pay", "lock", "rail")}
         probe = Probe(pods=pods, executors=executors.pids, db_urls=db_urls, logs=logs)
         seeder = Seeder(config.executors * config.concurrency)
+        heap = HeapWatch(config.out / "tracemalloc", pods, executors.pids) if traced else None
         samples: list[dict] = []
         t0 = time.monotonic()
         try:
-            events = _load_phase(stack, config, seeder, executors, probe, samples, t0)
+            events = _load_phase(stack, config, seeder, executors, probe, samples, t0, heap)
             load_end = time.monotonic() - t0
+            if heap is not None:
+                events["heap_grown"] = heap.grown()
             states = _drain(stack, config, seeder, executors, probe, samples, t0)
             cpu = {role: tree_cpu_seconds(pid) - cpu0[role] for role, pid in pods.items()}
             cpu["executors"] = executors.cpu_seconds()

@@ -8,14 +8,16 @@ import json
 
 import psycopg
 
-from experiment.arms.fenced import classified_after_reconcile
-from experiment.measure import collect
 from experiment.stack import StackHandle
-from experiment.verdict import unexplained_findings
 
 
 def check_books(stack: StackHandle, ids: list[str]) -> dict:
     """The experiment's ground truth (experiment.measure) and the reconciler's verdict."""
+    # imported here: they load payments' models, and Django is set up once the stack is up
+    from experiment.arms.fenced import classified_after_reconcile
+    from experiment.measure import collect
+    from experiment.verdict import unexplained_findings
+
     truth = collect(
         arm="fenced",
         pay_url=stack.env["PAY_DATABASE_URL"],

@@ -67,6 +67,14 @@ def pod_kind(pid: int, pod: int) -> str:
     return "gunicorn-master" if _parent(pid) == pod else "gunicorn-workers"
 
 
+def pod_pids(pod: int) -> dict[str, list[int]]:
+    """A role's processes by kind (pod_kind)."""
+    out: dict[str, list[int]] = {}
+    for pid in descendants(pod):
+        out.setdefault(pod_kind(pid, pod), []).append(pid)
+    return out
+
+
 def pod_sample(role: str, pod: int) -> dict[str, float]:
     """One role's processes by kind (workers summed), plus how many processes of each kind."""
     out: dict[str, float] = {}

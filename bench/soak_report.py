@@ -213,4 +213,13 @@ def markdown(summary: dict) -> str:
             for name, entry in summary["logs"].items()
         ],
     ]
+    heap = summary["events"].get("heap_grown") or {}
+    if heap:
+        lines += ["", "## Allocations grown after warm-up (tracemalloc, by traceback)", ""]
+        for name, stats in heap.items():
+            lines.append(f"- {name}: " + "; ".join(
+                f"{s['size_diff_kib']:+g} KiB / {s['count_diff']:+d} blocks at"
+                f" {' <- '.join(reversed(s['traceback'][-3:]))}" if "traceback" in s else str(s)
+                for s in stats[:3]
+            ))  # fmt: skip
     return "\n".join(lines) + "\n"
