@@ -159,19 +159,23 @@ class Seeder:
         if due <= 0:
             return
         accounts = max(1, min(due, 2 * self.slots))
-        per_account = max(1, due // accounts)
-        try:
-            result = seed(
-                accounts=accounts,
-                payouts_per_account=per_account,
-                balance_minor=2 * per_account * AMOUNT_MINOR,
-                amount_minor=AMOUNT_MINOR,
-            )
-        except Error:
-            self.failed_batches += 1
-            connections.close_all()
-            return
-        self.ids += [str(p) for p in result["payouts"]]
+        per_account = due // accounts
+        batches = [(accounts, per_account), (due - accounts * per_account, 1)]  # the remainder
+        for n_accounts, n_payouts in batches:
+            if n_accounts <= 0:
+                continue
+            try:
+                result = seed(
+                    accounts=n_accounts,
+                    payouts_per_account=n_payouts,
+                    balance_minor=2 * n_payouts * AMOUNT_MINOR,
+                    amount_minor=AMOUNT_MINOR,
+                )
+            except Error:
+                self.failed_batches += 1
+                connections.close_all()
+                return
+            self.ids += [str(p) for p in result["payouts"]]
 
 
 class Executors:
