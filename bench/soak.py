@@ -63,6 +63,7 @@ class SoakConfig:
     pg_restart: bool = True
     drain_s: float = 90.0
     tracemalloc: bool = False
+    heap_from: float = 0.0  # minutes: the first snapshot (0 = half the run)
     out: Path = PROJECT / ".run" / "soak"
 
     @property
@@ -94,6 +95,9 @@ def parse(argv: list[str] | None) -> SoakConfig:
         action="store_true",
         help="trace allocations in every worker and executor (slow): what grew after warm-up",
     )
+    p.add_argument(
+        "--heap-from", type=float, default=0.0, help="minutes: the first snapshot (default half)"
+    )
     p.add_argument("--out", type=Path, default=PROJECT / ".run" / "soak")
     a = p.parse_args(argv)
     if a.minutes <= 0 or a.executors < 1 or a.concurrency < 1 or a.sample_s <= 0:
@@ -114,6 +118,7 @@ def parse(argv: list[str] | None) -> SoakConfig:
         pg_restart=faults and not a.no_pg_restart,
         drain_s=a.drain_s,
         tracemalloc=a.tracemalloc,
+        heap_from=a.heap_from,
         out=a.out.resolve(),  # nginx resolves a relative log path against its prefix
     )
 
@@ -225,7 +230,8 @@ def _load_phase(stack, config, seeder, executors, probe, samples, t0, heap) -> d
     """Seed, sample, restart PostgreSQL once, snapshot the heaps (`heap`, when tracing) at the
     end of warm-up and of the load; returns when the load phase is over."""
     end = t0 + config.seconds
-    heap_at = [t0 + config.seconds / 2, end - 1.0] if heap is not None else []
+    first = config.heap_from * 60 or config.seconds / 2
+    heap_at = [t0 + first, end - 1.0] if heap is not None else []
     next_sample = next_batch = t0
     restart_at = t0 + config.seconds / 4 if config.pg_restart else None
     events: dict = {}
