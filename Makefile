@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # leases running out), 1.3 cores busy on average; a fresh clone ran 581 s with two, 438–507 s with three.
 TEST_WORKERS ?= 3
 
-.PHONY: help venv lock etcd-stubs sysdeps image test test-shuffled up down status demo monitor bench example experiment experiment-ha experiment-ha-recovery lint format clean
+.PHONY: help venv lock etcd-stubs sysdeps image test test-shuffled up down status demo monitor bench soak example experiment experiment-ha experiment-ha-recovery lint format clean
 
 help:
 	@echo "make help   - this list"
@@ -33,6 +33,7 @@ help:
 	@echo "make clean  - make down, then remove everything make up created (databases too)"
 	@echo "make monitor - Prometheus (Debian's) on the running stack with monitoring/ rules (MONITOR_PORT=9090)"
 	@echo "make bench  - benchmarks, written to .run/bench/"
+	@echo "make soak [SOAK_MINUTES=12 SOAK_RATE=8|SOAK_BACKLOG=N SOAK_ARGS=...] - a soak: what grows, written to .run/soak/"
 	@echo "make example - the fence kit in an adopter's service (examples/stock) on the running stack"
 	@echo "make experiment [EXPERIMENT_ARGS=...] - the fencing experiment (fenced vs naive) on the running stack"
 	@echo "make experiment-ha - the fencing experiment on 3 etcd members and 2 replicas per role"
@@ -133,6 +134,15 @@ monitor: venv sysdeps
 bench: venv
 	@WITH_REDIS=1 bash scripts/sysdeps.sh
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# A soak on a private stack (bench/soak.py, docs/performance.md "Soak"): executors for
+# SOAK_MINUTES under SOAK_RATE payouts/s (or a SOAK_BACKLOG seeded at the start), rail faults and
+# one PostgreSQL restart; every process's RSS, fds and threads, the connections per role, table
+# rows and log bytes sampled every SOAK_SAMPLE_S, growth fitted after warm-up; .run/soak/summary.*.
+# SOAK_EXECUTORS, SOAK_CONCURRENCY, SOAK_PG_RESTART=0 and SOAK_ARGS (`python -m bench.soak --help`).
+SOAK_MINUTES ?= 12
+soak: venv sysdeps
+	SOAK_MINUTES='$(SOAK_MINUTES)' $(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 # e.g. make experiment EXPERIMENT_ARGS="--seed 11 --executors 6 --payouts 400"
 # The experiment is tooling, not an app of any role: settings.tooling = ops + `experiment`.

@@ -250,8 +250,8 @@ _one_shot: dict[tuple[Any, ...], HTTPConnectionPool] = {}
 
 
 def one_shot_pool(scheme: str, host: str, port: int, tls: Mapping[str, Any]) -> HTTPConnectionPool:
-    """The process's pool of one-shot connections to an origin with these TLS settings: each
-    connection serves one request and is closed before it could serve another."""
+    """The process's one-shot pool for an origin and TLS settings (a connection serves one
+    request, then closes); it keeps 64, else each extra of a burst logs urllib3's "pool full"."""
     key = (scheme, host, port, *sorted(tls.items())) if tls else (scheme, host, port)
     pool = _one_shot.get(key)
     if pool is None:
@@ -259,7 +259,7 @@ def one_shot_pool(scheme: str, host: str, port: int, tls: Mapping[str, Any]) -> 
             pool = _one_shot.get(key)
             if pool is None:
                 pool = _one_shot[key] = _urllib3_pool(
-                    scheme, host, port, size=1, keep_alive_s=None, tls=tls
+                    scheme, host, port, size=64, keep_alive_s=None, tls=tls
                 )
     return pool
 
