@@ -15,6 +15,7 @@ import pytest
 
 from devstack.common import free_port
 from devstack.roles import RoleProcess, manage
+from tests import credentials
 from tests.conftest import _create_db, migrated_db
 from tests.production.probe_urls import SCHEMA
 
@@ -111,3 +112,28 @@ def seed_payouts(env: dict[str, str], *, payouts: int, balance_minor: int = 10_0
         capture=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def payments_pod(name: str, logdir: Path, **extra: str) -> RoleProcess:
+    """A payment-resource pod (gunicorn behind its nginx) on a fresh paydb seeded with one
+    PENDING payout (`payout_id`); `extra` added to its environment. Started: stop() it."""
+    _, env = migrated_paydb(name, **extra)
+    ids = seed_payouts(env, payouts=1)
+    proc = RoleProcess("payments", free_port(), env, logdir / "payments.log").start()
+    proc.payout_id = ids["payouts"][0]
+    return proc
+
+
+def lockserver_pod(name: str, logdir: Path, **extra: str) -> RoleProcess:
+    """A lock-server pod on a fresh lockdb (pg backend, the suite's credentials); `extra` added
+    to its environment. Started: stop() it."""
+    env = {
+        "LOCK_DATABASE_URL": migrated_db(
+            f"{name}_{uuid.uuid4().hex[:10]}", "lockserver", "LOCK_DATABASE_URL"
+        ),
+        "LOCK_BACKEND": "pg",
+        "DJANGO_DEBUG": "false",
+        "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
+        **extra,
+    }
+    return RoleProcess("lockserver", free_port(), env, logdir / "lockserver.log").start()

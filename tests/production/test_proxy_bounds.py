@@ -27,9 +27,7 @@ from devstack import proxy
 from devstack.common import free_port
 from devstack.roles import RoleProcess
 from devstack.tls import ensure_tls
-from tests import credentials
-from tests.conftest import migrated_db
-from tests.production.conftest import migrated_paydb, seed_payouts, start_probe
+from tests.production.conftest import lockserver_pod, payments_pod, start_probe
 from tests.production.test_hostile_connections import ending, statuses
 from tests.production.test_proxy_limits import assert_envelope, envelope_of, exchange
 
@@ -46,28 +44,14 @@ FOREIGN = b"10.42.7.19:8080"
 
 @pytest.fixture(scope="module")
 def payments(tmp_path_factory):
-    _, env = migrated_paydb("bounds", **SCALED)
-    ids = seed_payouts(env, payouts=1)
-    logdir = tmp_path_factory.mktemp("bounds")
-    proc = RoleProcess("payments", free_port(), env, logdir / "payments.log").start()
-    proc.payout_id = ids["payouts"][0]
+    proc = payments_pod("bounds", tmp_path_factory.mktemp("bounds"), **SCALED)
     yield proc
     proc.stop()
 
 
 @pytest.fixture(scope="module")
 def lockserver(tmp_path_factory):
-    env = {
-        "LOCK_DATABASE_URL": migrated_db(
-            f"bounds_{uuid.uuid4().hex[:10]}", "lockserver", "LOCK_DATABASE_URL"
-        ),
-        "LOCK_BACKEND": "pg",
-        "DJANGO_DEBUG": "false",
-        "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
-        **SCALED,
-    }
-    logdir = tmp_path_factory.mktemp("bounds-lock")
-    proc = RoleProcess("lockserver", free_port(), env, logdir / "lockserver.log").start()
+    proc = lockserver_pod("bounds", tmp_path_factory.mktemp("bounds-lock"), **SCALED)
     yield proc
     proc.stop()
 

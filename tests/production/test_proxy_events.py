@@ -25,7 +25,7 @@ from devstack import proxy
 from devstack.common import free_port
 from devstack.roles import RoleProcess, new_pod_dir, remove_pod_dir
 from dlock.edge_events import DATAGRAM_BYTES, PROXY_REFUSAL_REASONS, parse
-from tests.production.conftest import migrated_paydb, seed_payouts
+from tests.production.conftest import migrated_paydb, payments_pod
 from tests.production.test_hostile_connections import ending, statuses
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
@@ -38,11 +38,7 @@ SPRAY = 300
 
 @pytest.fixture(scope="module")
 def payments(tmp_path_factory):
-    _, env = migrated_paydb("events", PROXY_CONN_PER_CLIENT=str(CAP))
-    ids = seed_payouts(env, payouts=1)
-    logdir = tmp_path_factory.mktemp("events")
-    proc = RoleProcess("payments", free_port(), env, logdir / "payments.log").start()
-    proc.payout_id = ids["payouts"][0]
+    proc = payments_pod("events", tmp_path_factory.mktemp("events"), PROXY_CONN_PER_CLIENT=str(CAP))
     yield proc
     proc.stop()
 

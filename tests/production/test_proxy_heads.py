@@ -27,9 +27,7 @@ import requests
 from devstack.common import free_port
 from devstack.roles import RoleProcess
 from devstack.tls import ensure_tls
-from tests import credentials
-from tests.conftest import migrated_db
-from tests.production.conftest import migrated_paydb, seed_payouts, start_probe
+from tests.production.conftest import lockserver_pod, payments_pod, start_probe
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -45,27 +43,14 @@ PARTIAL_HEAD = b"GET /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nX: "
 
 @pytest.fixture(scope="module")
 def payments(tmp_path_factory):
-    _, env = migrated_paydb("heads", **SCALED)
-    seed_payouts(env, payouts=1)
-    logdir = tmp_path_factory.mktemp("heads")
-    proc = RoleProcess("payments", free_port(), env, logdir / "payments.log").start()
+    proc = payments_pod("heads", tmp_path_factory.mktemp("heads"), **SCALED)
     yield proc
     proc.stop()
 
 
 @pytest.fixture(scope="module")
 def lockserver(tmp_path_factory):
-    env = {
-        "LOCK_DATABASE_URL": migrated_db(
-            f"heads_{uuid.uuid4().hex[:10]}", "lockserver", "LOCK_DATABASE_URL"
-        ),
-        "LOCK_BACKEND": "pg",
-        "DJANGO_DEBUG": "false",
-        "DLOCK_CREDENTIALS": credentials.CREDENTIALS,
-        **SCALED,
-    }
-    logdir = tmp_path_factory.mktemp("heads-lock")
-    proc = RoleProcess("lockserver", free_port(), env, logdir / "lockserver.log").start()
+    proc = lockserver_pod("heads", tmp_path_factory.mktemp("heads-lock"), **SCALED)
     yield proc
     proc.stop()
 
