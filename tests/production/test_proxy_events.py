@@ -327,6 +327,16 @@ def proxy_alone(events_port: int, **env: str):
         remove_pod_dir(pod)
 
 
+def proxy_and_receiver(stack: contextlib.ExitStack, **env: str):
+    """A UDP socket standing in for the role, and `proxy_alone` sending to it, both closed with
+    `stack`: (the socket, what proxy_alone yields)."""
+    udp = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    events_port = free_port()
+    udp.bind(("127.0.0.1", events_port))
+    udp.settimeout(10)
+    return udp, stack.enter_context(proxy_alone(events_port, **env))
+
+
 # What a client sends, and the reason and server the proxy's datagram must name.
 ANSWERS = [
     (b"GET /v1/payouts HTTP/1.1\r\nHost: evil.example\r\n", "foreign_host", "default", 400),
@@ -371,14 +381,8 @@ ANSWERS = [
 
 
 def test_each_answer_the_proxy_makes_itself_is_one_datagram_naming_its_reason():
-    with (
-        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
-        contextlib.ExitStack() as stack,
-    ):
-        events_port = free_port()
-        udp.bind(("127.0.0.1", events_port))
-        udp.settimeout(10)
-        port, metrics_port, _ = stack.enter_context(proxy_alone(events_port))
+    with contextlib.ExitStack() as stack:
+        udp, (port, metrics_port, _) = proxy_and_receiver(stack)
         for request, reason, server, status in ANSWERS:
             answer = send(port, request + b"Connection: close\r\n\r\n", source="127.0.0.1")
             assert statuses(answer)[:1] == [status], (reason, answer[:300])
@@ -405,14 +409,8 @@ def test_each_answer_the_proxy_makes_itself_is_one_datagram_naming_its_reason():
 
 
 def test_over_the_per_address_cap_the_datagram_says_overloaded():
-    with (
-        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
-        contextlib.ExitStack() as stack,
-    ):
-        events_port = free_port()
-        udp.bind(("127.0.0.1", events_port))
-        udp.settimeout(10)
-        port, _, _ = stack.enter_context(proxy_alone(events_port, PROXY_CONN_PER_CLIENT="1"))
+    with contextlib.ExitStack() as stack:
+        udp, (port, _, _) = proxy_and_receiver(stack, PROXY_CONN_PER_CLIENT="1")
         held = socket.create_connection(("127.0.0.1", port), timeout=30)
         stack.callback(held.close)
         held.sendall(b"POST /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 50\r\n\r\n{")
