@@ -45,7 +45,7 @@ from devstack.liveness import plan, wait_alive
 from devstack.postgres import PgCluster, private_datadir, state_root
 from devstack.roles import RoleProcess, migrate_all, read_record, remove_pod_dir, write_record
 from devstack.secrets_env import role_environment, stack_file_env
-from devstack.tls import ensure_tls
+from devstack.tls import ensure_tls, stack_tls
 from dlock.auth import credentials_entry, new_credential
 
 
@@ -186,7 +186,7 @@ def _databases(env: dict[str, str], previous: dict[str, str], run: Path) -> None
         return
     port = int(previous.get("DLOCK_PG_PORT") or 0) or free_port()
     # TLS=1: the cluster speaks TLS only, URLs verify it (sslmode=verify-full, the stack's CA)
-    tls = ensure_tls(run / "tls") if env.get("DLOCK_TLS") == "1" else None
+    tls = stack_tls(run, env)
     cluster = PgCluster(private_datadir(run), port, tls=tls)
     say(f"PostgreSQL cluster at {cluster.datadir} on 127.0.0.1:{port}")
     cluster.start()
@@ -230,7 +230,7 @@ def _etcd_ports(previous: dict[str, str], members: int) -> list[tuple[int, int]]
 def _etcd(env: dict[str, str], previous: dict[str, str], run: Path, members: int) -> None:
     ports = _etcd_ports(previous, members)
     # TLS=1: https to etcd, which verifies its clients (the lock server's DLOCK_CLIENT_CERT)
-    tls = ensure_tls(run / "tls") if env.get("DLOCK_TLS") == "1" else None
+    tls = stack_tls(run, env)
     cluster = etcd_cluster(state_root(run), ports, tls=tls)
     if tls:
         env["DLOCK_CLIENT_CERT"] = str(tls.client_certificate)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,11 @@ def _openssl(*args: str, cwd: Path) -> None:
     done = subprocess.run([openssl, *args], cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
         raise StackError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+
+
+def stack_tls(run: Path, env: Mapping[str, str]) -> TlsFiles | None:
+    """The stack's TLS files when it runs with TLS (`make up TLS=1`: DLOCK_TLS=1), else None."""
+    return ensure_tls(run / "tls") if env.get("DLOCK_TLS") == "1" else None
 
 
 def ensure_tls(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhost")) -> TlsFiles:

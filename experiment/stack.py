@@ -19,6 +19,7 @@ import requests
 from devstack.common import PROJECT, PYTHON, URL_ENV, ready, wait_until
 from devstack.envfile import new_proof_keys, read_env
 from devstack.postgres import PgCluster
+from devstack.tls import stack_tls
 from devstack.roles import RoleProcess
 from devstack.stack import restart_role
 
@@ -89,8 +90,12 @@ def from_stack_env(run_dir: Path | None = None) -> StackHandle:
         restart_role(role, run=run_dir)
 
     cluster = None
-    if env.get("DLOCK_PG_DATADIR"):
-        cluster = PgCluster(Path(env["DLOCK_PG_DATADIR"]), int(env["DLOCK_PG_PORT"]))
+    if env.get("DLOCK_PG_DATADIR"):  # as `make up` made it: TLS only under TLS=1
+        cluster = PgCluster(
+            Path(env["DLOCK_PG_DATADIR"]),
+            int(env["DLOCK_PG_PORT"]),
+            tls=stack_tls(run_dir, env),
+        )
     return StackHandle(env=env, restart_role=restart, pg_cluster=cluster, run_dir=run_dir)
 
 
