@@ -412,8 +412,9 @@ def restart_role(name: str, *, run: Path | str | None = None, timeout: float = 6
     _terminate(int(record.get("pid") or 0), timeout=20)
     port = int(record["port"])
     wait_until(lambda: not port_open(port), timeout=15, what=f"port {port} to free")
-    proc = RoleProcess.from_record(record).start(wait=True, timeout=timeout)
-    _remember(run, proc, record["stack_env"])
+    proc = RoleProcess.from_record(record).start(wait=False)
+    _remember(run, proc, record["stack_env"])  # before waiting: `make down` finds it either way
+    proc.wait_ready(timeout)
     return proc
 
 

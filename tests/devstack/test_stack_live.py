@@ -13,10 +13,10 @@ import psycopg
 import pytest
 import requests
 
-from devstack.common import DB_URL_ENV, PROJECT, port_open
+from devstack.common import DB_URL_ENV, PROJECT, StackError, port_open
 from devstack.envfile import read_env
 from devstack.postgres import state_root
-from devstack.stack import TopologyMismatch, clean, up
+from devstack.stack import TopologyMismatch, clean, restart_role, up
 from dlock import proof
 from dlock.client import LockClient
 from experiment.stack import from_stack_env
@@ -108,6 +108,15 @@ def test_up_on_etcd_then_up_then_a_lockserver_restart_stays_on_etcd(run_dir, sta
     assert login.status_code == 200 and "csrfmiddlewaretoken" in login.text
     pay = started["PAYMENTS_URL"].split(",")[0]
     assert requests.get(f"{pay}/admin/login/", timeout=10).status_code == 404
+
+    # A restart that is not ready in time still leaves its new pod recorded, so `make down`
+    # (and the next restart) stops it: it used to keep the dead pid and leave the pod listening.
+    with pytest.raises(StackError):
+        restart_role("railstub", run=run_dir, timeout=0.001)
+    unready = int((run_dir / "pids" / "railstub.pid").read_text())
+    assert _process_env(unready)["ROLE"] == "railstub"  # the new pod, alive and recorded
+    again = restart_role("railstub", run=run_dir)  # stops the recorded pod, starts anew
+    assert again.process.pid != unready and not os.path.exists(f"/proc/{unready}/status")
 
 
 def _mark(url: str) -> None:
