@@ -22,9 +22,10 @@ import uuid
 
 import pytest
 import requests
+import yaml
 
 from devstack import proxy
-from devstack.common import free_port
+from devstack.common import PROJECT, free_port
 from devstack.roles import RoleProcess
 from devstack.tls import ensure_tls
 from tests.production.conftest import lockserver_pod, payments_pod, start_probe
@@ -236,7 +237,18 @@ def _answered(sock: socket.socket) -> bool:
 
 # ------------------------------------------------------------------ idle keep-alives under TLS
 
-SIDECAR_LIMIT_KIB = 64 * 1024  # the nginx sidecar's memory limit in k8s/*.yaml (64Mi)
+
+def _sidecar_limit_kib() -> int:
+    """The nginx sidecar's memory limit as k8s/payment-resource.yaml sets it (`<n>Mi`)."""
+    for doc in yaml.safe_load_all((PROJECT / "k8s" / "payment-resource.yaml").read_text()):
+        if doc and doc["kind"] == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                if container["name"] == "proxy":
+                    return int(container["resources"]["limits"]["memory"].removesuffix("Mi")) * 1024
+    raise AssertionError("no proxy container in k8s/payment-resource.yaml")
+
+
+SIDECAR_LIMIT_KIB = _sidecar_limit_kib()
 IDLE_TLS = 4000
 
 
@@ -273,7 +285,7 @@ def test_4000_idle_tls_keep_alives_keep_the_proxy_under_its_memory_limit(tls_rol
     once and then idle. One address holds at most PROXY_TCP_PER_CLIENT of them (the rest are
     closed at accept); many hold at most what worker_connections allows (nginx closes the oldest
     idle ones when it needs their connections, and each closes at keepalive_timeout anyway). The
-    proxy's memory stays under the sidecar's 64Mi while they are open, and an honest call is
+    proxy's memory stays under the sidecar's limit while they are open, and an honest call is
     served."""
     role, files = tls_role
     context = ssl.create_default_context(cafile=str(files.ca))
