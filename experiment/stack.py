@@ -19,9 +19,9 @@ import requests
 from devstack.common import PROJECT, PYTHON, URL_ENV, ready, wait_until
 from devstack.envfile import new_proof_keys, read_env
 from devstack.postgres import PgCluster
-from devstack.tls import stack_tls
 from devstack.roles import RoleProcess
 from devstack.stack import restart_role
+from devstack.tls import stack_tls
 
 ROLES = ("lockserver", "payments", "railproxy", "railstub")
 
