@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import IO
 
@@ -34,6 +35,7 @@ PR_SET_PDEATHSIG = 1
 DRAIN_MARGIN_S = 5.0  # beyond nginx's own worker_shutdown_timeout before it is killed
 LOG_MAX_BYTES = 64 * 1024 * 1024  # per file, FILE and each of its backups
 LOG_BACKUPS = 3
+UPSTREAM_POLL_S = 0.02
 
 
 def copy_lines(source: IO[bytes], handler: logging.Handler) -> None:
@@ -88,6 +90,7 @@ class Pod:
                 target=copy_lines, args=(self.gunicorn.stdout, handler), daemon=True
             )
             self.copier.start()
+        self._wait_for_upstream()
         self.nginx = subprocess.Popen(
             [
                 NGINX,
@@ -102,6 +105,17 @@ class Pod:
             ],
             preexec_fn=_die_with_parent,
         )
+
+    def _wait_for_upstream(self) -> None:
+        """Until gunicorn has made its socket (or exited): nginx listens only then, so a client
+        meanwhile is refused at connect (nothing sent, nothing logged) instead of being answered
+        503 with a `crit` line per request for the missing socket (nginx logs ENOENT at crit)."""
+        if not self.args.upstream_socket:
+            return
+        socket_path = Path(self.args.upstream_socket)
+        assert self.gunicorn
+        while not (socket_path.exists() or self.stopping or self.gunicorn.poll() is not None):
+            time.sleep(UPSTREAM_POLL_S)
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:  # reload both
@@ -165,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", help="gunicorn's output into this file, rotated")
     parser.add_argument("--log-max-bytes", type=int, default=LOG_MAX_BYTES)
     parser.add_argument("--log-backups", type=int, default=LOG_BACKUPS)
+    parser.add_argument("--upstream-socket", help="start nginx once gunicorn has made this socket")
     parser.add_argument("gunicorn", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.gunicorn[:1] == ["--"]:

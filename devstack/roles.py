@@ -139,6 +139,8 @@ class RoleProcess:
             str(self.logfile),
             "--log-max-bytes",
             str(env.get("DLOCK_LOG_MAX_BYTES") or LOG_MAX_BYTES),
+            "--upstream-socket",
+            str(self.socket_path),
             "--",
             *(self.server or self.gunicorn()),
         ]
