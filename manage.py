@@ -7,9 +7,11 @@ read), settings the role cannot load (a database URL that is not one, a missing 
 database that one of dlock's commands cannot reach (Django's own, `migrate` among them, keep
 their traceback).
 
-Under ROLE=ops, dlock's own commands print only their human lines (or their --json answer) on
-the terminal; their JSON events go to the events log, settings.DLOCK_EVENTS_LOG, unless
-`--log-json` (taken out of the arguments here, any command) asks for them on stderr.
+An operator's command -- under ROLE=ops one of dlock's own, under a server role one of
+ROLE_OPERATOR_COMMANDS (the retention purge, django-axes' unlocks) -- prints only its human lines
+(or its --json answer) on the terminal; its JSON events go to the events log,
+settings.DLOCK_EVENTS_LOG, unless `--log-json` (taken out of the arguments here, any command)
+asks for them on stderr.
 """
 
 import sys
@@ -50,11 +52,19 @@ def _check_ops_command(role: str, argv: list[str]) -> None:
         _fail(f"{name} is not a command of ROLE={role}; run it with ROLE=ops")
 
 
+# Operator commands documented under a server role (docs/operations.md): the retention purge
+# (also ROLE=payments) and django-axes' unlocks (ROLE=admin).
+ROLE_OPERATOR_COMMANDS = ("purge_idempotency", "axes_reset", "axes_reset_ip", "axes_reset_username")
+
+
 def _route_events(role: str, argv: list[str], log_json: bool) -> None:
-    """ROLE=ops, one of dlock's commands: its events to the events log, not the terminal (the
-    role's LOGGING with a standard-library FileHandler at the root, which Django's own set-up
-    in execute_from_command_line then applies)."""
-    if role != "ops" or log_json or not _ours(argv[1] if len(argv) > 1 else ""):
+    """An operator's command (ROLE=ops and one of dlock's, or one of ROLE_OPERATOR_COMMANDS):
+    its events to the events log, not the terminal (the role's LOGGING with a standard-library
+    FileHandler at the root, which Django's own set-up in execute_from_command_line then
+    applies)."""
+    name = argv[1] if len(argv) > 1 else ""
+    operator = (role == "ops" and _ours(name)) or name in ROLE_OPERATOR_COMMANDS
+    if log_json or not operator:
         return
     from django.conf import settings
 

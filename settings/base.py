@@ -315,6 +315,14 @@ DATABASE_ROUTERS = ["dlock.dbrouter.AppDatabaseRouter"]
 APP_DATABASES: dict[str, str] = {}
 
 LOG_LEVEL = env_str("DLOCK_LOG_LEVEL", "INFO")
+# Where an operator's command run by manage.py writes its JSON events (docs/operations.md
+# "Exit codes and output"): a file, appended, or "-" for stderr (a pod's log: the production
+# default). `--log-json` sends one run's events to the terminal. The terminal itself gets only
+# the command's human lines (or its --json answer).
+DLOCK_EVENTS_LOG = env_str(
+    "DLOCK_EVENTS_LOG",
+    "-" if DLOCK_ENVIRONMENT == "production" else str(BASE_DIR / ".run/logs/ops-events.log"),
+)
 
 
 def logging_config(service: str) -> dict:

@@ -5,13 +5,10 @@ import os
 from settings.base import *  # noqa: F403
 from settings.base import (
     BASE_APPS,
-    BASE_DIR,
-    DLOCK_ENVIRONMENT,
     database,
     logging_config,
     page_middleware,
 )
-from settings.env import env_str
 
 ROLE = "ops"
 SERVICE_NAME = "ops"
@@ -49,11 +46,3 @@ LOGGING = logging_config(SERVICE_NAME)
 # A command that cannot reach a database says so in one line (manage.py); the pool's own
 # per-attempt connection warnings would bury it.
 LOGGING["loggers"]["psycopg.pool"] = {"level": "ERROR"}
-# Where an operator's command run by manage.py writes its JSON events (docs/operations.md
-# "Exit codes and output"): a file, appended, or "-" for stderr (a pod's log: the production
-# default). `--log-json` sends one run's events to the terminal. The terminal itself gets only
-# the command's human lines (or its --json answer).
-_EVENTS_FILE = BASE_DIR / ".run" / "logs" / "ops-events.log"
-DLOCK_EVENTS_LOG = env_str(
-    "DLOCK_EVENTS_LOG", "-" if DLOCK_ENVIRONMENT == "production" else str(_EVENTS_FILE)
-)

@@ -373,3 +373,24 @@ def test_an_ops_command_under_another_role_is_named_before_any_setting_check(env
     )
     assert "ROLE=ops" in line
     assert "DLOCK_PROOF_KEYS" not in line and "DJANGO_SECRET_KEY" not in line
+
+
+@pytest.mark.parametrize(
+    ("role", "args", "event"),
+    [
+        ("payments", ("purge_idempotency", "--dry-run"), "idempotency_purged"),
+        ("admin", ("axes_reset_ip", "127.0.0.9"), "log"),
+    ],
+    ids=["ROLE=payments purge_idempotency", "ROLE=admin axes_reset_ip"],
+)
+def test_an_operator_command_under_a_server_role_prints_only_human_lines(
+    env, tmp_path, role, args, event
+):
+    """The retention purge (also ROLE=payments) and django-axes' unlocks (ROLE=admin) are
+    operator commands too: their JSON lines go to the events log, not the terminal."""
+    log = tmp_path / "events.log"
+    result = run(env, *args, role=role, DLOCK_EVENTS_LOG=str(log))
+    assert result.returncode == 0, result.stderr
+    terminal = (result.stdout + result.stderr).splitlines()
+    assert terminal and not [x for x in terminal if is_json(x)], terminal
+    assert event in [json.loads(line)["event"] for line in log.read_text().splitlines()]
