@@ -51,7 +51,9 @@ def prepare(env: dict[str, str], workdir: Path) -> Path:
     config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
     tls = env.get("DLOCK_TLS") == "1"
     for job in config["scrape_configs"]:
-        if tls:
+        # the executor's own metrics server speaks plain HTTP (prometheus_client's, in its pod;
+        # k8s/monitoring/pod-monitor.yaml scrapes it so too)
+        if tls and job["job_name"] != "executor":
             job["scheme"] = "https"
             if env.get("DLOCK_CA_BUNDLE"):
                 job["tls_config"] = {"ca_file": env["DLOCK_CA_BUNDLE"]}

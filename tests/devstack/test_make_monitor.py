@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from devstack.common import PROJECT, free_port
 from devstack.envfile import write_env
+from devstack.monitor import prepare
 
 pytestmark = [pytest.mark.live]
 
@@ -91,3 +93,15 @@ def test_make_monitor_takes_the_executors_and_port_from_the_environment(tmp_path
     port, executor = free_port(), f"127.0.0.1:{free_port()}"
     env = {"DLOCK_EXECUTOR_METRICS": executor, "MONITOR_PORT": str(port)}
     assert executor_targets(run, MAKE, env, port) == {executor}
+
+
+def test_under_tls_every_role_is_scraped_over_https_and_the_executors_over_http(tmp_path):
+    """`make up TLS=1`: the roles' proxies speak TLS only, the executor's own metrics server
+    (prometheus_client's) plain HTTP, as k8s/monitoring/pod-monitor.yaml scrapes them."""
+    config = prepare({"DLOCK_TLS": "1", "DLOCK_CA_BUNDLE": "/ca.crt"}, tmp_path)
+    schemes = {
+        job["job_name"]: job.get("scheme", "http")
+        for job in yaml.safe_load(config.read_text())["scrape_configs"]
+    }
+    assert schemes.pop("executor") == "http"
+    assert set(schemes.values()) == {"https"}, schemes
