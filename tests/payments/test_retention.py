@@ -63,10 +63,11 @@ def test_old_records_of_ended_payouts_go_new_ones_and_unended_payouts_stay(capsy
     assert kept(*everyone) == {old_ambiguous, old_claimed}
 
 
-def test_a_window_shorter_than_a_day_is_refused_and_nothing_is_deleted():
+@pytest.mark.parametrize("days", ["0", "-1", "36501", "2147483648"])
+def test_a_window_outside_a_day_to_a_century_is_refused_and_nothing_is_deleted(days):
     acct = factories.account()
     old = record(factories.payout(acct, state="POSTED").payout_id, age_days=8)
     with pytest.raises(CommandError) as refused:
-        call_command("purge_idempotency", "--older-than-days", "0")
-    assert refused.value.returncode == 2
+        call_command("purge_idempotency", "--older-than-days", days)
+    assert refused.value.returncode == 2 and "1 to 36500" in str(refused.value)
     assert kept(old) == {old}

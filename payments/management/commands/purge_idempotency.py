@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import argparse
 
 MIN_DAYS = 1
+MAX_DAYS = 36_500  # a century: any longer keeps everything anyway (and overflows make_interval)
 
 
 class Command(BaseCommand):
@@ -33,7 +34,7 @@ class Command(BaseCommand):
             "--older-than-days",
             type=int,
             default=None,
-            help=f"the window (default IDEMPOTENCY_RETENTION_DAYS; at least {MIN_DAYS})",
+            help=f"the window (default IDEMPOTENCY_RETENTION_DAYS; {MIN_DAYS} to {MAX_DAYS})",
         )
         parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
 
@@ -46,8 +47,10 @@ class Command(BaseCommand):
         days = options["older_than_days"]
         if days is None:
             days = settings.IDEMPOTENCY_RETENTION_DAYS
-        if days < MIN_DAYS:
-            raise CommandError(f"--older-than-days must be >= {MIN_DAYS}, got {days}", returncode=2)
+        if not MIN_DAYS <= days <= MAX_DAYS:
+            raise CommandError(
+                f"--older-than-days must be {MIN_DAYS} to {MAX_DAYS}, got {days}", returncode=2
+            )
         count = purge_idempotency_records(older_than_days=days, dry_run=options["dry_run"])
         verb = "would delete" if options["dry_run"] else "deleted"
         log_event("idempotency_purged", count=count, olderThanDays=days, dryRun=options["dry_run"])
