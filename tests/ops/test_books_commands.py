@@ -679,9 +679,8 @@ def test_a_plan_naming_a_transfer_with_no_recovery_closes_nothing(tmp_path):
     path = tmp_path / "plan.txt"
     path.write_text(f"{dup} RECOVERED RET-1\nrail-nowhere RECOVERED RET-2\n")
 
-    assert "no rail recovery for transfer 'rail-nowhere'" in bad_input(
-        "close_rail_recovery", "--all-from-file", str(path)
-    )
+    said = bad_input("close_rail_recovery", "--all-from-file", str(path))
+    assert f"{path}:2: no rail recovery for transfer 'rail-nowhere'" in said  # PLAN:line
     assert RailRecovery.objects.get(rail_reference=dup).status == "OPEN"
 
 

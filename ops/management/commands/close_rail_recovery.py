@@ -122,7 +122,8 @@ class Command(BooksCommand):
                     "--written-off, --reference or --reason",
                     returncode=2,
                 )
-            options["plan"] = _existing(read_plan(options["all_from_file"]))
+            plan = options["all_from_file"]
+            options["plan"] = _existing(read_plan(plan), plan)
             return
         if options["dry_run"]:
             raise CommandError("--dry-run goes with --all-from-file", returncode=2)
@@ -188,9 +189,9 @@ def _outcome(options: dict[str, Any]) -> str:
     return "RECOVERED" if options["recovered"] else "WRITTEN_OFF"
 
 
-def _existing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each planned step with its recovery as it is now; exit 2 when a line names a transfer
-    with no recovery (the plan names nothing there: nothing is closed)."""
+def _existing(rows: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
+    """Each planned step with its recovery as it is now; exit 2 when a line of the PLAN at
+    `path` names a transfer with no recovery (the plan names nothing there: nothing is closed)."""
     found = {
         r.rail_reference: r
         for r in RailRecovery.objects.using(alias_for("payments")).filter(
@@ -201,7 +202,7 @@ def _existing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         recovery = found.get(row["railReference"])
         if recovery is None:
             raise CommandError(
-                f"line {row['line']}: no rail recovery for transfer {row['railReference']!r} "
+                f"{path}:{row['line']}: no rail recovery for transfer {row['railReference']!r} "
                 "(list_rail_recoveries shows them); nothing closed",
                 returncode=2,
             )
