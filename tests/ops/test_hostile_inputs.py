@@ -394,3 +394,17 @@ def test_an_operator_command_under_a_server_role_prints_only_human_lines(
     terminal = (result.stdout + result.stderr).splitlines()
     assert terminal and not [x for x in terminal if is_json(x)], terminal
     assert event in [json.loads(line)["event"] for line in log.read_text().splitlines()]
+
+
+def test_a_failed_resolution_with_a_reference_is_a_bad_argument(env):
+    """A reference is the statement's of a POSTED resolution: with FAILED it means nothing, so
+    it is refused as a bad argument before anything is read or recorded."""
+    before = count(env, "operator_refusal")
+    payout = pending_payout(env)
+    result = run(
+        env,
+        "resolve_payout", payout, "--to", "FAILED", "--reference", "RR-X",
+        "--note", "checked the statement", "--operator", "oncall",
+    )  # fmt: skip
+    assert "--reference" in one_line_exit_2(result)
+    assert count(env, "operator_refusal") == before

@@ -8,13 +8,15 @@ this payout with its amount (no override lifts that), and the reconciler's BOOKE
 recovery). Exit 0 resolved; 1 refused (the payout is not RAIL_AMBIGUOUS, a guard refuses, an
 unknown operator; the reason on stderr, and as JSON with --json): nothing changed but the
 refusal's audit (`payout_resolution_refused` event, LogEntry, `operator_refusal` row); 2 bad
-arguments (an override's note under 20 characters, a payout id that is no uuid or exists
-nowhere: nothing recorded) or a database could not be reached.
+arguments (an override's note under 20 characters, a `--reference` with FAILED, a payout id
+that is no uuid or exists nowhere: nothing recorded) or a database could not be reached.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from django.core.management.base import CommandError
 
 from ops.books import PayoutCommand, fresh_statement
 from payments.resolve import check_request, resolve_payout
@@ -37,6 +39,12 @@ class Command(PayoutCommand):
         )
 
     def check_input(self, options: dict[str, Any]) -> None:
+        if options["to"] == "FAILED" and options["reference"] is not None:
+            raise CommandError(
+                "--reference is the statement's reference of a POSTED resolution; a FAILED one "
+                "has none",
+                returncode=2,
+            )
         check_request(
             resolution=options["to"], note=options["note"].strip(), override=options["override"]
         )
