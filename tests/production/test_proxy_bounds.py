@@ -22,13 +22,13 @@ import uuid
 
 import pytest
 import requests
-import yaml
 
 from devstack import proxy
-from devstack.common import PROJECT, free_port
+from devstack.common import free_port
 from devstack.roles import RoleProcess
 from devstack.tls import ensure_tls
 from tests.production.conftest import lockserver_pod, payments_pod, start_probe
+from tests.production.test_deploy_artifacts import proxy_container
 from tests.production.test_hostile_connections import ending, statuses
 from tests.production.test_proxy_limits import assert_envelope, envelope_of, exchange
 
@@ -238,17 +238,11 @@ def _answered(sock: socket.socket) -> bool:
 # ------------------------------------------------------------------ idle keep-alives under TLS
 
 
-def _sidecar_limit_kib() -> int:
-    """The nginx sidecar's memory limit as k8s/payment-resource.yaml sets it (`<n>Mi`)."""
-    for doc in yaml.safe_load_all((PROJECT / "k8s" / "payment-resource.yaml").read_text()):
-        if doc and doc["kind"] == "Deployment":
-            for container in doc["spec"]["template"]["spec"]["containers"]:
-                if container["name"] == "proxy":
-                    return int(container["resources"]["limits"]["memory"].removesuffix("Mi")) * 1024
-    raise AssertionError("no proxy container in k8s/payment-resource.yaml")
-
-
-SIDECAR_LIMIT_KIB = _sidecar_limit_kib()
+# The nginx sidecar's memory limit as the manifests set it (`<n>Mi`).
+SIDECAR_LIMIT_KIB = (
+    int(proxy_container("payment-resource")["resources"]["limits"]["memory"].removesuffix("Mi"))
+    * 1024
+)
 IDLE_TLS = 4000
 
 
