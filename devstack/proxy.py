@@ -245,11 +245,12 @@ def values(config: ProxyConfig) -> dict[str, str]:
     env = config.env
     tls = config.tls
     worker_connections = _ms(env, "PROXY_WORKER_CONNECTIONS", DEFAULT_WORKER_CONNECTIONS)
-    if worker_connections <= connection_budget(env):
+    budget = connection_budget(env)
+    if worker_connections <= budget:
         raise ValueError(
             f"PROXY_WORKER_CONNECTIONS ({worker_connections}) must exceed 3 x "
             f"PROXY_TCP_PER_CLIENT + 4 x PROXY_CONN_PER_PROXY + {UPSTREAM_KEEPALIVE} "
-            f"({connection_budget(env)}): an honest caller would meet a reset"
+            f"({budget}): an honest caller would meet a reset"
         )
     return {
         "EDGE_ROLE": config.role,
