@@ -97,6 +97,8 @@ def ephemeral_range() -> range:
 # collide about once in 360 runs). Never the same port twice per process, until all are used.
 _handed_out: set[int] = set()
 _handed_lock = threading.Lock()
+# Ports of blocks given to a stack (free_port_block): never handed out again by this process.
+_blocks_held: set[int] = set()
 
 
 def free_port(attempts: int = 200) -> int:
@@ -106,16 +108,35 @@ def free_port(attempts: int = 200) -> int:
     ephemeral = ephemeral_range()
     usable = [p for p in RESERVED_PORTS if p not in ephemeral]
     with _handed_lock:
-        candidates = [p for p in usable if p not in _handed_out]
+        candidates = [p for p in usable if p not in _handed_out and p not in _blocks_held]
         if len(candidates) < attempts:
             _handed_out.clear()
-            candidates = usable
+            candidates = [p for p in usable if p not in _blocks_held]
         for _ in range(attempts):
             port = _random.choice(candidates)
             if _bindable(port):
                 _handed_out.add(port)
                 return port
     raise StackError(f"no free port in {RESERVED_PORTS} after {attempts} tries")
+
+
+def free_port_block(size: int, *, replicas: int = 1, attempts: int = 200) -> int:
+    """A base port of RESERVED_PORTS whose base+1..base+size (and the same +100 per further
+    replica) are all free, for a stack given its role ports (`up(ports=...)`). The block is held
+    for the life of the process: no later free_port() of it (the stack's own PostgreSQL or
+    etcd, chosen after the block and before the roles bind) can return one of its ports."""
+    ephemeral = ephemeral_range()
+    top = RESERVED_PORTS.stop - size - 100 * (replicas - 1)
+    bases = [b for b in range(RESERVED_PORTS.start, top, 10) if b not in ephemeral]
+    with _handed_lock:
+        for _ in range(attempts):
+            base = _random.choice(bases)
+            wanted = [base + n + 100 * r for n in range(1, size + 1) for r in range(replicas)]
+            taken = _handed_out | _blocks_held
+            if all(p not in ephemeral and p not in taken and _bindable(p) for p in wanted):
+                _blocks_held.update(wanted)
+                return base
+    raise StackError(f"no free block of {size} ports in {RESERVED_PORTS} after {attempts} tries")
 
 
 def bound_listener(backlog: int = 128, attempts: int = 20) -> socket.socket:

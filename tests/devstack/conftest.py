@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
-from devstack.common import DB_URL_ENV, RESERVED_PORTS, ROLES, _bindable, ephemeral_range
+from devstack.common import DB_URL_ENV, ROLES, free_port_block
 from devstack.stack import clean
-
-_random = random.SystemRandom()
-
-
-def _free_block(size: int, *, replicas: int = 1) -> int:
-    """A base port whose base+1..base+size (and +100 for replicas) are all free, drawn from the
-    reserved range (never the kernel's ephemeral one, which outgoing connections take)."""
-    ephemeral = ephemeral_range()
-    top = RESERVED_PORTS.stop - size - 100 * replicas - 1
-    bases = [b for b in range(RESERVED_PORTS.start, top, 10) if b not in ephemeral]
-    for _ in range(200):
-        base = _random.choice(bases)
-        wanted = [base + n + 100 * r for n in range(1, size + 1) for r in range(replicas)]
-        if all(p not in ephemeral and _bindable(p) for p in wanted):
-            return base
-    raise RuntimeError("no free block of ports")
 
 
 @pytest.fixture
 def stack_ports() -> dict[str, int]:
-    base = _free_block(len(ROLES))
+    base = free_port_block(len(ROLES))
     return {role: base + n for n, role in enumerate(ROLES, start=1)}
 
 
 @pytest.fixture
 def replica_ports() -> dict[str, int]:
-    base = _free_block(len(ROLES), replicas=2)
+    base = free_port_block(len(ROLES), replicas=2)
     return {role: base + n for n, role in enumerate(ROLES, start=1)}
 
 

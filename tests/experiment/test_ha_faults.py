@@ -14,14 +14,14 @@ import pytest
 import requests
 
 from devstack import netcut
-from devstack.common import ROLES, free_port, pid_alive, ready
+from devstack.common import ROLES, free_port, free_port_block, pid_alive, ready
 from devstack.etcd import etcd_cluster
 from devstack.postgres import state_root
 from devstack.roles import read_record
 from devstack.stack import clean, up
 from experiment import ha
 from experiment.stack import StackHandle, from_stack_env
-from tests.devstack.conftest import _free_block, isolated_run
+from tests.devstack.conftest import isolated_run
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -135,7 +135,7 @@ def test_the_etcd_leader_partitioned_runs_on_unreachable_and_rejoins_as_a_follow
 
 
 def test_a_replica_killed_is_restarted_with_its_own_configuration(run):
-    base = _free_block(len(ROLES), replicas=2)
+    base = free_port_block(len(ROLES), replicas=2)
     ports = {role: base + n for n, role in enumerate(ROLES, start=1)}
     up("pg", replicas=2, run=run, ports=ports)
     stack = from_stack_env(run)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from devstack.common import ROLES
+from devstack.common import ROLES, free_port_block
 from devstack.stack import clean, up
 from experiment import ha, recovery
 from experiment.probes import Attempt, build_probers
@@ -27,7 +27,7 @@ from experiment.schedule import (
     recovery_schedule,
 )
 from experiment.stack import from_stack_env
-from tests.devstack.conftest import _free_block, isolated_run
+from tests.devstack.conftest import isolated_run
 
 
 def attempts(*spec: tuple[float, float, bool, str]) -> list[Attempt]:
@@ -132,7 +132,7 @@ def test_the_recovery_schedule_is_every_ha_fault_alone_each_after_a_settle():
 def replicated_stack(tmp_path, monkeypatch):
     run = isolated_run(tmp_path, monkeypatch)
     (run / "pids").mkdir(parents=True)
-    base = _free_block(len(ROLES), replicas=2)
+    base = free_port_block(len(ROLES), replicas=2)
     try:  # a start that fails half-way leaves roles running: clean up either way
         up("pg", replicas=2, run=run, ports={role: base + n for n, role in enumerate(ROLES, 1)})
         yield from_stack_env(run)
@@ -296,7 +296,7 @@ def etcd_replicated_stack(tmp_path_factory):
     with pytest.MonkeyPatch.context() as monkeypatch:
         run = isolated_run(tmp_path_factory.mktemp("ha27"), monkeypatch)
         (run / "pids").mkdir(parents=True)
-        base = _free_block(len(ROLES), replicas=2)
+        base = free_port_block(len(ROLES), replicas=2)
         ports = {role: base + n for n, role in enumerate(ROLES, 1)}
         try:
             up("etcd", etcd_members=1, replicas=2, run=run, ports=ports)
