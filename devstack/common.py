@@ -151,8 +151,16 @@ def bound_listener(backlog: int = 128, attempts: int = 20) -> socket.socket:
 
 
 def _bindable(port: int) -> bool:
-    for host in ("127.0.0.1", "0.0.0.0"):  # noqa: S104 - a probe bind, closed at once
-        with socket.socket() as sock:
+    """Nothing holds `port` over TCP (on 127.0.0.1 or all addresses) or UDP: a role's proxy
+    events port (PROXY_EVENTS_PORT) is a UDP port from the same range, bound by a gunicorn
+    master that another process of the same slice (a `devstack up` child) may have started."""
+    probes = [
+        (socket.SOCK_STREAM, "127.0.0.1"),
+        (socket.SOCK_STREAM, "0.0.0.0"),  # noqa: S104 - a probe bind, closed at once
+        (socket.SOCK_DGRAM, "127.0.0.1"),
+    ]
+    for kind, host in probes:
+        with socket.socket(socket.AF_INET, kind) as sock:
             try:
                 sock.bind((host, port))
             except OSError:

@@ -4,6 +4,8 @@ its own PostgreSQL's port after the block and before the roles bind, and once to
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from devstack import common
@@ -38,3 +40,21 @@ def test_two_blocks_never_share_a_port(small_range):
     first = free_port_block(5, replicas=1)
     second = free_port_block(5, replicas=1)
     assert not set(range(first + 1, first + 6)) & set(range(second + 1, second + 6))
+
+
+def test_a_port_held_over_udp_is_not_free(small_range):
+    """A role's events port is UDP: a TCP-only probe saw it free and could hand it to a second
+    role (its master then cannot bind it and the role does not start)."""
+    held = []
+    try:
+        for port in small_range:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind(("127.0.0.1", port))
+            held.append(sock)
+            if len(held) == len(small_range) - 1:
+                break
+        free = set(small_range) - {s.getsockname()[1] for s in held}
+        assert {free_port(attempts=2000) for _ in range(20)} == free
+    finally:
+        for sock in held:
+            sock.close()
