@@ -17,9 +17,11 @@ the pod, never the role's worker processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import logging.handlers
+import os
 import signal
 import subprocess
 import sys
@@ -36,6 +38,7 @@ DRAIN_MARGIN_S = 5.0  # beyond nginx's own worker_shutdown_timeout before it is 
 LOG_MAX_BYTES = 64 * 1024 * 1024  # per file, FILE and each of its backups
 LOG_BACKUPS = 3
 UPSTREAM_POLL_S = 0.02
+SIGNAL_REPEAT_S = 0.5  # a stop signal is sent again this often until the process exits
 
 
 def copy_lines(source: IO[bytes], handler: logging.Handler) -> None:
@@ -44,6 +47,41 @@ def copy_lines(source: IO[bytes], handler: logging.Handler) -> None:
         line = raw.decode(errors="replace").rstrip("\n")
         handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
     handler.close()
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def stop_process(
+    process: subprocess.Popen, signum: int, within_s: float, *, repeat_s: float = SIGNAL_REPEAT_S
+) -> int:
+    """Send `signum` every `repeat_s` until `process` exits; past `within_s`, SIGKILL it and
+    its children together. Its exit status.
+
+    nginx's master acts on a signal only when its loop wakes from sigsuspend: one that lands
+    while it starts (after it installed its handlers, before its loop first waits) is acted on
+    at the next signal, so a single SIGQUIT is lost about once in 150 starts (it then held the
+    port until it was killed). A repeat changes nothing once nginx is stopping: it tells its
+    workers once. A worker outlives a killed master and keeps the listener, so they die
+    together."""
+    deadline = time.monotonic() + within_s
+    while process.poll() is None and time.monotonic() < deadline:
+        process.send_signal(signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(min(repeat_s, max(0.0, deadline - time.monotonic())))
+    if process.poll() is None:
+        for pid in [*children_of(process.pid), process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return process.wait()
 
 
 def _die_with_parent() -> None:
@@ -91,6 +129,8 @@ class Pod:
             )
             self.copier.start()
         self._wait_for_upstream()
+        if self.stopping:  # stopped while gunicorn started: nginx is not started at all
+            return
         self.nginx = subprocess.Popen(
             [
                 NGINX,
@@ -129,8 +169,9 @@ class Pod:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self.on_signal)
         self.start()
-        assert self.gunicorn and self.nginx
+        assert self.gunicorn
         while not self.stopping:
+            assert self.nginx  # started unless the pod was already stopping
             if self.gunicorn.poll() is not None:
                 sys.stderr.write(f"[pod] gunicorn exited with {self.gunicorn.returncode}\n")
                 self._stop_nginx(graceful=False)
@@ -148,15 +189,10 @@ class Pod:
 
     def _stop_nginx(self, *, graceful: bool) -> None:
         """SIGQUIT: nginx closes its listener at once and lets requests in flight finish
-        (worker_shutdown_timeout); SIGTERM: at once."""
-        assert self.nginx
-        if self.nginx.poll() is None:
-            self.nginx.send_signal(signal.SIGQUIT if graceful else signal.SIGTERM)
-        try:
-            self.nginx.wait(self.args.drain_timeout + DRAIN_MARGIN_S)
-        except subprocess.TimeoutExpired:
-            self.nginx.kill()
-            self.nginx.wait()
+        (worker_shutdown_timeout); SIGTERM: at once. Killed with its workers past the drain."""
+        if self.nginx is not None:
+            signum = signal.SIGQUIT if graceful else signal.SIGTERM
+            stop_process(self.nginx, signum, self.args.drain_timeout + DRAIN_MARGIN_S)
 
     def _stop_gunicorn(self) -> int:
         """SIGTERM: gunicorn closes its listener and finishes what it holds (graceful_timeout)."""

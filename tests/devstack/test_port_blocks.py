@@ -42,19 +42,24 @@ def test_two_blocks_never_share_a_port(small_range):
     assert not set(range(first + 1, first + 6)) & set(range(second + 1, second + 6))
 
 
-def test_a_port_held_over_udp_is_not_free(small_range):
+def unused(port: int) -> bool:
+    """Nothing holds `port` on 127.0.0.1 over TCP or UDP."""
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def test_a_port_held_over_udp_is_not_free(monkeypatch):
     """A role's events port is UDP: a TCP-only probe saw it free and could hand it to a second
     role (its master then cannot bind it and the role does not start)."""
-    held = []
-    try:
-        for port in small_range:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.bind(("127.0.0.1", port))
-            held.append(sock)
-            if len(held) == len(small_range) - 1:
-                break
-        free = set(small_range) - {s.getsockname()[1] for s in held}
-        assert {free_port(attempts=2000) for _ in range(20)} == free
-    finally:
-        for sock in held:
-            sock.close()
+    ours = next(p for p in common.RESERVED_PORTS if unused(p) and unused(p + 1))
+    monkeypatch.setattr(common, "RESERVED_PORTS", range(ours, ours + 2))
+    monkeypatch.setattr(common, "_handed_out", set())
+    monkeypatch.setattr(common, "_blocks_held", set())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as held:
+        held.bind(("127.0.0.1", ours))
+        assert {free_port(attempts=2000) for _ in range(20)} == {ours + 1}
