@@ -1,8 +1,8 @@
 """Where the role's proxy sends one datagram per answer it made itself: a UDP socket on
 127.0.0.1:PROXY_EVENTS_PORT, bound once by the gunicorn master (`listen`, its `on_starting`
 hook in settings/gunicorn.py), so the port is held for as long as the role runs, and read in
-every worker forked from it (`read_in_child`, its `post_fork` hook), which starts the worker's
-reading thread (dlock.edge_events). Apart from dlock.edge_events because the
+every worker forked from it (`read_in_child`, from its `post_worker_init` hook), which starts
+the worker's reading thread (dlock.edge_events). Apart from dlock.edge_events because the
 master must not import the metrics: a labelled series made there would be one more process's
 file in prometheus_client's multiprocess directory.
 """
@@ -42,11 +42,13 @@ def listen(server: object = None) -> None:
     _bound.append(sock)
 
 
-def read_in_child(server: object = None, worker: object = None) -> None:
-    """gunicorn `post_fork` (in each worker, just forked from the master): start reading the
-    socket the master bound, if it bound one."""
+def read_in_child(worker: object = None) -> None:
+    """In each worker once it is initialised (gunicorn's `post_worker_init`: its signal handlers
+    are installed; a SIGTERM before that, while `post_fork` ran, is lost to it, and the import
+    below widened that window): start reading the socket the master bound, if it bound one.
+    Datagrams sent meanwhile wait in the socket's buffer."""
     if not _bound:
         return
-    from dlock import edge_events  # the worker's first import of the metrics, never the master's
+    from dlock import edge_events  # a worker's import of the metrics, never the master's
 
     edge_events.start(_bound[0])
