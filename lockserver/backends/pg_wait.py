@@ -252,9 +252,12 @@ class WaitQueue:
         recheck: bool,
     ) -> tuple[bool, GrantRecord | None]:
         """Wait for this waiter's hand-off: (still queued, the grant handed to it, if any)."""
+        counted = False  # the hand-off's wake-up (its cause) is counted once, waited for or not
         while True:
             if parked.payload is not None:
                 # The hand-off (or the session's close) removed the entry.
+                if not counted:  # it came before this waiter waited for it
+                    lock_waiter_wakeups.labels(backend=self.store.backend, cause=parked.cause).inc()
                 _, handed = grant_payload(parked.payload)
                 if handed is None:
                     return False, None
@@ -280,7 +283,7 @@ class WaitQueue:
             woken = parked.event.wait(timeout)
             parked.event.clear()
             if parked.payload is not None:
-                cause, recheck = parked.cause, False
+                cause, recheck, counted = parked.cause, False, True
             elif woken:
                 cause, recheck = "broadcast", True
             else:

@@ -138,6 +138,38 @@ def test_a_release_in_the_waiters_process_wakes_it_with_the_grant(backend, grant
     assert holder_of(backend, key) == (None, None, 0)
 
 
+def test_a_hand_off_that_lands_before_the_waiter_waits_is_counted_once_as_local(
+    backend, monkeypatch
+):
+    """The release commits after the waiter's queue entry is in (and it is parked here) but
+    before it first waits: it finds its grant without waiting, and the wake-up is still counted
+    once, `local`. It was not counted at all (a CI run: (0, 0)), when the release landed while
+    the waiter gave back its pooled connection."""
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    holder, token = hold(backend, key)
+    waiter = Waiter(backend, key, wait_ms=20_000)
+    give_back = backend.store.release_connection
+
+    def release_first() -> None:
+        give_back()
+        if threading.current_thread() is waiter.thread and not released:
+            releaser = threading.Thread(
+                target=backend.release, kwargs={"key": key, "session_id": holder, "token": token}
+            )
+            releaser.start()
+            releaser.join(10)
+            released.append(True)
+
+    released: list[bool] = []
+    monkeypatch.setattr(backend.store, "release_connection", release_first)
+    local, direct = wakeups("local"), wakeups("direct")
+    waiter.thread.start()
+    grant = waiter.result()
+    assert released == [True]
+    assert grant.session_id == waiter.session.session_id and grant.fencing_token > token
+    assert (wakeups("local") - local, wakeups("direct") - direct) == (1, 0)
+
+
 def test_the_first_wake_up_wins_and_a_late_one_is_a_no_op():
     listener = KeyListener({}, channel="unused")  # never started: no connection
     parked = listener.park("k", "w1")
