@@ -65,7 +65,15 @@ _REFUSED_TEXT = ("no leader", "not capable", "etcdserver: stopped")
 # stream RPCs called for one answer (`EtcdClient.call`)
 _ONE_MESSAGE_STREAMS = frozenset({"lease.LeaseKeepAlive"})
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-_UNAVAILABLE_TEXT = ("timed out", "leader changed", "too many requests", "no leader")
+# A member without a leader may answer a proposal whose context ran out with status UNKNOWN and
+# Go's "context deadline exceeded" (seen on a LeaseGrant in a CI run): as unknown as a timeout.
+_UNAVAILABLE_TEXT = (
+    "timed out",
+    "leader changed",
+    "too many requests",
+    "no leader",
+    "deadline exceeded",
+)
 # a watch on a member that loses its leader is closed by it rather than left silent
 _REQUIRE_LEADER = (("hasleader", "true"),)
 _CHANNEL_OPTIONS = (

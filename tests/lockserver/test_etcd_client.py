@@ -38,6 +38,14 @@ class _FailsAfterReceiving(rpc_pb2_grpc.KVServicer):
         context.abort(grpc.StatusCode.UNAVAILABLE, "transport is closing")
 
 
+class _ProposalOutOfTime(rpc_pb2_grpc.LeaseServicer):
+    """Answers LeaseGrant as a member without a leader did once: UNKNOWN, "context deadline
+    exceeded" (the proposal's context ran out; whether it will apply is unknown)."""
+
+    def LeaseGrant(self, request, context):
+        context.abort(grpc.StatusCode.UNKNOWN, "context deadline exceeded")
+
+
 @pytest.fixture
 def failing_member():
     servicer = _FailsAfterReceiving()
@@ -100,3 +108,20 @@ def test_a_channel_is_made_by_the_process_that_calls_and_never_inherited(etcd_se
         assert len(made) == 2  # its own channel, not the parent's
     finally:
         client.close()
+
+
+def test_a_proposal_whose_context_ran_out_is_unavailability_not_an_error():
+    """Then the lock server answers 503 NOT_LEADER (retrySafe), not a 500: a CI run's acquire
+    on a member without a leader raised EtcdError from a LeaseGrant answered this way."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    rpc_pb2_grpc.add_LeaseServicer_to_server(_ProposalOutOfTime(), server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    client = EtcdClient(f"http://127.0.0.1:{port}")
+    try:
+        with pytest.raises(EtcdUnavailable, match="context deadline exceeded"):
+            client.lease_grant(5)
+    finally:
+        client.close()
+        server.stop(0)
