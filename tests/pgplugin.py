@@ -30,6 +30,16 @@ if WORKER:
         f"{WORKER.removeprefix('gw')}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
     )
 
+# Every temporary directory of this process and of what it starts (fixtures' mkdtemp, pytest's
+# tmp_path, the roles' and etcd's files) goes under one directory of its own, removed when the
+# session ends: a run left ~2.2 GB in /tmp (etcd data directories, role logs), and runs in a row
+# filled the disk. 0755: as root the suite's clusters run as `postgres`, which must reach them.
+# A worker's sits beside the controller's, not inside it (unix socket paths stay short).
+_TMP_PARENT = os.environ.setdefault("DLOCK_SUITE_TMP_PARENT", tempfile.gettempdir())
+SUITE_TMP = Path(tempfile.mkdtemp(prefix=f"dlock-suite-{WORKER or 'main'}-", dir=_TMP_PARENT))
+SUITE_TMP.chmod(0o755)
+os.environ["TMPDIR"] = tempfile.tempdir = str(SUITE_TMP)
+
 from devstack.common import free_port  # noqa: E402 - after the port slice it reads
 from devstack.postgres import PgCluster  # noqa: E402 - after the port slice it reads
 
@@ -145,7 +155,9 @@ def pytest_sessionfinish(session):
     # at unconfigure each left a worker's cluster directory half-removed (likely the worker cut
     # off after reporting itself finished; not proven), none has since.
     _remove_cluster()
+    shutil.rmtree(SUITE_TMP, ignore_errors=True)
 
 
 def pytest_unconfigure(config):
     _remove_cluster()
+    shutil.rmtree(SUITE_TMP, ignore_errors=True)
