@@ -30,12 +30,15 @@ if WORKER:
         f"{WORKER.removeprefix('gw')}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
     )
 
-# Every temporary directory of this process and of what it starts (fixtures' mkdtemp, pytest's
-# tmp_path, the roles' and etcd's files) goes under one directory of its own, removed when the
+# Every temporary directory of this process and of what it starts (fixtures' mkdtemp, the
+# roles' and etcd's files) goes under one directory of its own, removed when the
 # session ends: a run left ~2.2 GB in /tmp (etcd data directories, role logs), and runs in a row
 # filled the disk. 0755: as root the suite's clusters run as `postgres`, which must reach them.
 # A worker's sits beside the controller's, not inside it (unix socket paths stay short).
 _TMP_PARENT = os.environ.setdefault("DLOCK_SUITE_TMP_PARENT", tempfile.gettempdir())
+# pytest's own tmp_path stays where it was (it keeps its last three runs): a longer prefix put
+# the pods' unix socket paths in tests/devstack/test_edge_config.py past nginx's limit.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _TMP_PARENT)
 SUITE_TMP = Path(tempfile.mkdtemp(prefix=f"dlock-suite-{WORKER or 'main'}-", dir=_TMP_PARENT))
 SUITE_TMP.chmod(0o755)
 os.environ["TMPDIR"] = tempfile.tempdir = str(SUITE_TMP)
