@@ -69,9 +69,9 @@ def stop_process(
     nginx's master acts on a signal only when its loop wakes from sigsuspend: one that lands
     while it starts (after it installed its handlers, before its loop first waits) is acted on
     at the next signal: a single SIGQUIT sent 0-29 ms after the start was lost in 2 of 300
-    starts (nginx then held the port until it was killed). A repeat changes nothing once nginx is stopping: it tells its
-    workers once. A worker outlives a killed master and keeps the listener, so they die
-    together."""
+    starts (nginx then held the port until it was killed). A repeat changes nothing once nginx
+    is stopping: it tells its workers once. A worker outlives a killed master and keeps the
+    listener, so they die together."""
     deadline = time.monotonic() + within_s
     while process.poll() is None and time.monotonic() < deadline:
         process.send_signal(signum)
