@@ -252,12 +252,11 @@ class WaitQueue:
         recheck: bool,
     ) -> tuple[bool, GrantRecord | None]:
         """Wait for this waiter's hand-off: (still queued, the grant handed to it, if any)."""
-        counted = False  # the hand-off's wake-up (its cause) is counted once, waited for or not
         while True:
             if parked.payload is not None:
-                # The hand-off (or the session's close) removed the entry.
-                if not counted:  # it came before this waiter waited for it
-                    lock_waiter_wakeups.labels(backend=self.store.backend, cause=parked.cause).inc()
+                # The hand-off (or the session's close) removed the entry. Its wake-up is counted
+                # here, once, whether this waiter waited for it or it came before it waited.
+                lock_waiter_wakeups.labels(backend=self.store.backend, cause=parked.cause).inc()
                 _, handed = grant_payload(parked.payload)
                 if handed is None:
                     return False, None
@@ -283,8 +282,8 @@ class WaitQueue:
             woken = parked.event.wait(timeout)
             parked.event.clear()
             if parked.payload is not None:
-                cause, recheck, counted = parked.cause, False, True
-            elif woken:
+                continue  # counted and read above
+            if woken:
                 cause, recheck = "broadcast", True
             else:
                 cause, recheck = "timer", self.lapses.claim(key)
