@@ -142,13 +142,13 @@ def pytest_configure(config):
         _cluster.start()
 
 
-def _remove_cluster() -> None:
+def _clean_up() -> None:
+    """Stop the suite's cluster; remove this process's temporary directory (its datadir with it)."""
     global _cluster
-    if _cluster is None:
-        return
-    _cluster.stop("immediate")
-    shutil.rmtree(_cluster.datadir.parent, ignore_errors=True)  # the mkdtemp parent
-    _cluster = None
+    if _cluster is not None:
+        _cluster.stop("immediate")
+        _cluster = None
+    shutil.rmtree(SUITE_TMP, ignore_errors=True)
 
 
 @pytest.hookimpl(trylast=True)
@@ -157,10 +157,8 @@ def pytest_sessionfinish(session):
     # returns, so the controller waits for this cleanup. Two parallel runs that cleaned up only
     # at unconfigure each left a worker's cluster directory half-removed (likely the worker cut
     # off after reporting itself finished; not proven), none has since.
-    _remove_cluster()
-    shutil.rmtree(SUITE_TMP, ignore_errors=True)
+    _clean_up()
 
 
 def pytest_unconfigure(config):
-    _remove_cluster()
-    shutil.rmtree(SUITE_TMP, ignore_errors=True)
+    _clean_up()
