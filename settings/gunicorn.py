@@ -143,8 +143,8 @@ secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # One JSON line when the role is ready and one when it has stopped (dlock.lifecycle; the drain
 # line comes from the worker, dlock.serving).
 when_ready = lifecycle.when_ready
-on_starting = edge_listener.listen  # its proxy's datagrams: bound by the master, read in every
-# worker from post_worker_init
+# Its proxy's datagrams: bound by the master, read in every worker (from post_worker_init).
+on_starting = edge_listener.listen
 # gunicorn's control socket (gunicornc) is off: nothing uses it, and its default path under
 # $HOME is read-only in the image (it logged "Control server error: [Errno 30]" on every start).
 control_socket_disable = True
