@@ -122,8 +122,8 @@ class Command(BooksCommand):
                     "--written-off, --reference or --reason",
                     returncode=2,
                 )
-            plan = options["all_from_file"]
-            options["plan"] = _existing(read_plan(plan), plan)
+            path = options["all_from_file"]
+            options["plan"] = _existing(read_plan(path), path)
             return
         if options["dry_run"]:
             raise CommandError("--dry-run goes with --all-from-file", returncode=2)
